@@ -1,0 +1,38 @@
+# `make demo`: install into .venv (once) and run the demo; `make test`: install and run the test suite.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+
+.PHONY: demo test install install-test bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch is pinned first: an unpinned torch would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(TEST_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@
+
+install: $(STAMP)
+install-test: $(TEST_STAMP)
+
+demo: $(STAMP)
+	$(BIN)/pentad demo
+
+test: $(TEST_STAMP)
+	$(BIN)/python -m pytest -n 2 -q --durations=15
+
+bench: $(TEST_STAMP)
+	$(BIN)/python bench/pretrain_throughput.py
+	$(BIN)/python bench/preprocess_throughput.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

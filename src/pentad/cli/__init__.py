@@ -1,0 +1,1 @@
+"""The ``pentad`` command and its subcommands."""

@@ -1,0 +1,164 @@
+"""The contracts between the five slots: typed containers and base classes.
+
+A model is ``embedding -> encoder -> (target embedding -> decoder) -> target``. Tensors travel
+between slots in the small dataclasses below, never in positional tuples.
+
+Conventions used everywhere:
+
+* ``padding_mask`` is a bool tensor ``[B, S]`` that is **True at padding positions**.
+* ``labels`` maps a target's name to its label tensor. Token-level labels use ``IGNORE_INDEX``
+  (-100) at positions that are not scored.
+* Segment ids are 0 for segment A (or the only segment) and 1 for segment B; padding is its
+  own mask and never a segment id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+IGNORE_INDEX = -100
+
+# Fields of a Batch that hold model inputs (as opposed to labels).
+BATCH_INPUT_FIELDS = ("tokens", "segments", "padding_mask", "positions", "decoder_tokens",
+                      "decoder_segments", "decoder_padding_mask", "pixels", "audio")
+
+
+@dataclass
+class Batch:
+    """A batch of model inputs and per-target labels.
+
+    tokens [B,S] long; segments [B,S] long; padding_mask [B,S] bool (True = padding);
+    positions [B,S] long (optional, defaults to 0..S-1); decoder_* the same for the decoder
+    side; pixels [B,C,H,W]; audio [B,T,F]; labels: target name -> tensor.
+    """
+
+    tokens: Tensor | None = None
+    segments: Tensor | None = None
+    padding_mask: Tensor | None = None
+    positions: Tensor | None = None
+    decoder_tokens: Tensor | None = None
+    decoder_segments: Tensor | None = None
+    decoder_padding_mask: Tensor | None = None
+    pixels: Tensor | None = None
+    audio: Tensor | None = None
+    labels: dict[str, Tensor] = field(default_factory=dict)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """A copy with every tensor moved to ``device``."""
+        moved: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor):
+                value = value.to(device, non_blocking=non_blocking)
+            elif isinstance(value, dict):
+                value = {k: v.to(device, non_blocking=non_blocking) for k, v in value.items()}
+            moved[f.name] = value
+        return Batch(**moved)
+
+    def provided(self) -> set[str]:
+        """Names of the fields that are set; labels appear as ``labels.<target>``."""
+        names = {f for f in BATCH_INPUT_FIELDS if getattr(self, f) is not None}
+        return names | {f"labels.{k}" for k in self.labels}
+
+    @property
+    def batch_size(self) -> int:
+        for name in BATCH_INPUT_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                return int(value.shape[0])
+        raise ValueError("empty batch")
+
+
+@dataclass
+class Embedded:
+    """Output of an embedding slot: hidden [B,S,H] and padding_mask [B,S] (True = padding) or None."""
+
+    hidden: Tensor
+    padding_mask: Tensor | None
+
+
+@dataclass
+class TargetOutput:
+    """Output of a target head.
+
+    loss: scalar tensor (None at inference, when no labels are given);
+    metrics: name -> scalar tensor, summed over the batch (e.g. ``correct``, ``count``), kept as
+    tensors so the training loop never synchronises with the device except when logging;
+    logits: the head's scores for inference (e.g. [B, num_labels]), when it produces them.
+    """
+
+    loss: Tensor | None
+    metrics: dict[str, Tensor] = field(default_factory=dict)
+    logits: Tensor | None = None
+
+
+class EmbeddingPart(nn.Module):
+    """One summand of the embedding slot (word, position, segment, ...).
+
+    ``forward(batch) -> [B, S, E]``. ``requires`` lists the Batch fields it reads.
+    """
+
+    requires: ClassVar[tuple[str, ...]] = ()
+    registry_name: ClassVar[str]
+
+    def forward(self, batch: Batch) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class Encoder(nn.Module):
+    """``forward(hidden [B,S,H], padding_mask [B,S] | None, prefix_lengths [B] | None) -> [B,S,H]``.
+
+    ``prefix_lengths`` is only read by encoders whose attention mask is ``prefix`` (prefix-LM):
+    the first ``prefix_lengths[b]`` positions of row b attend to each other bidirectionally.
+    """
+
+    registry_name: ClassVar[str]
+    requires: ClassVar[tuple[str, ...]] = ()
+
+    def forward(self, hidden: Tensor, padding_mask: Tensor | None,
+                prefix_lengths: Tensor | None = None) -> Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+
+class Decoder(nn.Module):
+    """``forward(hidden, padding_mask, memory, memory_padding_mask, cache=None) -> hidden``."""
+
+    registry_name: ClassVar[str]
+
+    def forward(self, hidden: Tensor, padding_mask: Tensor | None, memory: Tensor,
+                memory_padding_mask: Tensor | None, cache: Any = None) -> Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+
+class Target(nn.Module):
+    """A head with a loss: ``forward(hidden [B,S,H], batch) -> TargetOutput``.
+
+    ``name`` is its key in ``batch.labels`` and the prefix of its parameters. A fine-tuning
+    head is a target too, so pre-training and fine-tuning share class and parameter names.
+    ``requires`` lists the Batch fields it reads (labels appear as ``labels.<name>``).
+    """
+
+    registry_name: ClassVar[str]
+    requires: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, name: str):
+        super().__init__()
+        self.name = name
+
+    def required_fields(self, training: bool = True) -> tuple[str, ...]:
+        extra = (f"labels.{self.name}",) if training else ()
+        return tuple(self.requires) + extra
+
+    def tie_to(self, weight: nn.Parameter) -> bool:
+        """Share ``weight`` (the word embedding, [V, H]) as this head's output projection.
+
+        Returns False when the head has no vocabulary projection to tie.
+        """
+        return False
+
+    def forward(self, hidden: Tensor, batch: Batch) -> TargetOutput:  # pragma: no cover
+        raise NotImplementedError

@@ -1,0 +1,35 @@
+"""Token embedding: a [vocab_size, hidden_size] table."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from pentad.components.base import Batch, EmbeddingPart
+from pentad.config.base import StrictModel
+from pentad.registry import EMBEDDINGS
+
+
+class WordEmbeddingConfig(StrictModel):
+    type: Literal["word"] = "word"
+
+
+@EMBEDDINGS.register("word")
+class WordEmbedding(EmbeddingPart):
+    """tokens [B,S] -> [B,S,H]. Its ``weight`` [V,H] is what output heads tie to."""
+
+    Config = WordEmbeddingConfig
+    requires = ("tokens",)
+
+    def __init__(self, vocab_size: int, hidden_size: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size))
+
+    @classmethod
+    def from_config(cls, cfg: WordEmbeddingConfig, model) -> WordEmbedding:
+        return cls(model.vocab_size, model.hidden_size)
+
+    def forward(self, batch: Batch) -> Tensor:
+        return nn.functional.embedding(batch.tokens, self.weight)

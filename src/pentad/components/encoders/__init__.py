@@ -1,0 +1,3 @@
+"""Encoders: ``forward(hidden, padding_mask, prefix_lengths) -> hidden``."""
+
+from pentad.components.encoders import transformer  # noqa: F401

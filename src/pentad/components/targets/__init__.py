@@ -1,0 +1,3 @@
+"""Targets: heads with a loss. ``forward(hidden, batch) -> TargetOutput``."""
+
+from pentad.components.targets import cls, lm, mlm, sp  # noqa: F401

@@ -1,0 +1,30 @@
+"""Pieces shared by target heads."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import Tensor
+
+from pentad.config.base import StrictModel
+
+
+class TargetConfigBase(StrictModel):
+    """Fields every target config has. ``name`` is the key of its labels and of its parameters
+    (``targets.<name>.*``); it defaults to the target's type."""
+
+    name: str | None = Field(None, description="key in batch.labels and parameter prefix; default: type")
+
+    @property
+    def target_name(self) -> str:
+        return self.name or self.type  # type: ignore[attr-defined]
+
+
+def classification_loss(logits: Tensor, labels: Tensor, label_smoothing: float = 0.0
+                        ) -> tuple[Tensor, dict[str, Tensor]]:
+    """Cross-entropy over [N, C] logits and [N] labels, with correct/count metrics as tensors."""
+    loss = F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
+    with torch.no_grad():
+        correct = (logits.argmax(dim=-1) == labels).sum()
+    return loss, {"correct": correct, "count": torch.tensor(labels.numel(), device=labels.device)}

@@ -1,0 +1,58 @@
+"""Language modelling head: hidden -> vocabulary, next-token cross-entropy."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from torch import Tensor, nn
+
+from pentad.components.base import IGNORE_INDEX, Batch, Target, TargetOutput
+from pentad.components.targets.common import TargetConfigBase, classification_loss
+from pentad.registry import TARGETS
+
+
+class LmTargetConfig(TargetConfigBase):
+    type: Literal["lm"] = "lm"
+    bias: bool = Field(False, description="bias on the vocabulary projection")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
+
+
+@TARGETS.register("lm")
+class LmTarget(Target):
+    """labels [B,S]: the token each position must predict (already shifted by the objective),
+    IGNORE_INDEX where nothing is scored (padding, prompts). Without labels: logits [B,S,V]."""
+
+    Config = LmTargetConfig
+
+    def __init__(self, name: str, hidden_size: int, vocab_size: int, bias: bool = False,
+                 label_smoothing: float = 0.0):
+        super().__init__(name)
+        self.output = nn.Linear(hidden_size, vocab_size, bias=bias)
+        self.label_smoothing = label_smoothing
+
+    @classmethod
+    def from_config(cls, cfg: LmTargetConfig, model) -> LmTarget:
+        return cls(cfg.target_name, model.hidden_size, model.vocab_size, cfg.bias, cfg.label_smoothing)
+
+    def tie_to(self, weight: nn.Parameter) -> bool:
+        self.output.weight = weight
+        return True
+
+    def forward(self, hidden: Tensor, batch: Batch) -> TargetOutput:
+        labels = batch.labels.get(self.name)
+        if labels is None:
+            return TargetOutput(loss=None, logits=self.output(hidden))
+        if hidden.device.type == "cpu":
+            # Skip unscored positions before the vocabulary projection; on CPU the check is free,
+            # on an accelerator it would cost a host synchronisation per step.
+            selected = labels != IGNORE_INDEX
+            hidden, labels = hidden[selected], labels[selected]
+        else:
+            hidden, labels = hidden.flatten(0, 1), labels.flatten()
+        logits = self.output(hidden)
+        loss, metrics = classification_loss(logits, labels, self.label_smoothing)
+        if hidden.device.type != "cpu":
+            valid = labels != IGNORE_INDEX
+            metrics["count"] = valid.sum()
+        return TargetOutput(loss=loss, metrics=metrics)

@@ -1,0 +1,59 @@
+"""Masked language modelling head (BERT): dense -> activation -> LayerNorm -> vocabulary."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from torch import Tensor, nn
+
+from pentad.components.base import IGNORE_INDEX, Batch, Target, TargetOutput
+from pentad.components.targets.common import TargetConfigBase, classification_loss
+from pentad.config.base import StrictModel  # noqa: F401  (re-exported for schema users)
+from pentad.layers.activations import ACTIVATION_NAMES, get_activation
+from pentad.registry import TARGETS
+
+
+class MlmTargetConfig(TargetConfigBase):
+    type: Literal["mlm"] = "mlm"
+    activation: Literal[ACTIVATION_NAMES] = "gelu"  # type: ignore[valid-type]
+    layer_norm_eps: float = Field(1e-12, gt=0.0)
+
+
+@TARGETS.register("mlm")
+class MlmTarget(Target):
+    """Scores masked positions only: the masked hidden states are gathered *before* the vocabulary
+    projection, which at small widths is most of the model's compute (DESIGN section 7).
+
+    labels [B,S] with IGNORE_INDEX at unmasked positions. Without labels: logits [B,S,V].
+    """
+
+    Config = MlmTargetConfig
+
+    def __init__(self, name: str, hidden_size: int, vocab_size: int, activation: str = "gelu",
+                 layer_norm_eps: float = 1e-12):
+        super().__init__(name)
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.act = get_activation(activation)
+        self.norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.output = nn.Linear(hidden_size, vocab_size)
+
+    @classmethod
+    def from_config(cls, cfg: MlmTargetConfig, model) -> MlmTarget:
+        return cls(cfg.target_name, model.hidden_size, model.vocab_size, cfg.activation, cfg.layer_norm_eps)
+
+    def tie_to(self, weight: nn.Parameter) -> bool:
+        self.output.weight = weight
+        return True
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        return self.output(self.norm(self.act(self.dense(hidden))))
+
+    def forward(self, hidden: Tensor, batch: Batch) -> TargetOutput:
+        labels = batch.labels.get(self.name)
+        if labels is None:
+            return TargetOutput(loss=None, logits=self._logits(hidden))
+        selected = labels != IGNORE_INDEX
+        logits = self._logits(hidden[selected])  # [N, V], N = number of masked tokens
+        loss, metrics = classification_loss(logits, labels[selected])
+        return TargetOutput(loss=loss, metrics=metrics)

@@ -1,0 +1,1 @@
+"""Typed configs, strict loading with overrides, and TencentPretrain config import."""

@@ -1,0 +1,11 @@
+"""Base class of every typed config: strict (unknown keys are errors), validated on assignment."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class StrictModel(BaseModel):
+    """A pydantic model that forbids unknown keys; the base of every pentad config."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())

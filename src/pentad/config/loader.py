@@ -1,0 +1,284 @@
+"""Load a run config: file (YAML, JSON, a zoo recipe name, or a TencentPretrain JSON config),
+then ``key.path=value`` overrides, then strict validation reporting every problem at once."""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from pentad.errors import ConfigError, ConfigProblem, UserError, closest
+
+ZOO_PREFIX = "zoo:"
+
+
+# ---------------------------------------------------------------------------------------- files
+def zoo_names() -> list[str]:
+    """Recipe names such as ``bert/base`` (the YAML files packaged in ``pentad/zoo``)."""
+    root = resources.files("pentad") / "zoo"
+    names = []
+    for family in root.iterdir():
+        if family.is_dir():
+            names += [f"{family.name}/{f.name[:-5]}" for f in family.iterdir() if f.name.endswith(".yaml")]
+    return sorted(names)
+
+
+def resolve_config_path(spec: str | Path) -> Path:
+    """A config argument is a file path, or a zoo recipe name (``bert/base`` or ``zoo:bert/base``)."""
+    text = str(spec)
+    if not text.startswith(ZOO_PREFIX):
+        path = Path(text)
+        if path.is_file():
+            return path
+        if path.exists():
+            raise UserError(f"config '{text}' is a directory, expected a YAML or JSON file")
+    name = text[len(ZOO_PREFIX):] if text.startswith(ZOO_PREFIX) else text
+    name = name.removesuffix(".yaml")
+    if name.startswith("zoo/"):
+        name = name[4:]
+    candidate = resources.files("pentad") / "zoo" / f"{name}.yaml"
+    if candidate.is_file():
+        return Path(str(candidate))
+    hint = closest(name, zoo_names())
+    raise UserError(f"config '{text}' is neither an existing file nor a zoo recipe"
+                    + (f"; did you mean '{hint}'?" if hint else "")
+                    + " (`pentad list zoo` lists the recipes)")
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"config file {path} is not UTF-8 text (byte {e.start})") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"config file {path}, line {e.lineno} column {e.colno}: invalid JSON: {e.msg}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f", line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        raise UserError(f"config file {path}{where}: invalid YAML: {getattr(e, 'problem', e)}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path}: expected a mapping of keys at the top, found {type(data).__name__}")
+    return data
+
+
+# ------------------------------------------------------------------------------------ overrides
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise UserError(f"override '{text}' is not of the form key.path=value")
+    key, value = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise UserError(f"override '{text}' has an empty key")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError:
+        parsed = value
+    return key.split("."), parsed
+
+
+def set_path(data: dict[str, Any], keys: list[str], value: Any, source: str) -> None:
+    node: Any = data
+    for i, key in enumerate(keys[:-1]):
+        if isinstance(node, list):
+            node = _list_item(node, key, keys[: i + 1], source)
+            continue
+        nxt = node.get(key)
+        if nxt is None:
+            nxt = {}
+            node[key] = nxt
+        elif not isinstance(nxt, (dict, list)):
+            # e.g. `model.encoder=transformer` then `model.encoder.num_layers=2`
+            nxt = {"type": nxt} if isinstance(nxt, str) else {}
+            node[key] = nxt
+        node = nxt
+    last = keys[-1]
+    if isinstance(node, list):
+        index = _index(last, keys, source)
+        if index >= len(node):
+            raise UserError(f"{source}: '{'.'.join(keys)}': index {index} is past the end of a list of {len(node)}")
+        node[index] = value
+    else:
+        node[last] = value
+
+
+def _index(key: str, keys: list[str], source: str) -> int:
+    if not key.lstrip("-").isdigit():
+        raise UserError(f"{source}: '{'.'.join(keys)}': '{key}' must be a list index here")
+    return int(key)
+
+
+def _list_item(node: list, key: str, keys: list[str], source: str) -> Any:
+    index = _index(key, keys, source)
+    if index >= len(node):
+        raise UserError(f"{source}: '{'.'.join(keys)}': index {index} is past the end of a list of {len(node)}")
+    if isinstance(node[index], str):  # shorthand "word" -> {"type": "word"} so sub-keys can be set
+        node[index] = {"type": node[index]}
+    return node[index]
+
+
+# ------------------------------------------------------------------------------------ validation
+def _unwrap(annotation: Any) -> list[Any]:
+    """The concrete classes an annotation may hold (through Optional, Union, Annotated, list)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _unwrap(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        out: list[Any] = []
+        for arg in typing.get_args(annotation):
+            out += _unwrap(arg)
+        return out
+    return [annotation]
+
+
+def _class_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The config class at ``loc`` of a pydantic error (loc includes union tags)."""
+    current: list[Any] = [root]
+    for part in loc:
+        models = [c for c in current if isinstance(c, type) and issubclass(c, BaseModel)]
+        lists = [c for c in current if typing.get_origin(c) in (list, tuple)]
+        if isinstance(part, int) and lists:
+            current = []
+            for c in lists:
+                for arg in typing.get_args(c):
+                    current += _unwrap(arg)
+            continue
+        tagged = [m for m in models if m.model_fields.get("type") is not None
+                  and m.model_fields["type"].default == part]
+        if tagged:
+            current = tagged
+            continue
+        nxt: list[Any] = []
+        for m in models:
+            if part in m.model_fields:
+                nxt += _unwrap(m.model_fields[part].annotation)
+        if not nxt:
+            return None
+        current = nxt
+    models = [c for c in current if isinstance(c, type) and issubclass(c, BaseModel)]
+    return models[0] if len(models) == 1 else None
+
+
+def _data_path(raw: Any, loc: tuple[Any, ...]) -> str:
+    """The dotted path a user wrote, i.e. ``loc`` without the union tags pydantic inserts."""
+    parts: list[str] = []
+    node = raw
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+            parts.append(str(part))
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+            parts.append(str(part))
+        elif isinstance(node, dict) and node.get("type") == part:
+            continue  # a discriminator tag
+        elif isinstance(node, str) and node == part:
+            continue  # shorthand "word" for {"type": "word"}
+        else:
+            parts.append(str(part))
+            node = None
+    return ".".join(parts)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def problems_from_validation(error: ValidationError, raw: dict[str, Any], root: type[BaseModel],
+                             source_of) -> list[ConfigProblem]:
+    from pentad.registry import ALL
+
+    problems = []
+    for err in error.errors():
+        loc = tuple(err["loc"])
+        path = _data_path(raw, loc)
+        kind = err["type"]
+        source = source_of(path)
+        if kind == "extra_forbidden":
+            parent = _class_at(root, loc[:-1])
+            fields = list(parent.model_fields) if parent is not None else []
+            problems.append(ConfigProblem(path, "unknown key" + (f"; valid keys here: {', '.join(fields)}"
+                                                                  if fields else ""),
+                                          source, suggestion=closest(str(loc[-1]), fields)))
+        elif kind == "union_tag_invalid":
+            ctx = err.get("ctx", {})
+            tag = ctx.get("tag")
+            expected = [t.strip(" '") for t in str(ctx.get("expected_tags", "")).split(",")]
+            kind_name = next((r.kind for r in ALL.values() if set(expected) <= set(r.names())), "component")
+            problems.append(ConfigProblem(path + ".type" if path else "type",
+                                          f"unknown {kind_name} name; expected one of {', '.join(expected)}",
+                                          source, received=_short(tag), suggestion=closest(tag, expected)))
+        elif kind == "union_tag_not_found":
+            problems.append(ConfigProblem(path, "a 'type' key is required to choose the component", source))
+        elif kind == "literal_error":
+            expected = str(err.get("ctx", {}).get("expected", ""))
+            options = [o.strip(" '") for o in expected.replace(" or ", ",").split(",") if o.strip(" '")]
+            problems.append(ConfigProblem(path, f"expected one of {', '.join(options)}", source,
+                                          received=_short(err.get("input")),
+                                          suggestion=closest(err.get("input"), options)))
+        elif kind == "missing":
+            problems.append(ConfigProblem(path, "required key is missing", source))
+        else:
+            problems.append(ConfigProblem(path, err["msg"][0].lower() + err["msg"][1:], source,
+                                          received=_short(err.get("input"))))
+    return problems
+
+
+# ------------------------------------------------------------------------------------ entry point
+def load_raw(config: str | Path | None, overrides: list[str] | tuple[str, ...] = ()
+             ) -> tuple[dict[str, Any], dict[str, str], str]:
+    """Read the file and apply overrides. Returns (raw data, {override path: text}, file label)."""
+    from pentad.config import tencentpretrain
+
+    label = "<no config file>"
+    raw: dict[str, Any] = {}
+    if config is not None:
+        path = resolve_config_path(config)
+        label = str(config)
+        raw = read_config_file(path)
+        if tencentpretrain.is_tencentpretrain_config(raw):
+            raw, overrides = tencentpretrain.import_config(raw, list(overrides), label)
+    applied: dict[str, str] = {}
+    for text in overrides:
+        keys, value = parse_override(text)
+        set_path(raw, keys, value, f"override '{text}'")
+        applied[".".join(keys)] = text
+    return raw, applied, label
+
+
+def validate_raw(raw: dict[str, Any], applied: dict[str, str], label: str) -> Any:
+    from pentad.config.run import run_config_class
+
+    cls = run_config_class()
+
+    def source_of(path: str) -> str:
+        for key, text in applied.items():
+            if path == key or path.startswith(key + ".") or key.startswith(path + "."):
+                return f"override {text}"
+        return label
+
+    try:
+        return cls.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(problems_from_validation(e, raw, cls, source_of), f"invalid config {label}") from None
+
+
+def load_config(config: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Any:
+    """Load, override and validate a run config (a ``RunConfig``)."""
+    raw, applied, label = load_raw(config, overrides)
+    return validate_raw(raw, applied, label)
+
+
+def dump_config(cfg: BaseModel) -> str:
+    """The fully resolved config as YAML (paths as strings)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True)

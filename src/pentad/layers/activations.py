@@ -1,0 +1,23 @@
+"""Activation functions by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch.nn.functional as F
+from torch import Tensor
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu": F.gelu,  # exact (erf) GELU, as in BERT
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),  # GPT-2's "gelu_new"; TencentPretrain "gelu_fast"
+    "relu": F.relu,
+    "silu": F.silu,
+    "tanh": F.tanh,
+    "linear": lambda x: x,
+}
+ACTIVATION_NAMES = tuple(ACTIVATIONS)
+
+
+def get_activation(name: str) -> Callable[[Tensor], Tensor]:
+    return ACTIVATIONS[name]

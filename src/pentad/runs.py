@@ -1,0 +1,86 @@
+"""Run directories: what every command writes and reads back.
+
+A run directory holds ``config.yaml`` (the resolved config), ``tokenizer/`` (its files and
+``tokenizer.json``), ``metrics.jsonl``, ``checkpoints/`` and ``loss.png``; fine-tuning adds
+``labels.json`` and ``best/``. Everything needed to resume, evaluate, infer or convert.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pentad.config.loader import dump_config, validate_raw
+from pentad.errors import UserError
+from pentad.training.checkpoint import atomic_write_text, write_json
+
+CONFIG = "config.yaml"
+TOKENIZER_DIR = "tokenizer"
+TOKENIZER_CONFIG = "tokenizer.json"
+
+
+def info(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def load_tokenizer(cfg: Any):
+    """The tokenizer a config names, or None."""
+    if cfg.tokenizer is None:
+        return None
+    from pentad.data.tokenizers import load_tokenizer as load
+
+    return load(cfg.tokenizer)
+
+
+def complete_vocab(cfg: Any, tokenizer) -> Any:
+    """Set ``model.vocab_size`` from the tokenizer: the vocabulary decides the table size."""
+    if tokenizer is None:
+        return cfg
+    size = tokenizer.vocab_size
+    if cfg.model.vocab_size not in (None, size):
+        info(f"model.vocab_size {cfg.model.vocab_size} -> {size} (from the tokenizer's vocabulary)")
+    cfg.model.vocab_size = size
+    return cfg
+
+
+def prepare_run_dir(run_dir: Path, cfg: Any, tokenizer, extra: dict[str, Any] | None = None) -> None:
+    """Create the run directory (or check a resumed one was made by the same config) and write
+    ``config.yaml`` and the tokenizer files."""
+    saved = run_dir / CONFIG
+    text = dump_config(cfg)
+    if saved.is_file():
+        old = yaml.safe_load(saved.read_text(encoding="utf-8")) or {}
+        new = yaml.safe_load(text)
+        if old.get("model") != new.get("model"):
+            raise UserError(f"run directory {run_dir} was made with a different model config; "
+                            "choose another output directory, or delete it to start over")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(saved, text)
+    if tokenizer is not None:
+        tok_dir = run_dir / TOKENIZER_DIR
+        tok_dir.mkdir(exist_ok=True)
+        write_json(tok_dir / TOKENIZER_CONFIG, tokenizer.save(tok_dir))
+    for name, data in (extra or {}).items():
+        write_json(run_dir / name, data)
+
+
+def load_run(run_dir: Path) -> tuple[Any, Any]:
+    """(config, tokenizer) of a run directory."""
+    from pentad.data.tokenizers import load_tokenizer as load
+
+    if not run_dir.is_dir():
+        raise UserError(f"run directory {run_dir} does not exist")
+    saved = run_dir / CONFIG
+    if not saved.is_file():
+        raise UserError(f"{run_dir} is not a pentad run directory: it has no {CONFIG}")
+    raw = yaml.safe_load(saved.read_text(encoding="utf-8")) or {}
+    cfg = validate_raw(raw, {}, str(saved))
+    tokenizer = None
+    tok_cfg = run_dir / TOKENIZER_DIR / TOKENIZER_CONFIG
+    if tok_cfg.is_file():
+        tokenizer = load(json.loads(tok_cfg.read_text(encoding="utf-8")), base_dir=run_dir / TOKENIZER_DIR)
+    return cfg, tokenizer

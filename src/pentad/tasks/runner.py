@@ -1,0 +1,139 @@
+"""``pentad finetune`` and ``pentad infer`` for any registered task."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pentad.builder import build_model, summarize
+from pentad.errors import UserError
+from pentad.registry import TASKS
+from pentad.runs import complete_vocab, info, load_run, load_tokenizer, prepare_run_dir
+from pentad.tasks.base import EpochBatches
+from pentad.training import checkpoint as ckpt
+from pentad.training.trainer import Trainer, pick_device, plot_losses
+
+LABELS = "labels.json"
+RESULTS = "results.json"
+
+
+def _init_source(cfg: Any) -> tuple[Any, Any]:
+    """(model config, tokenizer): from the init run directory when there is one, else the config."""
+    tokenizer = load_tokenizer(cfg)
+    model_cfg = cfg.model
+    if cfg.init is not None and (Path(cfg.init) / "config.yaml").is_file():
+        init_cfg, init_tok = load_run(Path(cfg.init))
+        if tokenizer is None:
+            tokenizer = init_tok
+            cfg.tokenizer = init_cfg.tokenizer
+    if tokenizer is None:
+        raise UserError("no tokenizer: set `tokenizer` in the config or initialise from a run directory (init=DIR)")
+    return model_cfg, tokenizer
+
+
+def finetune(cfg: Any) -> dict[str, Any]:
+    """Fine-tune on ``data.train``, pick the best model on ``data.dev``, report dev and test scores."""
+    if cfg.task is None:
+        raise UserError("task is not set (e.g. --task classification)")
+    if cfg.data.train is None:
+        raise UserError("data.train is not set: give the training TSV file")
+    if cfg.output is None:
+        raise UserError("output is not set: give the run directory, e.g. output=runs/finetune")
+    _, tokenizer = _init_source(cfg)
+    complete_vocab(cfg, tokenizer)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    torch.manual_seed(cfg.train.seed)
+    seq_length = cfg.data.objective.seq_length if cfg.data.objective is not None else cfg.model.max_seq_length
+    seq_length = min(seq_length, cfg.model.max_seq_length)
+    task = TASKS.get(cfg.task.type)(cfg.task, tokenizer, seq_length)
+    task.fit_labels(cfg.data.train)
+    info(f"{cfg.task.type}: {task.num_labels} labels {task.label_map.names()}")
+    model_dict = cfg.model.model_dump()
+    model_dict["targets"] = task.head_configs()
+    cfg.model = type(cfg.model).model_validate(model_dict)
+    _, train = task.read(cfg.data.train)
+    splits = {"dev": cfg.data.dev, "test": cfg.data.test}
+    evaluation = {name: task.read(path) for name, path in splits.items() if path is not None}
+    model = build_model(cfg.model, provided=task.provides)
+    info(summarize(model))
+    if cfg.init is not None:
+        for note in ckpt.load_weights(model, ckpt.read_weights(ckpt.find_weights(Path(cfg.init))), str(cfg.init),
+                                      new_heads=(task.head,), drop_heads=True):
+            info(note)
+    else:
+        info("no init: training from randomly initialised weights")
+    run_dir = Path(cfg.output)
+    prepare_run_dir(run_dir, cfg, tokenizer, extra={LABELS: task.label_map.to_dict()})
+    device = pick_device(cfg.train.device)
+    batches = EpochBatches(len(train), cfg.train.batch_size, cfg.train.seed,
+                           lambda idx, rng: task.collate(train, idx, rng))
+    steps_per_epoch = max(1, math.ceil(batches.batches_per_epoch / cfg.train.grad_accum))
+    total = steps_per_epoch * cfg.train.epochs
+    every = cfg.train.eval_every or steps_per_epoch
+    eval_steps = set(range(every, total + 1, every)) | {total}
+    labels = {name: np.array([inst_label for inst_label in _labels(inst)]) for name, (_, inst) in evaluation.items()}
+    best: dict[str, Any] = {"metric": -1.0}
+
+    def evaluate(step: int) -> dict[str, float]:
+        if "dev" not in evaluation:
+            return {}
+        return task.evaluate(trainer.model, evaluation["dev"][1], labels["dev"], cfg.train.batch_size * 2, device)
+
+    def keep_best(step: int, metrics: dict[str, float]) -> None:
+        score = metrics.get(cfg.task.metric, 0.0) if metrics else float(step)
+        if score > best["metric"]:
+            best.update(metric=score, step=step)
+            ckpt.save_weights(trainer.model, run_dir / "best" / ckpt.WEIGHTS)
+            ckpt.write_json(run_dir / "best" / "best.json", {"step": step, **metrics})
+
+    info(f"train {len(train):,} examples, {total:,} steps ({cfg.train.epochs} epochs) on {device}")
+    trainer = Trainer(model, cfg.train, run_dir, total, device, description="finetune")
+    trainer.resume()
+    start = time.perf_counter()
+    trainer.train(batches.iterate, evaluate=evaluate, eval_steps=eval_steps, on_eval=keep_best)
+    plot_losses(run_dir / "metrics.jsonl", run_dir / "loss.png")
+    ckpt.load_weights(trainer.model, ckpt.read_weights(run_dir / "best" / ckpt.WEIGHTS), str(run_dir / "best"))
+    results: dict[str, Any] = {"best_step": best.get("step"), "seconds": round(time.perf_counter() - start, 1)}
+    for name, (_, inst) in evaluation.items():
+        results[name] = task.evaluate(trainer.model, inst, labels[name], cfg.train.batch_size * 2, device)
+        info(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in results[name].items()))
+    ckpt.write_json(run_dir / RESULTS, results)
+    return results
+
+
+def _labels(instances) -> list[int]:
+    return [int(x) for x in instances.field("label")]
+
+
+def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: bool | None = None,
+          batch_size: int = 64, device_choice: str = "auto") -> Path:
+    """Predict with a fine-tuned run directory on a TSV of ``text_a[\\ttext_b]`` (labels optional)."""
+    cfg, tokenizer = load_run(model_dir)
+    if cfg.task is None:
+        raise UserError(f"{model_dir} is not a fine-tuned run (its config has no task)")
+    labels_path = model_dir / LABELS
+    if not labels_path.is_file():
+        raise UserError(f"{model_dir} has no {LABELS}; was fine-tuning interrupted before it began?")
+    from pentad.data.tsv import LabelMap
+
+    label_map = LabelMap.from_dict(json.loads(labels_path.read_text(encoding="utf-8")))
+    seq_length = cfg.data.objective.seq_length if cfg.data.objective is not None else cfg.model.max_seq_length
+    task = TASKS.get(cfg.task.type)(cfg.task, tokenizer, min(seq_length, cfg.model.max_seq_length), label_map)
+    model = build_model(cfg.model, provided=task.provides, training=False)
+    ckpt.load_weights(model, ckpt.read_weights(ckpt.find_weights(model_dir)), str(model_dir))
+    device = pick_device(device_choice)
+    model.to(device)
+    _, instances = task.read(test_path, with_labels=False)
+    logits = task.logits(model, instances, batch_size, device)
+    output = output or model_dir / "predictions.tsv"
+    want_probs = cfg.task.probabilities if probabilities is None else probabilities
+    task.write_predictions(output, logits, want_probs)
+    info(f"wrote {len(instances):,} predictions to {output}")
+    return output

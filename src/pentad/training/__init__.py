@@ -1,0 +1,1 @@
+"""Trainer, optimisers and schedules, checkpoints."""

@@ -1,0 +1,190 @@
+"""Checkpoints: weights as safetensors, training state loaded with ``weights_only=True``,
+everything written atomically (temp file, then rename), weight loading strict by default."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from pentad.errors import UserError
+
+WEIGHTS = "model.safetensors"
+STATE = "state.pt"
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def weights_to_save(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict without tied aliases (a tied head weight is stored once, under the embedding)."""
+    aliases = {head for head, _ in getattr(model, "tied", [])}
+    return {k: v.detach().contiguous() for k, v in model.state_dict().items() if k not in aliases}
+
+
+def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
+    """Write ``model``'s weights to a safetensors file atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        save_file(weights_to_save(model), tmp, metadata={"format": "pt", **(metadata or {})})
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise UserError(f"weights file {path} does not exist")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UserError(f"weights file {path} is truncated or corrupt and cannot be read ({e}); "
+                        "use an earlier checkpoint") from None
+
+
+def _slot(key: str) -> str:
+    parts = key.split(".")
+    return ".".join(parts[:2]) if parts[0] in ("targets",) else parts[0]
+
+
+def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str,
+                 new_heads: tuple[str, ...] = (), drop_heads: bool = False) -> list[str]:
+    """Copy ``tensors`` into ``model``, strictly.
+
+    Every model weight must be present with the right shape and every tensor must be used, else a
+    UserError lists missing / unexpected / mis-shaped keys per slot. ``new_heads``: target names
+    whose weights may be missing (a new, freshly initialised head). ``drop_heads``: tensors of
+    targets the model does not have (pre-training heads when fine-tuning) are dropped, not errors.
+    Returns notes on what was allowed (new heads, dropped heads).
+    """
+    aliases = {head for head, _ in getattr(model, "tied", [])}
+    own = {k: v for k, v in model.state_dict().items() if k not in aliases}
+    problems: dict[str, list[str]] = defaultdict(list)
+    notes: list[str] = []
+    new_prefixes = tuple(f"targets.{h}." for h in new_heads)
+    target_names = {k.split(".")[1] for k in own if k.startswith("targets.")}
+    dropped: set[str] = set()
+    for key, value in tensors.items():
+        if key in aliases:
+            continue
+        if key not in own:
+            if drop_heads and key.startswith("targets.") and key.split(".")[1] not in target_names:
+                dropped.add(key.split(".")[1])
+                continue
+            problems[_slot(key)].append(f"unexpected {key} {tuple(value.shape)}")
+        elif tuple(own[key].shape) != tuple(value.shape):
+            problems[_slot(key)].append(f"mis-shaped {key}: checkpoint {tuple(value.shape)}, "
+                                        f"model {tuple(own[key].shape)}")
+    fresh: set[str] = set()
+    for key, value in own.items():
+        if key not in tensors:
+            if key.startswith(new_prefixes):
+                fresh.add(key.split(".")[1])
+            else:
+                problems[_slot(key)].append(f"missing {key} {tuple(value.shape)}")
+    if problems:
+        lines = [f"{slot}: " + "; ".join(items[:6]) + (f"; and {len(items) - 6} more" if len(items) > 6 else "")
+                 for slot, items in sorted(problems.items())]
+        raise UserError(f"weights in {source} do not match the model (was it trained with another config?): "
+                        + " | ".join(lines))
+    with torch.no_grad():
+        for key, param in own.items():
+            if key in tensors:
+                param.copy_(tensors[key])
+    if fresh:
+        notes.append(f"new head(s) initialised from scratch: {', '.join(sorted(fresh))}")
+    if dropped:
+        notes.append(f"pre-training head(s) not used: {', '.join(sorted(dropped))}")
+    return notes
+
+
+# ------------------------------------------------------------------------------- checkpoints
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / CHECKPOINTS / f"step-{step:08d}"
+
+
+def save_checkpoint(run_dir: Path, step: int, model: nn.Module, state: dict[str, Any],
+                    keep: int = 2, metadata: dict[str, str] | None = None) -> Path:
+    """Write weights + state into ``checkpoints/step-N`` atomically, point ``latest`` at it,
+    and keep only the newest ``keep`` checkpoints."""
+    final = checkpoint_dir(run_dir, step)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    try:
+        save_weights(model, tmp / WEIGHTS, metadata)
+        torch.save(state, tmp / STATE)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    atomic_write_text(run_dir / CHECKPOINTS / LATEST, final.name + "\n")
+    existing = sorted(p for p in (run_dir / CHECKPOINTS).glob("step-*") if p.is_dir())
+    for old in existing[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    pointer = run_dir / CHECKPOINTS / LATEST
+    if not pointer.is_file():
+        return None
+    path = run_dir / CHECKPOINTS / pointer.read_text().strip()
+    return path if path.is_dir() else None
+
+
+def load_state(checkpoint: Path) -> dict[str, Any]:
+    """The training state (optimizer, schedule, RNG, data position); never unpickles objects."""
+    path = checkpoint / STATE
+    if not path.is_file():
+        raise UserError(f"checkpoint {checkpoint} has no {STATE}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure here means an unreadable file
+        raise UserError(f"training state {path} is truncated or corrupt and cannot be read "
+                        f"({type(e).__name__}); use an earlier checkpoint") from None
+
+
+def find_weights(path: Path) -> Path:
+    """Weights of a run directory (its best or latest checkpoint), a checkpoint dir, or a file."""
+    if path.is_file():
+        return path
+    if not path.exists():
+        raise UserError(f"{path} does not exist (expected a run directory, checkpoint or .safetensors file)")
+    for candidate in (path / WEIGHTS, path / "best" / WEIGHTS):
+        if candidate.is_file():
+            return candidate
+    latest = latest_checkpoint(path)
+    if latest is not None:
+        return latest / WEIGHTS
+    raise UserError(f"{path} holds no weights: expected {WEIGHTS}, best/{WEIGHTS} or checkpoints/{LATEST}")
+
+
+def write_json(path: Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")

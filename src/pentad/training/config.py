@@ -1,0 +1,38 @@
+"""The ``train`` section of a run config."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from pentad.config.base import StrictModel
+
+
+class TrainConfig(StrictModel):
+    """Optimisation and bookkeeping options shared by pre-training and fine-tuning."""
+
+    steps: int = Field(1000, ge=1, description="optimizer steps (pre-training)")
+    epochs: int = Field(3, ge=1, description="passes over the training set (fine-tuning)")
+    batch_size: int = Field(32, ge=1, description="sequences per micro-batch")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    lr: float = Field(1e-4, gt=0.0)
+    weight_decay: float = Field(0.01, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-6, gt=0.0)
+    schedule: Literal["linear", "cosine", "constant"] = "linear"
+    warmup: float = Field(0.1, ge=0.0, description="warmup: a fraction of the steps if < 1, else a step count")
+    clip_grad_norm: float | None = Field(1.0, gt=0.0, description="None disables clipping")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 = bf16 autocast")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    seed: int = 7
+    log_every: int = Field(10, ge=1)
+    save_every: int | None = Field(None, ge=1, description="checkpoint interval in steps; default: at the end")
+    keep_checkpoints: int = Field(2, ge=1)
+    eval_every: int | None = Field(None, ge=1, description="fine-tuning: evaluate on dev every N steps; "
+                                                           "default: once per epoch")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: torch's choice")
+    progress: bool = True
+
+    def warmup_steps(self, total: int) -> int:
+        return int(self.warmup * total) if self.warmup < 1 else int(self.warmup)

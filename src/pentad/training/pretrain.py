@@ -1,0 +1,57 @@
+"""``pentad pretrain``: build the model from the config, stream the preprocessed dataset, train."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pentad.builder import build_model, summarize
+from pentad.errors import UserError
+from pentad.registry import OBJECTIVES
+from pentad.runs import complete_vocab, info, load_tokenizer, prepare_run_dir
+from pentad.training.checkpoint import find_weights, load_weights, read_weights
+from pentad.training.trainer import Trainer, pick_device, plot_losses
+
+
+def pretrain(cfg: Any) -> dict[str, Any]:
+    """Run pre-training as configured; returns the last logged metrics."""
+    from pentad.data.loader import PretrainBatches, open_dataset
+
+    if cfg.data.dataset is None:
+        raise UserError("data.dataset is not set: give the directory written by `pentad preprocess`")
+    if cfg.data.objective is None:
+        raise UserError("data.objective is not set (e.g. data.objective=bert)")
+    if cfg.output is None:
+        raise UserError("output is not set: give the run directory, e.g. output=runs/pretrain")
+    tokenizer = load_tokenizer(cfg)
+    if tokenizer is None:
+        raise UserError("tokenizer is not set: pre-training needs the tokenizer the dataset was made with")
+    complete_vocab(cfg, tokenizer)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    torch.manual_seed(cfg.train.seed)
+    objective = OBJECTIVES.get(cfg.data.objective.type)(cfg.data.objective, tokenizer)
+    dataset = open_dataset(cfg.data.dataset, tokenizer, objective)
+    model = build_model(cfg.model, provided=objective.provides)
+    info(summarize(model))
+    if cfg.init is not None:
+        for note in load_weights(model, read_weights(find_weights(cfg.init)), str(cfg.init)):
+            info(note)
+    run_dir = Path(cfg.output)
+    prepare_run_dir(run_dir, cfg, tokenizer)
+    device = pick_device(cfg.train.device)
+    batches = PretrainBatches(dataset, objective, cfg.train.batch_size, cfg.train.seed,
+                              num_workers=cfg.data.loader_workers)
+    info(f"dataset {cfg.data.dataset}: {len(dataset):,} instances, {batches.batches_per_epoch:,} batches per "
+         f"epoch; training {cfg.train.steps:,} steps on {device}")
+    trainer = Trainer(model, cfg.train, run_dir, cfg.train.steps, device, description="pretrain")
+    trainer.resume()
+    start = time.perf_counter()
+    last = trainer.train(batches.iterate)
+    plot_losses(run_dir / "metrics.jsonl", run_dir / "loss.png")
+    info(f"pre-training done in {time.perf_counter() - start:.0f} s: " +
+         ", ".join(f"{k} {v:.4g}" for k, v in last.items() if k != "step"))
+    return last
