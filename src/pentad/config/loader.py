@@ -214,7 +214,7 @@ def problems_from_validation(error: ValidationError, raw: dict[str, Any], root: 
             ctx = err.get("ctx", {})
             tag = ctx.get("tag")
             expected = [t.strip(" '") for t in str(ctx.get("expected_tags", "")).split(",")]
-            kind_name = next((r.kind for r in ALL.values() if set(expected) <= set(r.names())), "component")
+            kind_name = next((r.kind.rstrip("s") for r in ALL.values() if set(expected) <= set(r.names())), "component")
             problems.append(ConfigProblem(path + ".type" if path else "type",
                                           f"unknown {kind_name} name; expected one of {', '.join(expected)}",
                                           source, received=_short(tag), suggestion=closest(tag, expected)))

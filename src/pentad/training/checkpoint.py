@@ -108,8 +108,15 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str
             else:
                 problems[_slot(key)].append(f"missing {key} {tuple(value.shape)}")
     if problems:
-        lines = [f"{slot}: " + "; ".join(items[:6]) + (f"; and {len(items) - 6} more" if len(items) > 6 else "")
-                 for slot, items in sorted(problems.items())]
+        lines = []
+        for slot, items in sorted(problems.items()):
+            groups = []
+            for kind in ("missing", "unexpected", "mis-shaped"):
+                found = [i[len(kind) + 1:] for i in items if i.startswith(kind + " ")]
+                if found:
+                    shown = "; ".join(found[:4]) + (f"; ... {len(found) - 4} more" if len(found) > 4 else "")
+                    groups.append(f"{len(found)} {kind} ({shown})")
+            lines.append(f"{slot}: " + ", ".join(groups))
         raise UserError(f"weights in {source} do not match the model (was it trained with another config?): "
                         + " | ".join(lines))
     with torch.no_grad():

@@ -1,0 +1,30 @@
+"""Shared fixtures: paths to the shared data, tiny configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+TP = SHARED / "tencentpretrain"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not TP.is_dir():
+        pytest.skip("../shared/data is not beside the repository")
+    return TP
+
+
+def tiny_model_dict(**over) -> dict:
+    """A tiny BERT-like model section (dict) for unit tests."""
+    model = {
+        "hidden_size": 32, "vocab_size": 50, "max_seq_length": 16,
+        "embedding": {"parts": ["word", "pos", "seg"], "dropout": 0.0},
+        "encoder": {"type": "transformer", "num_layers": 2, "num_heads": 4, "ffn_size": 64, "dropout": 0.0},
+        "targets": ["mlm", "sp"],
+    }
+    model.update(over)
+    return model

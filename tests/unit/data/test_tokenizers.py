@@ -1,0 +1,440 @@
+"""Tests for pentad.data.tokenizers.
+
+Ids are checked against independent references built from the same files, with no download:
+Hugging Face's pure-Python ``BertTokenizerLegacy`` for WordPiece, ``GPT2Tokenizer`` plus a small
+pure-Python BPE written here for GPT-2, and the ``sentencepiece`` processor itself. The real
+vocabularies come from TencentPretrain (``../shared/data/tencentpretrain/models``); tests that
+need them skip when that folder is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pentad.data.tokenizers import (
+    ROLES,
+    ByteLevelBPETokenizer,
+    CharTokenizer,
+    SentencePieceTokenizer,
+    SpaceTokenizer,
+    Tokenizer,
+    WordPieceTokenizer,
+    load_tokenizer,
+)
+from pentad.errors import UserError
+from pentad.registry import TOKENIZERS
+
+DATA = Path(__file__).parents[3] / "../shared/data/tencentpretrain"
+MODELS = DATA / "models"
+CORPORA = DATA / "corpora"
+
+EN_TEXTS = [
+    "Hello, world! This is a test.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Café naïve résumé Ångström façade Über ÉCOLE",
+    "unaffable running jumped antidisestablishmentarianism",
+    "Numbers: 3.14159, 1,000,000 and 42nd; e-mail: a.b@example.com (really?) #tag $5 100%",
+    "  leading and trailing spaces \t tabs\nnewlines\r\n",
+    "Special [MASK] and [CLS] tokens[SEP]in text, [mask] lower, [UNK]",
+    "Emoji 😀 and symbols © ™ ∑ and control\x00chars\x07 here \ufffd",
+    "x" * 150 + " short",
+    "",
+    "Mixed 中文 English 日本語 한국어 ελληνικά русский",
+    "don't can't I'm we'll they've O'Neil",
+]
+ZH_TEXTS = [
+    "北京是中国的首都。",
+    "我爱自然语言处理！NLP很有趣，对吧？",
+    "２０２４年全角数字和ＡＢＣ，半角123abc",
+    "《红楼梦》是曹雪芹的作品……「引号」『书名』",
+    "Unicode行分隔\u2028符和不换行\u00a0空格",
+    "生僻字𠀀𪚥和表情😀以及日文かな",
+    "繁體中文測試：資料庫與網際網路",
+]
+
+
+def _corpus_lines(name: str, count: int) -> list[str]:
+    with open(CORPORA / name, encoding="utf-8") as handle:
+        return [line.rstrip("\n") for _, line in zip(range(count), handle)]
+
+
+@pytest.fixture(scope="module")
+def models() -> Path:
+    if not MODELS.is_dir():
+        pytest.skip(f"TencentPretrain models not found at {MODELS}")
+    return MODELS
+
+
+@pytest.fixture(scope="module")
+def gpt2_json_dir(models: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """vocab.json + merges.txt derived from TencentPretrain's text files (id = line index)."""
+    directory = tmp_path_factory.mktemp("gpt2_json")
+    tokens = (models / "huggingface_gpt2_vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    vocab = {token: index for index, token in enumerate(tokens)}
+    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    shutil.copy(models / "huggingface_gpt2_merges.txt", directory / "merges.txt")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def bpe(models: Path) -> ByteLevelBPETokenizer:
+    return load_tokenizer(
+        {"type": "bpe", "vocab": "huggingface_gpt2_vocab.txt", "merges": "huggingface_gpt2_merges.txt"},
+        base_dir=models,
+    )
+
+
+@pytest.fixture(scope="module")
+def uncased(models: Path) -> WordPieceTokenizer:
+    return WordPieceTokenizer(models / "google_uncased_en_vocab.txt")
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# WordPiece against Hugging Face's pure-Python BERT tokenizer
+
+
+def _legacy_bert(vocab: Path, **kwargs):
+    from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
+
+    return BertTokenizerLegacy(vocab_file=str(vocab), **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("vocab", "options", "reference_options"),
+    [
+        ("google_uncased_en_vocab.txt", {}, {"do_lower_case": True}),
+        ("google_cased_en_vocab.txt", {"lowercase": False}, {"do_lower_case": False}),
+        ("google_uncased_en_vocab.txt", {"strip_accents": False}, {"do_lower_case": True, "strip_accents": False}),
+        ("google_zh_vocab.txt", {}, {"do_lower_case": True}),
+        ("google_zh_vocab.txt", {"lowercase": False}, {"do_lower_case": False}),
+        ("google_zh_vocab.txt", {"split_cjk": False}, {"do_lower_case": True, "tokenize_chinese_chars": False}),
+    ],
+)
+def test_wordpiece_matches_reference_bert_tokenizer(models: Path, vocab, options, reference_options):
+    ours = load_tokenizer({"type": "wordpiece", "vocab": vocab, **options}, base_dir=models)
+    reference = _legacy_bert(models / vocab, **reference_options)
+    texts = EN_TEXTS + ZH_TEXTS + _corpus_lines("news-commentary-v13-en-zh_sampled.txt", 60)
+    for text in texts:
+        assert ours.encode(text) == reference.encode(text, add_special_tokens=False), text
+    assert ours.encode_batch(texts) == [ours.encode(text) for text in texts]
+
+
+def test_wordpiece_on_chinese_corpus_lines(models: Path):
+    ours = WordPieceTokenizer(models / "google_zh_vocab.txt")
+    reference = _legacy_bert(models / "google_zh_vocab.txt", do_lower_case=True)
+    lines = _corpus_lines("CLUECorpusSmall_bert_sampled.txt", 80)
+    assert ours.encode_batch(lines) == [reference.encode(line, add_special_tokens=False) for line in lines]
+
+
+def test_wordpiece_tokens_specials_and_decode(uncased: WordPieceTokenizer):
+    assert uncased.tokenize("Unaffable café!") == ["una", "##ffa", "##ble", "cafe", "!"]
+    assert (uncased.pad_id, uncased.unk_id, uncased.cls_id, uncased.sep_id, uncased.mask_id) == (0, 100, 101, 102, 103)
+    assert (uncased.bos_id, uncased.eos_id) == (101, 102)  # no bos/eos of their own: cls/sep
+    assert uncased.vocab_size == 30522
+    assert uncased.token_to_id("hello") == 7592 and uncased.token_to_id("no-such-token") is None
+    assert uncased.id_to_token(7592) == "hello"
+    with pytest.raises(IndexError):
+        uncased.id_to_token(30522)
+    ids = uncased.encode("Hello [MASK] world, unaffable.")
+    assert uncased.decode(ids) == "hello [MASK] world, unaffable."
+    assert uncased.decode(np.array(ids), skip_special_tokens=True) == "hello world, unaffable."
+    with pytest.raises(IndexError):
+        uncased.decode([5, 99999])
+
+
+def test_wordpiece_word_starts(uncased: WordPieceTokenizer):
+    ids = uncased.encode("unaffable running [MASK] jumped")
+    assert uncased.tokenize("unaffable running [MASK] jumped") == ["una", "##ffa", "##ble", "running", "[MASK]", "jumped"]
+    assert uncased.word_starts(ids).tolist() == [True, False, False, True, True, True]
+    # A sequence cut mid-word still starts with a word; any leading shape is kept.
+    batch = np.array([ids[1:], ids[:-1]])
+    starts = uncased.word_starts(batch)
+    assert starts.shape == batch.shape and starts.dtype == bool
+    assert starts[0].tolist() == [True, False, True, True, True]
+    assert uncased.word_starts([]).shape == (0,)
+
+
+# --------------------------------------------------------------------------------------------
+# GPT-2 byte-level BPE
+
+
+def _reference_bpe(text: str, vocab: dict[str, int], ranks: dict[tuple[str, str], int]) -> list[int]:
+    """GPT-2's algorithm in plain Python: regex split, bytes to symbols, merge the best pair."""
+    import regex
+
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    symbol = {b: chr(b) for b in printable}
+    for offset, b in enumerate(b for b in range(256) if b not in printable):
+        symbol[b] = chr(256 + offset)
+    pattern = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+    ids: list[int] = []
+    for piece in pattern.findall(text):
+        word = [symbol[b] for b in piece.encode("utf-8")]
+        while len(word) > 1:
+            rank, i = min((ranks.get(pair, float("inf")), i) for i, pair in enumerate(zip(word, word[1:])))
+            if rank == float("inf"):
+                break
+            word[i : i + 2] = [word[i] + word[i + 1]]
+        ids += [vocab[w] for w in word]
+    return ids
+
+
+BPE_TEXTS = [t for t in EN_TEXTS if "[" not in t] + [
+    "Hello world",
+    "\n\nParagraphs\n\n\nand   multiple    spaces  ",
+    "  indented code:\n\tif x:\n\t\treturn 1",
+    "日本語のテキストと中文",
+]
+
+
+def test_bpe_matches_known_ids_and_python_reference(models: Path, bpe: ByteLevelBPETokenizer):
+    # The TencentPretrain file is GPT-2's vocabulary in fairseq (RoBERTa) order.
+    assert bpe.encode("Hello world") == [31414, 232]
+    assert bpe.vocab_size == 50265
+    tokens = (models / "huggingface_gpt2_vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    vocab = {token: index for index, token in enumerate(tokens)}
+    merges = (models / "huggingface_gpt2_merges.txt").read_text(encoding="utf-8").split("\n")[1:-1]
+    ranks = {tuple(line.split(" ")): rank for rank, line in enumerate(merges)}
+    for text in BPE_TEXTS:
+        assert bpe.encode(text) == _reference_bpe(text, vocab, ranks), text
+
+
+def test_bpe_matches_hf_gpt2_tokenizer(gpt2_json_dir: Path, bpe: ByteLevelBPETokenizer):
+    from transformers import GPT2Tokenizer
+
+    reference = GPT2Tokenizer.from_pretrained(str(gpt2_json_dir))
+    from_json = load_tokenizer({"type": "bpe", "vocab": "vocab.json", "merges": "merges.txt"}, base_dir=gpt2_json_dir)
+    texts = BPE_TEXTS + ["a <|endoftext|> b<|endoftext|>"] + _corpus_lines("news-commentary-v13-en-zh_sampled.txt", 80)
+    expected = [reference.encode(text, add_special_tokens=False) for text in texts]
+    assert bpe.encode_batch(texts) == expected
+    assert from_json.encode_batch(texts) == expected
+    assert from_json.special_tokens == bpe.special_tokens
+    assert from_json.fingerprint() != bpe.fingerprint()  # different files, same vocabulary
+
+
+def test_bpe_specials_decode_and_word_starts(bpe: ByteLevelBPETokenizer):
+    eot = 50260
+    assert (bpe.bos_id, bpe.eos_id, bpe.cls_id, bpe.sep_id) == (eot, eot, eot, eot)
+    assert (bpe.pad_id, bpe.mask_id, bpe.unk_id) == (1, 50264, 3)  # RoBERTa's <pad>, <mask>, <unk>
+    for text in BPE_TEXTS:
+        assert bpe.decode(bpe.encode(text)) == text
+    text = "Hello world, foo\n\nbar<|endoftext|>x"
+    ids = bpe.encode(text)
+    assert bpe.tokenize(text) == ["Hello", "Ġworld", ",", "Ġfoo", "Ċ", "Ċ", "bar", "<|endoftext|>", "x"]
+    assert bpe.word_starts(ids).tolist() == [True, True, False, True, True, True, True, True, True]
+    assert bpe.decode(ids, skip_special_tokens=True) == "Hello world, foo\n\nbarx"
+
+
+def test_bpe_special_token_override(models: Path):
+    roberta = ByteLevelBPETokenizer(
+        models / "huggingface_gpt2_vocab.txt",
+        models / "huggingface_gpt2_merges.txt",
+        special_tokens={"bos": "<s>", "eos": "</s>", "cls": "<s>", "sep": "</s>"},
+    )
+    assert (roberta.bos_id, roberta.eos_id, roberta.cls_id, roberta.sep_id, roberta.pad_id) == (0, 2, 0, 2, 1)
+    assert roberta.encode("<s>Hello world</s>") == [0, 31414, 232, 2]
+
+
+# --------------------------------------------------------------------------------------------
+# char, space, sentencepiece
+
+
+SMALL_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "北", "京", "a", "b", "hello", "world"]
+
+
+def test_char_tokenizer(tmp_path: Path):
+    tok = load_tokenizer({"type": "char", "vocab": str(_write(tmp_path / "vocab.txt", SMALL_VOCAB))})
+    assert isinstance(tok, CharTokenizer)
+    assert tok.tokenize(" 北 京a\tcb\n") == ["北", "京", "a", "[UNK]", "b"]
+    assert tok.encode(" 北 京a\tcb\n") == [5, 6, 7, 1, 8]
+    assert tok.decode([5, 6, 7, 1, 8]) == "北京a[UNK]b"
+    assert tok.word_starts([5, 6, 7]).all()
+    assert (tok.pad_id, tok.unk_id, tok.mask_id) == (0, 1, 4)
+
+
+def test_char_tokenizer_on_corpus_matches_python(models: Path):
+    tok = CharTokenizer(models / "google_zh_vocab.txt")
+    vocab = {t: i for i, t in enumerate((models / "google_zh_vocab.txt").read_text(encoding="utf-8").split("\n"))}
+    lines = _corpus_lines("CLUECorpusSmall_bert_sampled.txt", 100)
+    expected = [[vocab.get(ch, tok.unk_id) for ch in line if not ch.isspace()] for line in lines]
+    assert tok.encode_batch(lines) == expected
+
+
+def test_space_tokenizer(tmp_path: Path):
+    tok = load_tokenizer({"type": "space", "vocab": str(_write(tmp_path / "vocab.txt", SMALL_VOCAB))})
+    assert isinstance(tok, SpaceTokenizer)
+    assert tok.tokenize("hello  world\tfoo\n北") == ["hello", "world", "[UNK]", "北"]
+    assert tok.encode("hello  world\tfoo\n北") == [9, 10, 1, 5]
+    assert tok.decode([9, 10, 1]) == "hello world [UNK]"
+
+
+def test_sentencepiece_matches_processor(models: Path):
+    import sentencepiece
+
+    path = models / "cluecorpussmall_spm.model"
+    tok = load_tokenizer({"type": "sentencepiece", "model": str(path)})
+    reference = sentencepiece.SentencePieceProcessor(model_file=str(path))
+    texts = ZH_TEXTS + EN_TEXTS + _corpus_lines("CLUECorpusSmall_bert_sampled.txt", 50)
+    assert tok.encode_batch(texts) == [reference.encode(t) for t in texts]
+    assert [tok.tokenize(t) for t in texts[:5]] == [reference.encode(t, out_type=str) for t in texts[:5]]
+    assert tok.vocab_size == reference.get_piece_size() == 100000
+    assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id, tok.bos_id, tok.eos_id) == (0, 1, 2, 3, 4, 2, 3)
+    assert tok.decode(tok.encode("北京是中国的首都。")) == "北京是中国的首都。"
+    assert tok.token_to_id("[MASK]") == 4 and tok.token_to_id("no-such-piece") is None
+    # '▁' alone begins the word its next piece continues.
+    assert tok.tokenize("北京 是 hello world") == ["▁北京", "▁", "是", "▁", "hello", "▁world"]
+    assert tok.word_starts(tok.encode("北京 是 hello world")).tolist() == [True, True, False, True, False, True]
+
+
+def test_sentencepiece_model_ids_and_fallbacks(models: Path):
+    tok = SentencePieceTokenizer(models / "sentencepiece.bpe.model")
+    # <s>=0 <pad>=1 </s>=2 <unk>=3; no mask piece; cls/sep borrow bos/eos.
+    assert (tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id, tok.cls_id, tok.sep_id) == (1, 3, 0, 2, 0, 2)
+    assert tok.mask_id is None
+
+
+# --------------------------------------------------------------------------------------------
+# Interface-wide: registry, save/reload, fingerprint, pickling
+
+
+def _all_tokenizers(models: Path, tmp_path: Path) -> list[Tokenizer]:
+    return [
+        WordPieceTokenizer(models / "google_zh_vocab.txt", lowercase=False),
+        ByteLevelBPETokenizer(models / "huggingface_gpt2_vocab.txt", models / "huggingface_gpt2_merges.txt"),
+        CharTokenizer(models / "google_zh_vocab.txt", special_tokens={"mask": "[unused1]"}),
+        SpaceTokenizer(_write(tmp_path / "space_vocab.txt", SMALL_VOCAB)),
+        SentencePieceTokenizer(models / "cluecorpussmall_spm.model"),
+    ]
+
+
+def test_registry_has_every_tokenizer():
+    assert {"wordpiece", "bpe", "char", "space", "sentencepiece"} <= set(TOKENIZERS.names())
+    for name in ("wordpiece", "bpe", "char", "space", "sentencepiece"):
+        assert TOKENIZERS.config_class(name).model_fields["type"].default == name
+
+
+def test_save_reload_fingerprint_and_pickle(models: Path, tmp_path: Path):
+    texts = ["Hello world 北京 [MASK] café", "hello world a b", *ZH_TEXTS[:2]]
+    for tok in _all_tokenizers(models, tmp_path):
+        target = tmp_path / "saved" / tok.registry_name
+        cfg = tok.save(target)
+        assert cfg["type"] == tok.registry_name
+        for field in tok._path_fields:
+            assert "/" not in cfg[field] and (target / cfg[field]).is_file()
+        json.dumps(cfg)  # plain data, ready for config.yaml
+        reloaded = load_tokenizer(cfg, base_dir=target)
+        copy = pickle.loads(pickle.dumps(tok))
+        for other in (reloaded, copy):
+            assert type(other) is type(tok)
+            assert other.fingerprint() == tok.fingerprint()
+            assert other.encode_batch(texts) == tok.encode_batch(texts)
+            assert other.special_tokens == tok.special_tokens
+            assert other.vocab_size == tok.vocab_size
+
+
+def test_fingerprint_depends_on_bytes_and_options_not_paths(models: Path, tmp_path: Path):
+    vocab = models / "google_zh_vocab.txt"
+    moved = tmp_path / "elsewhere" / "renamed.txt"
+    moved.parent.mkdir()
+    shutil.copy(vocab, moved)
+    base = WordPieceTokenizer(vocab)
+    assert WordPieceTokenizer(moved).fingerprint() == base.fingerprint()
+    assert WordPieceTokenizer(vocab, lowercase=False).fingerprint() != base.fingerprint()
+    # Pinned: a change here changes every dataset's recorded tokenizer identity.
+    assert base.fingerprint() == "407a09a7e7eb65e4f48eafc70912a3b8c1dbd6fe9e27b3eeddd59f82394f14d1"
+    with open(moved, "a", encoding="utf-8") as handle:
+        handle.write("[extra]\n")
+    assert WordPieceTokenizer(moved).fingerprint() != base.fingerprint()
+
+
+def test_from_config_object_and_relative_paths(models: Path):
+    cfg = WordPieceTokenizer.Config(vocab=Path("google_uncased_en_vocab.txt"), lowercase=True)
+    tok = load_tokenizer(cfg, base_dir=models)
+    assert isinstance(tok, WordPieceTokenizer) and tok.encode("hello") == [7592]
+    assert tok.config().vocab == models / "google_uncased_en_vocab.txt"
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+
+
+def test_missing_and_empty_vocab_files(tmp_path: Path):
+    with pytest.raises(UserError, match="nope.txt"):
+        load_tokenizer({"type": "wordpiece", "vocab": "nope.txt"}, base_dir=tmp_path)
+    (tmp_path / "empty.txt").write_text("\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"empty\.txt is empty"):
+        load_tokenizer({"type": "char", "vocab": str(tmp_path / "empty.txt")})
+    with pytest.raises(UserError, match="merges.txt does not exist"):
+        ByteLevelBPETokenizer(_write(tmp_path / "v.txt", ["a"]), tmp_path / "merges.txt")
+
+
+def test_malformed_vocab_lines(tmp_path: Path):
+    with pytest.raises(UserError, match=r"dup\.txt, line 3: token 'a' already appears on line 1"):
+        WordPieceTokenizer(_write(tmp_path / "dup.txt", ["a", "[UNK]", "a"]))
+    with pytest.raises(UserError, match=r"gap\.txt, line 2: the line is empty"):
+        WordPieceTokenizer(_write(tmp_path / "gap.txt", ["a", "", "[UNK]"]))
+    (tmp_path / "bad.json").write_text('{"a": 0, "b": 0}', encoding="utf-8")
+    with pytest.raises(UserError, match="share id 0"):
+        ByteLevelBPETokenizer(tmp_path / "bad.json", _write(tmp_path / "m.txt", []))
+    (tmp_path / "latin1.txt").write_bytes("[UNK]\ncaf\xe9\n".encode("latin-1"))
+    with pytest.raises(UserError, match=r"latin1\.txt, line 2: not valid UTF-8"):
+        WordPieceTokenizer(tmp_path / "latin1.txt")
+
+
+def test_vocab_without_mask_or_unk(tmp_path: Path):
+    tok = WordPieceTokenizer(_write(tmp_path / "v.txt", ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello"]))
+    assert tok.mask_id is None and (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id) == (0, 1, 2, 3)
+    assert tok.encode("hello there") == [4, 1]
+    with pytest.raises(UserError, match=r"no unknown token"):
+        WordPieceTokenizer(_write(tmp_path / "nounk.txt", ["[PAD]", "hello"]))
+    # Naming the unknown token fixes it.
+    fixed = WordPieceTokenizer(_write(tmp_path / "u.txt", ["<unk>", "hello"]), special_tokens={"unk": "<unk>"})
+    assert fixed.encode("hello there") == [1, 0]
+
+
+def test_bad_special_token_overrides(tmp_path: Path):
+    vocab = _write(tmp_path / "v.txt", SMALL_VOCAB)
+    with pytest.raises(UserError, match=r"'msk'.*did you mean 'mask'"):
+        load_tokenizer({"type": "wordpiece", "vocab": str(vocab), "special_tokens": {"msk": "[MASK]"}})
+    with pytest.raises(UserError, match=r"'msk'"):
+        WordPieceTokenizer(vocab, special_tokens={"msk": "[MASK]"})
+    with pytest.raises(UserError, match=r"mask='<mask>'.*not in the vocabulary"):
+        load_tokenizer({"type": "space", "vocab": str(vocab), "special_tokens": {"mask": "<mask>"}})
+    tok = WordPieceTokenizer(vocab, special_tokens={"mask": "world"})
+    assert tok.mask_id == 10 and tok.encode("world") == [10]
+    assert set(ROLES) == set(tok.special_tokens)
+
+
+def test_malformed_merges(tmp_path: Path):
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text(json.dumps({"a": 0, "b": 1, "ab": 2, "Ġ": 3}), encoding="utf-8")
+    with pytest.raises(UserError, match=r"m1\.txt, line 3: expected two tokens"):
+        ByteLevelBPETokenizer(vocab, _write(tmp_path / "m1.txt", ["#version: 0.2", "a b", "a b c"]))
+    with pytest.raises(UserError, match=r"m2\.txt, line 1: .*token 'c', which is not in the vocabulary"):
+        ByteLevelBPETokenizer(vocab, _write(tmp_path / "m2.txt", ["a c"]))
+    tok = ByteLevelBPETokenizer(vocab, _write(tmp_path / "m3.txt", ["#version: 0.2", "a b"]))
+    assert tok.encode("ab a") == [2, 3, 0] and tok.eos_id is None
+
+
+def test_bad_configs(tmp_path: Path):
+    with pytest.raises(UserError, match="did you mean 'wordpiece'"):
+        load_tokenizer({"type": "wordpeice", "vocab": "v.txt"})
+    with pytest.raises(UserError, match="no 'type' key"):
+        load_tokenizer({"vocab": "v.txt"})
+    with pytest.raises(UserError, match=r"tokenizer\.lowercse.*did you mean 'lowercase'"):
+        load_tokenizer({"type": "wordpiece", "vocab": "v.txt", "lowercse": False})
+    garbage = tmp_path / "garbage.model"
+    garbage.write_bytes(b"this is not a sentencepiece model")
+    with pytest.raises(UserError, match="garbage.model could not be read"):
+        load_tokenizer({"type": "sentencepiece", "model": str(garbage)})

@@ -1,0 +1,82 @@
+import pytest
+import torch
+
+from pentad.builder import build_model
+from pentad.config.model import model_config_class
+from pentad.errors import UserError
+from pentad.training import checkpoint as ckpt
+from tests.conftest import tiny_model_dict
+
+
+def make(**over):
+    return build_model(model_config_class().model_validate(tiny_model_dict(**over)))
+
+
+def test_weights_round_trip_bitwise_and_tied_stored_once(tmp_path):
+    model = make()
+    path = tmp_path / "m.safetensors"
+    ckpt.save_weights(model, path)
+    tensors = ckpt.read_weights(path)
+    assert "targets.mlm.output.weight" not in tensors  # tied to embedding.word.weight
+    other = make()
+    ckpt.load_weights(other, tensors, str(path))
+    for (k, a), (_, b) in zip(model.state_dict().items(), other.state_dict().items()):
+        assert torch.equal(a, b), k
+    assert other.targets["mlm"].output.weight is other.embedding.word.weight
+
+
+def test_weights_of_another_config_are_listed_per_slot(tmp_path):
+    path = tmp_path / "m.safetensors"
+    ckpt.save_weights(make(), path)
+    bigger = make(hidden_size=64, encoder={"type": "transformer", "num_layers": 3, "num_heads": 4})
+    with pytest.raises(UserError) as info:
+        ckpt.load_weights(bigger, ckpt.read_weights(path), str(path))
+    text = str(info.value)
+    assert "another config" in text and "embedding:" in text and "encoder:" in text
+    assert "mis-shaped (norm" not in text
+    assert "5 mis-shaped (embedding.norm.bias" in text and "missing (encoder.layers.2" in text
+
+
+def test_new_head_must_be_named(tmp_path):
+    path = tmp_path / "m.safetensors"
+    ckpt.save_weights(make(), path)
+    cls_model = make(targets=[{"type": "cls", "num_labels": 3}])
+    with pytest.raises(UserError, match=r"missing \(targets.cls"):
+        ckpt.load_weights(cls_model, ckpt.read_weights(path), str(path), drop_heads=True)
+    notes = ckpt.load_weights(cls_model, ckpt.read_weights(path), str(path), new_heads=("cls",), drop_heads=True)
+    assert any("cls" in n for n in notes) and any("mlm" in n for n in notes)
+    with pytest.raises(UserError, match=r"unexpected \(targets.mlm"):
+        ckpt.load_weights(cls_model, ckpt.read_weights(path), str(path), new_heads=("cls",))
+
+
+def test_truncated_files_are_clear_errors(tmp_path):
+    model = make()
+    final = ckpt.save_checkpoint(tmp_path, 5, model, {"step": 5, "rng": torch.get_rng_state()})
+    weights = final / ckpt.WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(UserError, match="truncated or corrupt"):
+        ckpt.read_weights(weights)
+    state = final / ckpt.STATE
+    state.write_bytes(state.read_bytes()[:100])
+    with pytest.raises(UserError, match="truncated or corrupt"):
+        ckpt.load_state(final)
+
+
+def test_checkpoints_rotate_and_latest_points_at_the_newest(tmp_path):
+    model = make()
+    for step in (1, 2, 3):
+        ckpt.save_checkpoint(tmp_path, step, model, {"step": step}, keep=2)
+    assert ckpt.latest_checkpoint(tmp_path).name == "step-00000003"
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*")) == ["step-00000002", "step-00000003"]
+    assert ckpt.find_weights(tmp_path) == tmp_path / "checkpoints" / "step-00000003" / ckpt.WEIGHTS
+    assert not list((tmp_path / "checkpoints").glob(".*"))  # no temp leftovers
+
+
+class Evil:
+    """A class that is not on torch's allow-list of loadable types."""
+
+
+def test_state_refuses_arbitrary_objects(tmp_path):
+    torch.save({"x": Evil()}, tmp_path / ckpt.STATE)
+    with pytest.raises(UserError):
+        ckpt.load_state(tmp_path)
