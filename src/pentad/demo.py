@@ -51,7 +51,7 @@ def _timed_steps(cfg: Any, minutes: float) -> int:
 
 def run_demo(output: Path, minutes: float = 4.0, quick: bool = False) -> dict[str, Any]:
     from pentad.data.assets import default_cache_dir, ensure_mr_sentiment, ensure_wikipedia_corpus
-    from pentad.data.preprocess import preprocess_from_config
+    from pentad.runs import preprocess_from_config
     from pentad.data.vocab_builder import build_vocab
     from pentad.tasks.runner import finetune
     from pentad.training.pretrain import pretrain

@@ -84,3 +84,23 @@ def load_run(run_dir: Path) -> tuple[Any, Any]:
     if tok_cfg.is_file():
         tokenizer = load(json.loads(tok_cfg.read_text(encoding="utf-8")), base_dir=run_dir / TOKENIZER_DIR)
     return cfg, tokenizer
+
+
+def preprocess_from_config(cfg: Any) -> dict[str, Any]:
+    """``pentad preprocess``: the config's objective and tokenizer turn ``data.corpus`` into a
+    token-shard dataset at ``data.output``."""
+    from pentad.data.preprocess import preprocess
+    from pentad.registry import OBJECTIVES
+
+    missing = [k for k, v in (("data.corpus", cfg.data.corpus), ("data.output", cfg.data.output),
+                              ("data.objective", cfg.data.objective), ("tokenizer", cfg.tokenizer)) if v is None]
+    if missing:
+        raise UserError(f"preprocess needs {', '.join(missing)} (set them in the config or as key=value overrides)")
+    tokenizer = load_tokenizer(cfg)
+    objective = OBJECTIVES.get(cfg.data.objective.type)(cfg.data.objective, tokenizer)
+    manifest = preprocess(objective, tokenizer, cfg.tokenizer.model_dump(mode="json"), cfg.data.corpus,
+                          cfg.data.output, workers=cfg.data.workers, on_bad_line=cfg.data.on_bad_line,
+                          progress=cfg.train.progress, seed=cfg.train.seed)
+    info(f"wrote {cfg.data.output}: {manifest.get('num_instances', '?'):,} instances, "
+         f"{manifest.get('num_tokens', '?'):,} tokens")
+    return manifest

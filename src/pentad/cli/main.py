@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     if cfg is None:
         return 0
     if cmd == "preprocess":
-        from pentad.data.preprocess import preprocess_from_config
+        from pentad.runs import preprocess_from_config
 
         preprocess_from_config(cfg)
     elif cmd == "pretrain":

@@ -51,8 +51,7 @@ class ClassificationTask(Task):
         from pentad.data.tsv import LabelMap, read_classification_tsv
 
         rows, _ = read_classification_tsv(train_path, with_labels=True)
-        self.label_map = LabelMap.from_labels([r.label for r in rows], num_labels=self.cfg.num_labels,
-                                              source=str(train_path))
+        self.label_map = LabelMap.from_rows(rows, train_path, num_labels=self.cfg.num_labels)
 
     def read(self, path: Path, with_labels: bool = True) -> tuple[list[Any], list[Any]]:
         """(rows, instances) of a TSV file."""
@@ -60,7 +59,7 @@ class ClassificationTask(Task):
 
         rows, _ = read_classification_tsv(path, with_labels=with_labels)
         instances = encode_classification(rows, self.tokenizer, self.seq_length,
-                                          self.label_map if with_labels else None, source=str(path))
+                                          self.label_map if with_labels else None, path=path)
         return rows, instances
 
     def collate(self, instances, indices, rng: np.random.Generator):
@@ -68,7 +67,7 @@ class ClassificationTask(Task):
 
     @property
     def num_labels(self) -> int:
-        return len(self.label_map)
+        return self.label_map.num_labels
 
     def head_configs(self) -> list[dict[str, Any]]:
         return [{"type": "cls", "num_labels": self.num_labels, "pooling": self.cfg.pooling,
@@ -89,7 +88,7 @@ class ClassificationTask(Task):
         """TSV with header ``label`` (and one ``prob_<label>`` column per class on request)."""
         from pentad.training.checkpoint import atomic_write_text
 
-        names = [str(self.label_map.name(i)) for i in range(self.num_labels)]
+        names = list(self.label_map.names)
         probs = torch.softmax(logits, dim=-1).numpy()
         preds = logits.argmax(-1).numpy()
         header = ["label"] + ([f"prob_{n}" for n in names] if probabilities else [])

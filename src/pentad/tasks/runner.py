@@ -54,7 +54,7 @@ def finetune(cfg: Any) -> dict[str, Any]:
     seq_length = min(seq_length, cfg.model.max_seq_length)
     task = TASKS.get(cfg.task.type)(cfg.task, tokenizer, seq_length)
     task.fit_labels(cfg.data.train)
-    info(f"{cfg.task.type}: {task.num_labels} labels {task.label_map.names()}")
+    info(f"{cfg.task.type}: {task.num_labels} labels {task.label_map.names}")
     model_dict = cfg.model.model_dump()
     model_dict["targets"] = task.head_configs()
     cfg.model = type(cfg.model).model_validate(model_dict)
@@ -109,7 +109,7 @@ def finetune(cfg: Any) -> dict[str, Any]:
 
 
 def _labels(instances) -> list[int]:
-    return [int(x) for x in instances.field("label")]
+    return [int(x) for x in instances.fields["label"]]
 
 
 def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: bool | None = None,
