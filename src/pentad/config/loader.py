@@ -223,7 +223,11 @@ def problems_from_validation(error: ValidationError, raw: dict[str, Any], root: 
         elif kind == "literal_error":
             expected = str(err.get("ctx", {}).get("expected", ""))
             options = [o.strip(" '") for o in expected.replace(" or ", ",").split(",") if o.strip(" '")]
-            problems.append(ConfigProblem(path, f"expected one of {', '.join(options)}", source,
+            what = "expected"
+            if loc and loc[-1] == "type":  # a registry with a single member has no union, only a literal
+                kind = next((r.kind.rstrip("s") for r in ALL.values() if set(options) == set(r.names())), None)
+                what = f"unknown {kind} name; expected" if kind else what
+            problems.append(ConfigProblem(path, f"{what} one of {', '.join(options)}", source,
                                           received=_short(err.get("input")),
                                           suggestion=closest(err.get("input"), options)))
         elif kind == "missing":

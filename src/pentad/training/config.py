@@ -32,6 +32,8 @@ class TrainConfig(StrictModel):
     eval_every: int | None = Field(None, ge=1, description="fine-tuning: evaluate on dev every N steps; "
                                                            "default: once per epoch")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: torch's choice")
+    stop_at: int | None = Field(None, ge=1, description="stop with a checkpoint at this step, as if "
+                                                        "interrupted; running again resumes")
     progress: bool = True
 
     def warmup_steps(self, total: int) -> int:

@@ -144,7 +144,8 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=self.step, desc=self.description, unit="step",
                    disable=not cfg.progress, dynamic_ncols=True, file=sys.stderr)
         try:
-            while self.step < self.total_steps:
+            end = min(self.total_steps, cfg.stop_at or self.total_steps)
+            while self.step < end:
                 for _ in range(cfg.grad_accum):
                     try:
                         batch = next(batches).to(self.device, non_blocking=True)
@@ -167,7 +168,7 @@ class Trainer:
                 self.step += 1
                 interval_steps += 1
                 bar.update(1)
-                done = self.step == self.total_steps
+                done = self.step == end
                 if self.step % cfg.log_every == 0 or done:
                     elapsed = time.perf_counter() - interval_start
                     last = self._record(sums, interval_steps, tokens, elapsed, lr)

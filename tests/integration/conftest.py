@@ -1,0 +1,55 @@
+"""Fixtures for whole-command tests: a tiny English corpus, vocabulary and TSVs made in tmp dirs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TP
+
+SENTENCES = [
+    "the film was a delight from start to finish", "a dull and lifeless story with no heart",
+    "the actors carry the weak script", "i loved the music and the colours",
+    "nothing in this movie works", "a smart funny and moving picture",
+    "the plot makes no sense at all", "one of the best films of the year",
+    "the ending falls flat", "a warm and generous comedy",
+]
+
+
+@pytest.fixture(scope="session")
+def english(tmp_path_factory) -> dict[str, Path]:
+    """A vocabulary built from a small corpus, the corpus in bert and line formats, and TSVs."""
+    from pentad.data.vocab_builder import build_vocab
+
+    root = tmp_path_factory.mktemp("english")
+    docs = []
+    for d in range(40):
+        docs.append([SENTENCES[(d + k) % len(SENTENCES)] + " ." for k in range(4)])
+    (root / "bert.txt").write_text("\n\n".join("\n".join(doc) for doc in docs) + "\n", encoding="utf-8")
+    (root / "docs.txt").write_text("\n".join(" ".join(doc) for doc in docs) + "\n", encoding="utf-8")
+    build_vocab([root / "docs.txt"], "wordpiece", 200, root / "vocab", lowercase=True, min_frequency=1,
+                show_progress=False)
+    rows = [(1 - i % 2, SENTENCES[i % len(SENTENCES)]) for i in range(60)]
+    for split, part in (("train", rows[:40]), ("dev", rows[40:50]), ("test", rows[50:])):
+        (root / f"{split}.tsv").write_text("label\ttext_a\n" + "".join(f"{y}\t{t}\n" for y, t in part),
+                                           encoding="utf-8")
+    (root / "nolabel.tsv").write_text("text_a\n" + "".join(f"{t}\n" for _, t in rows[50:]), encoding="utf-8")
+    return {"root": root, "vocab": root / "vocab" / "vocab.txt", "bert": root / "bert.txt",
+            "docs": root / "docs.txt", "train": root / "train.tsv", "dev": root / "dev.tsv",
+            "test": root / "test.tsv", "nolabel": root / "nolabel.tsv"}
+
+
+def tiny(vocab: Path) -> list[str]:
+    """Overrides that shrink bert/tiny further and point it at ``vocab``."""
+    return ["tokenizer.type=wordpiece", f"tokenizer.vocab={vocab}", "model.hidden_size=32",
+            "model.max_seq_length=64", "model.encoder.num_layers=2", "model.encoder.num_heads=2",
+            "model.encoder.ffn_size=64", "data.objective.seq_length=32", "train.batch_size=8",
+            "train.progress=false", "train.log_every=1", "train.lr=1e-3"]
+
+
+@pytest.fixture(scope="session")
+def tp():
+    if not TP.is_dir():
+        pytest.skip("../shared/data is not beside the repository")
+    return TP

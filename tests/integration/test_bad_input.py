@@ -1,0 +1,111 @@
+"""Every listed kind of bad input ends with a clear message and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from pentad.cli.main import main
+from tests.integration.conftest import tiny
+
+
+def fails(capsys, *argv, match: str) -> str:
+    rc = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err
+    assert match in err, err
+    return err
+
+
+def test_unknown_config_key(capsys):
+    err = fails(capsys, "validate", "bert/tiny", "model.encoder.num_layer=2", match="model.encoder.num_layer")
+    assert "did you mean 'num_layers'" in err
+
+
+def test_unknown_module_name(capsys):
+    err = fails(capsys, "validate", "bert/tiny", "model.encoder.type=transfomer", match="unknown encoder name")
+    assert "did you mean 'transformer'" in err
+
+
+def test_heads_not_dividing_hidden_size(capsys):
+    fails(capsys, "validate", "bert/tiny", "model.encoder.num_heads=3", match="not divisible by num_heads 3")
+
+
+def _preprocess(english, tmp_path, corpus, *extra):
+    return ("preprocess", "--config", "bert/tiny", *tiny(english["vocab"]), f"data.corpus={corpus}",
+            f"data.output={tmp_path / 'ds'}", *extra)
+
+
+def test_missing_corpus(capsys, english, tmp_path):
+    fails(capsys, *_preprocess(english, tmp_path, tmp_path / "nope.txt"), match="nope.txt")
+
+
+def test_empty_corpus(capsys, english, tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    fails(capsys, *_preprocess(english, tmp_path, tmp_path / "empty.txt"), match="empty")
+
+
+def test_non_utf8_corpus_names_the_line_and_can_skip(capsys, english, tmp_path):
+    corpus = tmp_path / "bad.txt"
+    good = english["docs"].read_bytes().splitlines()
+    corpus.write_bytes(b"\n".join(good[:3] + [b"caf\xe9 au lait"] + good[3:]) + b"\n")
+    fails(capsys, *_preprocess(english, tmp_path, corpus, "data.objective=mlm", "model.targets=[mlm]"),
+          match="line 4")
+    assert main([str(a) for a in _preprocess(english, tmp_path, corpus, "data.objective=mlm",
+                                               "model.targets=[mlm]", "data.on_bad_line=skip")]) == 0
+    assert "skip" in capsys.readouterr().err
+
+
+def test_vocab_without_mask_for_mlm(capsys, english, tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(t for t in english["vocab"].read_text().splitlines() if t != "[MASK]") + "\n")
+    fails(capsys, "preprocess", "--config", "bert/tiny", *tiny(vocab), f"data.corpus={english['bert']}",
+          f"data.output={tmp_path / 'ds'}", match="[MASK]")
+
+
+@pytest.mark.parametrize("content,match", [
+    ("1\tgood film\n0\tbad film\n", "header"),
+    ("label\ttext_a\n1\tgood film\textra column\n", "line 2"),
+])
+def test_bad_tsv(capsys, english, tmp_path, content, match):
+    train = tmp_path / "train.tsv"
+    train.write_text(content)
+    fails(capsys, "finetune", "--task", "classification", "--config", "bert/tiny", *tiny(english["vocab"]),
+          f"data.train={train}", f"output={tmp_path / 'ft'}", match=match)
+
+
+def test_label_out_of_range(capsys, english, tmp_path):
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("label\ttext_a\n0\tgood\n7\tbad\n")
+    fails(capsys, "finetune", "--task", "classification", "--config", "bert/tiny", *tiny(english["vocab"]),
+          f"data.train={english['train']}", f"data.dev={dev}", f"output={tmp_path / 'ft'}", match="line 3")
+
+
+@pytest.fixture(scope="module")
+def pretrained(english, tmp_path_factory):
+    root = tmp_path_factory.mktemp("pre")
+    base = tiny(english["vocab"])
+    assert main(["preprocess", "--config", "bert/tiny", *base, f"data.corpus={english['bert']}",
+                 f"data.output={root / 'ds'}"]) == 0
+    assert main(["pretrain", "--config", "bert/tiny", *base, f"data.dataset={root / 'ds'}", "train.steps=2",
+                 f"output={root / 'run'}"]) == 0
+    return root / "run"
+
+
+def test_checkpoint_from_another_config(capsys, english, tmp_path, pretrained):
+    err = fails(capsys, "finetune", "--task", "classification", "--config", "bert/tiny", *tiny(english["vocab"]),
+                "model.hidden_size=64", f"init={pretrained}", f"data.train={english['train']}",
+                f"output={tmp_path / 'ft'}", match="another config")
+    assert "mis-shaped" in err
+
+
+def test_truncated_checkpoint(capsys, english, tmp_path, pretrained):
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(pretrained, copy)
+    weights = next((copy / "checkpoints").glob("step-*/model.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:500])
+    fails(capsys, "finetune", "--task", "classification", "--config", "bert/tiny", *tiny(english["vocab"]),
+          f"init={copy}", f"data.train={english['train']}", f"output={tmp_path / 'ft'}",
+          match="truncated or corrupt")
