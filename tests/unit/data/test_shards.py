@@ -8,8 +8,16 @@ import pickle
 import numpy as np
 import pytest
 
-from pentad.data.shards import (MANIFEST, Instances, ShardDataset, ShardWriter, concat_ranges,
-                                read_manifest, token_dtype_for, write_manifest)
+from pentad.data.shards import (
+    MANIFEST,
+    Instances,
+    ShardDataset,
+    ShardWriter,
+    concat_ranges,
+    read_manifest,
+    token_dtype_for,
+    write_manifest,
+)
 from pentad.errors import UserError
 
 

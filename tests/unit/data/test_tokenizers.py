@@ -155,7 +155,8 @@ def test_wordpiece_tokens_specials_and_decode(uncased: WordPieceTokenizer):
 
 def test_wordpiece_word_starts(uncased: WordPieceTokenizer):
     ids = uncased.encode("unaffable running [MASK] jumped")
-    assert uncased.tokenize("unaffable running [MASK] jumped") == ["una", "##ffa", "##ble", "running", "[MASK]", "jumped"]
+    tokens = uncased.tokenize("unaffable running [MASK] jumped")
+    assert tokens == ["una", "##ffa", "##ble", "running", "[MASK]", "jumped"]
     assert uncased.word_starts(ids).tolist() == [True, False, False, True, True, True]
     # A sequence cut mid-word still starts with a word; any leading shape is kept.
     batch = np.array([ids[1:], ids[:-1]])
@@ -289,7 +290,8 @@ def test_sentencepiece_matches_processor(models: Path):
     assert tok.encode_batch(texts) == [reference.encode(t) for t in texts]
     assert [tok.tokenize(t) for t in texts[:5]] == [reference.encode(t, out_type=str) for t in texts[:5]]
     assert tok.vocab_size == reference.get_piece_size() == 100000
-    assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id, tok.bos_id, tok.eos_id) == (0, 1, 2, 3, 4, 2, 3)
+    ids = {role: getattr(tok, f"{role}_id") for role in ROLES}
+    assert ids == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4, "bos": 2, "eos": 3}
     assert tok.decode(tok.encode("北京是中国的首都。")) == "北京是中国的首都。"
     assert tok.token_to_id("[MASK]") == 4 and tok.token_to_id("no-such-piece") is None
     # '▁' alone begins the word its next piece continues.

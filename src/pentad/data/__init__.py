@@ -1,0 +1,1 @@
+"""Data: tokenizers, vocabulary building, pre-training objectives and token-shard datasets."""

@@ -1,0 +1,143 @@
+"""Opening a preprocessed dataset and streaming resumable pre-training batches from it.
+
+Batch ``i`` of a run is a pure function of ``(seed, i)``: it belongs to epoch
+``i // batches_per_epoch``, takes its instances from that epoch's permutation
+(``np.random.default_rng([seed, epoch])``) and masks them with
+``np.random.default_rng([seed, epoch, i])``. Resuming at batch ``k`` therefore gives exactly the
+batches an uninterrupted run would have seen from ``k`` on, with any number of DataLoader
+workers. The incomplete last batch of an epoch is dropped (its instances come first in some
+later epoch's permutation with high probability; nothing is dropped from the dataset itself).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import DataLoader, Sampler
+
+from pentad.components.base import Batch
+from pentad.data.objectives.base import Objective
+from pentad.data.shards import ShardDataset, read_manifest
+from pentad.errors import UserError
+
+
+def open_dataset(path: Path, tokenizer: Any, objective: Objective) -> ShardDataset:
+    """Open a dataset written by ``preprocess`` after checking it fits this run.
+
+    UserError when the directory or manifest is missing or damaged, when it was built for another
+    objective or with other instance options (e.g. seq_length), or with another tokenizer.
+    """
+    path = Path(path)
+    manifest = read_manifest(path)
+    built = manifest.get("objective", {})
+    if built.get("name") != objective.name:
+        raise UserError(f"dataset {path} was preprocessed for objective '{built.get('name')}', but "
+                        f"this run's objective is '{objective.name}'; preprocess the corpus again "
+                        f"with objective.type={objective.name} or change the objective.")
+    stored = built.get("instance_options", {})
+    wanted = objective.instance_options()
+    differ = sorted(k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k))
+    if differ:
+        both = "; ".join(f"objective.{k}: dataset {stored.get(k)!r}, config {wanted.get(k)!r}"
+                         for k in differ)
+        raise UserError(f"dataset {path} was preprocessed with other objective options ({both}); "
+                        f"preprocess again or use the dataset's values.")
+    built_tok = manifest.get("tokenizer", {})
+    if built_tok.get("fingerprint") != tokenizer.fingerprint():
+        raise UserError(
+            f"dataset {path} was tokenized with a different tokenizer: the dataset's tokenizer "
+            f"{built_tok.get('config')} has fingerprint {built_tok.get('fingerprint')}, this run's "
+            f"{_config_of(tokenizer)} has fingerprint {tokenizer.fingerprint()}. Use the same "
+            f"vocabulary files and options, or preprocess again.")
+    return ShardDataset(path, manifest)
+
+
+def _config_of(tokenizer: Any) -> Any:
+    config = getattr(tokenizer, "config", None)
+    config = config() if callable(config) else config
+    return config.model_dump(mode="json") if hasattr(config, "model_dump") else repr(tokenizer)
+
+
+class PretrainBatches:
+    """The endless, resumable stream of pre-training batches over a ShardDataset.
+
+    With ``world_size > 1`` every global batch holds ``batch_size * world_size`` instances and
+    rank ``r`` takes its ``r``-th slice, so ranks never share an instance within an epoch; ranks
+    other than 0 add ``r`` to the masking seed (``[seed, epoch, i, r]``) so their masks differ.
+    """
+
+    def __init__(self, dataset: ShardDataset, objective: Objective, batch_size: int, seed: int,
+                 num_workers: int = 0, rank: int = 0, world_size: int = 1):
+        if batch_size < 1:
+            raise UserError(f"batch size must be at least 1 (received {batch_size}).")
+        self.dataset = dataset
+        self.objective = objective
+        self.batch_size = batch_size
+        self.seed = seed
+        self.num_workers = num_workers
+        self.rank = rank
+        self.world_size = world_size
+        global_batch = batch_size * world_size
+        self.batches_per_epoch = len(dataset) // global_batch
+        if self.batches_per_epoch == 0:
+            raise UserError(f"dataset {dataset.directory} has {len(dataset)} instances, fewer than "
+                            f"one batch ({batch_size} x {world_size} process(es)); use a smaller "
+                            f"batch size or a larger corpus.")
+        self._epoch = -1
+        self._permutation = np.zeros(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        """Batches per epoch (the stream itself is endless)."""
+        return self.batches_per_epoch
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch != self._epoch:  # cached: consecutive batches share an epoch
+            self._permutation = np.random.default_rng([self.seed, epoch]).permutation(
+                len(self.dataset))
+            self._epoch = epoch
+        return self._permutation
+
+    def indices(self, i: int) -> np.ndarray:
+        """The dataset indices of batch ``i`` for this rank."""
+        epoch, step = divmod(i, self.batches_per_epoch)
+        begin = (step * self.world_size + self.rank) * self.batch_size
+        return self._order(epoch)[begin:begin + self.batch_size]
+
+    def batch(self, i: int) -> Batch:
+        """Batch ``i`` (0-based count of batches since the start of training)."""
+        epoch = i // self.batches_per_epoch
+        key = [self.seed, epoch, i] + ([self.rank] if self.rank else [])
+        return self.objective.collate(self.dataset.take(self.indices(i)),
+                                      np.random.default_rng(key))
+
+    def __getitem__(self, i: int) -> Batch:
+        return self.batch(int(i))
+
+    def iterate(self, start: int = 0) -> Iterator[Batch]:
+        """Batches ``start, start+1, ...`` forever (``start`` = batches already consumed)."""
+        if self.num_workers <= 0:
+            for i in itertools.count(start):
+                yield self.batch(i)
+            return
+        loader = DataLoader(
+            self, batch_size=None, sampler=_CountFrom(start), num_workers=self.num_workers,
+            collate_fn=_identity)
+        yield from loader
+
+
+class _CountFrom(Sampler):
+    """Batch indices ``start, start+1, ...``, endlessly."""
+
+    def __init__(self, start: int):
+        self.start = start
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.count(self.start)
+
+
+def _identity(batch: Batch) -> Batch:
+    return batch

@@ -1,0 +1,146 @@
+"""The objective contract: how corpus lines become stored instances, and instances a Batch.
+
+An objective runs in two places:
+
+* **preprocess** (worker processes): ``parse_line`` checks and converts one decoded corpus line,
+  ``build`` turns a chunk of parsed lines into :class:`~pentad.data.shards.Instances` (or, for
+  objectives that pack across documents, into a flat token stream that the writer cuts into
+  windows of ``window`` tokens, ``stride`` apart, so packing ignores chunk boundaries).
+* **training** (DataLoader workers): ``collate(instances, rng)`` pads, masks and returns a Batch.
+  All randomness comes from ``rng``, so a batch is a pure function of its instances and seed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from pentad.components.base import Batch
+from pentad.config.base import StrictModel
+from pentad.data.masking import describe_tokenizer
+from pentad.data.shards import Instances, concat_ranges
+from pentad.errors import UserError
+
+
+class ObjectiveConfig(StrictModel):
+    """Options every objective has."""
+
+    seq_length: int = Field(128, ge=4, description="Tokens per instance, special tokens included.")
+
+
+class MaskingObjectiveConfig(ObjectiveConfig):
+    """Options of objectives that mask tokens at collate time."""
+
+    mask_prob: float = Field(0.15, gt=0.0, lt=1.0,
+                             description="Fraction of maskable tokens selected per sequence.")
+    whole_word_masking: bool = Field(
+        False, description="Select whole words (a word start and its continuation pieces).")
+
+
+class Objective:
+    """Base class of the pre-training objectives (see the module docstring for the contract)."""
+
+    Config: ClassVar[type[ObjectiveConfig]] = ObjectiveConfig
+    registry_name: ClassVar[str]
+    provides: ClassVar[frozenset[str]] = frozenset()
+    corpus_format: ClassVar[str] = ""
+    # Per-instance integer fields stored next to the tokens.
+    field_names: ClassVar[tuple[str, ...]] = ()
+    # Config keys that only affect collate, so a dataset stays valid when they change.
+    collate_options: ClassVar[frozenset[str]] = frozenset({"mask_prob", "whole_word_masking"})
+    # True when a chunk may only end after a blank line (corpora of sentence-per-line documents).
+    documents_end_at_blank_lines: ClassVar[bool] = False
+
+    def __init__(self, cfg: ObjectiveConfig, tokenizer: Any):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.seq_length = cfg.seq_length
+        # Padding positions carry their own mask, so any id will do when the vocab has no pad.
+        self.pad_id = int(tokenizer.pad_id) if tokenizer.pad_id is not None else 0
+
+    @property
+    def name(self) -> str:
+        return type(self).registry_name
+
+    def require_ids(self, **ids: int | None) -> None:
+        """UserError naming the vocab when one of the special tokens this objective needs is absent."""
+        missing = [name for name, value in ids.items() if value is None]
+        if missing:
+            raise UserError(
+                f"objective '{self.name}' needs the special token(s) {', '.join(missing)}, which "
+                f"the {describe_tokenizer(self.tokenizer)} does not have; add them to the "
+                f"vocabulary or choose another objective.")
+
+    # ---- preprocessing (worker processes) ---------------------------------------------------
+
+    def instance_options(self) -> dict[str, Any]:
+        """The config values that shape stored instances (checked when a dataset is opened)."""
+        dumped = self.cfg.model_dump(mode="json")
+        return {k: v for k, v in dumped.items() if k not in self.collate_options}
+
+    def begin_corpus(self, first_line: str, path: Path) -> tuple[Any, bool]:
+        """Look at the corpus's first line: returns (context for parse_line, header consumed)."""
+        return None, False
+
+    def parse_line(self, text: str, context: Any) -> Any:
+        """One decoded line -> the item ``build`` takes; raise BadLine if it is malformed."""
+        return text
+
+    @property
+    def packs(self) -> bool:
+        """Whether ``build`` returns a token stream to be cut into windows across chunks."""
+        return False
+
+    @property
+    def window(self) -> tuple[int, int]:
+        """(window, stride) used to cut a packed stream (stride < window makes windows overlap)."""
+        return self.seq_length, self.seq_length
+
+    def build(self, items: list[Any], rng: np.random.Generator) -> Instances | np.ndarray:
+        """A chunk's parsed lines -> Instances (or a 1-D token stream when ``packs``)."""
+        raise NotImplementedError
+
+    def manifest_extra(self) -> dict[str, Any]:
+        """Objective-specific entries for the dataset manifest."""
+        return {}
+
+    # ---- training (DataLoader workers) ------------------------------------------------------
+
+    def collate(self, instances: Instances, rng: np.random.Generator) -> Batch:
+        """Pad (and mask) ``instances`` into a Batch of torch tensors."""
+        raise NotImplementedError
+
+
+def windows(stream: np.ndarray, window: int, stride: int, final: bool) -> tuple[Instances, np.ndarray]:
+    """Cut ``stream`` into windows of ``window`` tokens starting every ``stride`` tokens.
+
+    Returns the full windows and the remainder (the tokens a later window still needs; with
+    overlapping windows it starts with the last window's final tokens). With ``final`` the
+    remainder becomes one shorter instance when it holds tokens no window has covered yet.
+    """
+    overlap = window - stride
+    count = 0 if len(stream) < window else (len(stream) - window) // stride + 1
+    starts = np.arange(count, dtype=np.int64) * stride
+    lengths = np.full(count, window, dtype=np.int64)
+    rest = stream[count * stride:]
+    if final and len(rest) > overlap:
+        starts = np.append(starts, count * stride)
+        lengths = np.append(lengths, len(rest))
+        rest = rest[:0]
+    tokens = stream[concat_ranges(starts, lengths)]
+    return Instances(tokens.astype(np.int64), lengths), rest
+
+
+def to_batch_tensor(array: np.ndarray) -> torch.Tensor:
+    """A numpy array as a torch tensor (int64 for ids, bool for masks), without a copy when possible."""
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def segments_from_split(split: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """[B,S] int64 segment ids: 0 before ``split[b]`` (segment A), 1 from it on, 0 at padding."""
+    positions = np.arange(valid.shape[1])[None, :]
+    return ((positions >= split[:, None]) & valid).astype(np.int64)
