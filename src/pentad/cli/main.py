@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--output", "-o", required=True, type=Path)
     b.add_argument("--cased", action="store_true", help="keep case (default: lower-case)")
     b.add_argument("--min-frequency", type=int, default=2)
+    from pentad.cli import convert as convert_cli
+
+    convert_cli.add_parser(sub)
     p = sub.add_parser("demo", help="pre-train a small BERT on Wikipedia text, fine-tune on movie reviews")
     p.add_argument("--output", "-o", type=Path, default=Path("runs/demo"))
     p.add_argument("--minutes", type=float, default=4.0, help="pre-training time budget")
@@ -90,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
                              min_frequency=args.min_frequency)
         print(json.dumps(result, indent=2, default=str))
         return 0
+    if cmd == "convert":
+        from pentad.cli import convert as convert_cli
+
+        return convert_cli.run(args)
     if cmd == "demo":
         from pentad.demo import run_demo
 

@@ -1,0 +1,45 @@
+"""``pentad convert``: weights and configs between pentad, Hugging Face and TencentPretrain.
+
+    pentad convert hf-to-pentad IN OUT [--family F] [--verify] [--tolerance T]
+    pentad convert pentad-to-hf IN OUT [--family F] [--verify] [--tolerance T]
+    pentad convert tencentpretrain-to-pentad IN OUT [--verify]
+
+Exit status: 0 on success, 1 when ``--verify`` finds a difference above the tolerance (the output
+is still written, to inspect), 2 for a user error (raised as ``UserError`` to the entry point).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from pentad.interop.convert import DIRECTIONS
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``convert`` subcommand to ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
+    p = subparsers.add_parser(
+        "convert", help="convert weights: Hugging Face <-> pentad, TencentPretrain -> pentad",
+        description="Convert a model directory. hf-to-pentad / tencentpretrain-to-pentad write a pentad run "
+                    "directory; pentad-to-hf writes a directory transformers' from_pretrained loads.")
+    p.add_argument("direction", choices=DIRECTIONS, help="what to convert into what")
+    p.add_argument("input", type=Path, metavar="IN", help="source directory (HF model dir, pentad run dir, "
+                                                          "or a TencentPretrain .bin + JSON config dir)")
+    p.add_argument("output", type=Path, metavar="OUT", help="output directory (new or empty)")
+    p.add_argument("--family", help="HF model family: bert, roberta, xlm-roberta, gpt2 (default: from "
+                                    "config.json, or recorded/guessed for pentad-to-hf)")
+    p.add_argument("--verify", action="store_true",
+                   help="run both models on a sample batch and report max |difference| per layer and output")
+    p.add_argument("--tolerance", type=float, default=1e-5, help="largest accepted difference with --verify")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``pentad convert``; returns the exit status (UserError propagates to the entry point)."""
+    from pentad.interop.convert import convert
+
+    report = convert(args.direction, args.input, args.output, family=args.family, verify=args.verify,
+                     tolerance=args.tolerance)
+    print(report.render(), flush=True)
+    return 0 if report.ok else 1

@@ -1,0 +1,421 @@
+"""``pentad convert``: Hugging Face <-> pentad run directories, TencentPretrain -> pentad.
+
+* ``hf-to-pentad IN OUT``: IN is a Hugging Face model directory (``config.json``, weights,
+  tokenizer files); OUT becomes a pentad run directory (``config.yaml``, ``model.safetensors``,
+  ``tokenizer/``) that ``pentad.runs.load_run`` and ``find_weights`` accept, plus ``interop.json``
+  (where it came from, which tensors were synthesized) and, when needed,
+  ``interop_extra.safetensors`` (foreign rows pentad has no slot for, kept for the way back).
+* ``pentad-to-hf IN OUT``: IN is a pentad run directory; OUT is a directory that
+  ``transformers.AutoModel*.from_pretrained(OUT)`` loads offline, with the tokenizer files.
+* ``tencentpretrain-to-pentad IN OUT``: IN holds one ``.bin`` checkpoint, its JSON config and
+  (optionally) its vocabulary file.
+
+``verify=True`` runs both models on the same sample batch (padded rows included) and reports the
+largest absolute difference per layer and per output; the report is not ``ok`` above ``tolerance``.
+TencentPretrain cannot run here, so its check is that the inverse key map reproduces the
+checkpoint exactly and that the pentad model runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+from safetensors.torch import load_file
+from torch import Tensor
+
+from pentad.builder import build_model
+from pentad.components.base import Batch
+from pentad.config.loader import problems_from_validation, validate_raw
+from pentad.config.model import model_config_class
+from pentad.data.tokenizers import load_tokenizer
+from pentad.errors import ConfigError, UserError
+from pentad.interop import hf as hfio
+from pentad.interop import keymap
+from pentad.interop import tencentpretrain as tp
+from pentad.runs import load_run, prepare_run_dir
+from pentad.training.checkpoint import find_weights, load_weights, read_weights, weights_to_save
+
+TOKENIZER_DIR = "tokenizer"  # pentad.runs.TOKENIZER_DIR
+DIRECTIONS = ("hf-to-pentad", "pentad-to-hf", "tencentpretrain-to-pentad")
+INTEROP = "interop.json"
+EXTRA_WEIGHTS = "interop_extra.safetensors"
+WEIGHTS = "model.safetensors"
+
+
+@dataclass
+class ConversionReport:
+    """What a conversion did: notes for the user, and with ``verify`` the max |Δ| per check."""
+
+    direction: str
+    source: Path
+    output: Path
+    family: str
+    architecture: str
+    notes: list[str] = field(default_factory=list)
+    verification: list[tuple[str, float]] | None = None
+    tolerance: float = 1e-5
+
+    @property
+    def ok(self) -> bool:
+        return self.verification is None or all(d <= self.tolerance for _, d in self.verification)
+
+    def max_difference(self) -> float | None:
+        return max((d for _, d in self.verification), default=0.0) if self.verification is not None else None
+
+    def render(self) -> str:
+        lines = [f"{self.direction}: {self.source} -> {self.output} ({self.family}, {self.architecture})"]
+        lines += [f"  note: {n}" for n in self.notes]
+        if self.verification is not None:
+            lines.append(f"  verification (max |Δ|, tolerance {self.tolerance:g}):")
+            width = max((len(name) for name, _ in self.verification), default=0)
+            for name, diff in self.verification:
+                flag = "ok" if diff <= self.tolerance else "ABOVE TOLERANCE"
+                lines.append(f"    {name:<{width}}  {diff:.3e}  {flag}")
+            lines.append("  verified: " + ("yes" if self.ok else "NO, differences above the tolerance"))
+        return "\n".join(lines)
+
+
+def convert(direction: str, in_dir: str | Path, out_dir: str | Path, family: str | None = None,
+            verify: bool = False, tolerance: float = 1e-5) -> ConversionReport:
+    """Convert the model in ``in_dir`` into ``out_dir`` (created; must not hold files yet).
+
+    family: HF family (``bert``, ``roberta``, ``xlm-roberta``, ``gpt2``); by default the one
+    ``config.json`` names (import) or the one recorded / guessed from the pentad config (export).
+    """
+    in_path, out_path = Path(in_dir), Path(out_dir)
+    if direction not in DIRECTIONS:
+        raise UserError(f"unknown conversion '{direction}'; choose one of {', '.join(DIRECTIONS)}.")
+    if not in_path.exists():
+        raise UserError(f"{in_path} does not exist.")
+    if not math.isfinite(tolerance) or tolerance < 0:
+        raise UserError(f"--tolerance must be a non-negative number, got {tolerance}.")
+    if out_path.exists() and (not out_path.is_dir() or any(out_path.iterdir())):
+        raise UserError(f"output directory {out_path} already exists and is not empty; choose a new one.")
+    if direction == "tencentpretrain-to-pentad" and family is not None:
+        raise UserError("--family applies to Hugging Face conversions; a TencentPretrain config names its modules.")
+    created = not out_path.exists()
+    try:
+        if direction == "hf-to-pentad":
+            return _hf_to_pentad(in_path, out_path, family, verify, tolerance)
+        if direction == "pentad-to-hf":
+            return _pentad_to_hf(in_path, out_path, family, verify, tolerance)
+        return _tencentpretrain_to_pentad(in_path, out_path, verify, tolerance)
+    except BaseException:
+        if created:  # never leave half a conversion behind
+            shutil.rmtree(out_path, ignore_errors=True)
+        raise
+
+
+# ------------------------------------------------------------------------------------ pentad runs
+def expected_shapes(model_cfg: Any) -> dict[str, tuple[int, ...]]:
+    """Weight name -> shape of the model a ``ModelConfig`` builds (tied aliases excluded)."""
+    model = build_model(model_cfg, device="meta")
+    return {k: tuple(v.shape) for k, v in weights_to_save(model).items()}
+
+
+def _write_run(out_dir: Path, raw: dict[str, Any], tensors: dict[str, Tensor], extras: dict[str, Tensor],
+               interop: dict[str, Any], tokenizer_cfg: dict[str, Any] | None, tokenizer_base: Path | None,
+               notes: list[str]) -> Any:
+    """Write a pentad run directory; returns its RunConfig."""
+    tokenizer = None
+    if tokenizer_cfg is not None:
+        tok_dir = (out_dir / TOKENIZER_DIR).resolve()
+        loaded = load_tokenizer(tokenizer_cfg, base_dir=tokenizer_base)
+        # Point the config at the run's own copy of the files, not at the source directory.
+        tokenizer = load_tokenizer(loaded.save(tok_dir), base_dir=tok_dir)
+        raw["tokenizer"] = tokenizer.config().model_dump(mode="json")
+        if tokenizer.vocab_size != raw["model"].get("vocab_size"):
+            rows = raw["model"].get("vocab_size")
+            notes.append(f"the tokenizer has {tokenizer.vocab_size} ids, the embedding {rows} rows (kept as in "
+                         "the checkpoint)")
+    cfg = validate_raw(raw, {}, f"converted config for {out_dir}")
+    prepare_run_dir(out_dir, cfg, tokenizer)
+    hfio.write_safetensors(out_dir / WEIGHTS, tensors, {"source": str(interop["source"].get("path", ""))})
+    if extras:
+        hfio.write_safetensors(out_dir / EXTRA_WEIGHTS, extras)
+        interop["extra_weights"] = EXTRA_WEIGHTS
+    interop["notes"] = notes
+    hfio.write_json(out_dir / INTEROP, interop)
+    return cfg
+
+
+def _read_run(in_dir: Path) -> tuple[Any, Any, dict[str, Tensor], dict[str, Any], dict[str, Tensor]]:
+    """(run config, tokenizer, weights, interop record, extra tensors) of a pentad run directory."""
+    cfg, tokenizer = load_run(in_dir)
+    weights_path = find_weights(in_dir)
+    tensors = read_weights(weights_path)
+    expected = expected_shapes(cfg.model)
+    missing = sorted(k for k in expected if k not in tensors)
+    unexpected = sorted(k for k in tensors if k not in expected)
+    shapes = sorted(f"{k} {tuple(tensors[k].shape)} (config: {expected[k]})" for k in expected
+                    if k in tensors and tuple(tensors[k].shape) != expected[k])
+    if missing or unexpected or shapes:
+        parts = [f"{len(v)} {what} ({', '.join(v[:5])}{', ...' if len(v) > 5 else ''})"
+                 for what, v in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", shapes)) if v]
+        raise UserError(f"weights {weights_path} do not match the config of {in_dir}: " + "; ".join(parts) + ".")
+    interop = hfio.read_json(in_dir / INTEROP) if (in_dir / INTEROP).is_file() else {}
+    extras: dict[str, Tensor] = {}
+    if interop.get("extra_weights") and (in_dir / interop["extra_weights"]).is_file():
+        extras = load_file(str(in_dir / interop["extra_weights"]))
+    return cfg, tokenizer, tensors, interop, extras
+
+
+# ----------------------------------------------------------------------------------- hf -> pentad
+def _hf_to_pentad(in_dir: Path, out_dir: Path, family_name: str | None, verify: bool,
+                  tolerance: float) -> ConversionReport:
+    config = hfio.read_config(in_dir)
+    label = str(in_dir / hfio.CONFIG)
+    family = hfio.family_for(config.get("model_type"), family_name, label)
+    state, weights_name = hfio.read_weights(in_dir)
+    plan = family.plan_import(config, {k: tuple(v.shape) for k, v in state.items()}, label,
+                              hfio.model_max_length(in_dir))
+    try:
+        model_cfg = model_config_class().model_validate(plan.model)
+    except ValidationError as e:
+        raise ConfigError(problems_from_validation(e, plan.model, model_config_class(), lambda _: label),
+                          f"{label} translates to an invalid pentad model config") from None
+    try:
+        tensors, extras = keymap.to_pentad(state, plan.rules, expected_shapes(model_cfg),
+                                           source=str(in_dir / weights_name), layout=f"Hugging Face {family.name}",
+                                           synthesize=plan.synthesized)
+    except UserError as e:
+        guessed = hfio.guess_layout(state)
+        if guessed is None or guessed == family.name:
+            raise
+        raise UserError(f"{e} The tensors look like a {guessed} checkpoint while {label} says "
+                        f"'{config.get('model_type')}': are config.json and the weights from the same model?") from None
+    notes = list(plan.notes)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok_cfg, tok_notes = hfio.import_tokenizer(in_dir, out_dir / TOKENIZER_DIR, family)
+    notes += tok_notes
+    model_type = str(config.get("model_type", family.model_types[0]))
+    interop = {"format": 1, "source": {"kind": "hf", "path": str(in_dir.resolve()), "family": family.name,
+                                       "model_type": model_type, "architecture": plan.architecture},
+               "synthesized": plan.synthesized, "hf_config": config}
+    raw = {"description": f"converted from Hugging Face {plan.architecture} ({in_dir.resolve()})", "model": plan.model}
+    cfg = _write_run(out_dir, raw, tensors, extras, interop, tok_cfg, out_dir / TOKENIZER_DIR, notes)
+    report = ConversionReport("hf-to-pentad", in_dir, out_dir, family.name, plan.architecture, notes,
+                              tolerance=tolerance)
+    if verify:
+        report.verification = verify_hf(in_dir, plan.architecture, family, config, cfg.model, tensors,
+                                        set(plan.synthesized))
+    return report
+
+
+# ----------------------------------------------------------------------------------- pentad -> hf
+def guess_family(model_cfg: Any) -> str:
+    """The HF family a pentad model most likely belongs to (``--family`` overrides it)."""
+    parts = {p.type: p for p in model_cfg.embedding.parts}
+    if model_cfg.encoder.mask == "causal" or any(t.type == "lm" for t in model_cfg.targets):
+        return "gpt2"
+    seg = parts.get("seg")
+    pos = parts.get("pos")
+    if seg is not None and seg.num_segments == 1 and pos is not None and pos.max_positions:
+        return "roberta"
+    return "bert"
+
+
+def _pentad_to_hf(in_dir: Path, out_dir: Path, family_name: str | None, verify: bool,
+                  tolerance: float) -> ConversionReport:
+    cfg, tokenizer, tensors, interop, extras = _read_run(in_dir)
+    source = interop.get("source", {}) if interop.get("source", {}).get("kind") == "hf" else {}
+    notes: list[str] = []
+    if family_name is None and source:
+        family_name = source.get("model_type")
+    if family_name is None:
+        family_name = guess_family(cfg.model)
+        notes.append(f"family '{family_name}' guessed from the config (pass --family to choose)")
+    family = hfio.family_for(None, family_name, str(in_dir))
+    same = bool(source) and hfio.family_for(None, source.get("model_type"), str(in_dir)) is family
+    synthesized = set(interop.get("synthesized", [])) if same else set()
+    omittable = {k for k in synthesized if k in tensors and not tensors[k].any()}
+    labels = None
+    if (in_dir / "labels.json").is_file():
+        data = hfio.read_json(in_dir / "labels.json")
+        labels = [str(x) for x in data["labels"]] if data.get("kind") == "string" else None
+    model_type = family_name if family_name in family.model_types else (
+        source.get("model_type") if same else family.model_types[0])
+    plan = family.plan_export(
+        cfg.model, label=str(in_dir), model_type=model_type, base_config=interop.get("hf_config") if same else None,
+        omittable=omittable, pad_id=tokenizer.pad_id if tokenizer is not None else None,
+        eos_id=tokenizer.eos_id if tokenizer is not None else None, labels=labels)
+    notes += plan.notes
+    if plan.omit:
+        notes.append(f"left out (synthesized on import, still zero): {', '.join(sorted(plan.omit))}")
+    theirs = keymap.to_foreign(tensors, plan.rules, source=str(in_dir), layout=f"Hugging Face {family.name}",
+                               extras=extras if same else {}, omit=plan.omit)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hfio.write_json(out_dir / hfio.CONFIG, plan.config)
+    hfio.write_safetensors(out_dir / hfio.SAFETENSORS, theirs)
+    if tokenizer is not None:
+        notes += hfio.export_tokenizer(tokenizer, out_dir, family, cfg.model.max_seq_length)
+    else:
+        notes.append("the run has no tokenizer: none exported")
+    report = ConversionReport("pentad-to-hf", in_dir, out_dir, family.name, plan.architecture, notes,
+                              tolerance=tolerance)
+    if verify:
+        report.verification = verify_hf(out_dir, plan.architecture, family, plan.config, cfg.model, tensors,
+                                        set(plan.omit))
+    return report
+
+
+# ------------------------------------------------------------------------ tencentpretrain -> pentad
+def _tencentpretrain_to_pentad(in_dir: Path, out_dir: Path, verify: bool, tolerance: float) -> ConversionReport:
+    weights_path, config_path = tp.find_files(in_dir)
+    raw = hfio.read_json(config_path)
+    state = tp.read_state_dict(weights_path)
+    run_raw, finetuned, notes = tp.plan(raw, state, str(config_path))
+    model_cfg = model_config_class().model_validate(run_raw["model"])
+    rules = tp.rules(model_cfg, finetuned)
+    tensors, extras = keymap.to_pentad(state, rules, expected_shapes(model_cfg), source=str(weights_path),
+                                       layout="TencentPretrain")
+    tok_cfg, tok_notes = tp.find_tokenizer(in_dir, raw)
+    notes += tok_notes
+    run_raw.pop("tokenizer", None)
+    run_raw["description"] = f"converted from TencentPretrain {weights_path.resolve()}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    interop = {"format": 1, "source": {"kind": "tencentpretrain", "path": str(weights_path.resolve()),
+                                       "config": str(config_path.resolve()), "finetuned_classifier": finetuned},
+               "synthesized": []}
+    cfg = _write_run(out_dir, run_raw, tensors, extras, interop, tok_cfg, None, notes)
+    targets = "+".join(t.type for t in cfg.model.targets)
+    report = ConversionReport("tencentpretrain-to-pentad", in_dir, out_dir, "tencentpretrain", targets, notes,
+                              tolerance=tolerance)
+    if verify:
+        back = tp.to_tencentpretrain(cfg.model, tensors, extras, finetuned)
+        rows = [("inverse key map reproduces the checkpoint", _state_difference(state, back))]
+        model = _pentad_model(cfg.model, tensors)
+        batch, _ = _sample_batch(cfg.model, pad=0)
+        with torch.no_grad():
+            hidden, _ = model.encode(batch)
+        rows.append(("pentad forward pass is finite", 0.0 if bool(torch.isfinite(hidden).all()) else math.inf))
+        report.verification = rows
+    return report
+
+
+def _state_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
+    if set(a) != set(b):
+        return math.inf
+    worst = 0.0
+    for key in a:
+        if a[key].shape != b[key].shape:
+            return math.inf
+        if a[key].numel():
+            worst = max(worst, float((a[key].double() - b[key].double()).abs().max()))
+    return worst
+
+
+# ------------------------------------------------------------------------------------ verification
+def _pentad_model(model_cfg: Any, tensors: dict[str, Tensor]) -> Any:
+    model = build_model(model_cfg)
+    load_weights(model, tensors, "converted weights")
+    return model.float().eval()
+
+
+def _sample_batch(model_cfg: Any, pad: int, seq: int = 12, batch: int = 3) -> tuple[Any, dict[str, Tensor]]:
+    """A seeded batch with two right-padded rows and segments A/B where the model has two segments.
+
+    Returns (pentad Batch, HF keyword inputs without the model-specific ones)."""
+    parts = {p.type: p for p in model_cfg.embedding.parts}
+    positions = model_cfg.max_seq_length
+    if "pos" in parts and parts["pos"].max_positions:
+        positions = min(positions, parts["pos"].max_positions)
+    seq = max(2, min(seq, positions))
+    vocab = int(model_cfg.vocab_size)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, vocab, (batch, seq), generator=g)
+    if vocab > 1:  # real tokens never equal the padding id (RoBERTa derives positions from it)
+        tokens = torch.where(tokens == pad, (tokens + 1) % vocab, tokens)
+    lengths = torch.tensor([seq, max(1, seq - 3), max(1, seq // 2)][:batch])
+    index = torch.arange(seq)[None, :]
+    padding = index >= lengths[:, None]
+    tokens[padding] = pad
+    segments = None
+    if "seg" in parts:
+        two = parts["seg"].num_segments >= 2
+        segments = ((index >= (lengths[:, None] // 2)) & ~padding & two).long()
+    hf_inputs = {"input_ids": tokens, "attention_mask": (~padding).long()}
+    if segments is not None:
+        hf_inputs["token_type_ids"] = segments
+    return Batch(tokens=tokens, segments=segments, padding_mask=padding), hf_inputs
+
+
+def _max_diff(a: Tensor, b: Tensor, keep: Tensor | None = None) -> float:
+    if tuple(a.shape) != tuple(b.shape):
+        return math.inf
+    if keep is not None:
+        a, b = a[keep], b[keep]
+    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+
+
+def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config: dict[str, Any], model_cfg: Any,
+              tensors: dict[str, Tensor], synthesized: set[str]) -> list[tuple[str, float]]:
+    """Run the HF model in ``hf_dir`` and the pentad model on one batch; max |Δ| per layer and output.
+
+    Only real (non-padding) positions are compared: padding positions hold meaningless values
+    that differ between the libraries by design.
+    """
+    try:
+        import transformers
+    except ImportError:
+        raise UserError("--verify needs the transformers package (pip install 'pentad[hf]').") from None
+    hf_cls = getattr(transformers, architecture, None)
+    if hf_cls is None:
+        raise UserError(f"--verify: this transformers version has no {architecture} class.")
+    hf = hf_cls.from_pretrained(str(hf_dir), local_files_only=True, dtype=torch.float32).eval()
+    ours = _pentad_model(model_cfg, tensors)
+    batch, inputs = _sample_batch(model_cfg, pad=family.pad_token_id(hf_config))
+    if family.name == "gpt2":
+        inputs.pop("token_type_ids", None)
+    keep = ~batch.padding_mask
+    captured: list[Tensor] = []
+    hooks = [ours.embedding.register_forward_hook(lambda m, i, o: captured.append(o.hidden))]
+    hooks += [layer.register_forward_hook(lambda m, i, o: captured.append(o)) for layer in ours.encoder.layers]
+    try:
+        with torch.no_grad():
+            reference = hf(**inputs, output_hidden_states=True)
+            hidden, _ = ours.encode(batch)
+            outputs = {name: target(hidden, batch) for name, target in ours.targets.items()}
+    finally:
+        for hook in hooks:
+            hook.remove()
+    states = reference.hidden_states
+    rows: list[tuple[str, float]] = []
+    layers = len(ours.encoder.layers)
+    if len(states) != layers + 1:
+        raise UserError(f"--verify: {architecture} returned {len(states)} hidden states for {layers} layers.")
+    final_norm = ours.encoder.final_norm is not None
+    for i, state in enumerate(states):
+        name = "embeddings" if i == 0 else f"layer {i}"
+        ours_state = captured[i]
+        if i == layers:  # HF's last hidden state is after the final norm (GPT-2's ln_f)
+            ours_state = hidden
+            name += " + final norm" if final_norm else ""
+        rows.append((name, _max_diff(ours_state, state, keep)))
+    fields = family.outputs(architecture)
+    for target in model_cfg.targets:
+        name = target.target_name
+        if target.type in fields and getattr(reference, fields[target.type], None) is not None:
+            logits = outputs[name].logits
+            theirs = getattr(reference, fields[target.type])
+            rows.append((f"{name} logits", _max_diff(logits, theirs, keep if logits.dim() == 3 else None)))
+        pooled_field = fields.get(f"{target.type}:pooled")
+        if pooled_field and getattr(reference, pooled_field, None) is not None \
+                and f"targets.{name}.pooler.weight" not in synthesized:
+            with torch.no_grad():
+                pooled = ours.targets[name].pooler(hidden[:, 0]).tanh()
+            rows.append((f"{name} pooler output", _max_diff(pooled, getattr(reference, pooled_field))))
+    return rows
+
+
+def read_interop(run_dir: Path) -> dict[str, Any]:
+    """The ``interop.json`` record of a converted run directory ({} when there is none)."""
+    path = Path(run_dir) / INTEROP
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}

@@ -1,0 +1,381 @@
+"""Hugging Face Transformers checkpoints <-> pentad: directories, weights, tokenizers, families.
+
+A Hugging Face model directory holds ``config.json`` (its ``model_type`` picks the family),
+weights (``model.safetensors``, sharded safetensors with ``model.safetensors.index.json``, or
+``pytorch_model.bin`` read with ``weights_only=True``) and tokenizer files (``vocab.txt`` for
+WordPiece, ``vocab.json`` + ``merges.txt`` for byte-level BPE, ``tokenizer_config.json``).
+
+One module per family (:mod:`.bert`, :mod:`.roberta`, :mod:`.gpt2`) holds its key map (data, see
+:mod:`pentad.interop.keymap`) and translates ``config.json`` <-> pentad's model config both ways.
+Reading and writing HF files needs no ``transformers`` install; only ``--verify`` runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from pentad.errors import UserError, closest
+from pentad.interop.keymap import Rule
+
+CONFIG = "config.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PYTORCH_BIN = "pytorch_model.bin"
+PYTORCH_BIN_INDEX = "pytorch_model.bin.index.json"
+
+# Hugging Face ``hidden_act`` / ``activation_function`` names -> pentad's. The three tanh GELU
+# variants compute the same formula (Hendrycks & Gimpel 2016, eq. for the tanh approximation).
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                  "gelu_fast": "gelu_tanh", "relu": "relu", "silu": "silu", "swish": "silu",
+                  "tanh": "tanh", "linear": "linear"}
+# pentad -> the name the exporter writes (GPT-2's original name for the tanh approximation).
+PENTAD_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu",
+                      "tanh": "tanh", "linear": "linear"}
+ROLES = ("pad", "unk", "cls", "sep", "mask", "bos", "eos")
+
+
+@dataclass
+class ImportPlan:
+    """What a family decided for one HF checkpoint: the pentad model config (a plain dict), the
+    key map, the HF architecture it read, pentad keys filled with zeros (a head the HF model lacks)
+    and notes for the user."""
+
+    model: dict[str, Any]
+    rules: list[Rule]
+    architecture: str
+    synthesized: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ExportPlan:
+    """The HF ``config.json`` to write, the key map, pentad keys left out, and notes."""
+
+    config: dict[str, Any]
+    rules: list[Rule]
+    architecture: str
+    omit: set[str] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+
+
+class HFFamily:
+    """A Hugging Face model family. Subclasses fill the class attributes and the two planners."""
+
+    name: str = ""
+    model_types: tuple[str, ...] = ()
+    tokenizer_kind: str = "wordpiece"  # "wordpiece" or "bpe"
+    tokenizer_class: str = ""
+    default_special_tokens: dict[str, str] = {}
+
+    def plan_import(self, config: dict[str, Any], keys: dict[str, tuple[int, ...]], label: str,
+                    max_length: int | None) -> ImportPlan:  # pragma: no cover - abstract
+        """Decide the pentad config and key map. ``keys``: the checkpoint's tensor names and shapes
+        (the heads present decide the architecture); ``max_length``: the tokenizer's model_max_length."""
+        raise NotImplementedError
+
+    def plan_export(self, model: Any, *, label: str, model_type: str | None, base_config: dict[str, Any] | None,
+                    omittable: set[str], pad_id: int | None, eos_id: int | None,
+                    labels: list[str] | None) -> ExportPlan:  # pragma: no cover - abstract
+        """Decide config.json and the key map for a pentad ``ModelConfig``. ``base_config``: the
+        config.json the model was imported from (its HF-only keys are kept); ``omittable``: pentad
+        keys that were synthesized on import and are still zero (left out when the architecture
+        allows); ``labels``: class names of a classification head."""
+        raise NotImplementedError
+
+    def outputs(self, architecture: str) -> dict[str, str]:
+        """pentad target type -> the HF output field to compare it with, for ``--verify``."""
+        raise NotImplementedError  # pragma: no cover
+
+    def pad_token_id(self, config: dict[str, Any]) -> int:
+        """The id HF treats as padding when it derives positions from tokens (RoBERTa)."""
+        value = config.get("pad_token_id")
+        return int(value) if isinstance(value, int) else 0
+
+
+def families() -> dict[str, HFFamily]:
+    """model_type -> family (``xlm-roberta`` is the RoBERTa family)."""
+    from pentad.interop.hf import bert, gpt2, roberta
+
+    table: dict[str, HFFamily] = {}
+    for family in (bert.FAMILY, roberta.FAMILY, gpt2.FAMILY):
+        for model_type in family.model_types:
+            table[model_type] = family
+    return table
+
+
+def merge_config(base: dict[str, Any] | None, owned: tuple[str, ...], values: dict[str, Any]) -> dict[str, Any]:
+    """config.json: ``architectures`` and ``model_type`` first, then the keys of the config the model
+    was imported from that this family does not translate (kept as they were, except the stale
+    ``transformers_version``), then the translated ``values``."""
+    kept = {k: v for k, v in (base or {}).items() if k not in owned and k != "transformers_version"}
+    head = {k: values[k] for k in ("architectures", "model_type") if k in values}
+    return {**head, **kept, **{k: v for k, v in values.items() if k not in head}}
+
+
+def family_for(model_type: str | None, requested: str | None, label: str) -> HFFamily:
+    """The family of a checkpoint whose ``config.json`` says ``model_type`` (``--family`` = requested)."""
+    table = families()
+    for name in (requested, model_type):
+        if name is not None and name not in table:
+            hint = closest(name, table)
+            what = "--family" if name == requested else f"{label}: model_type"
+            raise UserError(f"{what} '{name}' is not a model family pentad converts; supported: "
+                            f"{', '.join(sorted(table))}" + (f" (did you mean '{hint}'?)" if hint else "") + ".")
+    if requested is not None and model_type is not None and table[requested] is not table[model_type]:
+        raise UserError(f"{label} holds a '{model_type}' model, not '{requested}': drop --family or pass "
+                        f"--family {model_type}.")
+    name = model_type or requested
+    if name is None:
+        raise UserError(f"{label} has no 'model_type' key; pass --family ({', '.join(sorted(table))}).")
+    return table[name]
+
+
+def guess_layout(keys: set[str] | dict[str, Any]) -> str | None:
+    """The family whose key layout a set of tensor names has, for error messages (None: unknown)."""
+    if any(k.endswith("wte.weight") or ".attn.c_attn." in k for k in keys):
+        return "gpt2"
+    if any(k.startswith("roberta.") or k.startswith("lm_head.dense.") for k in keys):
+        return "roberta"
+    if any(k.startswith(("bert.", "cls.predictions.", "cls.seq_relationship.")) for k in keys):
+        return "bert"
+    return None  # a bare BERT or RoBERTa encoder ("embeddings....") could be either
+
+
+# ------------------------------------------------------------------------------------------ files
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}, line {e.lineno} column {e.colno}: invalid JSON ({e.msg}).") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text.") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object, found {type(data).__name__}.")
+    return data
+
+
+def read_config(in_dir: Path) -> dict[str, Any]:
+    if not in_dir.is_dir():
+        raise UserError(f"{in_dir} is not a directory (expected a Hugging Face model directory with {CONFIG}).")
+    path = in_dir / CONFIG
+    if not path.is_file():
+        raise UserError(f"{in_dir} has no {CONFIG}: is it a Hugging Face model directory?")
+    return read_json(path)
+
+
+def _load_bin(path: Path) -> dict[str, Tensor]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure means an unreadable or unsafe file
+        raise UserError(f"{path} cannot be read as a PyTorch state dict with weights_only=True "
+                        f"({type(e).__name__}: {e}); pentad never unpickles arbitrary objects.") from None
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise UserError(f"{path} does not hold a state dict (a mapping of names to tensors).")
+    return dict(state)
+
+
+def _load_safetensors(path: Path) -> dict[str, Tensor]:
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UserError(f"{path} is truncated or corrupt and cannot be read ({e}).") from None
+
+
+def read_weights(in_dir: Path) -> tuple[dict[str, Tensor], str]:
+    """All tensors of a HF directory and the name of the file(s) they came from.
+
+    Old checkpoints name LayerNorm parameters ``gamma``/``beta`` (from TensorFlow); they are read
+    as ``weight``/``bias``, as ``transformers`` itself does.
+    """
+    state: dict[str, Tensor]
+    if (in_dir / SAFETENSORS).is_file():
+        state, name = _load_safetensors(in_dir / SAFETENSORS), SAFETENSORS
+    elif (in_dir / SAFETENSORS_INDEX).is_file() or (in_dir / PYTORCH_BIN_INDEX).is_file():
+        index = in_dir / (SAFETENSORS_INDEX if (in_dir / SAFETENSORS_INDEX).is_file() else PYTORCH_BIN_INDEX)
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise UserError(f"{index} has no 'weight_map' object.")
+        state = {}
+        for shard in sorted(set(weight_map.values())):
+            path = in_dir / shard
+            if not path.is_file():
+                raise UserError(f"{index} names shard {shard}, which is not in {in_dir}.")
+            state.update(_load_safetensors(path) if shard.endswith(".safetensors") else _load_bin(path))
+        name = index.name
+    elif (in_dir / PYTORCH_BIN).is_file():
+        state, name = _load_bin(in_dir / PYTORCH_BIN), PYTORCH_BIN
+    else:
+        raise UserError(f"{in_dir} holds no weights: expected {SAFETENSORS}, {SAFETENSORS_INDEX}, "
+                        f"{PYTORCH_BIN} or {PYTORCH_BIN_INDEX}.")
+    renamed = {}
+    for key, value in state.items():
+        new = re.sub(r"(LayerNorm|layer_norm)\.gamma$", r"\1.weight", key)
+        new = re.sub(r"(LayerNorm|layer_norm)\.beta$", r"\1.bias", new)
+        renamed[new] = value
+    return renamed, name
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False, sort_keys=False) + "\n", encoding="utf-8")
+
+
+def write_safetensors(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) -> None:
+    """Atomic write; ``format: pt`` is the metadata ``transformers`` requires."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata={"format": "pt", **(metadata or {})})
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ------------------------------------------------------------------------------------- tokenizers
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _special_tokens(in_dir: Path, tokenizer_config: dict[str, Any], defaults: dict[str, str],
+                    vocab: dict[str, int]) -> dict[str, str]:
+    """Role -> token from tokenizer_config.json / special_tokens_map.json, else the family's
+    defaults; only tokens the vocabulary has (pentad rejects the others)."""
+    sources = [tokenizer_config]
+    if (in_dir / SPECIAL_TOKENS_MAP).is_file():
+        sources.append(read_json(in_dir / SPECIAL_TOKENS_MAP))
+    chosen: dict[str, str] = {}
+    for role in ROLES:
+        for source in sources:
+            token = _token_text(source.get(f"{role}_token"))
+            if token is not None:
+                break
+        else:
+            token = defaults.get(role)
+        if token is not None and token in vocab:
+            chosen[role] = token
+    return chosen
+
+
+def import_tokenizer(in_dir: Path, tok_dir: Path, family: HFFamily) -> tuple[dict[str, Any] | None, list[str]]:
+    """Write the pentad tokenizer files of a HF directory into ``tok_dir``.
+
+    Returns (pentad tokenizer config with paths relative to ``tok_dir``, or None; notes).
+    ``vocab.txt`` / ``vocab.json`` + ``merges.txt`` are copied byte for byte; when only a fast
+    ``tokenizer.json`` exists its vocabulary (and merges) are written out in those formats.
+    """
+    tok_cfg = read_json(in_dir / TOKENIZER_CONFIG) if (in_dir / TOKENIZER_CONFIG).is_file() else {}
+    fast = read_json(in_dir / "tokenizer.json") if (in_dir / "tokenizer.json").is_file() else None
+    fast_model = fast.get("model", {}) if fast else {}
+    tok_dir.mkdir(parents=True, exist_ok=True)
+    if family.tokenizer_kind == "wordpiece":
+        if (in_dir / "vocab.txt").is_file():
+            data = (in_dir / "vocab.txt").read_bytes()
+        elif fast_model.get("type") == "WordPiece" and isinstance(fast_model.get("vocab"), dict):
+            ordered = sorted(fast_model["vocab"].items(), key=lambda kv: kv[1])
+            if [i for _, i in ordered] != list(range(len(ordered))):
+                raise UserError(f"{in_dir / 'tokenizer.json'}: the WordPiece ids are not 0..n-1 without gaps.")
+            data = ("\n".join(t for t, _ in ordered) + "\n").encode("utf-8")
+        else:
+            return None, [f"no tokenizer: {in_dir} has neither vocab.txt nor a WordPiece tokenizer.json"]
+        (tok_dir / "vocab.txt").write_bytes(data)
+        vocab = {t: i for i, t in enumerate(data.decode("utf-8-sig").split("\n")) if t}
+        normalizer = (fast or {}).get("normalizer") or {}
+        lower = tok_cfg.get("do_lower_case", normalizer.get("lowercase", True))
+        cfg: dict[str, Any] = {"type": "wordpiece", "vocab": "vocab.txt", "lowercase": bool(lower),
+                               "split_cjk": bool(tok_cfg.get("tokenize_chinese_chars",
+                                                             normalizer.get("handle_chinese_chars", True))),
+                               "strip_accents": tok_cfg.get("strip_accents", normalizer.get("strip_accents"))}
+    else:
+        if (in_dir / "vocab.json").is_file() and (in_dir / "merges.txt").is_file():
+            (tok_dir / "vocab.json").write_bytes((in_dir / "vocab.json").read_bytes())
+            (tok_dir / "merges.txt").write_bytes((in_dir / "merges.txt").read_bytes())
+        elif fast_model.get("type") == "BPE" and isinstance(fast_model.get("vocab"), dict):
+            merges = [m if isinstance(m, str) else " ".join(m) for m in fast_model.get("merges", [])]
+            write_json(tok_dir / "vocab.json", fast_model["vocab"])
+            (tok_dir / "merges.txt").write_text("#version: 0.2\n" + "".join(m + "\n" for m in merges),
+                                                encoding="utf-8")
+        else:
+            note = f"no tokenizer: {in_dir} has neither vocab.json + merges.txt nor a BPE tokenizer.json"
+            if (in_dir / "sentencepiece.bpe.model").is_file():
+                note = ("tokenizer not converted: XLM-R's sentencepiece.bpe.model numbers pieces through a "
+                        "fairseq dictionary (ids shifted by one, <s> <pad> </s> <unk> first), which pentad's "
+                        "sentencepiece tokenizer does not reproduce; set a tokenizer in the run config")
+            return None, [note]
+        vocab = read_json(tok_dir / "vocab.json")
+        cfg = {"type": "bpe", "vocab": "vocab.json", "merges": "merges.txt",
+               "add_prefix_space": bool(tok_cfg.get("add_prefix_space", False))}
+    special = _special_tokens(in_dir, tok_cfg, family.default_special_tokens, vocab)
+    if special:
+        cfg["special_tokens"] = special
+    return cfg, []
+
+
+def model_max_length(in_dir: Path) -> int | None:
+    """``model_max_length`` of tokenizer_config.json when it is a real limit (HF writes 1e30 for none)."""
+    path = in_dir / TOKENIZER_CONFIG
+    if not path.is_file():
+        return None
+    value = read_json(path).get("model_max_length")
+    return int(value) if isinstance(value, int) and 0 < value < 10**9 else None
+
+
+def export_tokenizer(tokenizer: Any, out_dir: Path, family: HFFamily, max_length: int) -> list[str]:
+    """Write a pentad tokenizer in the HF format of ``family``; returns notes (what was not written)."""
+    kind = tokenizer.registry_name
+    if kind != family.tokenizer_kind:
+        return [f"tokenizer not exported: pentad's '{kind}' tokenizer has no {family.name} equivalent "
+                f"(a {family.name} model uses {family.tokenizer_kind})"]
+    notes: list[str] = []
+    size = tokenizer.vocab_size
+    try:
+        tokens = [tokenizer.id_to_token(i) for i in range(size)]
+    except IndexError:
+        return ["tokenizer not exported: its vocabulary has gaps in the ids, which HF vocabulary files cannot hold"]
+    options = tokenizer.config().model_dump(mode="json")
+    special = {role: tok for role, tok in tokenizer.special_tokens.items() if tok is not None}
+    tok_cfg: dict[str, Any] = {"tokenizer_class": family.tokenizer_class, "model_max_length": max_length}
+    if kind == "wordpiece":
+        (out_dir / "vocab.txt").write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
+        tok_cfg.update(do_lower_case=options["lowercase"], tokenize_chinese_chars=options["split_cjk"],
+                       strip_accents=options["strip_accents"])
+        if options["max_input_chars_per_word"] != 100:
+            notes.append("max_input_chars_per_word is not a HF BertTokenizer option: HF uses 100")
+        special = {r: t for r, t in special.items() if r in ("pad", "unk", "cls", "sep", "mask")}
+    else:
+        write_json(out_dir / "vocab.json", {t: i for i, t in enumerate(tokens)})
+        with tempfile.TemporaryDirectory() as tmp:
+            saved = tokenizer.save(Path(tmp))
+            lines = (Path(tmp) / saved["merges"]).read_text(encoding="utf-8-sig").split("\n")
+        merges = [line for line in lines if line.strip() and not line.startswith("#version")]
+        # HF's slow GPT-2 reader skips the first line, so the version header is always written.
+        (out_dir / "merges.txt").write_text("#version: 0.2\n" + "".join(m + "\n" for m in merges), encoding="utf-8")
+        tok_cfg["add_prefix_space"] = options["add_prefix_space"]
+        if options["lowercase"]:
+            notes.append("the tokenizer lower-cases text, which HF byte-level BPE tokenizers do not: "
+                         "lower-case inputs yourself with the exported tokenizer")
+    for role, token in special.items():
+        tok_cfg[f"{role}_token"] = token
+    write_json(out_dir / TOKENIZER_CONFIG, tok_cfg)
+    write_json(out_dir / SPECIAL_TOKENS_MAP, {f"{r}_token": t for r, t in special.items()})
+    return notes

@@ -1,0 +1,165 @@
+"""TencentPretrain checkpoints -> pentad: the key map, tied and padding rows, fine-tuned classifiers,
+vocabulary files, and errors. The checkpoints are built from pentad models through the inverse map
+(and, in tests/parity/test_conversion.py, by hand from a Hugging Face BERT with TencentPretrain's
+own converter layout)."""
+
+import json
+
+import pytest
+import torch
+
+from pentad.builder import build_model
+from pentad.components.base import Batch
+from pentad.config.model import model_config_class
+from pentad.config.tencentpretrain import import_config
+from pentad.errors import UserError
+from pentad.interop import convert
+from pentad.interop.tencentpretrain import to_tencentpretrain
+from pentad.runs import load_run
+from pentad.training.checkpoint import find_weights, load_weights, read_weights, weights_to_save
+
+from .helpers import perturb, write_bpe, write_wordpiece
+
+BERT = {"emb_size": 32, "feedforward_size": 48, "hidden_size": 32, "hidden_act": "gelu", "heads_num": 4,
+        "layers_num": 2, "max_seq_length": 24, "dropout": 0.1, "data_processor": "bert",
+        "embedding": ["word", "pos", "seg"], "encoder": "transformer", "mask": "fully_visible",
+        "target": ["mlm", "sp"], "tie_weights": True}
+GPT2 = {"emb_size": 32, "feedforward_size": 48, "hidden_size": 32, "hidden_act": "gelu_fast", "heads_num": 4,
+        "layers_num": 2, "max_seq_length": 24, "dropout": 0.1, "data_processor": "lm",
+        "embedding": ["word", "pos"], "remove_embedding_layernorm": True, "encoder": "transformer",
+        "mask": "causal", "layernorm_positioning": "pre", "target": ["lm"], "tie_weights": True}
+
+
+def tp_checkpoint(directory, tp_config, vocab_size=60, finetuned=False, **over):
+    """A TencentPretrain directory (model.bin + config.json) of a perturbed pentad model."""
+    out, _ = import_config({**tp_config, **over}, [f"vocab_size={vocab_size}"], "test")
+    if finetuned:
+        out["model"]["targets"] = [{"type": "cls", "num_labels": 3}]
+    model_cfg = model_config_class().model_validate(out["model"])
+    torch.manual_seed(0)
+    model = build_model(model_cfg)
+    perturb(model)
+    ours = weights_to_save(model)
+    state = to_tencentpretrain(model_cfg, ours, finetuned=finetuned)
+    directory.mkdir(parents=True)
+    torch.save(state, directory / "model.bin")
+    (directory / "config.json").write_text(json.dumps({**tp_config, **over}))
+    return model.eval(), ours, state
+
+
+def test_bert_key_names_follow_tencentpretrain(tmp_path):
+    _, ours, state = tp_checkpoint(tmp_path / "tp", BERT)
+    qkv = ours["encoder.layers.0.attention.qkv.weight"]
+    assert torch.equal(state["encoder.transformer.0.self_attn.linear_layers.2.weight"], qkv[64:])
+    assert torch.equal(state["encoder.transformer.1.layer_norm_2.gamma"], ours["encoder.layers.1.ffn_norm.weight"])
+    assert torch.equal(state["target.mlm.layer_norm.beta"], ours["targets.mlm.norm.bias"])
+    assert torch.equal(state["target.sp.linear_2.weight"], ours["targets.sp.classifier.weight"])
+    # tie_weights: TencentPretrain saves the output layer under both names.
+    assert torch.equal(state["target.mlm.linear_2.weight"], state["embedding.word.embedding.weight"])
+    # Segment table: row 0 is padding, then A and B.
+    seg = state["embedding.seg.embedding.weight"]
+    assert seg.shape == (3, 32) and not seg[0].any() and torch.equal(seg[1:], ours["embedding.seg.weight"])
+
+
+@pytest.mark.parametrize("tp_config", [BERT, GPT2], ids=["bert", "gpt2"])
+def test_converts_bitwise_and_runs_the_same(tmp_path, tp_config):
+    model, ours, _ = tp_checkpoint(tmp_path / "tp", tp_config)
+    report = convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out", verify=True)
+    assert report.ok and report.max_difference() == 0.0
+    weights = read_weights(find_weights(tmp_path / "out"))
+    assert set(weights) == set(ours) and all(torch.equal(weights[k], ours[k]) for k in ours)
+    cfg, _ = load_run(tmp_path / "out")
+    other = build_model(cfg.model)
+    load_weights(other, weights, "converted")
+    other.eval()
+    tokens = torch.randint(0, 60, (2, 10), generator=torch.Generator().manual_seed(3))
+    padding = torch.zeros(2, 10, dtype=torch.bool)
+    padding[1, 6:] = True
+    batch = Batch(tokens=tokens, segments=torch.zeros_like(tokens), padding_mask=padding)
+    with torch.no_grad():
+        assert torch.equal(other.encode(batch)[0], model.encode(batch)[0])
+
+
+def test_padding_segment_row_is_kept(tmp_path):
+    _, _, state = tp_checkpoint(tmp_path / "tp", BERT)
+    state["embedding.seg.embedding.weight"][0] = torch.randn(32)
+    torch.save(state, tmp_path / "tp" / "model.bin")
+    convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out")
+    from safetensors.torch import load_file
+
+    extra = load_file(str(tmp_path / "out" / "interop_extra.safetensors"))
+    assert torch.equal(extra["embedding.seg.weight"][0], state["embedding.seg.embedding.weight"][0])
+
+
+def test_finetuned_classifier_layout(tmp_path):
+    _, ours, state = tp_checkpoint(tmp_path / "tp", BERT, finetuned=True, pooling="mean")
+    assert "output_layer_2.weight" in state and "target.mlm.linear_1.weight" not in state
+    report = convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out", verify=True)
+    assert report.ok and any("run_classifier.py" in n for n in report.notes)
+    cfg, _ = load_run(tmp_path / "out")
+    (target,) = cfg.model.targets
+    assert (target.type, target.num_labels, target.pooling) == ("cls", 3, "mean")
+
+
+def test_untied_lm_with_bias_and_no_transformer_bias(tmp_path):
+    _, ours, state = tp_checkpoint(tmp_path / "tp", GPT2, tie_weights=False, has_lmtarget_bias=True,
+                                   remove_transformer_bias=True)
+    assert "target.lm.output_layer.bias" in state and "encoder.transformer.0.feed_forward.linear_1.bias" not in state
+    convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out")
+    weights = read_weights(find_weights(tmp_path / "out"))
+    assert torch.equal(weights["targets.lm.output.weight"], state["target.lm.output_layer.weight"])
+
+
+def test_vocabulary_files_become_the_run_tokenizer(tmp_path):
+    tp_checkpoint(tmp_path / "tp", BERT, vocab_size=19)
+    write_wordpiece(tmp_path / "tmpvocab")
+    (tmp_path / "tp" / "google_uncased_en_vocab.txt").write_bytes((tmp_path / "tmpvocab" / "vocab.txt").read_bytes())
+    convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out")
+    cfg, tok = load_run(tmp_path / "out")
+    assert tok.registry_name == "wordpiece" and tok.vocab_size == cfg.model.vocab_size == 19
+    assert cfg.data.objective.type == "bert"
+    tp_checkpoint(tmp_path / "gpt", GPT2, vocab_size=266)
+    files = write_bpe(tmp_path / "bpe")
+    for name in ("vocab.json", "merges.txt"):
+        (tmp_path / "gpt" / f"gpt2_{name}").write_bytes((tmp_path / "bpe" / name).read_bytes())
+    convert("tencentpretrain-to-pentad", tmp_path / "gpt", tmp_path / "gpt_out")
+    assert load_run(tmp_path / "gpt_out")[1].registry_name == "bpe" and files
+
+
+def test_errors(tmp_path):
+    _, _, state = tp_checkpoint(tmp_path / "tp", BERT)
+    with pytest.raises(UserError, match="--family applies to Hugging Face"):
+        convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out", family="bert")
+    # A tied output layer that differs from the embedding.
+    bad = dict(state)
+    bad["target.mlm.linear_2.weight"] = bad["target.mlm.linear_2.weight"] + 1
+    torch.save(bad, tmp_path / "tp" / "model.bin")
+    with pytest.raises(UserError, match="target.mlm.linear_2.weight must be the same tensor"):
+        convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out")
+    # A missing tensor and a mis-shaped one.
+    bad = dict(state)
+    del bad["encoder.transformer.1.self_attn.final_linear.bias"]
+    bad["embedding.pos.embedding.weight"] = torch.zeros(30, 32)
+    torch.save(bad, tmp_path / "tp" / "model.bin")
+    with pytest.raises(UserError, match="final_linear.bias.*embedding.pos.embedding.weight \\(30, 32\\)"):
+        convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out")
+    # Not a state dict of tensors (weights_only refuses arbitrary objects).
+    torch.save({"model": "not a tensor"}, tmp_path / "tp" / "model.bin")
+    with pytest.raises(UserError, match="does not hold a state dict"):
+        convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out")
+    (tmp_path / "tp" / "other.bin").write_bytes(b"")
+    with pytest.raises(UserError, match="exactly one checkpoint file"):
+        convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out")
+    (tmp_path / "tp" / "other.bin").unlink()
+    (tmp_path / "tp" / "config.json").unlink()
+    with pytest.raises(UserError, match="exactly one TencentPretrain JSON config"):
+        convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out")
+
+
+def test_unsupported_module_is_named(tmp_path):
+    tp_checkpoint(tmp_path / "tp", BERT)
+    config = json.loads((tmp_path / "tp" / "config.json").read_text())
+    config["embedding"] = ["word", "sinusoidalpos"]
+    (tmp_path / "tp" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match="sinusoidalpos"):
+        convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out")
