@@ -1,7 +1,7 @@
 """BERT parity: pentad's ``bert`` architecture against ``transformers.BertForPreTraining``.
 
 Both models are built from config with random weights (no download), the Hugging Face weights
-are copied into pentad, and hidden states, MLM / NSP logits and losses must agree to 1e-5
+are copied into pentad, and hidden states, MLM / NSP logits, losses and gradients must agree to 1e-5
 (fp32, eval mode) with padded rows and two segments in the batch, for HF's eager and SDPA
 attention.
 """
@@ -111,3 +111,28 @@ def test_losses(attn_implementation: str) -> None:
     torch.testing.assert_close(out["sp"].loss, ref_nsp, atol=TOL, rtol=0)
     torch.testing.assert_close(out["mlm"].loss + out["sp"].loss, ref.loss, atol=TOL, rtol=0)
     assert int(out["mlm"].metrics["count"]) == int((x["mlm"] != IGNORE_INDEX).sum())
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_gradients(attn_implementation: str) -> None:
+    """One backward pass of MLM + NSP loss: the same gradients, tied word embedding included."""
+    hf, ours = make_pair(attn_implementation)
+    x = make_inputs(padded=True)
+    hf_forward(hf, x, labels=True).loss.backward()
+    out = ours(pentad_batch(x, labels=True))
+    (out["mlm"].loss + out["sp"].loss).backward()
+    theirs = {name: p.grad for name, p in hf.named_parameters()}
+    mine = {name: p.grad for name, p in ours.named_parameters()}
+    last = f"bert.encoder.layer.{LAYERS - 1}."
+    pairs = {
+        "embedding.word.weight": theirs["bert.embeddings.word_embeddings.weight"],  # + tied decoder
+        "embedding.seg.weight": theirs["bert.embeddings.token_type_embeddings.weight"],
+        "encoder.layers.0.attention.qkv.weight": torch.cat(
+            [theirs[f"bert.encoder.layer.0.attention.self.{n}.weight"] for n in ("query", "key", "value")]),
+        f"encoder.layers.{LAYERS - 1}.ffn.down.weight": theirs[last + "output.dense.weight"],
+        "targets.mlm.output.bias": theirs["cls.predictions.bias"],
+        "targets.mlm.dense.weight": theirs["cls.predictions.transform.dense.weight"],
+        "targets.sp.pooler.weight": theirs["bert.pooler.dense.weight"],
+    }
+    for name, expected in pairs.items():
+        torch.testing.assert_close(mine[name], expected, atol=TOL, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")

@@ -1,7 +1,7 @@
 """GPT-2 parity: pentad's ``gpt2`` architecture against ``transformers.GPT2LMHeadModel``.
 
 Random weights from config (no download) are copied into pentad; final hidden states (after the
-final norm), LM logits and the next-token loss must agree to 1e-5 (fp32, eval mode), for HF's
+final norm), LM logits, the next-token loss and its gradients must agree to 1e-5 (fp32, eval mode), for HF's
 eager and SDPA attention, with and without right padding.
 """
 
@@ -78,3 +78,24 @@ def test_hidden_states_logits_and_loss(attn_implementation: str, padded: bool) -
     assert logits.shape == (BATCH, SEQ, VOCAB)
     torch.testing.assert_close(logits[keep], ref.logits[keep], atol=TOL, rtol=0)
     torch.testing.assert_close(loss, ref.loss, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_gradients(attn_implementation: str) -> None:
+    """One backward pass of the LM loss: the same gradients, tied word embedding included."""
+    hf, ours = make_pair(attn_implementation)
+    x = make_inputs(padded=True)
+    hf(input_ids=x["tokens"], attention_mask=(~x["padding"]).long(), labels=x["hf_labels"]).loss.backward()
+    batch = Batch(tokens=x["tokens"], padding_mask=x["padding"], labels={"lm": x["labels"]})
+    ours(batch)["lm"].loss.backward()
+    theirs = {name: p.grad for name, p in hf.named_parameters()}
+    mine = {name: p.grad for name, p in ours.named_parameters()}
+    pairs = {
+        "embedding.word.weight": theirs["transformer.wte.weight"],  # + tied LM head
+        "embedding.pos.weight": theirs["transformer.wpe.weight"],
+        "encoder.layers.0.attention.qkv.weight": theirs["transformer.h.0.attn.c_attn.weight"].t(),
+        f"encoder.layers.{LAYERS - 1}.ffn.down.weight": theirs[f"transformer.h.{LAYERS - 1}.mlp.c_proj.weight"].t(),
+        "encoder.final_norm.weight": theirs["transformer.ln_f.weight"],
+    }
+    for name, expected in pairs.items():
+        torch.testing.assert_close(mine[name], expected, atol=TOL, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")

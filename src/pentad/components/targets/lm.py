@@ -8,7 +8,8 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pentad.components.base import IGNORE_INDEX, Batch, Target, TargetOutput
-from pentad.components.targets.common import TargetConfigBase, classification_loss
+from pentad.components.targets.common import TargetConfigBase
+from pentad.layers.cross_entropy import linear_cross_entropy
 from pentad.registry import TARGETS
 
 
@@ -50,9 +51,7 @@ class LmTarget(Target):
             hidden, labels = hidden[selected], labels[selected]
         else:
             hidden, labels = hidden.flatten(0, 1), labels.flatten()
-        logits = self.output(hidden)
-        loss, metrics = classification_loss(logits, labels, self.label_smoothing)
-        if hidden.device.type != "cpu":
-            valid = labels != IGNORE_INDEX
-            metrics["count"] = valid.sum()
-        return TargetOutput(loss=loss, metrics=metrics)
+        # Projection and loss fused: no [N, V] logits are kept (see layers/cross_entropy.py).
+        loss, correct, count = linear_cross_entropy(hidden, self.output.weight, self.output.bias, labels,
+                                                    self.label_smoothing)
+        return TargetOutput(loss=loss, metrics={"correct": correct, "count": count})

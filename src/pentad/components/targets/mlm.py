@@ -8,9 +8,10 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pentad.components.base import IGNORE_INDEX, Batch, Target, TargetOutput
-from pentad.components.targets.common import TargetConfigBase, classification_loss
+from pentad.components.targets.common import TargetConfigBase
 from pentad.config.base import StrictModel  # noqa: F401  (re-exported for schema users)
 from pentad.layers.activations import ACTIVATION_NAMES, get_activation
+from pentad.layers.cross_entropy import linear_cross_entropy
 from pentad.registry import TARGETS
 
 
@@ -54,6 +55,8 @@ class MlmTarget(Target):
         if labels is None:
             return TargetOutput(loss=None, logits=self._logits(hidden))
         selected = labels != IGNORE_INDEX
-        logits = self._logits(hidden[selected])  # [N, V], N = number of masked tokens
-        loss, metrics = classification_loss(logits, labels[selected])
-        return TargetOutput(loss=loss, metrics=metrics)
+        transformed = self.norm(self.act(self.dense(hidden[selected])))  # [N, H], N = masked tokens
+        # Vocabulary projection fused with the loss: no [N, V] logits are kept.
+        loss, correct, count = linear_cross_entropy(transformed, self.output.weight, self.output.bias,
+                                                    labels[selected])
+        return TargetOutput(loss=loss, metrics={"correct": correct, "count": count})
