@@ -69,7 +69,7 @@ def run_demo(output: Path, minutes: float = 4.0, quick: bool = False) -> dict[st
     vocab_dir = output / "vocab"
     if not (vocab_dir / "vocab.txt").is_file():
         build_vocab([wiki.docs_path], "wordpiece", 8000, vocab_dir, lowercase=True, min_frequency=2)
-    tok = [f"tokenizer.type=wordpiece", f"tokenizer.vocab={vocab_dir / 'vocab.txt'}", "tokenizer.lowercase=true"]
+    tok = ["tokenizer.type=wordpiece", f"tokenizer.vocab={vocab_dir / 'vocab.txt'}", "tokenizer.lowercase=true"]
 
     info("== 3/5 preprocess: sentence pairs for masked LM + next-sentence prediction")
     dataset = output / "dataset"
@@ -88,9 +88,13 @@ def run_demo(output: Path, minutes: float = 4.0, quick: bool = False) -> dict[st
     pretrain(pre_cfg)
 
     info("== 5/5 fine-tune on movie-review sentiment, with and without pre-training")
+    train_tsv = mr.train
+    if quick:  # a slice of the training set, for smoke tests
+        train_tsv = output / "train-quick.tsv"
+        train_tsv.write_text("".join(mr.train.read_text(encoding="utf-8").splitlines(True)[:801]), encoding="utf-8")
     results = {}
     for name, init in (("pretrained", output / "pretrain"), ("from scratch", None)):
-        overrides = [*common, "data.objective.seq_length=64", f"data.train={mr.train}", f"data.dev={mr.dev}",
+        overrides = [*common, "data.objective.seq_length=64", f"data.train={train_tsv}", f"data.dev={mr.dev}",
                      f"data.test={mr.test}", f"output={output / ('finetune-' + name.split()[0])}",
                      "task.type=classification", f"train.epochs={1 if quick else 3}", "train.batch_size=32",
                      "train.lr=1.0e-4", "train.warmup=0.1", "train.log_every=20"]
