@@ -9,6 +9,7 @@ gensim wheel and the Pang & Lee movie-review sentences inside the vaderSentiment
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -51,13 +52,15 @@ def _timed_steps(cfg: Any, minutes: float) -> int:
 
 def run_demo(output: Path, minutes: float = 4.0, quick: bool = False) -> dict[str, Any]:
     from pentad.data.assets import default_cache_dir, ensure_mr_sentiment, ensure_wikipedia_corpus
-    from pentad.runs import preprocess_from_config
     from pentad.data.vocab_builder import build_vocab
+    from pentad.runs import preprocess_from_config
     from pentad.tasks.runner import finetune
     from pentad.training.pretrain import pretrain
 
     started = time.perf_counter()
     output.mkdir(parents=True, exist_ok=True)
+    for old in ("pretrain", "finetune-pretrained", "finetune-from"):  # runs of an earlier demo start afresh
+        shutil.rmtree(output / old, ignore_errors=True)
     cache = default_cache_dir()
     info("== 1/5 data: Wikipedia excerpt (gensim wheel) and movie-review sentiment (vaderSentiment sdist)")
     wiki = ensure_wikipedia_corpus(cache)
@@ -73,14 +76,15 @@ def run_demo(output: Path, minutes: float = 4.0, quick: bool = False) -> dict[st
 
     info("== 3/5 preprocess: sentence pairs for masked LM + next-sentence prediction")
     dataset = output / "dataset"
-    common = [*tok, "data.objective.seq_length=128", "model.max_seq_length=128"]
+    # Short sequences: the corpus is small and the movie reviews are single sentences (about 30 tokens).
+    common = [*tok, "data.objective.seq_length=64", "model.max_seq_length=64"]
     if not (dataset / "manifest.json").is_file():
         preprocess_from_config(load_config(RECIPE, [*common, f"data.corpus={wiki.sentences_path}",
                                                     f"data.output={dataset}", "data.workers=2"]))
 
     info(f"== 4/5 pre-train {RECIPE} for about {minutes:g} minutes")
     pre_cfg = load_config(RECIPE, [*common, f"data.dataset={dataset}", f"output={output / 'pretrain'}",
-                                   "train.batch_size=32", "train.lr=5.0e-4", "train.warmup=0.05",
+                                   "train.batch_size=64", "train.lr=1.0e-3", "train.warmup=0.06",
                                    "train.log_every=20"])
     steps = 30 if quick else _timed_steps(pre_cfg, minutes)
     pre_cfg.train.steps = steps
@@ -94,10 +98,10 @@ def run_demo(output: Path, minutes: float = 4.0, quick: bool = False) -> dict[st
         train_tsv.write_text("".join(mr.train.read_text(encoding="utf-8").splitlines(True)[:801]), encoding="utf-8")
     results = {}
     for name, init in (("pretrained", output / "pretrain"), ("from scratch", None)):
-        overrides = [*common, "data.objective.seq_length=64", f"data.train={train_tsv}", f"data.dev={mr.dev}",
+        overrides = [*common, f"data.train={train_tsv}", f"data.dev={mr.dev}",
                      f"data.test={mr.test}", f"output={output / ('finetune-' + name.split()[0])}",
                      "task.type=classification", f"train.epochs={1 if quick else 3}", "train.batch_size=32",
-                     "train.lr=1.0e-4", "train.warmup=0.1", "train.log_every=20"]
+                     "train.lr=2.0e-4", "train.warmup=0.1", "train.log_every=20"]
         if init is not None:
             overrides.append(f"init={init}")
         results[name] = finetune(load_config(RECIPE, overrides))
