@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from tests.integration.conftest import tiny
 
 from pentad.cli.main import main
-from tests.integration.conftest import tiny
 
 
 def fails(capsys, *argv, match: str) -> str:

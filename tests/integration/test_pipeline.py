@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+from tests.integration.conftest import tiny
+
 from pentad.cli.main import main
 from pentad.training.trainer import MetricsLog
-from tests.integration.conftest import tiny
 
 
 def run(*argv: str) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from pydantic import Field, create_model
@@ -28,7 +28,7 @@ class ModelConfigBase(StrictModel):
     init_std: float = Field(0.02, gt=0.0, description="std of the normal initialisation of weights")
 
 
-@lru_cache(maxsize=None)
+@cache
 def model_config_class() -> Any:
     """``ModelConfig``, with its slot unions built from the registries (components imported first)."""
     import pentad.components  # noqa: F401  (registers every component)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ class RunConfigBase(StrictModel):
     train: TrainConfig = Field(default_factory=TrainConfig)
 
 
-@lru_cache(maxsize=None)
+@cache
 def run_config_class() -> Any:
     """``RunConfig`` with model, tokenizer, data (objective) and task unions from the registries."""
     import pentad.data.objectives  # noqa: F401  (registers objectives)

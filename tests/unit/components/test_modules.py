@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from tests.conftest import tiny_model_dict
 
 from pentad.builder import build_model, check_requirements
 from pentad.components.base import IGNORE_INDEX, Batch
@@ -10,7 +11,6 @@ from pentad.errors import ConfigError, UserError
 from pentad.layers.masks import attention_mask
 from pentad.layers.pooling import pool
 from pentad.model import count_parameters, total_loss
-from tests.conftest import tiny_model_dict
 
 
 def make(**over):

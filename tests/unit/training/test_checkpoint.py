@@ -1,11 +1,11 @@
 import pytest
 import torch
+from tests.conftest import tiny_model_dict
 
 from pentad.builder import build_model
 from pentad.config.model import model_config_class
 from pentad.errors import UserError
 from pentad.training import checkpoint as ckpt
-from tests.conftest import tiny_model_dict
 
 
 def make(**over):
