@@ -128,7 +128,8 @@ def test_missing_vocab_size_and_num_labels_are_reported_together():
 
 def test_required_batch_fields_are_checked_at_build_time():
     cfg = model_config_class().model_validate(tiny_model_dict())
-    with pytest.raises(UserError, match=r"embedding part 'seg' needs Batch.segments.*target 'sp' needs Batch.labels.sp"):
+    expected = r"embedding part 'seg' needs Batch.segments.*target 'sp' needs Batch.labels.sp"
+    with pytest.raises(UserError, match=expected):
         build_model(cfg, provided={"tokens", "padding_mask", "labels.mlm"})
     check_requirements(build_model(cfg), {"tokens", "segments", "padding_mask", "labels.mlm", "labels.sp"})
 
