@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from pentad.components.base import IGNORE_INDEX
 from pentad.errors import UserError
 
 SPECIAL_ID_NAMES = ("pad_id", "unk_id", "cls_id", "sep_id", "mask_id", "bos_id", "eos_id")
@@ -112,6 +111,10 @@ class Masker:
         inputs[to_mask] = self.mask_id
         picks = rng.integers(0, self.replacements.size, size=int(to_random.sum()))
         inputs[to_random] = self.replacements[picks]
+        # Imported here: this module is imported by preprocess workers, which must not pay for
+        # torch (see pentad.data.objectives.base).
+        from pentad.components.base import IGNORE_INDEX
+
         labels = np.where(selected, ids, IGNORE_INDEX).astype(np.int64)
         return inputs, labels
 

@@ -109,11 +109,14 @@ def _results(job: _Job, chunks: Iterable[Chunk], workers: int) -> Iterator[_Chun
             yield _run_chunk(job, chunk)
         return
     # Workers must not be forked from this process (its torch/tokenizers threads could leave
-    # locks held in the child). A forkserver forks them from a clean server that imports the
-    # objectives once (and is reused by later pools); where there is none, spawn.
+    # locks held in the child). A forkserver forks them from a clean server that imports, once,
+    # the modules a worker needs to unpickle its job (and is reused by later pools); where there
+    # is none, spawn. None of these modules imports torch, which would add seconds to the
+    # start of every pool and hundreds of MB to every worker.
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["pentad.data.preprocess", "pentad.data.objectives"])
+        context.set_forkserver_preload([__name__, type(job.objective).__module__,
+                                        type(job.objective.tokenizer).__module__])
     else:
         context = multiprocessing.get_context("spawn")
     # The bounded deque is the backpressure that keeps memory independent of corpus size.
@@ -184,7 +187,7 @@ def preprocess(objective: Objective, tokenizer: Any, tokenizer_config: dict[str,
     Args:
         objective: builds the instances (its tokenizer is the one used).
         tokenizer_config: the config that rebuilds the tokenizer, recorded in the manifest.
-        workers: tokenizing processes (1 = in this process).
+        workers: tokenizing processes (1 = in this process; never more than the corpus has chunks).
         on_bad_line: "fail" stops at the first bad line; "skip" skips and counts bad lines.
         progress: show a progress bar (bytes read) on stderr.
         seed: seeds instance construction (e.g. BERT's random next sentences).
@@ -247,6 +250,9 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
     with tqdm(total=size, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
               desc=f"preprocess {corpus.name}", disable=not progress) as bar:
         bar.update(header_bytes)
+        # More processes than chunks would only add start-up time (a corpus of one chunk is done
+        # in-process); the output does not depend on the number of workers.
+        workers = min(workers, -(-size // chunk_bytes))
         for result in _results(job, chunks, workers):
             num_skipped += len(result.skipped)
             skipped.extend(result.skipped[:MAX_REPORTED_SKIPS - len(skipped)])

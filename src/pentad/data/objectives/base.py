@@ -8,22 +8,30 @@ An objective runs in two places:
   windows of ``window`` tokens, ``stride`` apart, so packing ignores chunk boundaries).
 * **training** (DataLoader workers): ``collate(instances, rng)`` pads, masks and returns a Batch.
   All randomness comes from ``rng``, so a batch is a pure function of its instances and seed.
+
+The objective modules do not import torch at module level (``to_batch_tensor`` and ``new_batch``
+import it on first use): preprocess worker processes import them to build instances and never
+collate, and importing torch there would cost every ``pentad preprocess`` with workers about two
+CPU-seconds and a few hundred MB per process before the first line is tokenized.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
 from pydantic import Field
 
-from pentad.components.base import Batch
 from pentad.config.base import StrictModel
 from pentad.data.masking import describe_tokenizer
 from pentad.data.shards import Instances, concat_ranges
 from pentad.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+    from pentad.components.base import Batch
 
 
 class ObjectiveConfig(StrictModel):
@@ -137,7 +145,17 @@ def windows(stream: np.ndarray, window: int, stride: int, final: bool) -> tuple[
 
 def to_batch_tensor(array: np.ndarray) -> torch.Tensor:
     """A numpy array as a torch tensor (int64 for ids, bool for masks), without a copy when possible."""
+    import torch  # on first use; see the module docstring
+
     return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def new_batch(**fields: Any) -> Batch:
+    """``Batch(**fields)``, importing the Batch class (and torch) on first use; see the module
+    docstring."""
+    from pentad.components.base import Batch
+
+    return Batch(**fields)
 
 
 def segments_from_split(split: np.ndarray, valid: np.ndarray) -> np.ndarray:

@@ -8,15 +8,17 @@ label map stored in the manifest) and fine-tuning/inference, which build instanc
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
-from pentad.components.base import Batch
-from pentad.data.objectives.base import Objective, ObjectiveConfig, segments_from_split, to_batch_tensor
+from pentad.data.objectives.base import Objective, ObjectiveConfig, new_batch, segments_from_split, to_batch_tensor
 from pentad.data.shards import Instances
 from pentad.data.tsv import TsvRow, assemble_pairs, parse_header, split_row
 from pentad.registry import OBJECTIVES
+
+if TYPE_CHECKING:
+    from pentad.components.base import Batch
 
 
 class ClsObjectiveConfig(ObjectiveConfig):
@@ -63,6 +65,6 @@ class ClsObjective(Objective):
         labels = {}
         if "label" in instances.fields:
             labels["cls"] = to_batch_tensor(instances.fields["label"].astype(np.int64))
-        return Batch(tokens=to_batch_tensor(ids),
-                     segments=to_batch_tensor(segments_from_split(instances.fields["split"], valid)),
-                     padding_mask=to_batch_tensor(~valid), labels=labels)
+        return new_batch(tokens=to_batch_tensor(ids),
+                         segments=to_batch_tensor(segments_from_split(instances.fields["split"], valid)),
+                         padding_mask=to_batch_tensor(~valid), labels=labels)

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
 
-from pentad.components.base import IGNORE_INDEX, Batch
 from pentad.data.corpus import BadLine
-from pentad.data.objectives.base import Objective, ObjectiveConfig, to_batch_tensor, windows
+from pentad.data.objectives.base import Objective, ObjectiveConfig, new_batch, to_batch_tensor, windows
 from pentad.data.shards import Instances
 from pentad.registry import OBJECTIVES
+
+if TYPE_CHECKING:
+    from pentad.components.base import Batch
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 
@@ -105,9 +107,12 @@ class LmObjective(Objective):
         inputs = ids[:, :-1].copy()
         scored = valid[:, 1:]  # input j is real and scored exactly when token j+1 exists
         inputs[~scored] = self.pad_id
+        # Imported here, not at module level: preprocess workers import this module without torch.
+        from pentad.components.base import IGNORE_INDEX
+
         labels = np.where(scored, ids[:, 1:], IGNORE_INDEX)
-        return Batch(tokens=to_batch_tensor(inputs), padding_mask=to_batch_tensor(~scored),
-                     labels={"lm": to_batch_tensor(labels.astype(np.int64))})
+        return new_batch(tokens=to_batch_tensor(inputs), padding_mask=to_batch_tensor(~scored),
+                         labels={"lm": to_batch_tensor(labels.astype(np.int64))})
 
 
 def _is_json_document(line: str) -> bool:

@@ -9,16 +9,18 @@ Empty lines carry no text and make no instance.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
 
-from pentad.components.base import Batch
 from pentad.data.masking import Masker
-from pentad.data.objectives.base import MaskingObjectiveConfig, Objective, to_batch_tensor
+from pentad.data.objectives.base import MaskingObjectiveConfig, Objective, new_batch, to_batch_tensor
 from pentad.data.shards import Instances, concat_ranges
 from pentad.registry import OBJECTIVES
+
+if TYPE_CHECKING:
+    from pentad.components.base import Batch
 
 
 class MlmObjectiveConfig(MaskingObjectiveConfig):
@@ -82,7 +84,7 @@ class MlmObjective(Objective):
         """tokens/segments/padding_mask [B,S] and labels.mlm [B,S] (IGNORE_INDEX where unmasked)."""
         ids, valid = instances.padded(self.pad_id)
         inputs, labels = self.masker(ids, valid, rng)
-        return Batch(tokens=to_batch_tensor(inputs),
-                     segments=to_batch_tensor(np.zeros_like(ids)),
-                     padding_mask=to_batch_tensor(~valid),
-                     labels={"mlm": to_batch_tensor(labels)})
+        return new_batch(tokens=to_batch_tensor(inputs),
+                         segments=to_batch_tensor(np.zeros_like(ids)),
+                         padding_mask=to_batch_tensor(~valid),
+                         labels={"mlm": to_batch_tensor(labels)})
