@@ -84,7 +84,7 @@ def run_demo(output: Path, minutes: float = 4.0, quick: bool = False) -> dict[st
 
     info(f"== 4/5 pre-train {RECIPE} for about {minutes:g} minutes")
     pre_cfg = load_config(RECIPE, [*common, f"data.dataset={dataset}", f"output={output / 'pretrain'}",
-                                   "train.batch_size=64", "train.lr=1.0e-3", "train.warmup=0.06",
+                                   "train.batch_size=64", "train.lr=5.0e-4", "train.warmup=0.1",
                                    "train.log_every=20"])
     steps = 30 if quick else _timed_steps(pre_cfg, minutes)
     pre_cfg.train.steps = steps
@@ -100,8 +100,8 @@ def run_demo(output: Path, minutes: float = 4.0, quick: bool = False) -> dict[st
     for name, init in (("pretrained", output / "pretrain"), ("from scratch", None)):
         overrides = [*common, f"data.train={train_tsv}", f"data.dev={mr.dev}",
                      f"data.test={mr.test}", f"output={output / ('finetune-' + name.split()[0])}",
-                     "task.type=classification", f"train.epochs={1 if quick else 3}", "train.batch_size=32",
-                     "train.lr=2.0e-4", "train.warmup=0.1", "train.log_every=20"]
+                     "task.type=classification", f"train.epochs={1 if quick else 2}", "train.batch_size=32",
+                     "train.lr=5.0e-4", "train.warmup=0.1", "train.log_every=20"]
         if init is not None:
             overrides.append(f"init={init}")
         results[name] = finetune(load_config(RECIPE, overrides))
