@@ -40,6 +40,8 @@ def model_problems(cfg: Any) -> list[ConfigProblem]:
 
 def init_weights(model: nn.Module, std: float) -> None:
     """Normal(0, std) weights, zero biases, unit norms (BERT / GPT-2 initialisation)."""
+    from pentad.components.base import EmbeddingPart
+
     for module in model.modules():
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, std=std)
@@ -48,13 +50,8 @@ def init_weights(model: nn.Module, std: float) -> None:
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
-        elif hasattr(module, "reset_parameters") and not isinstance(module, (nn.Linear, nn.LayerNorm)):
-            if module.__class__.__module__.startswith("pentad"):
-                module.reset_parameters()
-        if module.__class__.__module__.startswith("pentad.components.embeddings"):
-            weight = getattr(module, "weight", None)
-            if isinstance(weight, nn.Parameter):
-                nn.init.normal_(weight, std=std)
+        elif isinstance(module, EmbeddingPart) and isinstance(getattr(module, "weight", None), nn.Parameter):
+            nn.init.normal_(module.weight, std=std)
 
 
 def build_model(cfg: Any, provided: Iterable[str] | None = None, device: str | torch.device | None = None,

@@ -43,7 +43,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from pentad.errors import UserError
@@ -157,18 +156,10 @@ def to_tencentpretrain(model: Any, ours: dict[str, Tensor], extras: dict[str, Te
 
 # ------------------------------------------------------------------------------------------ files
 def read_state_dict(path: Path) -> dict[str, Tensor]:
-    """A ``torch.save``d state dict, loaded with ``weights_only=True`` (never unpickles objects)."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any failure means an unreadable or unsafe file
-        raise UserError(f"{path} cannot be read as a PyTorch state dict with weights_only=True "
-                        f"({type(e).__name__}: {e}); pentad never unpickles arbitrary objects.") from None
-    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise UserError(f"{path} does not hold a state dict (a mapping of names to tensors).")
-    # DataParallel / DDP checkpoints prefix every key with "module.".
-    if state and all(k.startswith("module.") for k in state):
-        state = {k[len("module."):]: v for k, v in state.items()}
-    return dict(state)
+    """A TencentPretrain ``.bin`` state dict (see ``training.checkpoint.read_torch_state_dict``)."""
+    from pentad.training.checkpoint import read_torch_state_dict
+
+    return read_torch_state_dict(path)
 
 
 def find_files(in_dir: Path) -> tuple[Path, Path]:

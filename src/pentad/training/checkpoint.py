@@ -67,6 +67,23 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
                         "use an earlier checkpoint") from None
 
 
+def read_torch_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """A ``torch.save``d state dict (``.bin``), loaded with ``weights_only=True``: never unpickles
+    arbitrary objects. Accepts a ``{"state_dict": ...}`` wrapper and DDP's ``module.`` key prefix."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure means an unreadable or unsafe file
+        raise UserError(f"{path} cannot be read as a PyTorch state dict with weights_only=True "
+                        f"({type(e).__name__}: {e}); pentad never unpickles arbitrary objects.") from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError(f"{path} does not hold a state dict (a mapping of names to tensors).")
+    if state and all(k.startswith("module.") for k in state):
+        state = {k[len("module."):]: v for k, v in state.items()}
+    return dict(state)
+
+
 def _slot(key: str) -> str:
     parts = key.split(".")
     return ".".join(parts[:2]) if parts[0] in ("targets",) else parts[0]

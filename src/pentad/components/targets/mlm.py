@@ -9,7 +9,6 @@ from torch import Tensor, nn
 
 from pentad.components.base import IGNORE_INDEX, Batch, Target, TargetOutput
 from pentad.components.targets.common import TargetConfigBase
-from pentad.config.base import StrictModel  # noqa: F401  (re-exported for schema users)
 from pentad.layers.activations import ACTIVATION_NAMES, get_activation
 from pentad.layers.cross_entropy import linear_cross_entropy
 from pentad.registry import TARGETS

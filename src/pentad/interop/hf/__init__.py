@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from pentad.errors import UserError, closest
 from pentad.interop.keymap import Rule
+from pentad.training.checkpoint import read_torch_state_dict
 
 CONFIG = "config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -176,19 +176,6 @@ def read_config(in_dir: Path) -> dict[str, Any]:
     return read_json(path)
 
 
-def _load_bin(path: Path) -> dict[str, Tensor]:
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any failure means an unreadable or unsafe file
-        raise UserError(f"{path} cannot be read as a PyTorch state dict with weights_only=True "
-                        f"({type(e).__name__}: {e}); pentad never unpickles arbitrary objects.") from None
-    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
-        state = state["state_dict"]
-    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise UserError(f"{path} does not hold a state dict (a mapping of names to tensors).")
-    return dict(state)
-
-
 def _load_safetensors(path: Path) -> dict[str, Tensor]:
     try:
         return load_file(str(path))
@@ -215,10 +202,10 @@ def read_weights(in_dir: Path) -> tuple[dict[str, Tensor], str]:
             path = in_dir / shard
             if not path.is_file():
                 raise UserError(f"{index} names shard {shard}, which is not in {in_dir}.")
-            state.update(_load_safetensors(path) if shard.endswith(".safetensors") else _load_bin(path))
+            state.update(_load_safetensors(path) if shard.endswith(".safetensors") else read_torch_state_dict(path))
         name = index.name
     elif (in_dir / PYTORCH_BIN).is_file():
-        state, name = _load_bin(in_dir / PYTORCH_BIN), PYTORCH_BIN
+        state, name = read_torch_state_dict(in_dir / PYTORCH_BIN), PYTORCH_BIN
     else:
         raise UserError(f"{in_dir} holds no weights: expected {SAFETENSORS}, {SAFETENSORS_INDEX}, "
                         f"{PYTORCH_BIN} or {PYTORCH_BIN_INDEX}.")
