@@ -11,7 +11,7 @@ from torch import nn
 
 from pentad.errors import ConfigError, ConfigProblem, UserError
 from pentad.model import EmbeddingSlot, Model
-from pentad.registry import EMBEDDINGS, ENCODERS, TARGETS
+from pentad.registry import DECODERS, EMBEDDINGS, ENCODERS, TARGETS
 
 
 def model_problems(cfg: Any) -> list[ConfigProblem]:
@@ -20,11 +20,25 @@ def model_problems(cfg: Any) -> list[ConfigProblem]:
     if cfg.vocab_size is None and any(p.type == "word" for p in cfg.embedding.parts):
         problems.append(ConfigProblem("model.vocab_size", "not set: give a tokenizer (its vocabulary "
                                       "sets it) or set model.vocab_size=N"))
-    names = [p.type for p in cfg.embedding.parts]
-    for i, name in enumerate(names):
-        if name in names[:i]:
-            problems.append(ConfigProblem(f"model.embedding.parts.{i}", f"embedding part '{name}' appears twice"))
-    for path, sub in (("model.encoder", cfg.encoder),):
+    slots = [("model.embedding", cfg.embedding)]
+    if cfg.target_embedding is not None:
+        slots.append(("model.target_embedding", cfg.target_embedding))
+    for path, slot in slots:
+        names = [p.type for p in slot.parts]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                problems.append(ConfigProblem(f"{path}.parts.{i}", f"embedding part '{name}' appears twice"))
+    if (cfg.decoder is None) != (cfg.target_embedding is None):
+        have, lack = ("decoder", "target_embedding") if cfg.decoder is not None else ("target_embedding", "decoder")
+        problems.append(ConfigProblem(f"model.{lack}", f"missing: model.{have} is set, and an encoder-decoder "
+                                      f"model needs both a decoder and a target_embedding slot"))
+    if cfg.share_embedding and cfg.decoder is not None and cfg.target_vocab_size not in (None, cfg.vocab_size):
+        problems.append(ConfigProblem("model.share_embedding", f"the encoder and target vocabularies differ "
+                                      f"({cfg.vocab_size} vs {cfg.target_vocab_size}), so they cannot share "
+                                      "one word table; set share_embedding=false"))
+    for path, sub in (("model.encoder", cfg.encoder), ("model.decoder", cfg.decoder)):
+        if sub is None:
+            continue
         for key, msg in getattr(sub, "check", lambda m: [])(cfg):
             problems.append(ConfigProblem(f"{path}.{key}", msg))
     seen: set[str] = set()
@@ -38,9 +52,26 @@ def model_problems(cfg: Any) -> list[ConfigProblem]:
     return problems
 
 
+class SlotSizes:
+    """The model config as one slot sees it: ``vocab_size`` and ``hidden_size`` replaced where the
+    slot differs (the target side's vocabulary, the factorised embedding width); every other
+    attribute reads through to the config."""
+
+    def __init__(self, cfg: Any, **overrides: Any):
+        self._cfg, self._overrides = cfg, overrides
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._overrides:
+            return self._overrides[name]
+        return getattr(self._cfg, name)
+
+
 def init_weights(model: nn.Module, std: float) -> None:
-    """Normal(0, std) weights, zero biases, unit norms (BERT / GPT-2 initialisation)."""
+    """Normal(0, std) weights, zero biases, unit norms (BERT / GPT-2 initialisation); RMSNorm
+    scales start at one (never random, unlike TencentPretrain)."""
     from pentad.components.base import EmbeddingPart
+    from pentad.layers.norms import RMSNorm
+    from pentad.layers.positions import RelativePositionBias
 
     for module in model.modules():
         if isinstance(module, nn.Linear):
@@ -48,8 +79,14 @@ def init_weights(model: nn.Module, std: float) -> None:
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.LayerNorm):
+            if module.weight is not None:
+                nn.init.ones_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, RMSNorm):
             nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+        elif isinstance(module, RelativePositionBias):
+            nn.init.normal_(module.weight, std=std)
         elif isinstance(module, EmbeddingPart) and isinstance(getattr(module, "weight", None), nn.Parameter):
             nn.init.normal_(module.weight, std=std)
 
@@ -67,25 +104,45 @@ def build_model(cfg: Any, provided: Iterable[str] | None = None, device: str | t
     if problems:
         raise ConfigError(problems, "the model config is inconsistent")
     on_meta = device is not None and torch.device(device).type == "meta"
+    width = cfg.embedding_size or cfg.hidden_size
     with torch.device(device) if device is not None else nullcontext():
-        parts = {p.type: EMBEDDINGS.get(p.type).from_config(p, cfg) for p in cfg.embedding.parts}
-        embedding = EmbeddingSlot(parts, cfg.hidden_size, cfg.embedding.norm, cfg.embedding.layer_norm_eps,
-                                  cfg.embedding.dropout)
+        embedding = _embedding_slot(cfg.embedding, cfg, SlotSizes(cfg, hidden_size=width))
         encoder = ENCODERS.get(cfg.encoder.type).from_config(cfg.encoder, cfg)
-        targets = {t.target_name: TARGETS.get(t.type).from_config(t, cfg) for t in cfg.targets}
-        model = Model(embedding, encoder, targets)
+        target_embedding = decoder = None
+        if cfg.decoder is not None:
+            target_vocab = cfg.target_vocab_size or cfg.vocab_size
+            target_embedding = _embedding_slot(cfg.target_embedding, cfg,
+                                               SlotSizes(cfg, hidden_size=width, vocab_size=target_vocab))
+            decoder = DECODERS.get(cfg.decoder.type).from_config(cfg.decoder, cfg)
+        head_sizes = SlotSizes(cfg, vocab_size=cfg.output_vocab_size)
+        targets = {t.target_name: TARGETS.get(t.type).from_config(t, head_sizes) for t in cfg.targets}
+        model = Model(embedding, encoder, targets, target_embedding, decoder)
+    if cfg.share_embedding and target_embedding is not None:
+        source = embedding.word_embedding_weight()
+        if source is not None and target_embedding.word_embedding_weight() is not None:
+            target_embedding.word.weight = source
+            model.tied.append(("target_embedding.word.weight", "embedding.word.weight"))
     if cfg.tie_word_embeddings:
-        weight = embedding.word_embedding_weight()
+        tie_slot, slot_name = (target_embedding, "target_embedding") if target_embedding is not None else (
+            embedding, "embedding")
+        weight = tie_slot.word_embedding_weight()
         if weight is not None:
+            shared = dict(model.tied).get(f"{slot_name}.word.weight", f"{slot_name}.word.weight")
             for name, target in targets.items():
                 if target.tie_to(weight):
-                    model.tied.append((f"targets.{name}.output.weight", "embedding.word.weight"))
+                    model.tied.append((f"targets.{name}.output.weight", shared))
     if not on_meta:
         with torch.no_grad():
             init_weights(model, cfg.init_std)
     if provided is not None:
         check_requirements(model, set(provided), training)
     return model
+
+
+def _embedding_slot(slot_cfg: Any, cfg: Any, sizes: SlotSizes) -> EmbeddingSlot:
+    parts = {p.type: EMBEDDINGS.get(p.type).from_config(p, sizes) for p in slot_cfg.parts}
+    return EmbeddingSlot(parts, cfg.hidden_size, slot_cfg.norm, slot_cfg.layer_norm_eps, slot_cfg.dropout,
+                         sizes.hidden_size)
 
 
 def check_requirements(model: Model, provided: set[str], training: bool = True) -> None:
@@ -97,6 +154,11 @@ def check_requirements(model: Model, provided: set[str], training: bool = True) 
     for f in getattr(model.encoder, "requires", ()):
         if f not in provided:
             missing.append(f"encoder '{model.encoder.registry_name}' needs Batch.{f}")
+    if model.target_embedding is not None:
+        for part_name in model.target_embedding.part_names:
+            part = getattr(model.target_embedding, part_name)
+            missing += [f"target embedding part '{part_name}' needs Batch.decoder_{f}" for f in part.requires
+                        if f"decoder_{f}" not in provided]
     for name, target in model.targets.items():
         for f in target.required_fields(training):
             if f not in provided:
@@ -119,8 +181,16 @@ def summarize(model: Model) -> str:
         + (" + norm" if model.embedding.norm is not None else "")]
     enc = model.encoder
     layers = getattr(enc, "layers", None)
-    lines.append(f"encoder: {enc.registry_name}" + (f" x{len(layers)} layers" if layers is not None else "")
+    lines.append(f"encoder: {enc.registry_name}" + (f" x{getattr(enc, 'num_layers', len(layers))} layers"
+                                                     if layers is not None else "")
                  + (f", mask {enc.mask_kind}" if hasattr(enc, "mask_kind") else "") + f" ({n(enc)})")
+    if model.decoder is not None:
+        lines.append("target embedding: " + ", ".join(
+            f"{name} ({n(getattr(model.target_embedding, name))})" for name in model.target_embedding.part_names))
+        dec = model.decoder
+        dec_layers = getattr(dec, "layers", None)
+        lines.append(f"decoder: {dec.registry_name}" + (f" x{dec.num_layers} layers" if dec_layers is not None else "")
+                     + f" ({n(dec)})")
     lines.append("targets: " + ", ".join(f"{name}: {t.registry_name} ({n(t)})" for name, t in model.targets.items()))
     if model.tied:
         lines.append("tied: " + ", ".join(f"{a} = {b}" for a, b in model.tied))

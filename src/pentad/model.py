@@ -6,23 +6,27 @@ import torch
 from torch import Tensor, nn
 
 from pentad.components.base import Batch, Embedded, EmbeddingPart, Encoder, Target, TargetOutput
+from pentad.layers.cache import KVCache
 
 
 class EmbeddingSlot(nn.Module):
-    """Sums its parts ([B,S,H] each), then LayerNorm (optional) and dropout.
+    """Sums its parts ([B,S,E] each), then LayerNorm (optional), dropout, and a projection E -> H
+    when the embedding width E differs from the hidden size (ALBERT's factorised embedding).
 
     Parts are registered under their names, so parameters read ``embedding.word.weight``.
     The padding mask passes through from the Batch.
     """
 
     def __init__(self, parts: dict[str, EmbeddingPart], hidden_size: int, norm: bool = True,
-                 layer_norm_eps: float = 1e-12, dropout: float = 0.1):
+                 layer_norm_eps: float = 1e-12, dropout: float = 0.1, embedding_size: int | None = None):
         super().__init__()
         self.part_names = list(parts)
         for name, part in parts.items():
             self.add_module(name, part)
-        self.norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps) if norm else None
+        width = embedding_size or hidden_size
+        self.norm = nn.LayerNorm(width, eps=layer_norm_eps) if norm else None
         self.dropout = nn.Dropout(dropout)
+        self.project = nn.Linear(width, hidden_size) if width != hidden_size else None
 
     def parts(self) -> list[EmbeddingPart]:
         return [getattr(self, name) for name in self.part_names]
@@ -39,13 +43,18 @@ class EmbeddingSlot(nn.Module):
             hidden = hidden + part(batch)
         if self.norm is not None:
             hidden = self.norm(hidden)
-        return Embedded(self.dropout(hidden), batch.padding_mask)
+        hidden = self.dropout(hidden)
+        if self.project is not None:
+            hidden = self.project(hidden)
+        return Embedded(hidden, batch.padding_mask)
 
 
 class Model(nn.Module):
     """A model assembled by ``pentad.builder.build_model``.
 
-    ``forward(batch) -> {target name: TargetOutput}``; ``encode(batch) -> (hidden [B,S,H], padding_mask)``.
+    ``forward(batch) -> {target name: TargetOutput}``; ``encode(batch) -> (hidden [B,S,H], padding_mask)``;
+    ``decode(batch, memory, memory_padding_mask) -> [B,T,H]`` for encoder-decoder models.
+    Targets read the decoder output when there is a decoder, else the encoder output.
     """
 
     def __init__(self, embedding: EmbeddingSlot, encoder: Encoder, targets: dict[str, Target],
@@ -58,20 +67,42 @@ class Model(nn.Module):
         self.targets = nn.ModuleDict(targets)
         self.tied: list[tuple[str, str]] = []  # (head parameter, shared parameter) declared by the builder
 
-    def encode(self, batch: Batch) -> tuple[Tensor, Tensor | None]:
+    def encode(self, batch: Batch, cache: KVCache | None = None) -> tuple[Tensor, Tensor | None]:
+        """Embedding and encoder. With ``cache`` (decoder-only generation) ``batch.tokens`` holds the
+        new positions only and ``batch.padding_mask`` covers cached and new positions."""
         embedded = self.embedding(batch)
         prefix_lengths = None
-        if getattr(self.encoder, "mask_kind", None) == "prefix":
-            in_prefix = batch.segments == 0
-            if embedded.padding_mask is not None:
-                in_prefix = in_prefix & ~embedded.padding_mask
-            prefix_lengths = in_prefix.sum(dim=1)
-        hidden = self.encoder(embedded.hidden, embedded.padding_mask, prefix_lengths)
+        if getattr(self.encoder, "mask_kind", None) == "prefix" and batch.segments is not None:
+            # Prefix positions are segment 0 (and, with left padding, the padding before them).
+            prefix_lengths = _prefix_lengths(batch.segments, embedded.padding_mask)
+        hidden = self.encoder(embedded.hidden, embedded.padding_mask, prefix_lengths, batch.positions, cache)
         return hidden, embedded.padding_mask
 
+    def decode(self, batch: Batch, memory: Tensor | None, memory_padding_mask: Tensor | None,
+               cache: KVCache | None = None) -> Tensor:
+        """Target embedding of ``batch.decoder_*`` and the decoder over ``memory`` [B,S,H]."""
+        if self.decoder is None or self.target_embedding is None:
+            raise ValueError("this model has no decoder")
+        view = batch.decoder_view()
+        embedded = self.target_embedding(view)
+        return self.decoder(embedded.hidden, embedded.padding_mask, memory, memory_padding_mask,
+                            view.positions, cache)
+
     def forward(self, batch: Batch) -> dict[str, TargetOutput]:
-        hidden, _ = self.encode(batch)
+        hidden, padding_mask = self.encode(batch)
+        if self.decoder is not None:
+            hidden = self.decode(batch, hidden, padding_mask)
         return {name: target(hidden, batch) for name, target in self.targets.items()}
+
+
+def _prefix_lengths(segments: Tensor, padding_mask: Tensor | None) -> Tensor:
+    """[B]: index of the first non-prefix position of each row (segment != 0 and not padding)."""
+    after = segments != 0
+    if padding_mask is not None:
+        after = after & ~padding_mask[:, -segments.shape[1]:]
+    seq = segments.shape[1]
+    index = torch.arange(seq, device=segments.device).expand_as(segments)
+    return torch.where(after, index, torch.full_like(index, seq)).min(dim=1).values
 
 
 def total_loss(outputs: dict[str, TargetOutput]) -> Tensor:

@@ -24,7 +24,7 @@ IGNORE_INDEX = -100
 
 # Fields of a Batch that hold model inputs (as opposed to labels).
 BATCH_INPUT_FIELDS = ("tokens", "segments", "padding_mask", "positions", "decoder_tokens",
-                      "decoder_segments", "decoder_padding_mask", "pixels", "audio")
+                      "decoder_segments", "decoder_padding_mask", "decoder_positions", "pixels", "audio")
 
 
 @dataclass
@@ -43,6 +43,7 @@ class Batch:
     decoder_tokens: Tensor | None = None
     decoder_segments: Tensor | None = None
     decoder_padding_mask: Tensor | None = None
+    decoder_positions: Tensor | None = None
     pixels: Tensor | None = None
     audio: Tensor | None = None
     labels: dict[str, Tensor] = field(default_factory=dict)
@@ -63,6 +64,14 @@ class Batch:
         """Names of the fields that are set; labels appear as ``labels.<target>``."""
         names = {f for f in BATCH_INPUT_FIELDS if getattr(self, f) is not None}
         return names | {f"labels.{k}" for k in self.labels}
+
+    def decoder_view(self) -> Batch:
+        """The decoder side as a Batch whose ``tokens``/``segments``/``padding_mask``/``positions``
+        are the ``decoder_*`` fields, so target-embedding parts read it like the embedding slot
+        reads the encoder side."""
+        return Batch(tokens=self.decoder_tokens, segments=self.decoder_segments,
+                     padding_mask=self.decoder_padding_mask, positions=self.decoder_positions,
+                     labels=self.labels)
 
     @property
     def batch_size(self) -> int:
@@ -110,27 +119,35 @@ class EmbeddingPart(nn.Module):
 
 
 class Encoder(nn.Module):
-    """``forward(hidden [B,S,H], padding_mask [B,S] | None, prefix_lengths [B] | None) -> [B,S,H]``.
+    """``forward(hidden [B,S,E], padding_mask [B,S] | None, prefix_lengths [B] | None,
+    positions [B,S] | None, cache | None) -> [B,S,H]``.
 
     ``prefix_lengths`` is only read by encoders whose attention mask is ``prefix`` (prefix-LM):
     the first ``prefix_lengths[b]`` positions of row b attend to each other bidirectionally.
+    ``positions`` feed in-attention position signals (rotary); default 0..S-1 (after the cache).
+    ``cache`` (a ``pentad.layers.cache.KVCache``) enables incremental decoding: ``hidden`` holds
+    only the new positions and ``padding_mask`` covers cached and new ones. Encoders that cannot
+    decode incrementally raise ValueError when given a cache.
     """
 
     registry_name: ClassVar[str]
     requires: ClassVar[tuple[str, ...]] = ()
 
-    def forward(self, hidden: Tensor, padding_mask: Tensor | None,
-                prefix_lengths: Tensor | None = None) -> Tensor:  # pragma: no cover
+    def forward(self, hidden: Tensor, padding_mask: Tensor | None, prefix_lengths: Tensor | None = None,
+                positions: Tensor | None = None, cache: Any = None) -> Tensor:  # pragma: no cover
         raise NotImplementedError
 
 
 class Decoder(nn.Module):
-    """``forward(hidden, padding_mask, memory, memory_padding_mask, cache=None) -> hidden``."""
+    """``forward(hidden [B,T,H], padding_mask [B,T] | None, memory [B,S,H], memory_padding_mask [B,S]
+    | None, positions [B,T] | None, cache | None) -> [B,T,H]``: the target side of an
+    encoder-decoder model, attending to the encoder output ``memory``."""
 
     registry_name: ClassVar[str]
 
-    def forward(self, hidden: Tensor, padding_mask: Tensor | None, memory: Tensor,
-                memory_padding_mask: Tensor | None, cache: Any = None) -> Tensor:  # pragma: no cover
+    def forward(self, hidden: Tensor, padding_mask: Tensor | None, memory: Tensor | None,
+                memory_padding_mask: Tensor | None, positions: Tensor | None = None,
+                cache: Any = None) -> Tensor:  # pragma: no cover
         raise NotImplementedError
 
 

@@ -9,11 +9,11 @@ from pydantic import Field, create_model
 
 from pentad.config.base import StrictModel
 from pentad.config.unions import registry_union
-from pentad.registry import EMBEDDINGS, ENCODERS, TARGETS
+from pentad.registry import DECODERS, EMBEDDINGS, ENCODERS, TARGETS
 
 
 class EmbeddingConfigBase(StrictModel):
-    """The embedding slot: parts are summed, then optional LayerNorm, then dropout."""
+    """An embedding slot: parts are summed, then optional LayerNorm, then dropout."""
 
     norm: bool = Field(True, description="LayerNorm after summing the parts (off for GPT-2)")
     layer_norm_eps: float = Field(1e-12, gt=0.0)
@@ -23,9 +23,25 @@ class EmbeddingConfigBase(StrictModel):
 class ModelConfigBase(StrictModel):
     hidden_size: int = Field(..., ge=1)
     vocab_size: int | None = Field(None, ge=1, description="set from the tokenizer when one is given")
+    target_vocab_size: int | None = Field(None, ge=1, description="vocabulary of the target embedding and "
+                                          "output (translation with a separate target tokenizer); default "
+                                          "vocab_size")
+    embedding_size: int | None = Field(None, ge=1, description="width of the embedding slots when it differs "
+                                       "from hidden_size (ALBERT's factorised embedding): a projection maps "
+                                       "it to hidden_size")
     max_seq_length: int = Field(512, ge=1)
-    tie_word_embeddings: bool = Field(True, description="output heads share the word embedding table")
+    tie_word_embeddings: bool = Field(True, description="output heads share the word embedding table (the "
+                                      "target embedding's when there is a decoder)")
+    share_embedding: bool = Field(False, description="the target embedding's word table is the encoder's "
+                                  "(encoder-decoder models with one vocabulary: T5, BART)")
     init_std: float = Field(0.02, gt=0.0, description="std of the normal initialisation of weights")
+
+    @property
+    def output_vocab_size(self) -> int | None:
+        """Vocabulary the output heads predict: the target side's when there is a decoder."""
+        if getattr(self, "decoder", None) is not None:
+            return self.target_vocab_size or self.vocab_size
+        return self.vocab_size
 
 
 @cache
@@ -41,5 +57,8 @@ def model_config_class() -> Any:
         "ModelConfig", __base__=ModelConfigBase,
         embedding=(embedding, ...),
         encoder=(registry_union(ENCODERS), ...),
+        target_embedding=(embedding | None, Field(None, description="embedding slot of the decoder input")),
+        decoder=(registry_union(DECODERS) | None, Field(None, description="decoder slot (encoder-decoder "
+                                                         "models)")),
         targets=(list[registry_union(TARGETS)], Field(..., min_length=1)),
     )

@@ -377,7 +377,7 @@ def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config:
     keep = ~batch.padding_mask
     captured: list[Tensor] = []
     hooks = [ours.embedding.register_forward_hook(lambda m, i, o: captured.append(o.hidden))]
-    hooks += [layer.register_forward_hook(lambda m, i, o: captured.append(o)) for layer in ours.encoder.layers]
+    hooks += [layer.register_forward_hook(lambda m, i, o: captured.append(o[0])) for layer in ours.encoder.layers]
     try:
         with torch.no_grad():
             reference = hf(**inputs, output_hidden_states=True)

@@ -1,34 +1,143 @@
-"""Multi-head self-attention through ``torch.nn.functional.scaled_dot_product_attention``."""
+"""Multi-head attention (self and cross), with grouped-query heads and a key/value cache.
+
+Scores go through ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels) unless
+residual attention needs the raw scores. Masks follow ``layers/masks.py``: a bool tensor where True
+means "may attend", or a float tensor added to the scores (it then also carries any position bias).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pentad.layers.cache import LayerCache
+from pentad.layers.positions import apply_rotary
 
-class SelfAttention(nn.Module):
-    """Multi-head self-attention with a fused query/key/value projection.
 
-    ``qkv`` is one Linear(H, 3H) (one matmul instead of three); its output rows are
-    [query; key; value], each split into heads of size H / num_heads.
-    forward(x [B,S,H], mask [B|1,1,S|1,S] bool True = attend, is_causal) -> [B,S,H].
+@dataclass
+class AttentionInputs:
+    """What every layer of a stack shares for one forward: built once, read by each layer.
+
+    mask: bool [B|1, 1, q, k] (True = attend) or float [B|1, heads|1, q, k] (added to the scores,
+    -inf where not allowed; carries relative/ALiBi bias) or None; is_causal: let SDPA apply the
+    causal mask itself (only when ``mask`` is None and there is no cache offset); rotary: (cos, sin)
+    for the query positions, each [B|1, 1, q, rot_dim], applied to queries and new keys.
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, dropout: float = 0.0, bias: bool = True):
-        super().__init__()
-        if hidden_size % num_heads:
-            raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
-        self.num_heads = num_heads
-        self.head_size = hidden_size // num_heads
-        self.dropout = dropout
-        self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
-        self.out = nn.Linear(hidden_size, hidden_size, bias=bias)
+    mask: Tensor | None = None
+    is_causal: bool = False
+    rotary: tuple[Tensor, Tensor] | None = None
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
-        b, s, h = x.shape
-        qkv = self.qkv(x).view(b, s, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)  # each [B, heads, S, head_size]
-        context = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0)
-        return self.out(context.transpose(1, 2).reshape(b, s, h))
+    def mask_for(self, dtype: torch.dtype) -> Tensor | None:
+        """The mask in a dtype SDPA accepts next to queries of ``dtype`` (float masks must match
+        under autocast); converted once per forward, not once per layer."""
+        mask = self.mask
+        if mask is None or mask.dtype == torch.bool or mask.dtype == dtype:
+            return mask
+        converted = getattr(self, "_converted", None)
+        if converted is None or converted.dtype != dtype:
+            converted = mask.to(dtype)
+            object.__setattr__(self, "_converted", converted)
+        return converted
+
+
+class Attention(nn.Module):
+    """Multi-head attention, [B,q,H] -> [B,q,H].
+
+    Self-attention keeps one fused projection ``qkv`` ([q_dim + 2 kv_dim, H], rows = queries, keys,
+    values); cross-attention has ``q`` [q_dim, H] on the decoder side and ``kv`` [2 kv_dim, H] on the
+    encoder memory. ``num_kv_heads`` < ``num_heads`` is grouped-query attention (1 = multi-query):
+    each key/value head serves num_heads / num_kv_heads query heads. ``head_size`` may differ from
+    H / num_heads (T5-3B/11B). ``scale=False`` drops the 1/sqrt(head_size) factor (T5, whose
+    initialisation absorbs it). ``residual`` (RealFormer, He et al. 2021) adds the previous layer's
+    raw scores to this layer's and returns its own, which needs the explicit (non-fused) path.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
+                 head_size: int | None = None, dropout: float = 0.0, bias: bool = True,
+                 scale: bool = True, cross: bool = False, residual: bool = False):
+        super().__init__()
+        self.residual = residual
+        num_kv_heads = num_kv_heads or num_heads
+        head_size = head_size or hidden_size // num_heads
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+        self.num_heads, self.num_kv_heads, self.head_size = num_heads, num_kv_heads, head_size
+        self.q_dim, self.kv_dim = num_heads * head_size, num_kv_heads * head_size
+        self.dropout = dropout
+        self.scale = None if scale else 1.0  # None: SDPA's default 1/sqrt(head_size)
+        self.cross = cross
+        if cross:
+            self.q = nn.Linear(hidden_size, self.q_dim, bias=bias)
+            self.kv = nn.Linear(hidden_size, 2 * self.kv_dim, bias=bias)
+        else:
+            self.qkv = nn.Linear(hidden_size, self.q_dim + 2 * self.kv_dim, bias=bias)
+        self.out = nn.Linear(self.q_dim, hidden_size, bias=bias)
+
+    def _heads(self, x: Tensor, heads: int) -> Tensor:
+        b, s, _ = x.shape
+        return x.view(b, s, heads, self.head_size).transpose(1, 2)  # [B, heads, S, D]
+
+    def forward(self, x: Tensor, inputs: AttentionInputs, cache: LayerCache | None = None,
+                memory: Tensor | None = None, prev_scores: Tensor | None = None
+                ) -> tuple[Tensor, Tensor | None]:
+        """x [B,q,H]; memory [B,m,H] for cross-attention (ignored when the cache already holds its
+        keys/values); prev_scores: the previous layer's raw scores for residual attention.
+
+        Returns (output [B,q,H], raw scores [B,heads,q,k] when residual attention is on, else None).
+        """
+        b, q_len, _ = x.shape
+        if self.cross:
+            q = self._heads(self.q(x), self.num_heads)
+            if cache is not None and cache.cross_keys is not None:
+                k, v = cache.cross_keys, cache.cross_values
+            else:
+                k, v = self.kv(memory).split(self.kv_dim, dim=-1)
+                k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
+                if cache is not None:
+                    cache.cross_keys, cache.cross_values = k, v
+        else:
+            q, k, v = self.qkv(x).split((self.q_dim, self.kv_dim, self.kv_dim), dim=-1)
+            q, k, v = self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads), self._heads(
+                v, self.num_kv_heads)
+            if inputs.rotary is not None:
+                cos, sin = inputs.rotary
+                q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            if cache is not None:
+                k, v = cache.append(k, v)
+        dropout = self.dropout if self.training else 0.0
+        scores = None
+        if self.residual:
+            context, scores = _attention_with_scores(q, k, v, inputs.mask, inputs.is_causal, self.scale,
+                                                     prev_scores, dropout)
+        else:
+            gqa = self.num_kv_heads != self.num_heads
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=inputs.mask_for(q.dtype),
+                                                     is_causal=inputs.is_causal,
+                                                     dropout_p=dropout, scale=self.scale, enable_gqa=gqa)
+        return self.out(context.transpose(1, 2).reshape(b, q_len, self.q_dim)), scores
+
+
+def _attention_with_scores(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+                           scale: float | None, prev_scores: Tensor | None, dropout: float
+                           ) -> tuple[Tensor, Tensor]:
+    """Explicit attention that returns the raw scores (RealFormer adds them to the next layer's)."""
+    if k.shape[1] != q.shape[1]:
+        repeat = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    scale = scale if scale is not None else q.shape[-1] ** -0.5
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    if prev_scores is not None:
+        scores = scores + prev_scores
+    raw = scores
+    if is_causal:
+        q_len, k_len = scores.shape[-2:]
+        allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(k_len - q_len)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    probs = F.dropout(scores.softmax(dim=-1), dropout)
+    return torch.matmul(probs.to(v.dtype), v), raw

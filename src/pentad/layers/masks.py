@@ -1,8 +1,9 @@
 """Attention masks, built once per batch (not per layer).
 
 The convention passed to ``scaled_dot_product_attention`` is a bool mask where **True means
-"may attend"**, broadcastable to [B, heads, S_q, S_k]. ``None`` plus ``is_causal`` lets SDPA use its
-fused causal kernels when there is no padding.
+"may attend"**, broadcastable to [B, heads, q, k]. ``None`` plus ``is_causal`` lets SDPA use its
+fused causal kernels when there is no padding and no cache. With a key/value cache the queries are
+the last ``q`` of ``k`` positions (``offset = k - q`` positions were processed before).
 """
 
 from __future__ import annotations
@@ -16,31 +17,51 @@ MaskKind = Literal["bidirectional", "causal", "prefix"]
 
 
 def attention_mask(kind: MaskKind, seq_len: int, padding_mask: Tensor | None,
-                   prefix_lengths: Tensor | None = None,
-                   device: torch.device | None = None) -> tuple[Tensor | None, bool]:
+                   prefix_lengths: Tensor | None = None, device: torch.device | None = None,
+                   key_len: int | None = None) -> tuple[Tensor | None, bool]:
     """Return ``(mask, is_causal)`` for SDPA.
 
-    padding_mask: [B, S] bool, True at padding (keys there are never attended to).
-    prefix_lengths: [B] long, for ``prefix``: positions < prefix_lengths[b] see each other.
+    seq_len: number of queries; key_len: number of keys (default seq_len; larger with a cache, the
+    queries then being the last seq_len positions). padding_mask: [B, key_len] bool, True at
+    padding (keys there are never attended to). prefix_lengths: [B] long, for ``prefix``: positions
+    < prefix_lengths[b] see each other.
     """
+    key_len = seq_len if key_len is None else key_len
+    offset = key_len - seq_len
+    has_padding = padding_mask is not None and bool(padding_mask.any())
     if kind == "bidirectional":
-        if padding_mask is None or not bool(padding_mask.any()):
+        if not has_padding:
             return None, False
         return (~padding_mask)[:, None, None, :], False
-    if kind == "causal" and (padding_mask is None or not bool(padding_mask.any())):
+    if kind == "causal" and not has_padding and offset == 0:
         return None, True
     device = device or (padding_mask.device if padding_mask is not None else None)
-    pos = torch.arange(seq_len, device=device)
-    allowed = pos[None, :] <= pos[:, None]  # [S_q, S_k], key <= query
-    allowed = allowed[None, None]  # [1,1,S,S]
+    query = torch.arange(offset, key_len, device=device)
+    key = torch.arange(key_len, device=device)
+    allowed = (key[None, :] <= query[:, None])[None, None]  # [1,1,q,k]
     if kind == "prefix":
         if prefix_lengths is None:
             raise ValueError("a prefix mask needs prefix_lengths")
-        in_prefix = pos[None, :] < prefix_lengths[:, None]  # [B, S] key is in the prefix
-        allowed = allowed | in_prefix[:, None, None, :]
-    if padding_mask is not None:
+        in_prefix = key[None, :] < prefix_lengths[:, None]  # [B, k]: key is in the prefix
+        query_in_prefix = query[None, :] < prefix_lengths[:, None]  # [B, q]
+        allowed = allowed | (in_prefix[:, None, None, :] & query_in_prefix[:, None, :, None])
+    if has_padding:
         allowed = allowed & (~padding_mask)[:, None, None, :]
-        # A fully padded query row would give NaN in softmax; let padded queries see themselves.
-        eye = torch.eye(seq_len, dtype=torch.bool, device=device)[None, None]
-        allowed = allowed | (eye & padding_mask[:, None, :, None])
+        # A query whose every key is padding would give NaN in softmax; let it see itself.
+        own = (key[None, :] == query[:, None])[None, None]
+        allowed = allowed | (own & padding_mask[:, None, offset:, None])
     return allowed, False
+
+
+def additive(mask: Tensor | None, is_causal: bool, q_len: int, k_len: int, bias: Tensor,
+             dtype: torch.dtype = torch.float32) -> Tensor:
+    """Fold a bool mask (or SDPA's implicit causal mask) into a float bias [.., q, k]: -inf where
+    attention is not allowed. Used when a position bias (relative, ALiBi) must be added anyway."""
+    bias = bias.to(dtype)
+    if is_causal:
+        key = torch.arange(k_len, device=bias.device)
+        query = torch.arange(k_len - q_len, k_len, device=bias.device)
+        mask = (key[None, :] <= query[:, None])[None, None]
+    if mask is None:
+        return bias
+    return bias.masked_fill(~mask, float("-inf"))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor, nn
 
 from pentad.components.base import Batch, EmbeddingPart
@@ -14,6 +16,7 @@ from pentad.registry import EMBEDDINGS
 
 class WordEmbeddingConfig(StrictModel):
     type: Literal["word"] = "word"
+    scale: bool = Field(False, description="multiply by sqrt(width) (Vaswani et al.; Pegasus, Marian)")
 
 
 @EMBEDDINGS.register("word")
@@ -23,13 +26,15 @@ class WordEmbedding(EmbeddingPart):
     Config = WordEmbeddingConfig
     requires = ("tokens",)
 
-    def __init__(self, vocab_size: int, hidden_size: int):
+    def __init__(self, vocab_size: int, hidden_size: int, scale: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size))
+        self.scale = math.sqrt(hidden_size) if scale else None
 
     @classmethod
     def from_config(cls, cfg: WordEmbeddingConfig, model) -> WordEmbedding:
-        return cls(model.vocab_size, model.hidden_size)
+        return cls(model.vocab_size, model.hidden_size, cfg.scale)
 
     def forward(self, batch: Batch) -> Tensor:
-        return nn.functional.embedding(batch.tokens, self.weight)
+        out = nn.functional.embedding(batch.tokens, self.weight)
+        return out * self.scale if self.scale is not None else out

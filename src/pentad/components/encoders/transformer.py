@@ -1,61 +1,106 @@
-"""Transformer encoder: a stack of ``TransformerLayer``s with a configurable attention mask."""
+"""Transformer encoder: a stack of transformer layers with a configurable attention mask.
+
+With ``mask: causal`` (or ``prefix``) this is also the body of decoder-only models (GPT-2, LLaMA,
+BLOOM): "encoder" names the slot, not the direction. The same config fields (minus ``mask``)
+configure the decoder slot's transformer (``components/decoders/transformer.py``).
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
-from torch import Tensor, nn
+from torch import Tensor
 
 from pentad.components.base import Encoder
 from pentad.config.base import StrictModel
 from pentad.layers.activations import ACTIVATION_NAMES
-from pentad.layers.masks import attention_mask
-from pentad.layers.transformer import TransformerLayer
+from pentad.layers.cache import KVCache
+from pentad.layers.norms import NORM_KINDS
+from pentad.layers.transformer import TransformerStack
 from pentad.registry import ENCODERS
 
 Activation = Literal[ACTIVATION_NAMES]  # type: ignore[valid-type]
+Norm = Literal[NORM_KINDS]  # type: ignore[valid-type]
 
 
-class TransformerEncoderConfig(StrictModel):
-    type: Literal["transformer"] = "transformer"
+class TransformerStackConfig(StrictModel):
+    """Fields shared by the transformer encoder and decoder."""
+
     num_layers: int = Field(12, ge=1)
     num_heads: int = Field(12, ge=1)
+    num_kv_heads: int | None = Field(None, ge=1, description="key/value heads: fewer than num_heads is "
+                                     "grouped-query attention, 1 is multi-query; default num_heads")
+    head_size: int | None = Field(None, ge=1, description="per-head width; default hidden_size / num_heads")
     ffn_size: int | None = Field(None, ge=1, description="feed-forward width; default 4 * hidden_size")
+    ffn: Literal["dense", "gated"] = Field("dense", description="gated: down(act(gate x) * up x), i.e. "
+                                           "SwiGLU with silu, GeGLU with gelu")
     activation: Activation = "gelu"
+    norm: Norm = Field("layernorm", description="layernorm, or rmsnorm (t5 is the same formula)")
     norm_position: Literal["post", "pre"] = "post"
     final_norm: bool | None = Field(None, description="norm after the last layer; default: True for pre-norm")
-    mask: Literal["bidirectional", "causal", "prefix"] = "bidirectional"
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     attention_dropout: float | None = Field(None, ge=0.0, lt=1.0, description="default: dropout")
-    bias: bool = True
+    bias: bool = Field(True, description="biases in the attention and feed-forward projections")
     layer_norm_eps: float = Field(1e-12, gt=0.0)
+    attention_scale: bool = Field(True, description="scale scores by 1/sqrt(head_size) (off for T5)")
+    positions: Literal["none", "rotary", "relative", "alibi"] = Field(
+        "none", description="position signal inside attention: rotary (RoPE), relative (T5 bucketed "
+        "bias), alibi; learned/sinusoidal absolute positions are embedding parts instead")
+    rotary_base: float = Field(10000.0, gt=0.0)
+    rotary_dim: int | None = Field(None, ge=2, description="rotated dimensions per head; default all")
+    relative_buckets: int = Field(32, ge=2)
+    relative_max_distance: int = Field(128, ge=2)
+    share_layers: bool = Field(False, description="one layer applied num_layers times (ALBERT)")
+    residual_attention: bool = Field(False, description="add the previous layer's raw scores (RealFormer)")
 
     def check(self, model) -> list[tuple[str, str]]:
         """Problems that need the model-level sizes: (sub-path, message)."""
-        if model.hidden_size % self.num_heads:
-            return [("num_heads", f"hidden_size {model.hidden_size} is not divisible by num_heads "
-                                  f"{self.num_heads} (each head gets hidden_size / num_heads dimensions)")]
-        return []
+        problems = []
+        if self.head_size is None and model.hidden_size % self.num_heads:
+            problems.append(("num_heads", f"hidden_size {model.hidden_size} is not divisible by num_heads "
+                                          f"{self.num_heads} (each head gets hidden_size / num_heads dimensions; "
+                                          "or set head_size)"))
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            problems.append(("num_kv_heads", f"num_heads {self.num_heads} is not a multiple of num_kv_heads "
+                                             f"{self.num_kv_heads} (each key/value head serves a whole group of "
+                                             "query heads)"))
+        head = self.head_size or model.hidden_size // self.num_heads
+        rot = self.rotary_dim or head
+        if self.positions == "rotary" and (rot % 2 or rot > head):
+            problems.append(("rotary_dim", f"rotary needs an even number of dimensions <= head size {head}; "
+                                           f"got {rot}"))
+        if self.rotary_dim is not None and self.positions != "rotary":
+            problems.append(("rotary_dim", f"set but positions is '{self.positions}', not 'rotary'"))
+        return problems
+
+    def stack_kwargs(self, model: Any) -> dict[str, Any]:
+        """Keyword arguments of ``TransformerStack`` (everything except the mask)."""
+        return dict(
+            hidden_size=model.hidden_size, num_layers=self.num_layers, num_heads=self.num_heads,
+            ffn_size=self.ffn_size or 4 * model.hidden_size, activation=self.activation,
+            norm_position=self.norm_position,
+            final_norm=self.final_norm if self.final_norm is not None else self.norm_position == "pre",
+            dropout=self.dropout,
+            attention_dropout=self.dropout if self.attention_dropout is None else self.attention_dropout,
+            bias=self.bias, layer_norm_eps=self.layer_norm_eps, num_kv_heads=self.num_kv_heads,
+            head_size=self.head_size, norm=self.norm, gated=self.ffn == "gated", scale=self.attention_scale,
+            positions=self.positions, rotary_base=self.rotary_base, rotary_dim=self.rotary_dim,
+            relative_buckets=self.relative_buckets, relative_max_distance=self.relative_max_distance,
+            share_layers=self.share_layers, residual_attention=self.residual_attention)
+
+
+class TransformerEncoderConfig(TransformerStackConfig):
+    type: Literal["transformer"] = "transformer"
+    mask: Literal["bidirectional", "causal", "prefix"] = "bidirectional"
 
 
 @ENCODERS.register("transformer")
-class TransformerEncoder(Encoder):
-    """[B,S,H] -> [B,S,H]. The mask is built once per batch and shared by every layer."""
+class TransformerEncoder(TransformerStack, Encoder):
+    """[B,S,H] -> [B,S,H]. Mask, position bias and rotary tables are built once per batch and shared
+    by every layer. With a ``KVCache`` (decoder-only generation) only the new positions are run."""
 
     Config = TransformerEncoderConfig
-
-    def __init__(self, hidden_size: int, num_layers: int, num_heads: int, ffn_size: int,
-                 activation: str = "gelu", norm_position: Literal["pre", "post"] = "post",
-                 final_norm: bool = False, mask: str = "bidirectional", dropout: float = 0.1,
-                 attention_dropout: float = 0.1, bias: bool = True, layer_norm_eps: float = 1e-12):
-        super().__init__()
-        self.mask_kind = mask
-        self.layers = nn.ModuleList(
-            TransformerLayer(hidden_size, num_heads, ffn_size, activation, dropout, attention_dropout,
-                             norm_position, bias, layer_norm_eps)
-            for _ in range(num_layers))
-        self.final_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps) if final_norm else None
 
     @property
     def requires(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -63,18 +108,8 @@ class TransformerEncoder(Encoder):
 
     @classmethod
     def from_config(cls, cfg: TransformerEncoderConfig, model) -> TransformerEncoder:
-        final_norm = cfg.final_norm if cfg.final_norm is not None else cfg.norm_position == "pre"
-        return cls(model.hidden_size, cfg.num_layers, cfg.num_heads, cfg.ffn_size or 4 * model.hidden_size,
-                   cfg.activation, cfg.norm_position, final_norm, cfg.mask, cfg.dropout,
-                   cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout, cfg.bias,
-                   cfg.layer_norm_eps)
+        return cls(mask=cfg.mask, **cfg.stack_kwargs(model))
 
-    def forward(self, hidden: Tensor, padding_mask: Tensor | None,
-                prefix_lengths: Tensor | None = None) -> Tensor:
-        mask, is_causal = attention_mask(self.mask_kind, hidden.shape[1], padding_mask, prefix_lengths,
-                                         device=hidden.device)
-        for layer in self.layers:
-            hidden = layer(hidden, mask, is_causal)
-        if self.final_norm is not None:
-            hidden = self.final_norm(hidden)
-        return hidden
+    def forward(self, hidden: Tensor, padding_mask: Tensor | None, prefix_lengths: Tensor | None = None,
+                positions: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+        return self.run(hidden, padding_mask, prefix_lengths, positions, cache)

@@ -17,6 +17,8 @@ class LmTargetConfig(TargetConfigBase):
     type: Literal["lm"] = "lm"
     bias: bool = Field(False, description="bias on the vocabulary projection")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
+    scale_hidden: bool = Field(False, description="multiply the hidden states by hidden_size^-0.5 before "
+                               "the output projection (T5 with a tied output)")
 
 
 @TARGETS.register("lm")
@@ -27,14 +29,22 @@ class LmTarget(Target):
     Config = LmTargetConfig
 
     def __init__(self, name: str, hidden_size: int, vocab_size: int, bias: bool = False,
-                 label_smoothing: float = 0.0):
+                 label_smoothing: float = 0.0, scale_hidden: bool = False):
         super().__init__(name)
         self.output = nn.Linear(hidden_size, vocab_size, bias=bias)
         self.label_smoothing = label_smoothing
+        self.hidden_scale = hidden_size ** -0.5 if scale_hidden else None
 
     @classmethod
     def from_config(cls, cfg: LmTargetConfig, model) -> LmTarget:
-        return cls(cfg.target_name, model.hidden_size, model.vocab_size, cfg.bias, cfg.label_smoothing)
+        return cls(cfg.target_name, model.hidden_size, model.vocab_size, cfg.bias, cfg.label_smoothing,
+                   cfg.scale_hidden)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """[..., H] -> [..., V] next-token scores (generation reads the last position's)."""
+        if self.hidden_scale is not None:
+            hidden = hidden * self.hidden_scale
+        return self.output(hidden)
 
     def tie_to(self, weight: nn.Parameter) -> bool:
         self.output.weight = weight
@@ -43,7 +53,9 @@ class LmTarget(Target):
     def forward(self, hidden: Tensor, batch: Batch) -> TargetOutput:
         labels = batch.labels.get(self.name)
         if labels is None:
-            return TargetOutput(loss=None, logits=self.output(hidden))
+            return TargetOutput(loss=None, logits=self.logits(hidden))
+        if self.hidden_scale is not None:
+            hidden = hidden * self.hidden_scale
         if hidden.device.type == "cpu":
             # Skip unscored positions before the vocabulary projection; on CPU the check is free,
             # on an accelerator it would cost a host synchronisation per step.

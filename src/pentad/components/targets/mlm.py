@@ -31,16 +31,18 @@ class MlmTarget(Target):
     Config = MlmTargetConfig
 
     def __init__(self, name: str, hidden_size: int, vocab_size: int, activation: str = "gelu",
-                 layer_norm_eps: float = 1e-12):
+                 layer_norm_eps: float = 1e-12, embedding_size: int | None = None):
         super().__init__(name)
-        self.dense = nn.Linear(hidden_size, hidden_size)
+        width = embedding_size or hidden_size  # ALBERT: the head maps back to the embedding width
+        self.dense = nn.Linear(hidden_size, width)
         self.act = get_activation(activation)
-        self.norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
-        self.output = nn.Linear(hidden_size, vocab_size)
+        self.norm = nn.LayerNorm(width, eps=layer_norm_eps)
+        self.output = nn.Linear(width, vocab_size)
 
     @classmethod
     def from_config(cls, cfg: MlmTargetConfig, model) -> MlmTarget:
-        return cls(cfg.target_name, model.hidden_size, model.vocab_size, cfg.activation, cfg.layer_norm_eps)
+        return cls(cfg.target_name, model.hidden_size, model.vocab_size, cfg.activation, cfg.layer_norm_eps,
+                   getattr(model, "embedding_size", None))
 
     def tie_to(self, weight: nn.Parameter) -> bool:
         self.output.weight = weight

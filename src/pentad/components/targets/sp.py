@@ -37,3 +37,15 @@ class SpTarget(Target):
             return TargetOutput(loss=None, logits=logits)
         loss, metrics = classification_loss(logits, labels)
         return TargetOutput(loss=loss, metrics=metrics, logits=logits)
+
+
+class SopTargetConfig(TargetConfigBase):
+    type: Literal["sop"] = "sop"
+
+
+@TARGETS.register("sop")
+class SopTarget(SpTarget):
+    """ALBERT's sentence-order prediction: the ``sp`` head under its own name, reading
+    ``labels.sop`` (0 = segments in order, 1 = swapped)."""
+
+    Config = SopTargetConfig

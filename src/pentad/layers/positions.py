@@ -1,0 +1,120 @@
+"""Position information applied inside attention: rotary, T5 relative bias, ALiBi.
+
+Learned and sinusoidal absolute positions are embedding parts (``components/embeddings``);
+these three act on attention scores or on queries/keys, so the transformer stacks own them and
+compute them once per forward for all layers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+# ---- rotary (Su et al. 2021) -------------------------------------------------------------------
+
+
+def rotary_cos_sin(positions: Tensor, dim: int, base: float = 10000.0,
+                   dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """cos/sin tables for ``positions`` [B|1, S]: each [B|1, 1, S, dim] (broadcast over heads).
+
+    Convention (Hugging Face / GPT-NeoX "rotate half"): dimension i is paired with i + dim/2, and
+    the frequency of pair i is ``base^(-2i/dim)``. Meta's original LLaMA code (and TencentPretrain)
+    pairs adjacent dimensions (2i, 2i+1) instead; the two are the same rotation after permuting the
+    rows of the query and key projections, which is what weight conversion does.
+    """
+    inv_freq = base ** (-torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim)
+    angles = positions.float()[..., None] * inv_freq  # [B, S, dim/2]
+    angles = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, S, dim]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate ``x`` [B, heads, S, D]: ``x * cos + rotate_half(x) * sin`` on the first cos.shape[-1] dims."""
+    rot = cos.shape[-1]
+    x_rot, x_pass = (x, None) if rot == x.shape[-1] else (x[..., :rot], x[..., rot:])
+    first, second = x_rot.chunk(2, dim=-1)
+    rotated = x_rot * cos + torch.cat((-second, first), dim=-1) * sin
+    return rotated if x_pass is None else torch.cat((rotated, x_pass), dim=-1)
+
+
+# ---- T5 relative position bias (Raffel et al. 2020) -------------------------------------------
+
+
+def relative_buckets(relative: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
+    """Bucket index of each relative position (key - query).
+
+    Half the buckets (all of them when causal) are exact for small distances; the rest grow
+    logarithmically up to ``max_distance``, beyond which everything shares the last bucket.
+    Bidirectional buckets give positive offsets (keys after the query) their own half.
+    """
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative > 0).long() * num_buckets
+        distance = relative.abs()
+    else:
+        distance = (-relative).clamp(min=0)
+    max_exact = num_buckets // 2
+    is_small = distance < max_exact
+    large = max_exact + (
+        torch.log(distance.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)).long()
+    large = large.clamp(max=num_buckets - 1)
+    return buckets + torch.where(is_small, distance, large)
+
+
+class RelativePositionBias(nn.Module):
+    """Learned scalar bias per (bucket, head): ``weight`` [num_buckets, num_heads].
+
+    forward(q_len, k_len, offset) -> [1, heads, q_len, k_len]; query i sits at position offset + i
+    (``offset`` = positions already in a key/value cache) and key j at position j.
+    """
+
+    def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128,
+                 bidirectional: bool = True):
+        super().__init__()
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        self.bidirectional = bidirectional
+        self.weight = nn.Parameter(torch.empty(num_buckets, num_heads))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, q_len: int, k_len: int, offset: int = 0) -> Tensor:
+        device = self.weight.device
+        query = torch.arange(offset, offset + q_len, device=device)[:, None]
+        key = torch.arange(k_len, device=device)[None, :]
+        buckets = relative_buckets(key - query, self.bidirectional, self.num_buckets, self.max_distance)
+        return nn.functional.embedding(buckets, self.weight).permute(2, 0, 1).unsqueeze(0)
+
+
+# ---- ALiBi (Press et al. 2022) -------------------------------------------------------------------
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """Per-head slopes: the geometric sequence 2^(-8/n), 2^(-16/n), ... for the nearest power of two
+    n <= heads, then every other slope of the sequence for 2n to fill the remaining heads (as in the
+    paper's reference code and BLOOM)."""
+    closest = 2 ** math.floor(math.log2(num_heads))
+    base = 2.0 ** (-8.0 / closest)
+    slopes = [base ** (i + 1) for i in range(closest)]
+    if closest < num_heads:
+        extra_base = 2.0 ** (-4.0 / closest)
+        slopes += [extra_base ** (i + 1) for i in range(0, 2 * (num_heads - closest), 2)]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def alibi_bias(num_heads: int, q_len: int, k_len: int, offset: int = 0, causal: bool = True,
+               device: torch.device | None = None) -> Tensor:
+    """[1, heads, q_len, k_len] additive bias ``-slope * distance(query, key)``.
+
+    Causal: distance = query - key (keys after the query are masked anyway); bidirectional:
+    |query - key|. Adding a per-query constant does not change a softmax, so this equals BLOOM's
+    ``slope * key_position`` form.
+    """
+    query = torch.arange(offset, offset + q_len, device=device)[:, None]
+    key = torch.arange(k_len, device=device)[None, :]
+    distance = (query - key).float()
+    distance = distance.clamp(min=0) if causal else distance.abs()
+    return -(alibi_slopes(num_heads).to(device)[:, None, None] * distance).unsqueeze(0)
