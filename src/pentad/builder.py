@@ -106,7 +106,8 @@ def build_model(cfg: Any, provided: Iterable[str] | None = None, device: str | t
     on_meta = device is not None and torch.device(device).type == "meta"
     width = cfg.embedding_size or cfg.hidden_size
     with torch.device(device) if device is not None else nullcontext():
-        embedding = _embedding_slot(cfg.embedding, cfg, SlotSizes(cfg, hidden_size=width))
+        project = not getattr(ENCODERS.get(cfg.encoder.type), "takes_embedding_width", False)
+        embedding = _embedding_slot(cfg.embedding, cfg, SlotSizes(cfg, hidden_size=width), project)
         encoder = ENCODERS.get(cfg.encoder.type).from_config(cfg.encoder, cfg)
         target_embedding = decoder = None
         if cfg.decoder is not None:
@@ -139,10 +140,10 @@ def build_model(cfg: Any, provided: Iterable[str] | None = None, device: str | t
     return model
 
 
-def _embedding_slot(slot_cfg: Any, cfg: Any, sizes: SlotSizes) -> EmbeddingSlot:
+def _embedding_slot(slot_cfg: Any, cfg: Any, sizes: SlotSizes, project: bool = True) -> EmbeddingSlot:
     parts = {p.type: EMBEDDINGS.get(p.type).from_config(p, sizes) for p in slot_cfg.parts}
     return EmbeddingSlot(parts, cfg.hidden_size, slot_cfg.norm, slot_cfg.layer_norm_eps, slot_cfg.dropout,
-                         sizes.hidden_size)
+                         sizes.hidden_size, project)
 
 
 def check_requirements(model: Model, provided: set[str], training: bool = True) -> None:

@@ -18,7 +18,8 @@ class EmbeddingSlot(nn.Module):
     """
 
     def __init__(self, parts: dict[str, EmbeddingPart], hidden_size: int, norm: bool = True,
-                 layer_norm_eps: float = 1e-12, dropout: float = 0.1, embedding_size: int | None = None):
+                 layer_norm_eps: float = 1e-12, dropout: float = 0.1, embedding_size: int | None = None,
+                 project: bool = True):
         super().__init__()
         self.part_names = list(parts)
         for name, part in parts.items():
@@ -26,7 +27,8 @@ class EmbeddingSlot(nn.Module):
         width = embedding_size or hidden_size
         self.norm = nn.LayerNorm(width, eps=layer_norm_eps) if norm else None
         self.dropout = nn.Dropout(dropout)
-        self.project = nn.Linear(width, hidden_size) if width != hidden_size else None
+        # Recurrent/convolutional encoders read the embedding width directly (TencentPretrain layout).
+        self.project = nn.Linear(width, hidden_size) if project and width != hidden_size else None
 
     def parts(self) -> list[EmbeddingPart]:
         return [getattr(self, name) for name in self.part_names]

@@ -1,69 +1,219 @@
-"""Driven by the zoo: every recipe builds on the meta device, and a shrunken copy of it (same modules,
-tiny sizes) runs forward and backward and round-trips through save/load bitwise. A new recipe is
-tested without new test code."""
+"""Driven by the zoo: every recipe builds on the meta device with its published parameter count,
+and a shrunken copy of it (same modules, tiny sizes) runs forward and backward, round-trips
+through save/load bitwise, and learns from its own objective on real text. A new recipe is tested
+without new test code (a new *target kind* needs example labels in ``example_labels``)."""
 
 from __future__ import annotations
 
+import json
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
+import yaml
 
 from pentad.builder import build_model
 from pentad.components.base import IGNORE_INDEX, Batch
 from pentad.config.loader import load_config, zoo_names
+from pentad.config.model import model_config_class
 from pentad.model import count_parameters, total_loss
 from pentad.training import checkpoint as ckpt
 
-SHRINK = ["model.hidden_size=32", "model.vocab_size=97", "model.max_seq_length=32", "model.encoder.num_layers=2",
-          "model.encoder.num_heads=2", "model.encoder.ffn_size=48"]
+# Size fields shrunk wherever they appear in a model config (nested stream configs included);
+# fields left unset (None) stay unset so the recipe keeps its modules.
+SHRINK = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "head_size": 8,
+          "ffn_size": 48, "max_positions": 40, "relative_buckets": 8, "relative_max_distance": 16,
+          "embedding_size": 16, "max_seq_length": 40}
 
 
-@pytest.mark.parametrize("name", zoo_names())
-def test_recipe_builds_on_meta(name):
+@cache
+def published() -> dict:
+    return yaml.safe_load((resources.files("pentad") / "zoo" / "published.yaml").read_text(encoding="utf-8"))
+
+
+def _shrink(value, vocab: int):
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if key in SHRINK and item is not None:
+                out[key] = SHRINK[key]
+            elif key in ("vocab_size", "target_vocab_size") and item is not None:
+                out[key] = vocab
+            else:
+                out[key] = _shrink(item, vocab)
+        return out
+    if isinstance(value, list):
+        return [_shrink(v, vocab) for v in value]
+    return value
+
+
+def shrunk_model_config(name: str, vocab: int = 97):
     cfg = load_config(name)
-    assert cfg.description
-    model = build_model(cfg.model, device="meta")
-    assert count_parameters(model) > 1_000_000
+    return model_config_class().model_validate(_shrink(cfg.model.model_dump(mode="json"), vocab))
 
 
-def batch_for(model, vocab: int, b: int = 2, s: int = 12) -> Batch:
+def example_labels(model, kind: str, tokens: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
+    """Labels of the right shape for a target kind (content does not matter here)."""
+    b = tokens.shape[0]
+    if kind in ("mlm", "lm"):
+        return tokens.masked_fill(padding, IGNORE_INDEX)
+    if kind == "bilm":
+        return torch.stack([tokens, tokens.flip(1)], dim=-1).masked_fill(padding[..., None], IGNORE_INDEX)
+    if kind in ("sp", "sop", "cls"):
+        return torch.arange(b) % 2
+    pytest.fail(f"no example labels for target kind '{kind}': add them to tests/unit/test_zoo.py")
+
+
+def batch_for(model, vocab: int, b: int = 2, s: int = 12, t: int = 9) -> Batch:
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, vocab, (b, s), generator=g)
     padding = torch.zeros(b, s, dtype=torch.bool)
     padding[1, -3:] = True
-    labels = {}
+    seg = getattr(model.embedding, "seg", None)
+    two_segments = (seg is not None and seg.weight.shape[0] > 1) or getattr(model.encoder, "mask_kind", "") == "prefix"
+    segments = (torch.arange(s)[None, :] >= s // 2).long().expand(b, s).masked_fill(padding, 0) * int(two_segments)
+    batch = Batch(tokens=tokens, segments=segments, padding_mask=padding)
+    label_tokens, label_padding = tokens, padding
+    if model.decoder is not None:
+        batch.decoder_tokens = torch.randint(0, vocab, (b, t), generator=g)
+        batch.decoder_padding_mask = torch.zeros(b, t, dtype=torch.bool)
+        batch.decoder_padding_mask[1, -2:] = True
+        label_tokens, label_padding = batch.decoder_tokens, batch.decoder_padding_mask
     for name, target in model.targets.items():
-        kind = target.registry_name
-        if kind in ("mlm", "lm"):
-            lab = tokens.clone()
-            lab[padding] = IGNORE_INDEX
-            labels[name] = lab
-        elif kind == "sp":
-            labels[name] = torch.tensor([0, 1])
-        elif kind == "cls":
-            labels[name] = torch.tensor([1, 0])
-    return Batch(tokens=tokens, segments=torch.zeros(b, s, dtype=torch.long), padding_mask=padding, labels=labels)
+        batch.labels[name] = example_labels(model, target.registry_name, label_tokens, label_padding)
+    return batch
+
+
+@pytest.mark.parametrize("name", zoo_names())
+def test_recipe_builds_with_published_parameter_count(name):
+    cfg = load_config(name)
+    assert cfg.description
+    model = build_model(cfg.model, device="meta")
+    params = count_parameters(model)
+    entry = published().get(name)
+    assert entry is not None, f"{name}: add its published parameter count (or params: null) to zoo/published.yaml"
+    assert entry.get("source")
+    if entry.get("params") is not None:
+        expected = float(entry["params"])
+        assert abs(params - expected) <= entry["tolerance"] * expected + 0.5, \
+            f"{name}: {params:,} parameters, published {expected:,.0f} ({entry['source']})"
+
+
+def test_published_table_names_only_recipes():
+    assert set(published()) <= set(zoo_names())
 
 
 @pytest.mark.parametrize("name", zoo_names())
 def test_shrunken_recipe_trains_and_round_trips(name, tmp_path):
-    cfg = load_config(name, SHRINK)
-    for part in cfg.model.embedding.parts:
-        if getattr(part, "max_positions", None):
-            part.max_positions = 32
+    model_cfg = shrunk_model_config(name)
     torch.manual_seed(0)
-    model = build_model(cfg.model)
+    model = build_model(model_cfg)
     batch = batch_for(model, 97)
     loss = total_loss(model(batch))
     assert torch.isfinite(loss)
     loss.backward()
-    grads = [p.grad for p in model.parameters() if p.requires_grad]
-    assert all(g is not None for g in grads)
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not missing, f"parameters without gradient: {missing}"
     path = tmp_path / "m.safetensors"
     ckpt.save_weights(model, path)
-    again = build_model(cfg.model)
+    again = build_model(model_cfg)
     ckpt.load_weights(again, ckpt.read_weights(path), str(path))
     for (k, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
         assert torch.equal(a, b), k
     model.eval(), again.eval()
     with torch.no_grad():
-        assert torch.equal(model.encode(batch)[0], again.encode(batch)[0])
+        first, second = model(batch), again(batch)
+    for key in first:
+        assert torch.equal(first[key].loss, second[key].loss), key
+
+
+# ---- the loss falls on real text, through each recipe's own objective ---------------------------
+
+TP = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tencentpretrain"
+DOCUMENTS = "corpora/CLUECorpusSmall_bert_sampled.txt"  # sentence per line, blank line between documents
+LINES = "corpora/CLUECorpusSmall_sampled.txt"  # one document per line
+PAIRS = "corpora/news-commentary-v13-en-zh_sampled.txt"  # source \t target
+LABELLED = "corpora/book_review_cls.txt"  # label \t text (with a header)
+CORPUS = {"bert": DOCUMENTS, "albert": DOCUMENTS, "bart": DOCUMENTS, "gsg": DOCUMENTS, "mlm": LINES, "lm": LINES,
+          "t5": LINES, "bilm": LINES, "llm_pretrain": "jsonl:text", "mt": PAIRS, "prefixlm": PAIRS,
+          "llm_sft": "jsonl:sft", "cls": LABELLED, "cls_mlm": LABELLED}
+
+
+def _corpus(kind: str, directory: Path) -> Path:
+    spec = CORPUS[kind]
+    if not spec.startswith("jsonl:"):
+        source, out = TP / spec, directory / Path(spec).name
+        with open(source, encoding="utf-8") as f:
+            lines = [next(f) for _ in range(600 if spec == DOCUMENTS else 300)]
+        out.write_text("".join(lines), encoding="utf-8")
+        return out
+    out = directory / f"{spec[6:]}.jsonl"
+    records = []
+    with open(TP / (LINES if spec == "jsonl:text" else PAIRS), encoding="utf-8") as f:
+        for _ in range(300):
+            line = next(f).rstrip("\n")
+            if spec == "jsonl:text":
+                records.append({"text": line})
+            elif "\t" in line:
+                source, target = line.split("\t", 1)
+                records.append({"instruction": "Translate into Chinese.", "input": source, "output": target})
+    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    return out
+
+
+@cache
+def _tokenizer():
+    from pentad.data.tokenizers import load_tokenizer
+
+    return load_tokenizer({"type": "wordpiece", "vocab": str(TP / "models/google_zh_with_sentinel_vocab.txt")})
+
+
+_DATASETS: dict[str, Path] = {}
+
+
+def _batches(objective_cfg, tmp_path_factory, count: int = 4, batch_size: int = 8) -> list[Batch]:
+    from pentad.data.loader import PretrainBatches, open_dataset
+    from pentad.data.preprocess import preprocess
+    from pentad.registry import OBJECTIVES
+
+    tokenizer = _tokenizer()
+    objective = OBJECTIVES.get(objective_cfg.type)(objective_cfg, tokenizer)
+    key = objective_cfg.model_dump_json()
+    if key not in _DATASETS:
+        directory = tmp_path_factory.mktemp(objective_cfg.type)
+        preprocess(objective, tokenizer, {"type": "wordpiece"}, _corpus(objective_cfg.type, directory),
+                   directory / "dataset", progress=False)
+        _DATASETS[key] = directory / "dataset"
+    stream = PretrainBatches(open_dataset(_DATASETS[key], tokenizer, objective), objective, batch_size, seed=0)
+    return [stream.batch(i) for i in range(count)]
+
+
+def loss_drop(name: str, tmp_path_factory, steps: int = 40) -> tuple[float, float]:
+    """Mean loss of the first and of the last four of ``steps`` AdamW steps over four real batches."""
+    cfg = load_config(name)
+    objective_cfg = cfg.data.objective.model_copy(update={"seq_length": 64})
+    batches = _batches(objective_cfg, tmp_path_factory)
+    model_cfg = shrunk_model_config(name, vocab=_tokenizer().vocab_size)
+    torch.manual_seed(0)
+    model = build_model(model_cfg, provided=batches[0].provided())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for step in range(steps):
+        loss = total_loss(model(batches[step % len(batches)]))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    return float(np.mean(losses[:4])), float(np.mean(losses[-4:]))
+
+
+@pytest.mark.parametrize("name", zoo_names())
+def test_shrunken_recipe_learns_from_its_objective(name, tmp_path_factory):
+    if not TP.is_dir():
+        pytest.skip("../shared/data is not beside the repository")
+    torch.set_num_threads(1)
+    first, last = loss_drop(name, tmp_path_factory)
+    assert last < 0.8 * first, f"{name}: loss {first:.3f} -> {last:.3f}"

@@ -1,3 +1,3 @@
 """Targets: heads with a loss. ``forward(hidden, batch) -> TargetOutput``."""
 
-from pentad.components.targets import cls, lm, mlm, sp  # noqa: F401
+from pentad.components.targets import bilm, cls, lm, mlm, sp  # noqa: F401
