@@ -217,3 +217,11 @@ def test_shrunken_recipe_learns_from_its_objective(name, tmp_path_factory):
     torch.set_num_threads(1)
     first, last = loss_drop(name, tmp_path_factory)
     assert last < 0.8 * first, f"{name}: loss {first:.3f} -> {last:.3f}"
+
+
+def test_docs_zoo_table_is_current():
+    from pentad.zoo_table import END, START, markdown
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "zoo.md").read_text(encoding="utf-8")
+    documented = text[text.index(START):text.index(END) + len(END)]
+    assert documented == markdown(), "docs/zoo.md is stale: regenerate it with `pentad list zoo --table`"

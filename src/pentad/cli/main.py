@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("schema", help="print the JSON Schema of run configs (for editor completion)")
     p = sub.add_parser("list", help="list registered components or zoo recipes")
     p.add_argument("kind", choices=KINDS)
+    p.add_argument("--table", action="store_true", help="zoo only: the Markdown table of docs/zoo.md "
+                   "(modules per slot, objective, parameters, published figure)")
     p = sub.add_parser("vocab", help="vocabulary tools")
     vsub = p.add_subparsers(dest="vocab_command", required=True, metavar="ACTION")
     b = vsub.add_parser("build", help="train a WordPiece or BPE vocabulary on a corpus")
@@ -78,7 +80,7 @@ def _load(args: argparse.Namespace, extra: Sequence[str] = ()):
 def run(args: argparse.Namespace) -> int:
     cmd = args.command
     if cmd == "list":
-        return _list(args.kind)
+        return _list(args.kind, args.table)
     if cmd == "schema":
         from pentad.config.run import run_config_class
 
@@ -150,7 +152,12 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _list(kind: str) -> int:
+def _list(kind: str, table: bool = False) -> int:
+    if kind == "zoo" and table:
+        from pentad.zoo_table import markdown
+
+        print(markdown())
+        return 0
     if kind == "zoo":
         from pentad.config.loader import load_config, zoo_names
 

@@ -1,0 +1,75 @@
+"""The zoo as a table (``pentad list zoo --table``; ``docs/zoo.md`` embeds it): family -> modules per
+slot -> objective -> parameters, computed from the recipes and the registry, never written by hand."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+START, END = "<!-- zoo-table:start -->", "<!-- zoo-table:end -->"
+
+
+@cache
+def published() -> dict[str, dict[str, Any]]:
+    """``zoo/published.yaml``: recipe -> {params, tolerance, source}."""
+    text = (resources.files("pentad") / "zoo" / "published.yaml").read_text(encoding="utf-8")
+    return yaml.safe_load(text)
+
+
+def _stack(cfg: Any, hidden: int) -> str:
+    """One line for an encoder/decoder config."""
+    if cfg.type != "transformer":
+        extra = ", ".join(f"{k}={v}" for k, v in cfg.model_dump().items()
+                          if k in ("num_layers", "kernel_size", "block_size", "bidirectional") and v not in (None, False))
+        return f"{cfg.type} ({extra})" if extra else cfg.type
+    heads = f"{cfg.num_heads} heads" + (f" / {cfg.num_kv_heads} kv" if cfg.num_kv_heads else "")
+    bits = [f"{cfg.num_layers}×{hidden}", heads, f"{cfg.ffn} {cfg.activation}", f"{cfg.norm_position}-{cfg.norm}"]
+    if getattr(cfg, "mask", None):
+        bits.append(cfg.mask)
+    if cfg.positions != "none":
+        bits.append(cfg.positions)
+    if cfg.share_layers:
+        bits.append("shared layer")
+    if not cfg.bias:
+        bits.append("no bias")
+    return "transformer " + ", ".join(bits)
+
+
+def _embedding(slot: Any, width: int | None) -> str:
+    parts = "+".join(p.type for p in slot.parts)
+    return parts + (" +norm" if slot.norm else "") + (f" (E={width})" if width else "")
+
+
+def rows() -> list[dict[str, str]]:
+    from pentad.builder import build_model
+    from pentad.config.loader import load_config, zoo_names
+    from pentad.model import count_parameters
+
+    table = []
+    for name in zoo_names():
+        cfg = load_config(name)
+        m = cfg.model
+        count = count_parameters(build_model(m, device="meta"))
+        slots = [_embedding(m.embedding, m.embedding_size), _stack(m.encoder, m.hidden_size)]
+        if m.decoder is not None:
+            slots += [_embedding(m.target_embedding, None), _stack(m.decoder, m.hidden_size)]
+        slots.append("+".join(t.target_name for t in m.targets))
+        entry = published().get(name, {})
+        figure = entry.get("source", "")
+        table.append({"recipe": name, "modules": " → ".join(slots), "objective": cfg.data.objective.type,
+                      "parameters": f"{count:,}", "published": figure})
+    return table
+
+
+def markdown() -> str:
+    """The table in Markdown, between the markers docs/zoo.md uses."""
+    lines = [START, "| recipe | embedding → encoder → (target embedding → decoder) → targets | objective | "
+             "parameters | published figure |", "|---|---|---|---:|---|"]
+    for row in rows():
+        lines.append(f"| {row['recipe']} | {row['modules']} | {row['objective']} | {row['parameters']} | "
+                     f"{row['published']} |")
+    lines.append(END)
+    return "\n".join(lines)
