@@ -2,57 +2,162 @@
 
 A TencentPretrain config such as ``models/bert/base_config.json`` names modules per slot
 (``"embedding": ["word", "pos", "seg"]``, ``"encoder": "transformer"``, ``"target": ["mlm", "sp"]``)
-and flat sizes. Each key maps to a place in pentad's nested config; a module or option pentad does
-not have yet is an error that names it, never silently ignored. As in TencentPretrain, the
-vocabulary completes the config: pass ``vocab_size=N`` or ``vocab_path=FILE`` (WordPiece),
+and flat sizes. Every key maps to a place in pentad's nested config, and the imported model is the
+one TencentPretrain's ``build_model`` builds from the same file: the same modules with the same
+parameter shapes, so its checkpoints convert tensor for tensor (``pentad.interop.tencentpretrain``).
+The mapping, key by key, and the few places where pentad deliberately differs are listed in
+``docs/tencentpretrain_import.md``; in short:
+
+* ``emb_size`` != ``hidden_size`` with ``factorized_embedding_parameterization`` (ALBERT) ->
+  ``model.embedding_size`` (the embedding slot projects to ``hidden_size``; the mlm head maps back);
+  for recurrent and convolutional encoders ``emb_size`` is the encoder's input width.
+* The segment table keeps TencentPretrain's three rows (``num_segments: 3``). pentad's segments are
+  0 (A) and 1 (B) with padding in the padding mask, so a converted checkpoint puts TencentPretrain's
+  rows (pad, A, B) at pentad rows (2, 0, 1): row 2 is never read and only carries the padding row.
+* ``tie_weights`` with ``share_embedding`` in an encoder-decoder (T5, BART, PEGASUS) leaves
+  TencentPretrain's LM head *untied* (``Model.__init__`` ties the head to the decoder's table and
+  then replaces that table): imported as ``tie_word_embeddings: false`` so that it is the same model.
+* T5's second, never-used encoder relative-position table (``encoder.relative_pos_emb``) is not
+  reproduced: pentad's count is TencentPretrain's minus ``relative_attention_buckets_num x heads_num``.
+* ``alibi_position_embedding`` is applied by pentad but ignored by TencentPretrain, and
+  ``layer_number_scale`` is inert in both: importing says so (a notice on stderr and in the run
+  config's ``description``), because a checkpoint trained by TencentPretrain learned without ALiBi.
+
+Dual-stream text configs (SBERT, siamese LSTM) import as ``finetune/run_classifier_siamese.py``
+builds them: a ``dual`` encoder (tied streams) and a ``pair_cls`` head over (u, v, |u-v|, u*v);
+TencentPretrain's second LayerNorm on each stream's embedding (``stream_i_layer_norm``, LN after
+LN) is not reproduced. Vision and speech configs (ViT, BEiT, CLIP, ViLT, S2T, DALL-E, Talk2Face)
+are refused with a message naming the modality, and saying so where TencentPretrain's own file is
+stale (BEiT, DALL-E, Talk2Face).
+As in TencentPretrain, the vocabulary completes the config: pass ``vocab_size=N`` or
+``vocab_path=FILE`` (WordPiece, or ``char`` / ``space`` per the config's ``tokenizer``),
 ``spm_model_path=FILE`` or ``vocab_path=FILE merges_path=FILE`` (GPT-2 BPE) as overrides.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-from pentad.errors import UserError
+from pentad.errors import UserError, closest
 
 # Keys that mark a file as a TencentPretrain config (pentad configs nest everything under model/...).
-_MARKERS = {"layers_num", "heads_num", "emb_size", "feedforward_size", "data_processor"}
+_MARKERS = {"layers_num", "heads_num", "emb_size", "feedforward_size", "data_processor", "stream_0"}
 
+# ------------------------------------------------------------------------------- name tables
 EMBEDDINGS = {"word": "word", "pos": "pos", "seg": "seg", "sinusoidalpos": "sinusoidal"}
-ENCODERS = {"transformer": "transformer"}
-TARGETS = {"mlm": "mlm", "sp": "sp", "lm": "lm", "cls": "cls"}
+ENCODERS = {name: name for name in ("transformer", "rnn", "lstm", "gru", "birnn", "bilstm", "bigru", "gatedcnn")}
+RECURRENT = {"rnn", "lstm", "gru", "birnn", "bilstm", "bigru"}
+DECODERS = {"transformer": "transformer"}
+TARGETS = {"mlm": "mlm", "sp": "sp", "lm": "lm", "cls": "cls", "bilm": "bilm"}
+# "prefix" is not one of TencentPretrain's mask names, but its encoder treats every unknown name as
+# causal_with_prefix and shipped configs use it; any other unknown name is refused here (a typo).
 MASKS = {"fully_visible": "bidirectional", "causal": "causal", "causal_with_prefix": "prefix", "prefix": "prefix"}
 ACTIVATIONS = {"gelu": "gelu", "gelu_fast": "gelu_tanh", "relu": "relu", "silu": "silu", "linear": "linear"}
-OBJECTIVES = {"bert": "bert", "mlm": "mlm", "lm": "lm", "cls": "cls"}
+NORMS = {"normal": "layernorm", "t5": "t5", "rms": "rmsnorm"}
+FEED_FORWARDS = {"dense": "dense", "gated": "gated"}
+POSITIONING = {"pre": "pre", "post": "post"}
+POOLINGS = {"first": "first", "last": "last", "mean": "mean", "max": "max"}
+# data_processor -> pentad objective (the same names: pentad's objectives follow TencentPretrain's).
+OBJECTIVES = {name: name for name in ("bert", "mlm", "lm", "albert", "bart", "t5", "gsg", "mt", "bilm", "cls",
+                                      "cls_mlm", "prefixlm", "llm_pretrain", "llm_sft")}
+# TencentPretrain's text tokenizer names (the vocabulary overrides decide pentad's tokenizer).
+TEXT_TOKENIZERS = {name: name for name in ("bert", "bpe", "char", "space", "xlmroberta", "hfpretrained")}
 
-# Options whose truthy value needs a module pentad does not have yet.
-_NOT_YET = {
-    "relative_position_embedding": "T5 relative position bias",
-    "rotary_position_embedding": "rotary position embedding",
-    "alibi_position_embedding": "ALiBi position bias",
-    "parameter_sharing": "ALBERT cross-layer parameter sharing",
-    "factorized_embedding_parameterization": "ALBERT factorised embedding",
-    "has_residual_attention": "residual attention (RealFormer)",
-    "decoder": "a decoder slot",
-    "tgt_embedding": "a target-embedding slot",
-    "share_embedding": "shared encoder/decoder embeddings",
-    "local_kv_heads_num": "grouped-query attention",
-    "stream_0": "dual-stream models", "stream_1": "dual-stream models",
-}
-# Options that are fine at their default value.
-_DEFAULT_ONLY = {"feed_forward": "dense", "layernorm": "normal", "remove_attention_scale": False,
-                 "layer_number_scale": False, "prefix_lm_loss": False}
-# Keys that describe preprocessing/training, not the model: accepted and ignored here.
-_IGNORED = {"tokenizer", "labels_num", "is_moe"}
+# Evidence that a config is not a text model: (what it names, the modality).
+_NON_TEXT_EMBEDDINGS = {"patch": "image patches (ViT)", "word_patch": "text + image patches (ViLT)",
+                        "masked_patch": "masked image patches (BEiT)", "speech": "speech features (S2T)"}
+_NON_TEXT_PROCESSORS = {"vit": "image classification (ViT)", "beit": "masked image modelling (BEiT)",
+                        "clip": "image-text contrastive (CLIP)", "vilt": "image-text (ViLT)",
+                        "s2t": "speech-to-text (S2T)", "dalle": "text-to-image tokens (DALL-E)"}
+_NON_TEXT_TOKENIZERS = {"image": "VQGAN image tokens", "text_image": "text + VQGAN image tokens",
+                        "virtual": "no text (images only)", "vqgan": "VQGAN image tokens",
+                        "multimodal": "text + image tokens"}
+# Tokenizer names the shipped configs use although TencentPretrain never registered them.
+_STALE_TOKENIZERS = {"vqgan": "image", "multimodal": "text_image"}
+
+# Model keys read below (anything else must be in one of the sets that follow).
+_MODEL_KEYS = {
+    "emb_size", "hidden_size", "feedforward_size", "heads_num", "layers_num", "decoder_layers_num",
+    "attention_head_size", "local_kv_heads_num", "hidden_act", "dropout", "max_seq_length", "embedding",
+    "tgt_embedding", "encoder", "decoder", "target", "mask", "layernorm_positioning", "layernorm", "layernorm_eps",
+    "feed_forward", "relative_position_embedding", "relative_attention_buckets_num", "rotary_position_embedding",
+    "alibi_position_embedding", "layer_number_scale", "remove_embedding_layernorm", "remove_transformer_bias",
+    "remove_attention_scale", "factorized_embedding_parameterization", "parameter_sharing",
+    "has_residual_attention", "tie_weights", "share_embedding", "has_lmtarget_bias", "label_smoothing",
+    "ignore_index", "prefix_lm_loss", "pooling", "labels_num", "bidirectional", "kernel_size", "block_size",
+    "data_processor", "tokenizer", "seq_length"}
+_DUAL_KEYS = {"stream_0", "stream_1", "projection", "feature_size"}
+# Image and audio options: TencentPretrain has defaults for them, so they are valid keys; a text model
+# does not read them.
+_MEDIA_KEYS = {"image_height", "image_width", "patch_size", "channels_num", "image_preprocess", "image_tokenizer",
+               "sampling_rate", "audio_preprocess", "max_audio_frames", "conv_layers_num", "audio_feature_size",
+               "conv_channels", "conv_kernel_sizes", "specaugment", "vqgan_model_path", "vqgan_config_path"}
+# TencentPretrain options that describe training, preprocessing or the machine, not the model. They
+# are accepted and not imported (pentad sets these under train.* and data.*); importing lists them.
+_RUN_KEYS = {
+    "learning_rate", "warmup", "lr_decay", "optimizer", "scheduler", "batch_size", "total_steps", "epochs_num",
+    "accumulation_steps", "report_steps", "save_checkpoint_steps", "seed", "instances_buffer_size", "dup_factor",
+    "dynamic_masking", "whole_word_masking", "span_masking", "span_geo_prob", "span_max_length", "full_sentences",
+    "short_seq_prob", "docs_buffer_size", "sentence_selection_strategy", "json_format_corpus", "tgt_seq_length",
+    "processes_num", "corpus_path", "dataset_path", "pretrained_model_path", "output_model_path", "config_path",
+    "deep_init", "world_size", "gpu_ranks", "master_ip", "backend", "deepspeed", "deepspeed_config",
+    "deepspeed_checkpoint_activations", "deepspeed_checkpoint_layers_num", "enable_zero3", "local_rank",
+    "fp16", "fp16_opt_level", "log_path", "log_level", "log_file_level", "tensor_model_parallel_size",
+    "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size", "use_lora", "lora_r", "lora_alpha",
+    "lora_dropout", "lora_pretrained_model_path", "tgt_tokenizer", "tgt_vocab_path", "tgt_merges_path",
+    "tgt_spm_model_path", "tgt_do_lower_case"}
 _VOCAB_KEYS = {"vocab_size", "vocab_path", "spm_model_path", "merges_path", "do_lower_case"}
+KNOWN_KEYS = _MODEL_KEYS | _DUAL_KEYS | _MEDIA_KEYS | _RUN_KEYS | _VOCAB_KEYS
+
+# Sizes TencentPretrain's argparse has no default for: a config that lacks one does not build there.
+_REQUIRED = {"transformer": ("hidden_size", "heads_num", "layers_num", "feedforward_size", "hidden_act"),
+             "recurrent": ("hidden_size", "layers_num"),
+             "gatedcnn": ("hidden_size", "layers_num", "kernel_size", "block_size")}
+
+# TencentPretrain's fixed epsilon of the embedding LayerNorm, the mlm head's LayerNorm and the
+# decoder's final norm (whatever layernorm_eps says), and the default of layernorm_eps itself.
+TP_EPS = 1e-6
+
+# Text families whose configs import (the docs table lists each file).
+TEXT_FAMILIES = ("albert", "bart", "bert", "bloom", "cnn", "gpt2", "llama", "llama2", "megatron", "pegasus", "rnn",
+                 "t5", "t5-v1_1", "transformer", "xlm-roberta", "sbert", "rnn/siamese_lstm")
 
 
 def is_tencentpretrain_config(raw: dict[str, Any]) -> bool:
     return bool(_MARKERS & set(raw)) or isinstance(raw.get("encoder"), str) or isinstance(raw.get("target"), list)
 
 
-def import_config(raw: dict[str, Any], overrides: list[str], label: str) -> tuple[dict[str, Any], list[str]]:
-    """Translate a flat TencentPretrain config. Bare vocabulary overrides (``vocab_size=N``,
-    ``vocab_path=F`` ...) are consumed here; dotted pentad overrides are returned to apply after."""
+def import_config(raw: dict[str, Any], overrides: list[str], label: str,
+                  notices: list[str] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Translate a flat TencentPretrain config into a pentad run-config dict.
+
+    Bare vocabulary overrides (``vocab_size=N``, ``vocab_path=F`` ...) are consumed here; dotted
+    pentad overrides are returned to apply after. Where the imported model behaves differently from
+    what TencentPretrain trains with the same file (ALiBi, for one), a notice says so: appended to
+    ``notices`` when a list is given, else printed on stderr; either way it is also recorded in the
+    config's ``description``. Raises ``UserError`` naming every problem (unknown keys and names with
+    the closest valid one, modules pentad lacks, non-text models).
+    """
+    flat, rest = _split_overrides(raw, overrides)
+    _refuse_non_text(flat, label)
+    imported = _Importer(flat, label)
+    if _is_dual(flat):
+        if not _dual_available():
+            _refuse_dual(flat, label)
+        out = imported.run_dual()
+    else:
+        out = imported.run()
+    if notices is not None:
+        notices.extend(imported.notices)
+    else:
+        for notice in imported.notices:
+            print(f"pentad: notice: {label}: {notice}", file=sys.stderr, flush=True)
+    return out, rest
+
+
+# ------------------------------------------------------------------------------------- pieces
+def _split_overrides(raw: dict[str, Any], overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
     flat = dict(raw)
     rest = []
     for text in overrides:
@@ -62,82 +167,475 @@ def import_config(raw: dict[str, Any], overrides: list[str], label: str) -> tupl
             flat[key] = int(value) if key == "vocab_size" and value.strip().isdigit() else value
         else:
             rest.append(text)
-    problems: list[str] = []
+    return flat, rest
 
-    def need(key: str, table: dict[str, str], value: Any, what: str) -> str | None:
-        if value in table:
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _truthy(value: Any) -> bool:
+    """TencentPretrain flags are JSON booleans; strings like "false" count as what they say."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return bool(value)
+
+
+def _refuse_non_text(flat: dict[str, Any], label: str) -> None:
+    """Vision, vision-language and speech configs: say which modality, and which stale keys."""
+    evidence: list[str] = []
+    streams = [flat] + [s for s in (flat.get("stream_0"), flat.get("stream_1")) if isinstance(s, dict)]
+    for stream in streams:
+        for key in ("embedding", "tgt_embedding"):
+            for name in _as_list(stream.get(key, [])):
+                if name in _NON_TEXT_EMBEDDINGS:
+                    evidence.append(f"{key} '{name}': {_NON_TEXT_EMBEDDINGS[name]}")
+    processor = flat.get("data_processor")
+    if processor in _NON_TEXT_PROCESSORS:
+        evidence.append(f"data_processor '{processor}': {_NON_TEXT_PROCESSORS[processor]}")
+    tokenizer = flat.get("tokenizer")
+    if tokenizer in _NON_TEXT_TOKENIZERS:
+        evidence.append(f"tokenizer '{tokenizer}': {_NON_TEXT_TOKENIZERS[tokenizer]}")
+    if "image_tokenizer" in flat and not evidence:
+        evidence.append("image_tokenizer: a vocabulary of VQGAN image tokens")
+    if not evidence:
+        return
+    stale: list[str] = []
+    if tokenizer in _STALE_TOKENIZERS:
+        stale.append(f"its tokenizer '{tokenizer}' is not registered in TencentPretrain (pretrain.py stops with a "
+                     f"KeyError before building the model; the registered equivalent is "
+                     f"'{_STALE_TOKENIZERS[tokenizer]}')")
+    mask = flat.get("mask")
+    if isinstance(mask, str) and mask not in ("fully_visible", "causal", "causal_with_prefix"):
+        stale.append(f"its mask '{mask}' is not one of TencentPretrain's mask names (fully_visible, causal, "
+                     "causal_with_prefix); TencentPretrain's encoder silently treats it as causal_with_prefix")
+    message = (f"cannot import TencentPretrain config {label}: it is not a text model ({'; '.join(evidence)}). "
+               "Image and speech modalities are not in pentad yet; only text configs import "
+               f"({', '.join(TEXT_FAMILIES)}).")
+    if stale:
+        message += (" Note also that TencentPretrain's own file is stale: " + "; ".join(stale)
+                    + ", so it does not train as shipped there either.")
+    raise UserError(message)
+
+
+def _dual_available() -> bool:
+    """Whether pentad's two-stream encoder and pair head are registered."""
+    import pentad.components  # noqa: F401  (registers every component)
+    from pentad.registry import ENCODERS as ENCODER_REGISTRY
+    from pentad.registry import TARGETS as TARGET_REGISTRY
+
+    return "dual" in ENCODER_REGISTRY and "pair_cls" in TARGET_REGISTRY
+
+
+def _is_dual(flat: dict[str, Any]) -> bool:
+    return (flat.get("encoder") == "dual" or "dual" in _as_list(flat.get("embedding", []))
+            or "stream_0" in flat or "stream_1" in flat)
+
+
+def _refuse_dual(flat: dict[str, Any], label: str) -> None:
+    """Dual-stream text models (SBERT, siamese LSTM) need pentad's ``dual`` encoder."""
+    dual = [f"'{key}'" for key in ("stream_0", "stream_1") if key in flat]
+    if flat.get("encoder") == "dual":
+        dual.insert(0, "encoder 'dual'")
+    if "dual" in _as_list(flat.get("embedding", [])):
+        dual.insert(0, "embedding 'dual'")
+    raise UserError(f"cannot import TencentPretrain config {label}: {', '.join(dual)} describe a dual-stream "
+                    "(siamese) model, and pentad's dual encoder is not available yet, so SBERT and siamese "
+                    "LSTM configs do not import yet. Single-stream text configs do.")
+
+
+class _Importer:
+    """One translation: collects every problem before raising, and the notices to tell the user.
+
+    ``flat`` is the config as one stream sees it (a dual model's streams each get an importer over
+    the top-level keys updated by ``stream_i``, as TencentPretrain's DualEmbedding/DualEncoder do);
+    the problem and notice lists are shared between them.
+    """
+
+    def __init__(self, flat: dict[str, Any], label: str, problems: list[str] | None = None,
+                 notices: list[str] | None = None, where: str = ""):
+        self.flat = flat
+        self.label = label
+        self.problems: list[str] = [] if problems is None else problems
+        self.notices: list[str] = [] if notices is None else notices
+        self.where = where  # "stream_0." inside a stream, for messages
+
+    def stream(self, key: str) -> _Importer:
+        """The importer of ``stream_0`` / ``stream_1``: top-level keys updated by the stream's."""
+        own = self.flat.get(key) or {}
+        if not isinstance(own, dict):
+            self.problems.append(f"'{key}': expected a mapping of keys, found {type(own).__name__}")
+            own = {}
+        ignored = sorted(k for k in own if k in _VOCAB_KEYS)
+        if ignored:
+            # TencentPretrain takes the vocabulary from the tokenizer, never from a stream's keys.
+            self.notices.append(f"{', '.join(ignored)} inside '{key}' ignored (as in TencentPretrain: the vocabulary "
+                                "comes from the tokenizer or vocab_size=N)")
+        for k in own:
+            if k in ("stream_0", "stream_1"):
+                self.problems.append(f"'{key}.{k}': a stream cannot hold streams")
+            elif k not in KNOWN_KEYS:
+                hint = closest(k, sorted(KNOWN_KEYS))
+                self.problems.append(f"'{key}.{k}': unknown TencentPretrain config key"
+                                     + (f"; did you mean '{hint}'?" if hint else ""))
+        merged = {k: v for k, v in self.flat.items() if k not in ("stream_0", "stream_1")}
+        merged.update({k: v for k, v in own.items() if k not in _VOCAB_KEYS and k not in ("stream_0", "stream_1")})
+        return _Importer(merged, self.label, self.problems, self.notices, f"{key}.")
+
+    # ---------------------------------------------------------------------------- helpers
+    def name(self, key: str, table: dict[str, str], value: Any, what: str) -> str | None:
+        """The pentad name of a TencentPretrain name, or a problem with the closest valid one."""
+        if isinstance(value, str) and value in table:
             return table[value]
-        problems.append(f"'{key}': {what} '{value}' is not available in pentad yet "
-                        f"(available: {', '.join(table)})")
+        hint = closest(str(value), table)
+        self.problems.append(f"'{self.where}{key}': {what} {value!r} is not available in pentad"
+                             + (f"; did you mean '{hint}'?" if hint else "")
+                             + f" (available: {', '.join(table)})")
         return None
 
-    known = set(_MARKERS) | set(_NOT_YET) | set(_DEFAULT_ONLY) | set(_IGNORED) | _VOCAB_KEYS | {
-        "hidden_size", "hidden_act", "max_seq_length", "dropout", "embedding", "remove_embedding_layernorm",
-        "encoder", "mask", "layernorm_positioning", "layernorm_eps", "target", "tie_weights",
-        "remove_transformer_bias", "has_lmtarget_bias", "pooling", "attention_head_size"}
-    for key in flat:
-        if key not in known:
-            problems.append(f"'{key}': unknown TencentPretrain config key")
-    for key, what in _NOT_YET.items():
-        if flat.get(key):
-            problems.append(f"'{key}': {what} is not available in pentad yet")
-    for key, default in _DEFAULT_ONLY.items():
-        if key in flat and flat[key] != default:
-            problems.append(f"'{key}': value {flat[key]!r} is not available in pentad yet (only {default!r})")
+    def flag(self, key: str) -> bool:
+        return _truthy(self.flat.get(key, False))
 
-    hidden = flat.get("hidden_size", 768)
-    if "emb_size" in flat and flat["emb_size"] != hidden:
-        problems.append(f"'emb_size' {flat['emb_size']} differs from hidden_size {hidden}: "
-                        "a factorised embedding is not available in pentad yet")
-    heads = flat.get("heads_num", 12)
-    if "attention_head_size" in flat and flat["attention_head_size"] * heads != hidden:
-        problems.append("'attention_head_size' x heads_num must equal hidden_size in pentad")
-    eps = flat.get("layernorm_eps", 1e-6)  # TencentPretrain's default for every LayerNorm
-    dropout = flat.get("dropout", 0.1)
-    activation = need("hidden_act", ACTIVATIONS, flat.get("hidden_act", "gelu"), "activation")
-    parts = [need("embedding", EMBEDDINGS, e, "embedding") for e in _as_list(flat.get("embedding", ["word"]))]
-    encoder = need("encoder", ENCODERS, flat.get("encoder", "transformer"), "encoder")
-    mask = need("mask", MASKS, flat.get("mask", "fully_visible"), "mask")
-    target_names = [need("target", TARGETS, t, "target") for t in _as_list(flat.get("target", ["mlm"]))]
-    objective = flat.get("data_processor")
-    objective_type = need("data_processor", OBJECTIVES, objective, "data processor") if objective else None
-    if problems:
-        raise UserError(f"cannot import TencentPretrain config {label}: " + "; ".join(problems) + ".")
+    def require(self, keys: tuple[str, ...], why: str) -> None:
+        for key in keys:
+            if key not in self.flat:
+                self.problems.append(f"'{self.where}{key}' is missing; TencentPretrain has no default for it ({why} "
+                                     "needs it)")
 
-    targets: list[dict[str, Any]] = []
-    for name in target_names:
-        t: dict[str, Any] = {"type": name}
+    def unknown_keys(self) -> None:
+        for key in self.flat:
+            if key not in KNOWN_KEYS:
+                hint = closest(key, sorted(KNOWN_KEYS))
+                self.problems.append(f"'{key}': unknown TencentPretrain config key"
+                                     + (f"; did you mean '{hint}'?" if hint else ""))
+        if "tokenizer" in self.flat:
+            self.name("tokenizer", TEXT_TOKENIZERS, self.flat["tokenizer"], "tokenizer")
+
+    def finish(self, model: dict[str, Any], objective: str | None) -> dict[str, Any]:
+        """The run-config dict around ``model``; raises when any problem was found."""
+        self.run_key_notices()
+        self.notices[:] = list(dict.fromkeys(self.notices))  # tied streams repeat theirs
+        if self.problems:
+            raise UserError(f"cannot import TencentPretrain config {self.label}: " + "; ".join(self.problems) + ".")
+        out: dict[str, Any] = {"model": model}
+        description = f"imported from TencentPretrain config {self.label}"
+        if self.notices:
+            description += ". Notes: " + " ".join(n if n.endswith(".") else n + "." for n in self.notices)
+        out["description"] = description
+        tokenizer = _tokenizer(self.flat)
+        if tokenizer is not None:
+            out["tokenizer"] = tokenizer
+        if objective is not None:
+            seq = int(self.flat.get("seq_length", model["max_seq_length"]))
+            out["data"] = {"objective": {"type": objective, "seq_length": seq}}
+        return out
+
+    # --------------------------------------------------------------------- embedding + encoder
+    def body(self) -> dict[str, Any]:
+        """Sizes, embedding slot and encoder of one stream (a single-stream model has one):
+        ``{"sizes": {...}, "embedding": {...}, "encoder": {...}, "kind", "activation", "dropout",
+        "scale_words", "norm"}``."""
+        flat = self.flat
+        encoder_name = self.name("encoder", ENCODERS, flat.get("encoder", "transformer"), "encoder")
+        kind = ("recurrent" if encoder_name in RECURRENT else encoder_name) or "transformer"
+        self.require(_REQUIRED.get(kind, ()), f"the {encoder_name or 'transformer'} encoder")
+        hidden = int(flat.get("hidden_size", 768))
+        emb = int(flat.get("emb_size", hidden))
+        sizes: dict[str, Any] = {"hidden_size": hidden, "max_seq_length": int(flat.get("max_seq_length", 512))}
+        if emb != hidden:
+            if kind == "transformer" and not self.flag("factorized_embedding_parameterization"):
+                self.problems.append(f"'{self.where}emb_size' {emb} differs from hidden_size {hidden} without "
+                                     "factorized_embedding_parameterization: TencentPretrain's transformer would "
+                                     "receive emb_size-wide inputs and fail at the first step")
+            sizes["embedding_size"] = emb
+        dropout = float(flat.get("dropout", 0.1))
+        activation = self.name("hidden_act", ACTIVATIONS, flat.get("hidden_act", "gelu"), "activation")
+        source_parts = _as_list(flat.get("embedding", ["word"]))
+        # TencentPretrain's word embedding scales by sqrt(emb_size) when the *source* embedding list
+        # has sinusoidalpos, on both sides (WordEmbedding reads args.embedding, not tgt_embedding).
+        scale_words = "sinusoidalpos" in source_parts
+        norm = not self.flag("remove_embedding_layernorm")
+        embedding = self.embedding_slot("embedding", source_parts, scale_words, norm, dropout)
+        encoder: dict[str, Any] = {}
+        if kind == "transformer":
+            encoder = self.transformer(hidden, activation, dropout, decoder=False)
+        elif kind == "recurrent":
+            encoder = {"type": encoder_name, "num_layers": int(flat.get("layers_num", 2)), "dropout": dropout}
+            if encoder_name in ("rnn", "lstm", "gru"):
+                encoder["bidirectional"] = self.flag("bidirectional")
+        elif kind == "gatedcnn":
+            # TencentPretrain's gated CNN has no dropout of its own (the embedding's dropout applies).
+            encoder = {"type": "gatedcnn", "num_layers": int(flat.get("layers_num", 9)),
+                       "kernel_size": int(flat.get("kernel_size", 4)), "block_size": int(flat.get("block_size", 2)),
+                       "dropout": 0.0}
+        return {"sizes": sizes, "embedding": embedding, "encoder": encoder, "kind": kind, "activation": activation,
+                "dropout": dropout, "scale_words": scale_words, "norm": norm}
+
+    # ------------------------------------------------------------------------------- main
+    def run(self) -> dict[str, Any]:
+        """A single-stream model: embedding -> encoder -> (tgt_embedding -> decoder) -> targets."""
+        flat = self.flat
+        self.unknown_keys()
+        body = self.body()
+        model: dict[str, Any] = dict(body["sizes"])
+        if "vocab_size" in flat:
+            model["vocab_size"] = flat["vocab_size"]
+        model["embedding"] = body["embedding"]
+        model["encoder"] = body["encoder"]
+        decoder = flat.get("decoder")
+        has_decoder = decoder is not None
+        if has_decoder:
+            self.name("decoder", DECODERS, decoder, "decoder")
+            if body["kind"] != "transformer":
+                self.problems.append(f"'decoder': a transformer decoder after the '{flat.get('encoder')}' encoder is "
+                                     "not available in pentad (only after a transformer encoder)")
+            self.require(("decoder_layers_num",), "the decoder")
+            target_parts = _as_list(flat.get("tgt_embedding", ["word"]))
+            model["target_embedding"] = self.embedding_slot("tgt_embedding", target_parts, body["scale_words"],
+                                                            body["norm"], body["dropout"])
+            model["decoder"] = self.transformer(model["hidden_size"], body["activation"], body["dropout"],
+                                                decoder=True)
+            model["share_embedding"] = self.flag("share_embedding")
+        else:
+            stray = [k for k in ("tgt_embedding", "decoder_layers_num") if k in flat]
+            stray += ["share_embedding"] if self.flag("share_embedding") else []
+            if stray:
+                self.notices.append(f"{', '.join(stray)} set without a decoder: no effect on the model (as in "
+                                    "TencentPretrain)")
+        target_names = [self.name("target", TARGETS, t, "target") for t in _as_list(flat.get("target", ["mlm"]))]
+        model["targets"] = [self.target(t, body["activation"]) for t in target_names if t is not None]
+        model["tie_word_embeddings"] = self.tying([t for t in target_names if t], has_decoder)
+        return self.finish(model, self.objective())
+
+    def run_dual(self) -> dict[str, Any]:
+        """A two-stream model (SBERT, siamese LSTM) as ``finetune/run_classifier_siamese.py`` builds it:
+        each stream's embedding and encoder, pooled with the top-level ``pooling``, and a pair
+        classifier over (u, v, |u-v|, u*v)."""
+        flat = self.flat
+        self.unknown_keys()
+        for key in ("embedding", "encoder"):
+            if key in flat and _as_list(flat[key]) != ["dual"]:
+                self.problems.append(f"'{key}': a dual-stream config has {key} 'dual' (the streams name their own), "
+                                     f"found {flat[key]!r}")
+        for key in ("stream_0", "stream_1"):
+            if key not in flat:
+                self.problems.append(f"'{key}' is missing: a dual-stream config describes both streams")
+        if flat.get("decoder") is not None:
+            self.problems.append("'decoder': a dual-stream model has no decoder")
+        streams = [self.stream("stream_0"), self.stream("stream_1")]
+        bodies = [s.body() for s in streams]
+        tie = self.flag("tie_weights")
+        model: dict[str, Any] = dict(bodies[0]["sizes"])
+        if "vocab_size" in flat:
+            model["vocab_size"] = flat["vocab_size"]
+        model["embedding"] = bodies[0]["embedding"]
+        model["tie_word_embeddings"] = False
+        pretraining = "target" in flat
+        # pretrain.py's clr target pools each stream by its own 'pooling'; run_classifier_siamese.py
+        # pools both by the top-level one.
+        poolings = [s.name("pooling", POOLINGS, (s.flat if pretraining else flat).get("pooling", "first"), "pooling")
+                    for s in streams]
+        encoder: dict[str, Any] = {"type": "dual", "tie": tie,
+                                   "stream_0": {"encoder": bodies[0]["encoder"], "pooling": poolings[0]},
+                                   "stream_1": {"pooling": poolings[1]}}
+        if tie:
+            if (bodies[0]["sizes"], bodies[0]["embedding"], bodies[0]["encoder"]) != \
+                    (bodies[1]["sizes"], bodies[1]["embedding"], bodies[1]["encoder"]):
+                self.problems.append("'tie_weights' with streams that differ: TencentPretrain then takes stream 1's "
+                                     "embedding but stream 0's encoder for both; make the streams equal or set "
+                                     "tie_weights false")
+        else:
+            encoder["stream_1"].update(bodies[1]["sizes"], embedding=bodies[1]["embedding"],
+                                       encoder=bodies[1]["encoder"])
+        model["encoder"] = encoder
+        if pretraining:
+            targets = _as_list(flat["target"])
+            if targets != ["clr"]:
+                self.problems.append(f"'target' {flat['target']!r}: a dual-stream model pre-trains with the clr "
+                                     "target alone")
+            clr: dict[str, Any] = {"type": "clr", "projection": self.flag("projection")}
+            if self.flag("projection") and "feature_size" in flat:
+                clr["feature_size"] = int(flat["feature_size"])
+            model["targets"] = [clr]
+        else:
+            labels = flat.get("labels_num")
+            if not labels:
+                self.notices.append("the siamese classifier's labels_num comes from the training data in "
+                                    "TencentPretrain; 2 labels here (override model.targets.0.num_labels=N)")
+            # run_classifier_siamese.py: Linear(4H, labels) over (u, v, |u-v|, u*v), no dropout.
+            model["targets"] = [{"type": "pair_cls", "num_labels": int(labels or 2),
+                                 "features": ["u", "v", "abs_diff", "product"], "dropout": 0.0}]
+        if any(b["norm"] for b in bodies):
+            self.notices.append("TencentPretrain's DualEmbedding applies a second LayerNorm (stream_i_layer_norm) "
+                                "and a second dropout on top of each stream's embedding LayerNorm; pentad applies "
+                                "one, so it has 2 x emb_size fewer parameters per such stream")
+        return self.finish(model, self.objective())
+
+    def objective(self) -> str | None:
+        processor = self.flat.get("data_processor")
+        return self.name("data_processor", OBJECTIVES, processor, "data processor") if processor else None
+
+    # ------------------------------------------------------------------------- embeddings
+    def embedding_slot(self, key: str, names: list[Any], scale_words: bool, norm: bool,
+                       dropout: float) -> dict[str, Any]:
+        """An embedding slot. TencentPretrain's embedding LayerNorm always has eps 1e-6."""
+        parts: list[dict[str, Any]] = []
+        for name in names:
+            kind = self.name(key, EMBEDDINGS, name, "embedding")
+            if kind == "word":
+                parts.append({"type": "word", "scale": scale_words})
+            elif kind == "seg":
+                # TencentPretrain's table has a padding row 0 besides segments A and B.
+                parts.append({"type": "seg", "num_segments": 3})
+            elif kind == "sinusoidal":
+                notice = ("sinusoidalpos: pentad's sinusoidal table (angle p / 10000^(2i/E), read from position 0) "
+                          "differs slightly from TencentPretrain's (p / 10000^(i/(E/2-1)), read from position 2); it "
+                          "has no parameters, so checkpoints convert, but activations are not bitwise "
+                          "TencentPretrain's")
+                if notice not in self.notices:
+                    self.notices.append(notice)
+                parts.append({"type": "sinusoidal", "interleave": True})
+            elif kind is not None:
+                parts.append({"type": kind})
+        return {"parts": parts, "norm": norm, "layer_norm_eps": TP_EPS, "dropout": dropout}
+
+    # ---------------------------------------------------------------------------- stacks
+    def transformer(self, hidden: int, activation: str | None, dropout: float, decoder: bool) -> dict[str, Any]:
+        """Encoder or decoder transformer stack. TencentPretrain's decoder layers read the same keys
+        as its encoder layers, but its decoder has no rotary, ALiBi, sharing or residual attention."""
+        flat = self.flat
+        heads = int(flat.get("heads_num", 12))
+        norm_position = self.name("layernorm_positioning", POSITIONING, flat.get("layernorm_positioning", "post"),
+                                  "layernorm positioning")
+        norm = self.name("layernorm", NORMS, flat.get("layernorm", "normal"), "layernorm")
+        stack: dict[str, Any] = {
+            "type": "transformer",
+            "num_layers": int(flat.get("decoder_layers_num" if decoder else "layers_num", 12)),
+            "num_heads": heads,
+            "ffn_size": int(flat.get("feedforward_size", 4 * hidden)),
+            "ffn": self.name("feed_forward", FEED_FORWARDS, flat.get("feed_forward", "dense"), "feed-forward"),
+            "activation": activation,
+            "norm": norm,
+            "norm_position": norm_position,
+            # TencentPretrain builds the final norm exactly for pre-norm stacks.
+            "final_norm": norm_position == "pre",
+            "dropout": dropout,
+            "bias": not self.flag("remove_transformer_bias"),
+            "layer_norm_eps": float(flat.get("layernorm_eps", TP_EPS)),
+            "attention_scale": not self.flag("remove_attention_scale"),
+        }
+        if "local_kv_heads_num" in flat:
+            stack["num_kv_heads"] = int(flat["local_kv_heads_num"])
+        if "attention_head_size" in flat:
+            stack["head_size"] = int(flat["attention_head_size"])
+        positions = self.positions(decoder)
+        stack["positions"] = positions
+        if positions == "relative":
+            stack["relative_buckets"] = int(flat.get("relative_attention_buckets_num", 32))
+            stack["relative_max_distance"] = 128  # fixed in TencentPretrain's RelativePositionEmbedding
+        if decoder:
+            if norm == "rmsnorm" and norm_position == "pre":
+                self.notices.append("TencentPretrain gives an 'rms' decoder a normal LayerNorm (with a bias) as its "
+                                    "final norm; pentad uses RMSNorm there too, so the decoder has hidden_size "
+                                    "fewer parameters")
+        else:
+            stack["mask"] = self.name("mask", MASKS, flat.get("mask", "fully_visible"), "mask")
+            if flat.get("mask") == "prefix":
+                self.notices.append("mask 'prefix' is not one of TencentPretrain's mask names; TencentPretrain "
+                                    "treats it as causal_with_prefix, and so does this import (pentad mask 'prefix')")
+            stack["share_layers"] = self.flag("parameter_sharing")
+            stack["residual_attention"] = self.flag("has_residual_attention")
+        return stack
+
+    def positions(self, decoder: bool) -> str:
+        flat = self.flat
+        chosen = [k for k in ("relative_position_embedding", "rotary_position_embedding", "alibi_position_embedding")
+                  if self.flag(k)]
+        if len(chosen) > 1:
+            self.problems.append(f"{' and '.join(repr(k) for k in chosen)} are all set; TencentPretrain applies at "
+                                 "most one of them and pentad takes one position scheme per stack")
+            return "none"
+        if not chosen:
+            return "none"
+        if chosen[0] == "relative_position_embedding":
+            return "relative"
+        if decoder:
+            return "none"  # TencentPretrain's decoder layers never apply rotary or ALiBi
+        if chosen[0] == "rotary_position_embedding":
+            hidden, heads = int(flat.get("hidden_size", 768)), int(flat.get("heads_num", 12))
+            if int(flat.get("attention_head_size", hidden // heads)) * heads != hidden:
+                self.notices.append("rotary with attention_head_size x heads_num != hidden_size: TencentPretrain "
+                                    "sizes its rotary table from hidden_size / heads_num and would fail; pentad "
+                                    "rotates the whole attention head")
+            return "rotary"
+        self.notices.append(
+            "alibi_position_embedding: pentad applies ALiBi attention biases, but TencentPretrain accepts this flag "
+            "and never applies it (its utils/alibi.py is never called), so TencentPretrain trains this config with "
+            "no position information at all. A checkpoint trained by TencentPretrain will therefore behave "
+            "differently in pentad; to reproduce TencentPretrain exactly, override model.encoder.positions=none")
+        return "alibi"
+
+    # --------------------------------------------------------------------------- targets
+    def target(self, name: str, activation: str | None) -> dict[str, Any]:
+        flat = self.flat
+        out: dict[str, Any] = {"type": name}
         if name == "mlm":
-            t.update(activation=activation, layer_norm_eps=eps)
-        if name == "lm":
-            t["bias"] = bool(flat.get("has_lmtarget_bias", False))
-        if name == "cls":
-            t["pooling"] = flat.get("pooling", "first")
+            # TencentPretrain's mlm head LayerNorm has eps 1e-6 whatever layernorm_eps says.
+            out.update(activation=activation, layer_norm_eps=TP_EPS)
+        elif name == "sp" and flat.get("data_processor") == "albert":
+            # Same head (pooler + 2-way classifier); pentad's albert objective labels it "sop".
+            out["type"] = "sop"
+        elif name in ("lm", "bilm"):
+            out["bias"] = self.flag("has_lmtarget_bias")
+            if "label_smoothing" in flat:
+                out["label_smoothing"] = float(flat["label_smoothing"])
+        elif name == "cls":
+            out["pooling"] = self.name("pooling", POOLINGS, flat.get("pooling", "first"), "pooling")
+            out["dropout"] = 0.0  # TencentPretrain's cls head has no dropout
             if flat.get("labels_num"):
-                t["num_labels"] = flat["labels_num"]
-        targets.append(t)
-    model: dict[str, Any] = {
-        "hidden_size": hidden,
-        "max_seq_length": flat.get("max_seq_length", 512),
-        "tie_word_embeddings": bool(flat.get("tie_weights", False)),
-        "embedding": {"parts": parts, "norm": not flat.get("remove_embedding_layernorm", False),
-                      "layer_norm_eps": eps, "dropout": dropout},
-        "encoder": {"type": encoder, "num_layers": flat.get("layers_num", 12), "num_heads": heads,
-                    "ffn_size": flat.get("feedforward_size", 4 * hidden), "activation": activation,
-                    "norm_position": flat.get("layernorm_positioning", "post"), "mask": mask,
-                    "dropout": dropout, "bias": not flat.get("remove_transformer_bias", False),
-                    "layer_norm_eps": eps},
-        "targets": targets,
-    }
-    if "vocab_size" in flat:
-        model["vocab_size"] = flat["vocab_size"]
-    out: dict[str, Any] = {"model": model}
-    tokenizer = _tokenizer(flat)
-    if tokenizer is not None:
-        out["tokenizer"] = tokenizer
-    if objective_type is not None:
-        out["data"] = {"objective": {"type": objective_type, "seq_length": flat.get("max_seq_length", 512)}}
-    return out, rest
+                out["num_labels"] = int(flat["labels_num"])
+        return out
+
+    def tying(self, targets: list[str], has_decoder: bool) -> bool:
+        """pentad's ``tie_word_embeddings`` for TencentPretrain's tie_weights (``Model.__init__``):
+        the mlm head ties to the source word table; otherwise the lm head ties to the decoder's word
+        table (or the source's without a decoder), but with ``share_embedding`` that decoder table is
+        replaced afterwards, which leaves the lm head an independent matrix."""
+        if not self.flag("tie_weights"):
+            return False
+        if "mlm" in targets:
+            if "lm" in targets:
+                self.problems.append("'tie_weights' with both mlm and lm targets: TencentPretrain ties only the mlm "
+                                     "head, pentad's tie_word_embeddings ties every head; set tie_weights false or "
+                                     "drop one target")
+            if has_decoder and not self.flag("share_embedding"):
+                self.problems.append("'tie_weights' with an mlm target and a decoder that has its own word table: "
+                                     "TencentPretrain ties the head to the encoder's table, pentad to the decoder's")
+            return True
+        if "lm" in targets:
+            if has_decoder and self.flag("share_embedding"):
+                self.notices.append(
+                    "tie_weights with share_embedding: TencentPretrain ties the LM head to the decoder's word table "
+                    "and then replaces that table by the encoder's, so its LM head is an independent matrix; "
+                    "imported as tie_word_embeddings false, which is the same model")
+                return False
+            return True
+        return False  # TencentPretrain ties only mlm and lm heads
+
+    # ------------------------------------------------------------------------ run keys
+    def run_key_notices(self) -> None:
+        flat = self.flat
+        if self.flag("layer_number_scale"):
+            self.notices.append("layer_number_scale is inert in TencentPretrain (never passed to its layers) and "
+                                "would not change the maths anyway (Megatron's 1/layer query scaling is undone in "
+                                "the softmax); ignored")
+        if flat.get("data_processor") == "llm_sft" and not self.flag("prefix_lm_loss"):
+            self.notices.append("without prefix_lm_loss TencentPretrain's llm_sft also scores the prompt tokens; "
+                                "pentad's llm_sft objective scores the response only")
+        ignored = sorted(k for k in flat if k in _RUN_KEYS or (k in _MEDIA_KEYS))
+        if ignored:
+            self.notices.append(f"not imported (training, preprocessing or media options, set under pentad's train.* "
+                                f"and data.* instead): {', '.join(ignored)}")
 
 
 def _tokenizer(flat: dict[str, Any]) -> dict[str, Any] | None:
@@ -147,9 +645,8 @@ def _tokenizer(flat: dict[str, Any]) -> dict[str, Any] | None:
     if flat.get("vocab_path") and flat.get("merges_path"):
         return {"type": "bpe", "vocab": flat["vocab_path"], "merges": flat["merges_path"]}
     if flat.get("vocab_path"):
+        kind = flat.get("tokenizer", "bert")
+        if kind in ("char", "space"):
+            return {"type": kind, "vocab": flat["vocab_path"]}
         return {"type": "wordpiece", "vocab": flat["vocab_path"], "lowercase": lower}
     return None
-
-
-def _as_list(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, (list, tuple)) else [value]

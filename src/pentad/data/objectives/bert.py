@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from pentad.data.masking import Masker
+from pentad.data.masking import MASKING_COLLATE_OPTIONS, Masker, MaskingOptions
 from pentad.data.objectives.base import (
     MaskingObjectiveConfig,
     Objective,
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 RANDOM_DOCUMENT_TRIES = 10
 
 
-class BertObjectiveConfig(MaskingObjectiveConfig):
+class BertObjectiveConfig(MaskingObjectiveConfig, MaskingOptions):
     type: Literal["bert"] = "bert"
     short_seq_prob: float = Field(0.1, ge=0.0, le=1.0,
                                   description="Probability of a shorter random target length.")
@@ -57,13 +57,14 @@ class BertObjective(Objective):
     corpus_format: ClassVar[str] = ("one sentence per line, documents separated by a blank line "
                                     "(UTF-8 text)")
     field_names: ClassVar[tuple[str, ...]] = ("split", "sp")
+    collate_options: ClassVar[frozenset[str]] = MASKING_COLLATE_OPTIONS
     documents_end_at_blank_lines: ClassVar[bool] = True
 
     def __init__(self, cfg: BertObjectiveConfig, tokenizer: Any):
         super().__init__(cfg, tokenizer)
         self.cfg: BertObjectiveConfig = cfg
         self.require_ids(**{"[CLS]": tokenizer.cls_id, "[SEP]": tokenizer.sep_id})
-        self.masker = Masker(tokenizer, cfg.mask_prob, cfg.whole_word_masking)
+        self.masker = Masker.from_config(tokenizer, cfg)
         self.cls_id, self.sep_id = int(tokenizer.cls_id), int(tokenizer.sep_id)
 
     def parse_line(self, text: str, context: Any) -> str | None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from pentad.data.masking import Masker
+from pentad.data.masking import MASKING_COLLATE_OPTIONS, Masker, MaskingOptions
 from pentad.data.objectives.base import MaskingObjectiveConfig, Objective, new_batch, to_batch_tensor
 from pentad.data.shards import Instances, concat_ranges
 from pentad.registry import OBJECTIVES
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from pentad.components.base import Batch
 
 
-class MlmObjectiveConfig(MaskingObjectiveConfig):
+class MlmObjectiveConfig(MaskingObjectiveConfig, MaskingOptions):
     type: Literal["mlm"] = "mlm"
     pack: bool = Field(False, description="Pack documents into full windows across document "
                                           "boundaries (RoBERTa FULL-SENTENCES).")
@@ -37,12 +37,13 @@ class MlmObjective(Objective):
     provides: ClassVar[frozenset[str]] = frozenset(
         {"tokens", "segments", "padding_mask", "labels.mlm"})
     corpus_format: ClassVar[str] = "one document per line (UTF-8 text)"
+    collate_options: ClassVar[frozenset[str]] = MASKING_COLLATE_OPTIONS
 
     def __init__(self, cfg: MlmObjectiveConfig, tokenizer: Any):
         super().__init__(cfg, tokenizer)
         self.cfg: MlmObjectiveConfig = cfg
         self.require_ids(**{"[CLS]": tokenizer.cls_id, "[SEP]": tokenizer.sep_id})
-        self.masker = Masker(tokenizer, cfg.mask_prob, cfg.whole_word_masking)
+        self.masker = Masker.from_config(tokenizer, cfg)
         self.cls_id, self.sep_id = int(tokenizer.cls_id), int(tokenizer.sep_id)
 
     @property
