@@ -21,6 +21,7 @@ from pentad.training.checkpoint import atomic_write_text, write_json
 CONFIG = "config.yaml"
 TOKENIZER_DIR = "tokenizer"
 TOKENIZER_CONFIG = "tokenizer.json"
+TARGET_TOKENIZER_DIR = "target_tokenizer"
 
 
 def info(message: str) -> None:
@@ -47,9 +48,11 @@ def complete_vocab(cfg: Any, tokenizer) -> Any:
     return cfg
 
 
-def prepare_run_dir(run_dir: Path, cfg: Any, tokenizer, extra: dict[str, Any] | None = None) -> None:
+def prepare_run_dir(run_dir: Path, cfg: Any, tokenizer, extra: dict[str, Any] | None = None,
+                    target_tokenizer: Any = None) -> None:
     """Create the run directory (or check a resumed one was made by the same config) and write
-    ``config.yaml`` and the tokenizer files."""
+    ``config.yaml`` and the tokenizer files (and the target side's, for translation models with a
+    separate target vocabulary: ``target_tokenizer/``)."""
     saved = run_dir / CONFIG
     text = dump_config(cfg)
     if saved.is_file():
@@ -64,6 +67,10 @@ def prepare_run_dir(run_dir: Path, cfg: Any, tokenizer, extra: dict[str, Any] | 
         tok_dir = run_dir / TOKENIZER_DIR
         tok_dir.mkdir(exist_ok=True)
         write_json(tok_dir / TOKENIZER_CONFIG, tokenizer.save(tok_dir))
+    if target_tokenizer is not None:
+        tok_dir = run_dir / TARGET_TOKENIZER_DIR
+        tok_dir.mkdir(exist_ok=True)
+        write_json(tok_dir / TOKENIZER_CONFIG, target_tokenizer.save(tok_dir))
     for name, data in (extra or {}).items():
         write_json(run_dir / name, data)
 
@@ -84,6 +91,16 @@ def load_run(run_dir: Path) -> tuple[Any, Any]:
     if tok_cfg.is_file():
         tokenizer = load(json.loads(tok_cfg.read_text(encoding="utf-8")), base_dir=run_dir / TOKENIZER_DIR)
     return cfg, tokenizer
+
+
+def load_target_tokenizer(run_dir: Path) -> Any:
+    """The target-side tokenizer a translation run saved, or None (the run has one vocabulary)."""
+    from pentad.data.tokenizers import load_tokenizer as load
+
+    tok_cfg = Path(run_dir) / TARGET_TOKENIZER_DIR / TOKENIZER_CONFIG
+    if not tok_cfg.is_file():
+        return None
+    return load(json.loads(tok_cfg.read_text(encoding="utf-8")), base_dir=Path(run_dir) / TARGET_TOKENIZER_DIR)
 
 
 def preprocess_from_config(cfg: Any) -> dict[str, Any]:

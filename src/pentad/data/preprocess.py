@@ -237,7 +237,8 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
     from tqdm.auto import tqdm
 
     objective = job.objective
-    writer = ShardWriter(directory, token_dtype_for(int(tokenizer.vocab_size)),
+    target_vocab = getattr(job.objective, "target_tokenizer", tokenizer).vocab_size
+    writer = ShardWriter(directory, token_dtype_for(max(int(tokenizer.vocab_size), int(target_vocab))),
                          objective.field_names, max_shard_tokens)
     window, stride = objective.window
     carry = np.zeros(0, dtype=np.int64)

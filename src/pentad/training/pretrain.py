@@ -34,6 +34,11 @@ def pretrain(cfg: Any) -> dict[str, Any]:
         torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.train.seed)
     objective = OBJECTIVES.get(cfg.data.objective.type)(cfg.data.objective, tokenizer)
+    target_tokenizer = getattr(objective, "target_tokenizer", tokenizer)
+    if target_tokenizer is not tokenizer:  # translation with its own target vocabulary
+        cfg.model.target_vocab_size = target_tokenizer.vocab_size
+    else:
+        target_tokenizer = None
     dataset = open_dataset(cfg.data.dataset, tokenizer, objective)
     model = build_model(cfg.model, provided=objective.provides)
     info(summarize(model))
@@ -41,7 +46,7 @@ def pretrain(cfg: Any) -> dict[str, Any]:
         for note in load_weights(model, read_weights(find_weights(cfg.init)), str(cfg.init)):
             info(note)
     run_dir = Path(cfg.output)
-    prepare_run_dir(run_dir, cfg, tokenizer)
+    prepare_run_dir(run_dir, cfg, tokenizer, target_tokenizer=target_tokenizer)
     device = pick_device(cfg.train.device)
     batches = PretrainBatches(dataset, objective, cfg.train.batch_size, cfg.train.seed,
                               num_workers=cfg.data.loader_workers)

@@ -184,13 +184,6 @@ class MtObjective(Seq2SeqObjective):
         target_tokenizer = None
         if cfg.target_tokenizer is not None:
             target_tokenizer = load_tokenizer(cfg.target_tokenizer)
-            if target_tokenizer.vocab_size > 65536 > tokenizer.vocab_size:
-                # Shards store ids in the source vocabulary's dtype (uint16 below 65,536 ids).
-                raise UserError(
-                    f"objective 'mt': the target tokenizer ({describe_tokenizer(target_tokenizer)}) "
-                    f"has {target_tokenizer.vocab_size} ids, more than the 65,536 the dataset's "
-                    f"token type holds for the source vocabulary of {tokenizer.vocab_size}; use "
-                    f"the larger vocabulary as the run's tokenizer and the smaller as the target.")
         super().__init__(cfg, tokenizer, target_tokenizer)
         self.cfg: MtObjectiveConfig = cfg
 
