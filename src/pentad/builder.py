@@ -41,6 +41,7 @@ def model_problems(cfg: Any) -> list[ConfigProblem]:
             continue
         for key, msg in getattr(sub, "check", lambda m: [])(cfg):
             problems.append(ConfigProblem(f"{path}.{key}", msg))
+    problems += _pair_problems(cfg)
     seen: set[str] = set()
     for i, target in enumerate(cfg.targets):
         if target.target_name in seen:
@@ -50,6 +51,59 @@ def model_problems(cfg: Any) -> list[ConfigProblem]:
         for key, msg in getattr(target, "check", lambda m: [])(cfg):
             problems.append(ConfigProblem(f"model.targets.{i}.{key}", msg))
     return problems
+
+
+def _two_streams(cfg: Any) -> bool:
+    """Whether the encoder config is a two-stream (dual) one."""
+    return bool(getattr(ENCODERS.get(cfg.encoder.type), "two_streams", False))
+
+
+def _pair_problems(cfg: Any) -> list[ConfigProblem]:
+    """A dual encoder gives its targets pooled pairs, which only pair targets read (and pair
+    targets need a dual encoder); it has no decoder."""
+    problems: list[ConfigProblem] = []
+    two = _two_streams(cfg)
+    pair_kinds = sorted(name for name, cls in TARGETS.items() if getattr(cls, "reads_pair", False))
+    for i, target in enumerate(cfg.targets):
+        reads_pair = getattr(TARGETS.get(target.type), "reads_pair", False)
+        if two and not reads_pair:
+            problems.append(ConfigProblem(f"model.targets.{i}.type", f"'{target.type}' reads token states, "
+                                          "but a dual encoder gives its targets one pooled vector per stream; "
+                                          f"use a pair target ({', '.join(pair_kinds)}; for classification "
+                                          "set task.pair_input=separate)"))
+        elif reads_pair and not two:
+            problems.append(ConfigProblem(f"model.targets.{i}.type", f"'{target.type}' compares the two "
+                                          f"streams of a dual encoder, but model.encoder is "
+                                          f"'{cfg.encoder.type}' (set model.encoder.type: dual)"))
+    if two and cfg.decoder is not None:
+        problems.append(ConfigProblem("model.decoder", "a dual (two-stream) model has no decoder; remove it"))
+    return problems
+
+
+def _stream_encoder_config(cfg: Any) -> Any:
+    """The config of the module in the encoder slot: stream 0's encoder for a dual model."""
+    return cfg.encoder.stream_0.encoder if _two_streams(cfg) else cfg.encoder
+
+
+def _reads_embedding_width(encoder_cfg: Any) -> bool:
+    """Recurrent/convolutional encoders read the embedding at its own width (no projection)."""
+    return bool(getattr(ENCODERS.get(encoder_cfg.type), "takes_embedding_width", False))
+
+
+def build_pair_stream(dual_cfg: Any, cfg: Any) -> nn.Module:
+    """The ``pair`` module of a dual model: stream 1's own embedding slot and encoder (none when
+    tied) and both poolings. ``cfg`` is the model config (or a SlotSizes view of it)."""
+    pooling_0, pooling_1 = dual_cfg.pooling
+    cls = ENCODERS.get(dual_cfg.type)
+    if dual_cfg.tie:
+        return cls(pooling_0, pooling_1)
+    sizes = dual_cfg.stream_1_sizes(cfg)
+    encoder_cfg = dual_cfg.stream_1_encoder()
+    width = sizes.embedding_size or sizes.hidden_size
+    embedding = _embedding_slot(dual_cfg.stream_1_embedding(cfg), sizes, SlotSizes(sizes, hidden_size=width),
+                                not _reads_embedding_width(encoder_cfg))
+    encoder = ENCODERS.get(encoder_cfg.type).from_config(encoder_cfg, sizes)
+    return cls(pooling_0, pooling_1, embedding, encoder)
 
 
 class SlotSizes:
@@ -91,6 +145,44 @@ def init_weights(model: nn.Module, std: float) -> None:
             nn.init.normal_(module.weight, std=std)
 
 
+def init_t5(model: nn.Module) -> None:
+    """T5's initialisation (Mesh TensorFlow, as in Raffel et al.): unit-variance embeddings and
+    fan-in-scaled projections. T5 has no 1/sqrt(d) in attention and scales the tied output by
+    d^-0.5, so with the BERT-style N(0, 0.02) everywhere its logits start near zero and it learns
+    slowly from scratch."""
+    from pentad.components.base import EmbeddingPart
+    from pentad.layers.attention import Attention
+    from pentad.layers.feed_forward import FeedForward
+    from pentad.layers.positions import RelativePositionBias
+
+    for module in model.modules():
+        if isinstance(module, Attention):
+            hidden = module.out.weight.shape[0]
+            q_std, kv_std = (hidden * module.head_size) ** -0.5, hidden ** -0.5
+            if module.cross:
+                nn.init.normal_(module.q.weight, std=q_std)
+                nn.init.normal_(module.kv.weight, std=kv_std)
+            else:
+                nn.init.normal_(module.qkv.weight[:module.q_dim], std=q_std)
+                nn.init.normal_(module.qkv.weight[module.q_dim:], std=kv_std)
+            nn.init.normal_(module.out.weight, std=module.q_dim ** -0.5)
+        elif isinstance(module, FeedForward):
+            hidden = module.up.weight.shape[1]
+            for linear in (module.up, module.gate):
+                if linear is not None:
+                    nn.init.normal_(linear.weight, std=hidden ** -0.5)
+            nn.init.normal_(module.down.weight, std=module.down.weight.shape[1] ** -0.5)
+        elif isinstance(module, RelativePositionBias):
+            nn.init.normal_(module.weight, std=module.weight.shape[1] ** -0.5)
+        elif isinstance(module, EmbeddingPart) and isinstance(getattr(module, "weight", None), nn.Parameter):
+            nn.init.normal_(module.weight, std=1.0)
+    for target in getattr(model, "targets", {}).values():
+        output = getattr(target, "output", None)
+        if isinstance(output, nn.Linear) and not any(head == f"targets.{target.name}.output.weight"
+                                                     for head, _ in getattr(model, "tied", [])):
+            nn.init.normal_(output.weight, std=1.0)
+
+
 def build_model(cfg: Any, provided: Iterable[str] | None = None, device: str | torch.device | None = None,
                 training: bool = True) -> Model:
     """Build the model of a ``ModelConfig``.
@@ -106,9 +198,12 @@ def build_model(cfg: Any, provided: Iterable[str] | None = None, device: str | t
     on_meta = device is not None and torch.device(device).type == "meta"
     width = cfg.embedding_size or cfg.hidden_size
     with torch.device(device) if device is not None else nullcontext():
-        project = not getattr(ENCODERS.get(cfg.encoder.type), "takes_embedding_width", False)
-        embedding = _embedding_slot(cfg.embedding, cfg, SlotSizes(cfg, hidden_size=width), project)
-        encoder = ENCODERS.get(cfg.encoder.type).from_config(cfg.encoder, cfg)
+        # A dual model's encoder slot holds stream 0's encoder; stream 1 goes beside it (pair).
+        encoder_cfg = _stream_encoder_config(cfg)
+        embedding = _embedding_slot(cfg.embedding, cfg, SlotSizes(cfg, hidden_size=width),
+                                    not _reads_embedding_width(encoder_cfg))
+        encoder = ENCODERS.get(encoder_cfg.type).from_config(encoder_cfg, cfg)
+        pair = build_pair_stream(cfg.encoder, cfg) if _two_streams(cfg) else None
         target_embedding = decoder = None
         if cfg.decoder is not None:
             target_vocab = cfg.target_vocab_size or cfg.vocab_size
@@ -117,7 +212,7 @@ def build_model(cfg: Any, provided: Iterable[str] | None = None, device: str | t
             decoder = DECODERS.get(cfg.decoder.type).from_config(cfg.decoder, cfg)
         head_sizes = SlotSizes(cfg, vocab_size=cfg.output_vocab_size)
         targets = {t.target_name: TARGETS.get(t.type).from_config(t, head_sizes) for t in cfg.targets}
-        model = Model(embedding, encoder, targets, target_embedding, decoder)
+        model = Model(embedding, encoder, targets, target_embedding, decoder, pair)
     if cfg.share_embedding and target_embedding is not None:
         source = embedding.word_embedding_weight()
         if source is not None and target_embedding.word_embedding_weight() is not None:
@@ -135,6 +230,8 @@ def build_model(cfg: Any, provided: Iterable[str] | None = None, device: str | t
     if not on_meta:
         with torch.no_grad():
             init_weights(model, cfg.init_std)
+            if cfg.init == "t5":
+                init_t5(model)
     if provided is not None:
         check_requirements(model, set(provided), training)
     return model
@@ -155,6 +252,9 @@ def check_requirements(model: Model, provided: set[str], training: bool = True) 
     for f in getattr(model.encoder, "requires", ()):
         if f not in provided:
             missing.append(f"encoder '{model.encoder.registry_name}' needs Batch.{f}")
+    if model.pair is not None:
+        missing += [f"{who} needs Batch.{f}" for who, f in model.pair.required_fields(model.embedding, model.encoder)
+                    if f not in provided]
     if model.target_embedding is not None:
         for part_name in model.target_embedding.part_names:
             part = getattr(model.target_embedding, part_name)
@@ -165,9 +265,11 @@ def check_requirements(model: Model, provided: set[str], training: bool = True) 
             if f not in provided:
                 missing.append(f"target '{name}' needs Batch.{f}")
     if missing:
+        pair_hint = (" A dual model reads its second input from Batch.pair, which pair-aware data fills "
+                     "(for classification: task.pair_input=separate)." if model.pair is not None else "")
         raise UserError("the data does not provide what the model reads: " + "; ".join(missing)
                         + f". The objective/task provides: {', '.join(sorted(provided)) or 'nothing'}. "
-                        "Pick an objective that provides these fields, or change the model's slots.")
+                        "Pick an objective that provides these fields, or change the model's slots." + pair_hint)
 
 
 def summarize(model: Model) -> str:
@@ -185,6 +287,8 @@ def summarize(model: Model) -> str:
     lines.append(f"encoder: {enc.registry_name}" + (f" x{getattr(enc, 'num_layers', len(layers))} layers"
                                                      if layers is not None else "")
                  + (f", mask {enc.mask_kind}" if hasattr(enc, "mask_kind") else "") + f" ({n(enc)})")
+    if model.pair is not None:
+        lines.append(f"pair: {model.pair.registry_name}: {model.pair.describe()}")
     if model.decoder is not None:
         lines.append("target embedding: " + ", ".join(
             f"{name} ({n(getattr(model.target_embedding, name))})" for name in model.target_embedding.part_names))

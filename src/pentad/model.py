@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from pentad.components.base import Batch, Embedded, EmbeddingPart, Encoder, Target, TargetOutput
+from pentad.components.base import Batch, Embedded, EmbeddingPart, Encoder, PooledPair, Target, TargetOutput
 from pentad.layers.cache import KVCache
 
 
@@ -51,19 +51,42 @@ class EmbeddingSlot(nn.Module):
         return Embedded(hidden, batch.padding_mask)
 
 
+def run_stream(embedding: EmbeddingSlot, encoder: Encoder, batch: Batch, cache: KVCache | None = None
+               ) -> tuple[Tensor, Tensor | None]:
+    """Embedding slot then encoder over ``batch``: (hidden [B,S,H], padding_mask [B,S] | None).
+
+    The one place an encoder is called on embedded input, for a one-stream model and for each
+    stream of a two-stream model alike.
+    """
+    embedded = embedding(batch)
+    prefix_lengths = None
+    if getattr(encoder, "mask_kind", None) == "prefix" and batch.segments is not None:
+        # Prefix positions are segment 0 (and, with left padding, the padding before them).
+        prefix_lengths = _prefix_lengths(batch.segments, embedded.padding_mask)
+    hidden = encoder(embedded.hidden, embedded.padding_mask, prefix_lengths, batch.positions, cache)
+    return hidden, embedded.padding_mask
+
+
 class Model(nn.Module):
     """A model assembled by ``pentad.builder.build_model``.
 
     ``forward(batch) -> {target name: TargetOutput}``; ``encode(batch) -> (hidden [B,S,H], padding_mask)``;
     ``decode(batch, memory, memory_padding_mask) -> [B,T,H]`` for encoder-decoder models.
     Targets read the decoder output when there is a decoder, else the encoder output.
+
+    Two-stream (dual) models have ``pair`` (``components/encoders/dual.py``): stream 0 is the
+    embedding and encoder slots as in any model, ``pair`` holds stream 1 (or shares stream 0's
+    modules when tied) and the pooling of both. ``encode_pair(batch) -> PooledPair`` and the
+    targets read the pooled pair; ``encode`` still gives stream 0's token states.
     """
 
     def __init__(self, embedding: EmbeddingSlot, encoder: Encoder, targets: dict[str, Target],
-                 target_embedding: EmbeddingSlot | None = None, decoder: nn.Module | None = None):
+                 target_embedding: EmbeddingSlot | None = None, decoder: nn.Module | None = None,
+                 pair: nn.Module | None = None):
         super().__init__()
         self.embedding = embedding
         self.encoder = encoder
+        self.pair = pair
         self.target_embedding = target_embedding
         self.decoder = decoder
         self.targets = nn.ModuleDict(targets)
@@ -72,13 +95,14 @@ class Model(nn.Module):
     def encode(self, batch: Batch, cache: KVCache | None = None) -> tuple[Tensor, Tensor | None]:
         """Embedding and encoder. With ``cache`` (decoder-only generation) ``batch.tokens`` holds the
         new positions only and ``batch.padding_mask`` covers cached and new positions."""
-        embedded = self.embedding(batch)
-        prefix_lengths = None
-        if getattr(self.encoder, "mask_kind", None) == "prefix" and batch.segments is not None:
-            # Prefix positions are segment 0 (and, with left padding, the padding before them).
-            prefix_lengths = _prefix_lengths(batch.segments, embedded.padding_mask)
-        hidden = self.encoder(embedded.hidden, embedded.padding_mask, prefix_lengths, batch.positions, cache)
-        return hidden, embedded.padding_mask
+        return run_stream(self.embedding, self.encoder, batch, cache)
+
+    def encode_pair(self, batch: Batch) -> PooledPair:
+        """Both streams of a two-stream model, pooled: first [B,H0] from ``batch``, second [B,H1]
+        from ``batch.pair``."""
+        if self.pair is None:
+            raise ValueError("this model has one stream (its encoder is not 'dual')")
+        return self.pair(batch, self.embedding, self.encoder)
 
     def decode(self, batch: Batch, memory: Tensor | None, memory_padding_mask: Tensor | None,
                cache: KVCache | None = None) -> Tensor:
@@ -91,6 +115,9 @@ class Model(nn.Module):
                             view.positions, cache)
 
     def forward(self, batch: Batch) -> dict[str, TargetOutput]:
+        if self.pair is not None:
+            pooled = self.encode_pair(batch)
+            return {name: target(pooled, batch) for name, target in self.targets.items()}
         hidden, padding_mask = self.encode(batch)
         if self.decoder is not None:
             hidden = self.decode(batch, hidden, padding_mask)

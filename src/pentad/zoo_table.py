@@ -21,6 +21,13 @@ def published() -> dict[str, dict[str, Any]]:
 
 def _stack(cfg: Any, hidden: int) -> str:
     """One line for an encoder/decoder config."""
+    if cfg.type == "dual":
+        first = f"{_stack(cfg.stream_0.encoder, hidden)}, {cfg.stream_0.pooling} pooling"
+        if cfg.tie:
+            return f"dual (tied streams: {first})"
+        second = cfg.stream_1.encoder
+        other = _stack(second, cfg.stream_1.hidden_size or hidden) if second is not None else "as stream 0"
+        return f"dual (stream 0: {first}; stream 1: {other}, {cfg.stream_1.pooling or cfg.stream_0.pooling} pooling)"
     if cfg.type != "transformer":
         extra = ", ".join(f"{k}={v}" for k, v in cfg.model_dump().items()
                           if k in ("num_layers", "kernel_size", "block_size", "bidirectional") and v not in (None, False))

@@ -10,6 +10,8 @@ Conventions used everywhere:
   (-100) at positions that are not scored.
 * Segment ids are 0 for segment A (or the only segment) and 1 for segment B; padding is its
   own mask and never a segment id.
+* Two-stream (dual, siamese) models read their second input from ``Batch.pair``, a Batch of its
+  own; their encoder gives the targets a :class:`PooledPair` instead of token states.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class Batch:
     tokens [B,S] long; segments [B,S] long; padding_mask [B,S] bool (True = padding);
     positions [B,S] long (optional, defaults to 0..S-1); decoder_* the same for the decoder
     side; pixels [B,C,H,W]; audio [B,T,F]; labels: target name -> tensor.
+    pair: the second stream of a two-stream model (text B of a sentence pair for SBERT, the
+    image for CLIP): a Batch with the same row count whose own fields are [B,S'] (its labels are
+    unused; labels live in the outer Batch). Its fields appear as ``pair.<field>`` in ``provided()``.
     """
 
     tokens: Tensor | None = None
@@ -47,13 +52,14 @@ class Batch:
     pixels: Tensor | None = None
     audio: Tensor | None = None
     labels: dict[str, Tensor] = field(default_factory=dict)
+    pair: Batch | None = None
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        """A copy with every tensor moved to ``device``."""
+        """A copy with every tensor (the pair's included) moved to ``device``."""
         moved: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, Tensor):
+            if isinstance(value, (Tensor, Batch)):
                 value = value.to(device, non_blocking=non_blocking)
             elif isinstance(value, dict):
                 value = {k: v.to(device, non_blocking=non_blocking) for k, v in value.items()}
@@ -61,8 +67,11 @@ class Batch:
         return Batch(**moved)
 
     def provided(self) -> set[str]:
-        """Names of the fields that are set; labels appear as ``labels.<target>``."""
+        """Names of the fields that are set; labels appear as ``labels.<target>`` and the pair's
+        input fields as ``pair.<field>``."""
         names = {f for f in BATCH_INPUT_FIELDS if getattr(self, f) is not None}
+        if self.pair is not None:
+            names |= {f"pair.{f}" for f in BATCH_INPUT_FIELDS if getattr(self.pair, f) is not None}
         return names | {f"labels.{k}" for k in self.labels}
 
     def decoder_view(self) -> Batch:
@@ -79,6 +88,8 @@ class Batch:
             value = getattr(self, name)
             if value is not None:
                 return int(value.shape[0])
+        if self.pair is not None:
+            return self.pair.batch_size
         raise ValueError("empty batch")
 
 
@@ -88,6 +99,16 @@ class Embedded:
 
     hidden: Tensor
     padding_mask: Tensor | None
+
+
+@dataclass
+class PooledPair:
+    """What a two-stream (dual) model gives its targets in place of token states: one pooled
+    vector per stream. first [B, H0] (stream 0: ``Batch.tokens`` ...), second [B, H1] (stream 1:
+    ``Batch.pair``); H0 and H1 differ only when the streams have different widths (CLIP)."""
+
+    first: Tensor
+    second: Tensor
 
 
 @dataclass
@@ -157,10 +178,13 @@ class Target(nn.Module):
     ``name`` is its key in ``batch.labels`` and the prefix of its parameters. A fine-tuning
     head is a target too, so pre-training and fine-tuning share class and parameter names.
     ``requires`` lists the Batch fields it reads (labels appear as ``labels.<name>``).
+    ``reads_pair``: the head compares the two streams of a dual model, so ``hidden`` is a
+    :class:`PooledPair` rather than [B,S,H] token states (and only such heads fit a dual model).
     """
 
     registry_name: ClassVar[str]
     requires: ClassVar[tuple[str, ...]] = ()
+    reads_pair: ClassVar[bool] = False
 
     def __init__(self, name: str):
         super().__init__()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, create_model
 
@@ -35,6 +35,8 @@ class ModelConfigBase(StrictModel):
     share_embedding: bool = Field(False, description="the target embedding's word table is the encoder's "
                                   "(encoder-decoder models with one vocabulary: T5, BART)")
     init_std: float = Field(0.02, gt=0.0, description="std of the normal initialisation of weights")
+    init: Literal["normal", "t5"] = Field("normal", description="normal: N(0, init_std) weights (BERT, GPT-2); "
+                                          "t5: unit-variance embeddings and fan-in-scaled projections (T5)")
 
     @property
     def output_vocab_size(self) -> int | None:

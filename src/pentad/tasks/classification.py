@@ -2,6 +2,11 @@
 
 Training, evaluation and inference read files through the same code (``pentad.data.tsv``) and
 batch through the ``cls`` objective's collate.
+
+A pair goes into the model one of two ways (``pair_input``): ``joint``, one sequence
+``[CLS] a [SEP] b [SEP]`` with segments 0/1 for a one-stream model (a BERT cross-encoder); or
+``separate``, ``[CLS] a [SEP]`` as the batch and ``[CLS] b [SEP]`` as ``Batch.pair`` for a dual
+model (SBERT, siamese LSTM), with a ``pair_cls`` head over the two pooled vectors.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from pentad.components.targets.pair_cls import PairFeature
 from pentad.config.base import StrictModel
+from pentad.errors import UserError
 from pentad.layers.pooling import PoolingKind
 from pentad.registry import OBJECTIVES, TASKS
 from pentad.tasks.base import Task, classification_metrics, in_order, predict_logits
@@ -26,6 +33,14 @@ class ClassificationTaskConfig(StrictModel):
     head_dropout: float = Field(0.1, ge=0.0, lt=1.0)
     metric: Literal["accuracy", "macro_f1"] = Field("accuracy", description="dev metric that picks the best model")
     probabilities: bool = Field(False, description="inference also writes class probabilities")
+    pair_input: Literal["joint", "separate"] = Field(
+        "joint", description="how text_a and text_b enter the model: joint, one sequence [CLS] a [SEP] b [SEP] "
+        "(one-stream models); separate, two streams (a dual model: SBERT, siamese LSTM) with a pair_cls head")
+    pair_features: list[PairFeature] = Field(["u", "v", "abs_diff"], min_length=1, description="with "
+                                             "pair_input separate: the pair_cls head's features (u, v, "
+                                             "abs_diff, product)")
+    pair_mlp_size: int | None = Field(None, ge=1, description="with pair_input separate: a hidden layer of "
+                                      "this width in the pair_cls head (InferSent: 512)")
 
 
 @TASKS.register("classification")
@@ -33,7 +48,6 @@ class ClassificationTask(Task):
     """Reads labelled TSVs, owns the label map, evaluates accuracy / macro-F1, writes predictions."""
 
     Config = ClassificationTaskConfig
-    provides = frozenset({"tokens", "segments", "padding_mask", "labels.cls"})
     head = "cls"
 
     def __init__(self, cfg: ClassificationTaskConfig, tokenizer, seq_length: int, label_map=None):
@@ -44,6 +58,18 @@ class ClassificationTask(Task):
         self.seq_length = seq_length
         self.label_map = label_map
         self.objective = OBJECTIVES.get("cls")(ClsObjectiveConfig(seq_length=seq_length), tokenizer)
+
+    @property
+    def separate(self) -> bool:
+        """Whether text_a and text_b go to the two streams of a dual model."""
+        return self.cfg.pair_input == "separate"
+
+    @property
+    def provides(self) -> frozenset[str]:  # type: ignore[override]
+        fields = {"tokens", "segments", "padding_mask", "labels.cls"}
+        if self.separate:
+            fields |= {"pair.tokens", "pair.segments", "pair.padding_mask"}
+        return frozenset(fields)
 
     # ---------------------------------------------------------------- data
     def fit_labels(self, train_path: Path) -> None:
@@ -58,18 +84,28 @@ class ClassificationTask(Task):
         from pentad.data.tsv import encode_classification, read_classification_tsv
 
         rows, _ = read_classification_tsv(path, with_labels=with_labels)
-        instances = encode_classification(rows, self.tokenizer, self.seq_length,
-                                          self.label_map if with_labels else None, path=path)
+        label_map = self.label_map if with_labels else None
+        if self.separate:
+            return rows, encode_separate_pairs(rows, self.tokenizer, self.seq_length, label_map, path)
+        instances = encode_classification(rows, self.tokenizer, self.seq_length, label_map, path=path)
         return rows, instances
 
     def collate(self, instances, indices, rng: np.random.Generator):
-        return self.objective.collate(instances[np.asarray(indices)], rng)
+        chosen = instances[np.asarray(indices)]
+        if self.separate:
+            return collate_separate_pairs(chosen, self.objective.pad_id)
+        return self.objective.collate(chosen, rng)
 
     @property
     def num_labels(self) -> int:
         return self.label_map.num_labels
 
     def head_configs(self) -> list[dict[str, Any]]:
+        if self.separate:
+            # Named "cls" like the joint head, so labels, checkpoints and predictions read the same.
+            return [{"type": "pair_cls", "name": self.head, "num_labels": self.num_labels,
+                     "features": list(self.cfg.pair_features), "mlp_size": self.cfg.pair_mlp_size,
+                     "dropout": self.cfg.head_dropout}]
         return [{"type": "cls", "num_labels": self.num_labels, "pooling": self.cfg.pooling,
                  "dropout": self.cfg.head_dropout}]
 
@@ -99,3 +135,53 @@ class ClassificationTask(Task):
         atomic_write_text(path, "\n".join(lines) + "\n")
 
 
+# ------------------------------------------------------------------------- separate pairs
+def encode_separate_pairs(rows, tokenizer: Any, seq_length: int, label_map, path: Path | str = "<rows>"):
+    """Rows with text_a and text_b -> Instances for two streams.
+
+    Each instance is ``[CLS] a [SEP] [CLS] b [SEP]``, each text truncated to ``seq_length``
+    tokens with its own [CLS] and [SEP]; the field ``split`` is where ``[CLS] b`` starts (so
+    indexing and shuffling work as for joint pairs). ``label`` as in ``encode_classification``.
+    """
+    from pentad.data.shards import Instances
+    from pentad.data.tsv import assemble_pairs
+
+    if rows and rows[0].text_b is None:
+        raise UserError(f"{path}: pair_input is 'separate' (two streams for a dual model), but the file "
+                        "has no text_b column; give 'label<TAB>text_a<TAB>text_b' pairs, or use "
+                        "task.pair_input=joint with a one-stream model")
+    if tokenizer.cls_id is None or tokenizer.sep_id is None:
+        from pentad.data.masking import describe_tokenizer
+
+        raise UserError(f"classification needs [CLS] and [SEP] tokens, which the "
+                        f"{describe_tokenizer(tokenizer)} lacks.")
+    cls_id, sep_id = int(tokenizer.cls_id), int(tokenizer.sep_id)
+    first, _ = assemble_pairs(tokenizer.encode_batch([r.text_a for r in rows]), None, cls_id, sep_id, seq_length)
+    second, _ = assemble_pairs(tokenizer.encode_batch([r.text_b or "" for r in rows]), None, cls_id, sep_id,
+                               seq_length)
+    fields: dict[str, Any] = {"split": [len(a) for a in first]}
+    if label_map is not None and rows and all(r.label is not None for r in rows):
+        fields["label"] = [label_map.encode(r.label or "", path, r.line) for r in rows]
+    return Instances.from_sequences([np.concatenate([a, b]) for a, b in zip(first, second)], **fields)
+
+
+def collate_separate_pairs(instances, pad_id: int):
+    """Instances from ``encode_separate_pairs`` -> Batch of text A (tokens/segments/padding_mask
+    [B,Sa]) whose ``pair`` holds text B ([B,Sb]); labels.cls [B] when the instances have labels.
+    Each stream is one segment (ids 0)."""
+    from pentad.components.base import Batch
+    from pentad.data.shards import Instances, concat_ranges
+
+    starts, split = instances.offsets[:-1], instances.fields["split"]
+
+    def stream(begin: np.ndarray, lengths: np.ndarray) -> Batch:
+        part = Instances(instances.tokens[concat_ranges(begin, lengths)], lengths)
+        ids, valid = part.padded(pad_id)
+        return Batch(tokens=torch.from_numpy(ids), segments=torch.zeros(ids.shape, dtype=torch.long),
+                     padding_mask=torch.from_numpy(~valid))
+
+    batch = stream(starts, split)
+    batch.pair = stream(starts + split, instances.lengths - split)
+    if "label" in instances.fields:
+        batch.labels["cls"] = torch.from_numpy(instances.fields["label"].astype(np.int64))
+    return batch

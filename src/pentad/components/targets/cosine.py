@@ -1,0 +1,52 @@
+"""Similarity regression over the two pooled streams of a dual model: the cosine of (u, v)
+regresses a gold score with a mean squared error (SBERT's regression objective, Reimers &
+Gurevych 2019, section 3, used for STS benchmark training)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch.nn.functional as F
+from pydantic import Field
+
+from pentad.components.base import Batch, PooledPair, Target, TargetOutput
+from pentad.components.targets.common import TargetConfigBase
+from pentad.components.targets.pair_cls import _widths
+from pentad.registry import TARGETS
+
+
+class CosineTargetConfig(TargetConfigBase):
+    type: Literal["cosine"] = "cosine"
+    scale: float = Field(1.0, gt=0.0, description="gold scores are divided by this (STS-B: 5.0) so that "
+                         "they compare with cosines in [-1, 1]")
+
+    def check(self, model) -> list[tuple[str, str]]:
+        widths = _widths(model)
+        if widths[0] != widths[1]:
+            return [("type", f"cosine compares vectors of one width; the streams are {widths[0]} and "
+                             f"{widths[1]} wide")]
+        return []
+
+
+@TARGETS.register("cosine")
+class CosineTarget(Target):
+    """PooledPair (u [B,H], v [B,H]) -> cosine [B] (as logits [B,1]); labels [B] float scores."""
+
+    Config = CosineTargetConfig
+    reads_pair = True
+
+    def __init__(self, name: str, scale: float = 1.0):
+        super().__init__(name)
+        self.scale = scale
+
+    @classmethod
+    def from_config(cls, cfg: CosineTargetConfig, model) -> CosineTarget:
+        return cls(cfg.target_name, cfg.scale)
+
+    def forward(self, hidden: PooledPair, batch: Batch) -> TargetOutput:  # type: ignore[override]
+        cosine = F.cosine_similarity(hidden.first.float(), hidden.second.float(), dim=-1)
+        labels = batch.labels.get(self.name)
+        if labels is None:
+            return TargetOutput(loss=None, logits=cosine[:, None])
+        loss = F.mse_loss(cosine, labels.float() / self.scale)
+        return TargetOutput(loss=loss, logits=cosine[:, None])

@@ -1,0 +1,356 @@
+"""Two-stream (dual) models: tying, pooling, padding, the pair targets (clr against a hand-computed
+InfoNCE, pair_cls, cosine), one embedding norm per stream (TencentPretrain's double LayerNorm is
+absent), and config errors that name the nested key."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pentad.builder import build_model, summarize
+from pentad.components.base import Batch, PooledPair
+from pentad.components.targets.clr import ClrTarget
+from pentad.components.targets.cosine import CosineTarget
+from pentad.components.targets.pair_cls import PairClsTarget
+from pentad.config.loader import validate_raw
+from pentad.config.model import model_config_class
+from pentad.errors import UserError
+from pentad.layers.pooling import pool
+from pentad.model import count_parameters
+
+V, H = 40, 16
+TRANSFORMER = {"type": "transformer", "num_layers": 2, "num_heads": 2, "ffn_size": 32, "dropout": 0.0}
+LSTM = {"type": "lstm", "num_layers": 2, "dropout": 0.0}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def dual_dict(tie: bool = True, inner: dict | None = None, pooling: str = "mean", targets=None, **stream_1) -> dict:
+    return {
+        "hidden_size": H, "vocab_size": V, "max_seq_length": 24,
+        "embedding": {"parts": ["word", "pos", "seg"], "dropout": 0.0},
+        "encoder": {"type": "dual", "tie": tie, "stream_0": {"encoder": dict(inner or TRANSFORMER), "pooling": pooling},
+                    "stream_1": stream_1},
+        "targets": targets or [{"type": "pair_cls", "num_labels": 3, "dropout": 0.0}],
+    }
+
+
+def build(d: dict, seed: int = 0):
+    torch.manual_seed(seed)
+    return build_model(model_config_class().model_validate(d)).eval()
+
+
+def pair_batch(b: int = 4, s0: int = 7, s1: int = 5, seed: int = 1) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    pad0 = torch.zeros(b, s0, dtype=torch.bool)
+    pad0[1, -2:] = True
+    pad1 = torch.zeros(b, s1, dtype=torch.bool)
+    pad1[2, -3:] = True
+    return Batch(tokens=torch.randint(1, V, (b, s0), generator=g), segments=torch.zeros(b, s0, dtype=torch.long),
+                 padding_mask=pad0,
+                 pair=Batch(tokens=torch.randint(1, V, (b, s1), generator=g),
+                            segments=torch.zeros(b, s1, dtype=torch.long), padding_mask=pad1),
+                 labels={"pair_cls": torch.arange(b) % 3})
+
+
+# ----------------------------------------------------------------------------- batch
+def test_batch_carries_its_pair():
+    batch = pair_batch()
+    assert batch.provided() == {"tokens", "segments", "padding_mask", "pair.tokens", "pair.segments",
+                                "pair.padding_mask", "labels.pair_cls"}
+    moved = batch.to("cpu")
+    assert moved.pair is not batch.pair and torch.equal(moved.pair.tokens, batch.pair.tokens)
+    assert Batch(pair=batch.pair).batch_size == 4
+
+
+# ----------------------------------------------------------------------------- tying
+def test_tied_streams_share_everything_and_keep_one_stream_names():
+    tied = build(dual_dict(tie=True))
+    untied = build(dual_dict(tie=False))
+    one_stream = build_model(model_config_class().model_validate(
+        {**dual_dict(), "encoder": TRANSFORMER, "targets": [{"type": "cls", "num_labels": 3}]}), device="meta")
+    body = {k for k in one_stream.state_dict() if not k.startswith("targets.")}
+    assert {k for k in tied.state_dict() if not k.startswith("targets.")} == body  # BERT loads into SBERT
+    stream_1 = sum(p.numel() for p in untied.pair.parameters())
+    assert stream_1 == sum(p.numel() for p in untied.embedding.parameters()) + \
+        sum(p.numel() for p in untied.encoder.parameters())
+    assert count_parameters(untied) == count_parameters(tied) + stream_1
+    own = {id(p) for p in untied.pair.parameters()}
+    assert not own & {id(p) for n, p in untied.named_parameters() if not n.startswith("pair.")}
+    assert "tied" in summarize(tied) and "stream 1 embedding word+pos+seg" in summarize(untied)
+
+
+def test_untied_streams_train_separately():
+    model = build(dual_dict(tie=False)).train()
+    out = model(pair_batch())
+    out["pair_cls"].loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+    assert not torch.equal(model.embedding.word.weight.grad, model.pair.embedding.word.weight.grad)
+
+
+# ----------------------------------------------------------------------------- pooling and padding
+@pytest.mark.parametrize("kind", ["first", "mean", "max", "last"])
+@pytest.mark.parametrize("tie", [True, False])
+def test_each_stream_is_pooled_over_its_real_tokens(kind, tie):
+    model = build(dual_dict(tie=tie, pooling=kind))
+    batch = pair_batch()
+    pooled = model.encode_pair(batch)
+    hidden, mask = model.encode(batch)
+    assert torch.allclose(pooled.first, pool(hidden, mask, kind), atol=1e-5)
+    emb, enc = (model.embedding, model.encoder) if tie else (model.pair.embedding, model.pair.encoder)
+    from pentad.model import run_stream
+
+    hidden_1, mask_1 = run_stream(emb, enc, batch.pair)
+    assert torch.allclose(pooled.second, pool(hidden_1, mask_1, kind), atol=1e-5)
+
+
+def test_stream_poolings_may_differ():
+    d = dual_dict(pooling="first")
+    d["encoder"]["stream_1"] = {"pooling": "max"}
+    model = build(d)
+    assert (model.pair.pooling_0, model.pair.pooling_1) == ("first", "max")
+    batch = pair_batch()
+    pooled, (hidden, mask) = model.encode_pair(batch), model.encode(batch)
+    assert torch.allclose(pooled.first, hidden[:, 0], atol=1e-5)
+    assert torch.allclose(pooled.second, model.encode(batch.pair)[0].masked_fill(
+        batch.pair.padding_mask[..., None], -1e4).max(dim=1).values, atol=1e-5)
+    assert torch.equal(mask, batch.padding_mask)
+
+
+@pytest.mark.parametrize("inner", [TRANSFORMER, LSTM], ids=["transformer", "lstm"])
+@pytest.mark.parametrize("tie", [True, False])
+def test_pooled_vectors_ignore_padding(inner, tie):
+    """A row's vectors do not change with extra padding, nor with the other stream's length (the
+    tied streams run as one batch)."""
+    model = build(dual_dict(tie=tie, inner=inner))
+    batch = pair_batch()
+    ref = model.encode_pair(batch)
+    longer = Batch(tokens=F.pad(batch.tokens, (0, 3), value=7), segments=F.pad(batch.segments, (0, 3)),
+                   padding_mask=F.pad(batch.padding_mask, (0, 3), value=True),
+                   pair=Batch(tokens=F.pad(batch.pair.tokens, (0, 9), value=5),
+                              segments=F.pad(batch.pair.segments, (0, 9)),
+                              padding_mask=F.pad(batch.pair.padding_mask, (0, 9), value=True)))
+    again = model.encode_pair(longer)
+    assert torch.allclose(ref.first, again.first, atol=1e-5) and torch.allclose(ref.second, again.second, atol=1e-5)
+    # row by row, alone (no padding at all) gives the same vectors
+    for row in (1, 2):
+        keep0, keep1 = ~batch.padding_mask[row], ~batch.pair.padding_mask[row]
+        alone = Batch(tokens=batch.tokens[row, keep0][None], segments=batch.segments[row, keep0][None],
+                      pair=Batch(tokens=batch.pair.tokens[row, keep1][None],
+                                 segments=batch.pair.segments[row, keep1][None]))
+        single = model.encode_pair(alone)
+        assert torch.allclose(single.first[0], ref.first[row], atol=1e-5)
+        assert torch.allclose(single.second[0], ref.second[row], atol=1e-5)
+
+
+def test_tied_single_pass_equals_two_passes():
+    model = build(dual_dict(tie=True))
+    batch = pair_batch()
+    merged = model.encode_pair(batch)
+    batch.pair.positions = torch.arange(batch.pair.tokens.shape[1]).expand_as(batch.pair.tokens)  # not stackable
+    separate = model.encode_pair(batch)
+    assert torch.allclose(merged.first, separate.first, atol=1e-5)
+    assert torch.allclose(merged.second, separate.second, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- one norm per stream
+def test_one_embedding_norm_per_stream():
+    """TencentPretrain's DualEmbedding normalises each stream twice (LN of LN); here a stream's
+    encoder sees exactly its embedding slot's output."""
+    model = build(dual_dict(tie=False))
+    norms = [n for n, m in model.named_modules() if isinstance(m, nn.LayerNorm) and ".layers." not in n]
+    assert norms == ["embedding.norm", "pair.embedding.norm"]
+    with torch.no_grad():
+        model.pair.embedding.norm.weight.fill_(3.0)
+        model.pair.embedding.norm.bias.fill_(0.5)
+    seen = []
+    handle = model.pair.encoder.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    batch = pair_batch()
+    model.encode_pair(batch)
+    handle.remove()
+    real = seen[0][~batch.pair.padding_mask]  # [N, H] rows the encoder received
+    assert torch.allclose(real.mean(-1), torch.full((len(real),), 0.5), atol=1e-4)
+    assert torch.allclose(real.std(-1, unbiased=False), torch.full((len(real),), 3.0), atol=1e-3)
+
+
+# ----------------------------------------------------------------------------- targets
+def _infonce(a: torch.Tensor, b: torch.Tensor, scale: float) -> float:
+    """Symmetric InfoNCE by explicit sums."""
+    a = a / a.norm(dim=-1, keepdim=True)
+    b = b / b.norm(dim=-1, keepdim=True)
+    n = a.shape[0]
+    total = 0.0
+    for x, y in ((a, b), (b, a)):
+        for i in range(n):
+            scores = [scale * float(x[i] @ y[j]) for j in range(n)]
+            total += -(scores[i] - math.log(sum(math.exp(s) for s in scores)))
+    return total / (2 * n)
+
+
+def test_clr_loss_is_symmetric_infonce():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(5, H, generator=g), torch.randn(5, H, generator=g)
+    target = ClrTarget("clr", (H, H))
+    assert math.isclose(target.scale().item(), 1 / 0.07, rel_tol=1e-5)  # CLIP's initial scale
+    out = target(PooledPair(a, b), Batch())
+    assert math.isclose(out.loss.item(), _infonce(a, b, 1 / 0.07), rel_tol=1e-4)
+    assert out.logits.shape == (5, 5) and int(out.metrics["count"]) == 10
+    # identical streams: every row finds its partner
+    same = target(PooledPair(a, a.clone()), Batch())
+    assert int(same.metrics["correct"]) == 10
+    fixed = ClrTarget("clr", (H, H), temperature=0.05)
+    assert fixed.logit_scale is None
+    assert math.isclose(fixed(PooledPair(a, b), Batch()).loss.item(), _infonce(a, b, 20.0), rel_tol=1e-4)
+    with torch.no_grad():
+        target.logit_scale.fill_(10.0)  # exp(10) is capped at 100 (CLIP)
+    assert math.isclose(target(PooledPair(a, b), Batch()).loss.item(), _infonce(a, b, 100.0), rel_tol=1e-4)
+
+
+def test_clr_projects_streams_of_different_widths():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(4, 6, generator=g), torch.randn(4, 10, generator=g)
+    target = ClrTarget("clr", (6, 10), projection=True, feature_size=8)
+    out = target(PooledPair(a, b), Batch())
+    pa, pb = target.projection_0(a), target.projection_1(b)
+    assert math.isclose(out.loss.item(), _infonce(pa.detach(), pb.detach(), 1 / 0.07), rel_tol=1e-4)
+    out.loss.backward()
+    assert target.logit_scale.grad is not None and target.projection_1.weight.grad is not None
+
+
+def test_clr_trains_a_dual_model_without_labels():
+    model = build(dual_dict(tie=False, targets=[{"type": "clr"}])).train()
+    batch = pair_batch()
+    batch.labels = {}
+    from pentad.builder import check_requirements
+
+    check_requirements(model, batch.provided())  # clr needs no labels
+    out = model(batch)["clr"]
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and model.targets["clr"].logit_scale.grad is not None
+
+
+def test_pair_cls_features_and_head():
+    u, v = torch.tensor([[1.0, -2.0]]), torch.tensor([[3.0, 1.0]])
+    head = PairClsTarget("cls", (2, 2), 3, ("u", "v", "abs_diff", "product"), mlp_size=4, dropout=0.0)
+    feats = head.pair_features(PooledPair(u, v))
+    assert feats.tolist() == [[1.0, -2.0, 3.0, 1.0, 2.0, 3.0, 3.0, -2.0]]
+    assert head.hidden.in_features == 8 and head.classifier.in_features == 4
+    out = head(PooledPair(u, v), Batch(labels={"cls": torch.tensor([2])}))
+    assert out.logits.shape == (1, 3) and int(out.metrics["count"]) == 1
+    sbert = PairClsTarget("cls", (H, H), 3)  # SBERT: (u, v, |u-v|) -> softmax
+    assert sbert.hidden is None and sbert.classifier.in_features == 3 * H
+
+
+def test_cosine_target_regresses_scaled_scores():
+    u, v = torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([[0.0, 1.0], [2.0, 2.0]])
+    out = CosineTarget("sts", scale=5.0)(PooledPair(u, v), Batch(labels={"sts": torch.tensor([0.0, 2.5])}))
+    assert torch.allclose(out.logits[:, 0], torch.tensor([0.0, 1.0]), atol=1e-6)
+    assert math.isclose(out.loss.item(), ((0 - 0) ** 2 + (1 - 0.5) ** 2) / 2, rel_tol=1e-6)
+
+
+# ----------------------------------------------------------------------------- config
+def problems_of(raw_model: dict, build_it: bool = False) -> str:
+    try:
+        cfg = validate_raw({"model": raw_model}, {}, "test.yaml")
+        if build_it:
+            build_model(cfg.model, device="meta")
+    except UserError as e:
+        return str(e)
+    pytest.fail("no error")
+
+
+def test_nested_config_errors_name_the_nested_key():
+    text = problems_of(dual_dict(tie=False, encoder={**TRANSFORMER, "num_layers": 0, "num_layer": 2},
+                                 embedding={"parts": ["word", "pso"]}))
+    assert "model.encoder.stream_1.encoder.num_layers: input should be greater than or equal to 1" in text
+    assert "model.encoder.stream_1.encoder.num_layer: unknown key" in text and "did you mean 'num_layers'" in text
+    assert "model.encoder.stream_1.embedding.parts.1.type: unknown embedding name" in text
+    bad_inner = dual_dict()
+    bad_inner["encoder"]["stream_0"]["encoder"]["type"] = "transfomer"
+    assert "model.encoder.stream_0.encoder.type: unknown encoder name" in problems_of(bad_inner)
+    assert "did you mean 'transformer'" in problems_of(bad_inner)
+
+
+def test_cross_field_config_problems_name_the_nested_key():
+    text = problems_of(dual_dict(tie=False, hidden_size=18, encoder={**TRANSFORMER, "num_heads": 4}), build_it=True)
+    assert "model.encoder.stream_1.encoder.num_heads: hidden_size 18 is not divisible by num_heads 4" in text
+    text = problems_of(dual_dict(tie=True, encoder=TRANSFORMER), build_it=True)
+    assert "model.encoder.stream_1.encoder: set, but tie is true" in text
+    nested = dual_dict()
+    nested["encoder"]["stream_0"]["encoder"] = {"type": "dual", "stream_0": {"encoder": TRANSFORMER}}
+    assert "model.encoder.stream_0.encoder.type: a stream of a dual encoder cannot itself be dual" in \
+        problems_of(nested, build_it=True)
+    assert "model.targets.0.type: 'mlm' reads token states" in problems_of(dual_dict(targets=["mlm"]), build_it=True)
+    one_stream = {**dual_dict(), "encoder": TRANSFORMER}
+    assert "model.targets.0.type: 'pair_cls' compares the two streams" in problems_of(one_stream, build_it=True)
+    wide = dual_dict(tie=False, hidden_size=24, targets=["clr"])
+    assert "model.targets.0.projection: the streams are 16 and 24 wide" in problems_of(wide, build_it=True)
+
+
+def test_missing_pair_data_is_named():
+    model = build(dual_dict())
+    with pytest.raises(UserError, match=r"stream 1 embedding part 'word' needs Batch.pair.tokens.*task.pair_input"):
+        from pentad.builder import check_requirements
+
+        check_requirements(model, {"tokens", "segments", "padding_mask", "labels.pair_cls"})
+
+
+def test_dual_config_round_trips_and_has_a_schema():
+    from pentad.config.run import run_config_class
+
+    cls = model_config_class()
+    cfg = cls.model_validate(dual_dict(tie=False, encoder=LSTM, hidden_size=24, embedding={"parts": ["word"]}))
+    again = cls.model_validate(cfg.model_dump())
+    assert again == cfg and again.encoder.stream_1.encoder.type == "lstm"
+    assert cls.model_validate(cfg.model_dump(mode="json")) == cfg
+    schema = run_config_class().model_json_schema()
+    assert "DualEncoderConfig" in str(schema)
+
+
+def _clr_rank(rank: int, init_file: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        torch.set_num_threads(1)
+        x, y, lin, target = _clr_problem()
+        rows = slice(4 * rank, 4 * rank + 4)
+        out = target(PooledPair(lin(x[rows]), lin(y[rows])), Batch())
+        out.loss.backward()
+        torch.save({"loss": out.loss.detach(), "weight": lin.weight.grad, "scale": target.logit_scale.grad,
+                    "count": out.metrics["count"]}, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _clr_problem():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 5, generator=g), torch.randn(8, 5, generator=g)
+    torch.manual_seed(1)
+    return x, y, nn.Linear(5, 4), ClrTarget("clr", (4, 4), init_temperature=0.5)
+
+
+def test_clr_under_data_parallelism_matches_the_global_batch(tmp_path):
+    """Two ranks with half the batch each: same loss, and gradients averaged over the ranks (as
+    DDP does) equal to one process's gradients on the whole batch."""
+    import torch.multiprocessing as mp
+
+    x, y, lin, target = _clr_problem()
+    whole = target(PooledPair(lin(x), lin(y)), Batch())
+    whole.loss.backward()
+    mp.spawn(_clr_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for r in ranks:
+        assert torch.allclose(r["loss"], whole.loss, atol=1e-6) and int(r["count"]) == 8  # 4 rows, 2 directions
+    assert torch.allclose((ranks[0]["weight"] + ranks[1]["weight"]) / 2, lin.weight.grad, atol=1e-6)
+    assert torch.allclose((ranks[0]["scale"] + ranks[1]["scale"]) / 2, target.logit_scale.grad, atol=1e-6)
