@@ -239,7 +239,8 @@ def test_tencentpretrain_checkpoint_written_by_hand_matches_hf(tmp_path):
     (scripts/convert_bert_from_huggingface_to_tencentpretrain.py): q/k/v to linear_layers.0/1/2, a
     zero padding row before the segment table, LayerNorm as gamma/beta, the tied MLM decoder saved
     under target.mlm.linear_2.weight."""
-    hf = save_hf(tmp_path / "hf", "BertForPreTraining", bert_config)
+    # TencentPretrain's embedding and MLM-head LayerNorms have eps 1e-6 whatever the config says.
+    hf = save_hf(tmp_path / "hf", "BertForPreTraining", lambda: bert_config(layer_norm_eps=1e-6))
     s = hf.state_dict()
     tp = {
         "embedding.word.embedding.weight": s["bert.embeddings.word_embeddings.weight"],

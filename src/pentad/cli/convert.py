@@ -3,6 +3,7 @@
     pentad convert hf-to-pentad IN OUT [--family F] [--verify] [--tolerance T]
     pentad convert pentad-to-hf IN OUT [--family F] [--verify] [--tolerance T]
     pentad convert tencentpretrain-to-pentad IN OUT [--verify]
+    pentad convert pentad-to-tencentpretrain IN OUT [--verify]
 
 Exit status: 0 on success, 1 when ``--verify`` finds a difference above the tolerance (the output
 is still written, to inspect), 2 for a user error (raised as ``UserError`` to the entry point).
@@ -20,15 +21,16 @@ from pentad.interop.convert import DIRECTIONS
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``convert`` subcommand to ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
     p = subparsers.add_parser(
-        "convert", help="convert weights: Hugging Face <-> pentad, TencentPretrain -> pentad",
+        "convert", help="convert weights: Hugging Face <-> pentad, TencentPretrain <-> pentad",
         description="Convert a model directory. hf-to-pentad / tencentpretrain-to-pentad write a pentad run "
-                    "directory; pentad-to-hf writes a directory transformers' from_pretrained loads.")
+                    "directory; pentad-to-hf writes a directory transformers' from_pretrained loads; "
+                    "pentad-to-tencentpretrain writes model.bin, config.json and the vocabulary file.")
     p.add_argument("direction", choices=DIRECTIONS, help="what to convert into what")
     p.add_argument("input", type=Path, metavar="IN", help="source directory (HF model dir, pentad run dir, "
                                                           "or a TencentPretrain .bin + JSON config dir)")
     p.add_argument("output", type=Path, metavar="OUT", help="output directory (new or empty)")
-    p.add_argument("--family", help="HF model family: bert, roberta, xlm-roberta, gpt2 (default: from "
-                                    "config.json, or recorded/guessed for pentad-to-hf)")
+    p.add_argument("--family", help="HF model family: bert, roberta, xlm-roberta, gpt2, albert, t5, bart, pegasus, "
+                                    "llama, bloom (default: from config.json, or recorded/guessed for pentad-to-hf)")
     p.add_argument("--verify", action="store_true",
                    help="run both models on a sample batch and report max |difference| per layer and output")
     p.add_argument("--tolerance", type=float, default=1e-5, help="largest accepted difference with --verify")

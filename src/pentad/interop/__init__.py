@@ -4,10 +4,12 @@
   templates with ``{layer}`` placeholders) plus a few named tensor transforms; the inverse
   direction is computed from the same rules.
 * :mod:`pentad.interop.hf`: Hugging Face Transformers families (``bert``, ``roberta`` /
-  ``xlm-roberta``, ``gpt2``), one module each, both directions, with tokenizer files.
-* :mod:`pentad.interop.tencentpretrain`: TencentPretrain / UER-py ``.bin`` checkpoints.
+  ``xlm-roberta``, ``gpt2``, ``albert``, ``t5``, ``bart``, ``pegasus``, ``llama``, ``bloom``), one
+  module each, both directions, with tokenizer files and sentence-transformers directories.
+* :mod:`pentad.interop.tencentpretrain`: TencentPretrain / UER-py ``.bin`` checkpoints, both ways.
+* :mod:`pentad.interop.spm`: SentencePiece models re-numbered the way XLM-R and T5 tokenizers count.
 * :mod:`pentad.interop.convert`: ``convert(direction, in_dir, out_dir, ...)`` behind
-  ``pentad convert``, with ``verify`` comparing the two models layer by layer.
+  ``pentad convert``, with ``verify`` comparing the two models layer by layer (encoder and decoder).
 
 See ``docs/conversion.md``.
 """

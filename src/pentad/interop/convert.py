@@ -1,4 +1,4 @@
-"""``pentad convert``: Hugging Face <-> pentad run directories, TencentPretrain -> pentad.
+"""``pentad convert``: Hugging Face <-> pentad run directories, TencentPretrain <-> pentad.
 
 * ``hf-to-pentad IN OUT``: IN is a Hugging Face model directory (``config.json``, weights,
   tokenizer files); OUT becomes a pentad run directory (``config.yaml``, ``model.safetensors``,
@@ -9,11 +9,15 @@
   ``transformers.AutoModel*.from_pretrained(OUT)`` loads offline, with the tokenizer files.
 * ``tencentpretrain-to-pentad IN OUT``: IN holds one ``.bin`` checkpoint, its JSON config and
   (optionally) its vocabulary file.
+* ``pentad-to-tencentpretrain IN OUT``: OUT gets ``model.bin`` (``torch.save`` of TencentPretrain's
+  state dict, tied tensors under every name as TencentPretrain saves them), ``config.json`` (its
+  flat JSON config) and the vocabulary file.
 
-``verify=True`` runs both models on the same sample batch (padded rows included) and reports the
-largest absolute difference per layer and per output; the report is not ``ok`` above ``tolerance``.
-TencentPretrain cannot run here, so its check is that the inverse key map reproduces the
-checkpoint exactly and that the pentad model runs.
+``verify=True`` runs both models on the same sample batch (padded rows included; encoder-decoder
+models get a padded decoder batch too) and reports the largest absolute difference per layer of
+each stack and per output; the report is not ``ok`` above ``tolerance``. TencentPretrain cannot
+run here, so its check is that the key map reproduces the checkpoint exactly (both ways) and that
+the pentad model runs.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from pydantic import ValidationError
 from safetensors.torch import load_file
 from torch import Tensor
@@ -39,11 +44,13 @@ from pentad.errors import ConfigError, UserError
 from pentad.interop import hf as hfio
 from pentad.interop import keymap
 from pentad.interop import tencentpretrain as tp
+from pentad.interop.hf import sbert
+from pentad.layers.pooling import pool
 from pentad.runs import load_run, prepare_run_dir
 from pentad.training.checkpoint import find_weights, load_weights, read_weights, weights_to_save
 
 TOKENIZER_DIR = "tokenizer"  # pentad.runs.TOKENIZER_DIR
-DIRECTIONS = ("hf-to-pentad", "pentad-to-hf", "tencentpretrain-to-pentad")
+DIRECTIONS = ("hf-to-pentad", "pentad-to-hf", "tencentpretrain-to-pentad", "pentad-to-tencentpretrain")
 INTEROP = "interop.json"
 EXTRA_WEIGHTS = "interop_extra.safetensors"
 WEIGHTS = "model.safetensors"
@@ -86,8 +93,9 @@ def convert(direction: str, in_dir: str | Path, out_dir: str | Path, family: str
             verify: bool = False, tolerance: float = 1e-5) -> ConversionReport:
     """Convert the model in ``in_dir`` into ``out_dir`` (created; must not hold files yet).
 
-    family: HF family (``bert``, ``roberta``, ``xlm-roberta``, ``gpt2``); by default the one
-    ``config.json`` names (import) or the one recorded / guessed from the pentad config (export).
+    family: HF family (``bert``, ``roberta``, ``xlm-roberta``, ``gpt2``, ``albert``, ``t5``, ``bart``,
+    ``pegasus``, ``llama``, ``bloom``); by default the one ``config.json`` names (import) or the one
+    recorded / guessed from the pentad config (export).
     """
     in_path, out_path = Path(in_dir), Path(out_dir)
     if direction not in DIRECTIONS:
@@ -98,7 +106,7 @@ def convert(direction: str, in_dir: str | Path, out_dir: str | Path, family: str
         raise UserError(f"--tolerance must be a non-negative number, got {tolerance}.")
     if out_path.exists() and (not out_path.is_dir() or any(out_path.iterdir())):
         raise UserError(f"output directory {out_path} already exists and is not empty; choose a new one.")
-    if direction == "tencentpretrain-to-pentad" and family is not None:
+    if "tencentpretrain" in direction and family is not None:
         raise UserError("--family applies to Hugging Face conversions; a TencentPretrain config names its modules.")
     created = not out_path.exists()
     try:
@@ -106,6 +114,8 @@ def convert(direction: str, in_dir: str | Path, out_dir: str | Path, family: str
             return _hf_to_pentad(in_path, out_path, family, verify, tolerance)
         if direction == "pentad-to-hf":
             return _pentad_to_hf(in_path, out_path, family, verify, tolerance)
+        if direction == "pentad-to-tencentpretrain":
+            return _pentad_to_tencentpretrain(in_path, out_path, verify, tolerance)
         return _tencentpretrain_to_pentad(in_path, out_path, verify, tolerance)
     except BaseException:
         if created:  # never leave half a conversion behind
@@ -193,19 +203,23 @@ def _hf_to_pentad(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
                         f"'{config.get('model_type')}': are config.json and the weights from the same model?") from None
     notes = list(plan.notes)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok_cfg, tok_notes = hfio.import_tokenizer(in_dir, out_dir / TOKENIZER_DIR, family)
-    notes += tok_notes
     model_type = str(config.get("model_type", family.model_types[0]))
+    tok_cfg, tok_notes = hfio.import_tokenizer(in_dir, out_dir / TOKENIZER_DIR, family, model_type)
+    notes += tok_notes
+    sentence, sentence_notes = sbert.read(in_dir)
+    notes += sentence_notes
     interop = {"format": 1, "source": {"kind": "hf", "path": str(in_dir.resolve()), "family": family.name,
                                        "model_type": model_type, "architecture": plan.architecture},
                "synthesized": plan.synthesized, "hf_config": config}
+    if sentence is not None:
+        interop["sentence_transformers"] = sentence
     raw = {"description": f"converted from Hugging Face {plan.architecture} ({in_dir.resolve()})", "model": plan.model}
     cfg = _write_run(out_dir, raw, tensors, extras, interop, tok_cfg, out_dir / TOKENIZER_DIR, notes)
     report = ConversionReport("hf-to-pentad", in_dir, out_dir, family.name, plan.architecture, notes,
                               tolerance=tolerance)
     if verify:
         report.verification = verify_hf(in_dir, plan.architecture, family, config, cfg.model, tensors,
-                                        set(plan.synthesized))
+                                        set(plan.synthesized), sentence)
     return report
 
 
@@ -213,8 +227,16 @@ def _hf_to_pentad(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
 def guess_family(model_cfg: Any) -> str:
     """The HF family a pentad model most likely belongs to (``--family`` overrides it)."""
     parts = {p.type: p for p in model_cfg.embedding.parts}
-    if model_cfg.encoder.mask == "causal" or any(t.type == "lm" for t in model_cfg.targets):
-        return "gpt2"
+    enc = model_cfg.encoder
+    positions = getattr(enc, "positions", "none")
+    if model_cfg.decoder is not None:
+        if positions == "relative":
+            return "t5"
+        return "pegasus" if "sinusoidal" in parts else "bart"
+    if getattr(enc, "mask", None) == "causal" or any(t.type == "lm" for t in model_cfg.targets):
+        return {"rotary": "llama", "alibi": "bloom"}.get(positions, "gpt2")
+    if getattr(enc, "share_layers", False) or model_cfg.embedding_size not in (None, model_cfg.hidden_size):
+        return "albert"
     seg = parts.get("seg")
     pos = parts.get("pos")
     if seg is not None and seg.num_segments == 1 and pos is not None and pos.max_positions:
@@ -255,49 +277,140 @@ def _pentad_to_hf(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
     hfio.write_json(out_dir / hfio.CONFIG, plan.config)
     hfio.write_safetensors(out_dir / hfio.SAFETENSORS, theirs)
     if tokenizer is not None:
-        notes += hfio.export_tokenizer(tokenizer, out_dir, family, cfg.model.max_seq_length)
+        notes += hfio.export_tokenizer(tokenizer, out_dir, family, cfg.model.max_seq_length, model_type)
     else:
         notes.append("the run has no tokenizer: none exported")
+    sentence = interop.get("sentence_transformers") if same else None
+    if sentence:
+        sbert.write(out_dir, sentence)
+        notes.append("sentence-transformers files written back (modules.json and the pooling recipe)")
     report = ConversionReport("pentad-to-hf", in_dir, out_dir, family.name, plan.architecture, notes,
                               tolerance=tolerance)
     if verify:
         report.verification = verify_hf(out_dir, plan.architecture, family, plan.config, cfg.model, tensors,
-                                        set(plan.omit))
+                                        set(plan.omit), sentence)
     return report
 
 
-# ------------------------------------------------------------------------ tencentpretrain -> pentad
+# ------------------------------------------------------------------------ tencentpretrain <-> pentad
 def _tencentpretrain_to_pentad(in_dir: Path, out_dir: Path, verify: bool, tolerance: float) -> ConversionReport:
     weights_path, config_path = tp.find_files(in_dir)
     raw = hfio.read_json(config_path)
     state = tp.read_state_dict(weights_path)
-    run_raw, finetuned, notes = tp.plan(raw, state, str(config_path))
-    model_cfg = model_config_class().model_validate(run_raw["model"])
-    rules = tp.rules(model_cfg, finetuned)
+    run_raw, layout, notes = tp.plan(raw, state, str(config_path))
+    try:
+        model_cfg = model_config_class().model_validate(run_raw["model"])
+    except ValidationError as e:
+        label = str(config_path)
+        raise ConfigError(problems_from_validation(e, run_raw["model"], model_config_class(), lambda _: label),
+                          f"{label} translates to an invalid pentad model config") from None
+    rules = tp.rules(model_cfg, layout)
     tensors, extras = keymap.to_pentad(state, rules, expected_shapes(model_cfg), source=str(weights_path),
                                        layout="TencentPretrain")
-    tok_cfg, tok_notes = tp.find_tokenizer(in_dir, raw)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok_cfg, tok_notes = tp.find_tokenizer(in_dir, raw, out_dir / TOKENIZER_DIR)
     notes += tok_notes
     run_raw.pop("tokenizer", None)
     run_raw["description"] = f"converted from TencentPretrain {weights_path.resolve()}"
-    out_dir.mkdir(parents=True, exist_ok=True)
     interop = {"format": 1, "source": {"kind": "tencentpretrain", "path": str(weights_path.resolve()),
-                                       "config": str(config_path.resolve()), "finetuned_classifier": finetuned},
+                                       "config": str(config_path.resolve()), "finetuned_classifier": layout.finetuned,
+                                       "layout": layout.record(), "tencentpretrain_config": raw},
                "synthesized": []}
     cfg = _write_run(out_dir, run_raw, tensors, extras, interop, tok_cfg, None, notes)
     targets = "+".join(t.type for t in cfg.model.targets)
     report = ConversionReport("tencentpretrain-to-pentad", in_dir, out_dir, "tencentpretrain", targets, notes,
                               tolerance=tolerance)
     if verify:
-        back = tp.to_tencentpretrain(cfg.model, tensors, extras, finetuned)
+        back = tp.to_tencentpretrain(cfg.model, tensors, extras, layout=layout)
         rows = [("inverse key map reproduces the checkpoint", _state_difference(state, back))]
-        model = _pentad_model(cfg.model, tensors)
-        batch, _ = _sample_batch(cfg.model, pad=0)
-        with torch.no_grad():
-            hidden, _ = model.encode(batch)
-        rows.append(("pentad forward pass is finite", 0.0 if bool(torch.isfinite(hidden).all()) else math.inf))
+        rows.append(("pentad forward pass is finite", _finite_forward(cfg.model, tensors)))
         report.verification = rows
     return report
+
+
+def _pentad_to_tencentpretrain(in_dir: Path, out_dir: Path, verify: bool, tolerance: float) -> ConversionReport:
+    cfg, tokenizer, tensors, interop, extras = _read_run(in_dir)
+    source = interop.get("source", {})
+    same = source.get("kind") == "tencentpretrain"
+    layout = tp.Layout.from_record(source.get("layout") if same else None)
+    notes: list[str] = []
+    state = tp.to_tencentpretrain(cfg.model, tensors, extras if same else {}, layout=layout, source=str(in_dir))
+    base = source.get("tencentpretrain_config") if same else None
+    objective = getattr(getattr(getattr(cfg, "data", None), "objective", None), "type", None)
+    config, config_notes = tp.export_config(cfg.model, label=str(in_dir), base=base, objective=objective)
+    notes += config_notes
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if tokenizer is not None:
+        extra_config, tok_notes = tp.export_tokenizer(tokenizer, out_dir)
+        config.update(extra_config)
+        notes += tok_notes
+    else:
+        notes.append("the run has no tokenizer: no vocabulary file written")
+    hfio.write_json(out_dir / tp.CONFIG_NAME, config)
+    tp.write_state_dict(out_dir / tp.WEIGHTS_NAME, state)
+    report = ConversionReport("pentad-to-tencentpretrain", in_dir, out_dir, "tencentpretrain",
+                              "+".join(t.type for t in cfg.model.targets), notes, tolerance=tolerance)
+    written = tp.read_state_dict(out_dir / tp.WEIGHTS_NAME)
+    run_raw, back_layout, _ = tp.plan(hfio.read_json(out_dir / tp.CONFIG_NAME), written, str(out_dir))
+    back_cfg = model_config_class().model_validate(run_raw["model"])
+    differences = model_differences(cfg.model, back_cfg)
+    if differences:
+        notes.append("TencentPretrain builds this config slightly differently (" + "; ".join(differences)
+                     + "): the weights are exact, the activations differ accordingly")
+    if verify:
+        back, _ = keymap.to_pentad(written, tp.rules(back_cfg, back_layout), expected_shapes(back_cfg),
+                                   source=str(out_dir / tp.WEIGHTS_NAME), layout="TencentPretrain")
+        report.verification = [("checkpoint and config read back to the same weights",
+                                _state_difference(tensors, _two_segment_rows(back, tensors)))]
+    return report
+
+
+def _two_segment_rows(back: dict[str, Tensor], ours: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A pentad model with segment rows (A, B) comes back from TencentPretrain with (A, B, pad)."""
+    out = dict(back)
+    for key, tensor in ours.items():
+        if key.endswith("seg.weight") and key in out and out[key].shape[0] == tensor.shape[0] + 1:
+            out[key] = out[key][:-1]
+    return out
+
+
+def model_differences(ours: Any, theirs: Any) -> list[str]:
+    """What differs between the models two configs build: parameter shapes, and the options that
+    change the computation without changing a shape (norm eps, scales, position schemes...)."""
+    a, b = _model_facts(ours), _model_facts(theirs)
+    found = []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) == b.get(key):
+            continue
+        if key.endswith("seg.weight") and a.get(key) and b.get(key) and a[key][0] + 1 == b[key][0]:
+            continue  # TencentPretrain's padding row (see _two_segment_rows)
+        found.append(f"{key} {b.get(key)} instead of {a.get(key)}")
+    return found
+
+
+def _model_facts(model_cfg: Any) -> dict[str, Any]:
+    facts: dict[str, Any] = dict(expected_shapes(model_cfg))
+    model = build_model(model_cfg, device="meta")
+    for name, module in model.named_modules():
+        for attr in ("mask_kind", "position_kind", "rotary_base", "rotary_dim", "pre_norm", "hidden_scale", "scale",
+                     "eps", "residual_attention", "num_layers", "num_kv_heads", "head_size", "num_buckets",
+                     "max_distance", "bidirectional", "pooling"):
+            value = getattr(module, attr, None)
+            if isinstance(value, (int, float, str, bool)):
+                facts[f"{name}.{attr}"] = value
+        if isinstance(getattr(module, "layout", None), dict):  # the sinusoidal table's
+            facts[f"{name}.layout"] = dict(module.layout)
+    return facts
+
+
+def _finite_forward(model_cfg: Any, tensors: dict[str, Tensor]) -> float:
+    model = _pentad_model(model_cfg, tensors)
+    batch, _ = _sample_batch(model_cfg, pad=0)
+    with torch.no_grad():
+        hidden, mask = model.encode(batch)
+        if model.decoder is not None:
+            hidden = model.decode(batch, hidden, mask)
+    return 0.0 if bool(torch.isfinite(hidden).all()) else math.inf
 
 
 def _state_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
@@ -320,31 +433,49 @@ def _pentad_model(model_cfg: Any, tensors: dict[str, Tensor]) -> Any:
 
 
 def _sample_batch(model_cfg: Any, pad: int, seq: int = 12, batch: int = 3) -> tuple[Any, dict[str, Tensor]]:
-    """A seeded batch with two right-padded rows and segments A/B where the model has two segments.
+    """A seeded batch with two right-padded rows and segments A/B where the model has two segments;
+    an encoder-decoder model also gets decoder tokens, two of three rows right-padded.
 
     Returns (pentad Batch, HF keyword inputs without the model-specific ones)."""
     parts = {p.type: p for p in model_cfg.embedding.parts}
     positions = model_cfg.max_seq_length
-    if "pos" in parts and parts["pos"].max_positions:
-        positions = min(positions, parts["pos"].max_positions)
+    for part in parts.values():
+        if getattr(part, "max_positions", None):
+            positions = min(positions, part.max_positions)
     seq = max(2, min(seq, positions))
-    vocab = int(model_cfg.vocab_size)
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, vocab, (batch, seq), generator=g)
-    if vocab > 1:  # real tokens never equal the padding id (RoBERTa derives positions from it)
-        tokens = torch.where(tokens == pad, (tokens + 1) % vocab, tokens)
-    lengths = torch.tensor([seq, max(1, seq - 3), max(1, seq // 2)][:batch])
-    index = torch.arange(seq)[None, :]
-    padding = index >= lengths[:, None]
-    tokens[padding] = pad
+
+    def rows(length: int, vocab: int, lengths: list[int]) -> tuple[Tensor, Tensor]:
+        tokens = torch.randint(0, vocab, (batch, length), generator=g)
+        if vocab > 1:  # real tokens never equal the padding id (RoBERTa derives positions from it)
+            tokens = torch.where(tokens == pad, (tokens + 1) % vocab, tokens)
+        padding = torch.arange(length)[None, :] >= torch.tensor(lengths[:batch])[:, None]
+        tokens[padding] = pad
+        return tokens, padding
+
+    lengths = [seq, max(1, seq - 3), max(1, seq // 2)]
+    tokens, padding = rows(seq, int(model_cfg.vocab_size), lengths)
     segments = None
     if "seg" in parts:
         two = parts["seg"].num_segments >= 2
-        segments = ((index >= (lengths[:, None] // 2)) & ~padding & two).long()
+        index = torch.arange(seq)[None, :]
+        segments = ((index >= (torch.tensor(lengths[:batch])[:, None] // 2)) & ~padding & two).long()
     hf_inputs = {"input_ids": tokens, "attention_mask": (~padding).long()}
     if segments is not None:
         hf_inputs["token_type_ids"] = segments
-    return Batch(tokens=tokens, segments=segments, padding_mask=padding), hf_inputs
+    out = Batch(tokens=tokens, segments=segments, padding_mask=padding)
+    if model_cfg.decoder is not None:
+        target_positions = model_cfg.max_seq_length
+        for part in model_cfg.target_embedding.parts:
+            if getattr(part, "max_positions", None):
+                target_positions = min(target_positions, part.max_positions)
+        length = max(2, min(7, target_positions))
+        vocab = int(model_cfg.target_vocab_size or model_cfg.vocab_size)
+        decoder_tokens, decoder_padding = rows(length, vocab, [length, max(1, length - 2), max(1, length // 2)])
+        out.decoder_tokens, out.decoder_padding_mask = decoder_tokens, decoder_padding
+        hf_inputs["decoder_input_ids"] = decoder_tokens
+        hf_inputs["decoder_attention_mask"] = (~decoder_padding).long()
+    return out, hf_inputs
 
 
 def _max_diff(a: Tensor, b: Tensor, keep: Tensor | None = None) -> float:
@@ -355,12 +486,24 @@ def _max_diff(a: Tensor, b: Tensor, keep: Tensor | None = None) -> float:
     return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
 
 
+def _capture(stack_input: Any, layers: Any, captured: list[Tensor]) -> list[Any]:
+    """Forward hooks that append the embedding slot's output and each layer call's output (a
+    shared layer is called, and captured, once per use)."""
+    hooks = [stack_input.register_forward_hook(lambda m, i, o: captured.append(o.hidden))]
+    for layer in {id(layer): layer for layer in layers}.values():
+        hooks.append(layer.register_forward_hook(lambda m, i, o: captured.append(o[0])))
+    return hooks
+
+
 def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config: dict[str, Any], model_cfg: Any,
-              tensors: dict[str, Tensor], synthesized: set[str]) -> list[tuple[str, float]]:
-    """Run the HF model in ``hf_dir`` and the pentad model on one batch; max |Δ| per layer and output.
+              tensors: dict[str, Tensor], synthesized: set[str],
+              sentence: dict[str, Any] | None = None) -> list[tuple[str, float]]:
+    """Run the HF model in ``hf_dir`` and the pentad model on one batch; max |Δ| per layer of each
+    stack (encoder; decoder for encoder-decoder models) and per output.
 
     Only real (non-padding) positions are compared: padding positions hold meaningless values
-    that differ between the libraries by design.
+    that differ between the libraries by design. ``sentence``: a sentence-transformers pooling
+    recipe, whose pooled embeddings are compared too.
     """
     try:
         import transformers
@@ -372,46 +515,63 @@ def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config:
     hf = hf_cls.from_pretrained(str(hf_dir), local_files_only=True, dtype=torch.float32).eval()
     ours = _pentad_model(model_cfg, tensors)
     batch, inputs = _sample_batch(model_cfg, pad=family.pad_token_id(hf_config))
-    if family.name == "gpt2":
+    if not family.token_types:
         inputs.pop("token_type_ids", None)
-    keep = ~batch.padding_mask
-    captured: list[Tensor] = []
-    hooks = [ours.embedding.register_forward_hook(lambda m, i, o: captured.append(o.hidden))]
-    hooks += [layer.register_forward_hook(lambda m, i, o: captured.append(o[0])) for layer in ours.encoder.layers]
+    encoder_decoder = ours.decoder is not None
+    stacks = [("encoder", ours.embedding, ours.encoder, ~batch.padding_mask)]
+    if encoder_decoder:
+        stacks.append(("decoder", ours.target_embedding, ours.decoder, ~batch.decoder_padding_mask))
+    captured: dict[str, list[Tensor]] = {name: [] for name, *_ in stacks}
+    hooks = [h for name, slot, stack, _ in stacks for h in _capture(slot, stack.layers, captured[name])]
     try:
         with torch.no_grad():
             reference = hf(**inputs, output_hidden_states=True)
-            hidden, _ = ours.encode(batch)
+            hidden, padding = ours.encode(batch)
+            finals = {"encoder": hidden}
+            if encoder_decoder:
+                hidden = finals["decoder"] = ours.decode(batch, hidden, padding)
             outputs = {name: target(hidden, batch) for name, target in ours.targets.items()}
     finally:
         for hook in hooks:
             hook.remove()
-    states = reference.hidden_states
     rows: list[tuple[str, float]] = []
-    layers = len(ours.encoder.layers)
-    if len(states) != layers + 1:
-        raise UserError(f"--verify: {architecture} returned {len(states)} hidden states for {layers} layers.")
-    final_norm = ours.encoder.final_norm is not None
-    for i, state in enumerate(states):
-        name = "embeddings" if i == 0 else f"layer {i}"
-        ours_state = captured[i]
-        if i == layers:  # HF's last hidden state is after the final norm (GPT-2's ln_f)
-            ours_state = hidden
-            name += " + final norm" if final_norm else ""
-        rows.append((name, _max_diff(ours_state, state, keep)))
+    for name, _, stack, keep in stacks:
+        states = reference.hidden_states if not encoder_decoder else getattr(reference, f"{name}_hidden_states")
+        layers = stack.num_layers
+        if states is None or len(states) != layers + 1 or len(captured[name]) != layers + 1:
+            raise UserError(f"--verify: {architecture} returned {len(states or ())} {name} hidden states for "
+                            f"{layers} layers.")
+        prefix = f"{name} " if encoder_decoder else ""
+        for i, state in enumerate(states):
+            label = "embeddings" if i == 0 else f"layer {i}"
+            ours_state = captured[name][i]
+            if i == layers:  # HF's last hidden state is after the final norm (GPT-2's ln_f)
+                ours_state = finals[name]
+                label += " + final norm" if stack.final_norm is not None else ""
+            rows.append((prefix + label, _max_diff(ours_state, state, keep)))
     fields = family.outputs(architecture)
+    head_keep = stacks[-1][3]
     for target in model_cfg.targets:
         name = target.target_name
         if target.type in fields and getattr(reference, fields[target.type], None) is not None:
             logits = outputs[name].logits
             theirs = getattr(reference, fields[target.type])
-            rows.append((f"{name} logits", _max_diff(logits, theirs, keep if logits.dim() == 3 else None)))
+            rows.append((f"{name} logits", _max_diff(logits, theirs, head_keep if logits.dim() == 3 else None)))
         pooled_field = fields.get(f"{target.type}:pooled")
         if pooled_field and getattr(reference, pooled_field, None) is not None \
                 and f"targets.{name}.pooler.weight" not in synthesized:
             with torch.no_grad():
-                pooled = ours.targets[name].pooler(hidden[:, 0]).tanh()
+                pooled = ours.targets[name].pooler(finals["encoder"][:, 0]).tanh()
             rows.append((f"{name} pooler output", _max_diff(pooled, getattr(reference, pooled_field))))
+    if sentence and sentence.get("pooling") and not encoder_decoder:
+        kind = sentence["pooling"]
+        states = reference.hidden_states[-1]
+        with torch.no_grad():
+            mine, theirs = pool(finals["encoder"], batch.padding_mask, kind), pool(states, batch.padding_mask, kind)
+            if sentence.get("normalize"):
+                mine, theirs = F.normalize(mine, dim=-1), F.normalize(theirs, dim=-1)
+        rows.append((f"sentence embedding ({kind} pooling{', normalised' if sentence.get('normalize') else ''})",
+                     _max_diff(mine, theirs)))
     return rows
 
 

@@ -16,7 +16,22 @@ name                 pentad : foreign       what it does (import direction; the 
 ===================  =====================  ============================================================
 ``copy``             1 : 1                  the same tensor
 ``fuse_qkv``         1 : 3                  concatenate query, key, value rows into pentad's ``qkv``
-                                            [3H, H] (bias [3H]); the inverse splits it in three
+                                            [3H, H] (bias [3H]); the inverse splits it in three.
+                                            ``fuse_qkv:A:K`` with A query heads and K key/value heads
+                                            (grouped-query attention: k and v have K/A of q's rows);
+                                            ``fuse_qkv:A:K:meta`` also moves q and k from Meta's
+                                            interleaved rotary layout to pentad's rotate-half one
+``fuse_kv``          1 : 2                  key and value rows into a cross-attention's ``kv``
+``heads_qkv:A``      1 : 1                  a fused projection whose rows are grouped per head
+                                            ([q_h; k_h; v_h] for each of the A heads: BLOOM) <->
+                                            pentad's [q; k; v]
+``row_vector``       1 : 1                  a [1, N] table (BART's ``final_logits_bias``) <-> [N]
+``rotate_rows:N``    1 : 1                  a table whose first N rows pentad keeps last (the padding
+                                            row of TencentPretrain's segment table, when pentad keeps all
+                                            three rows: pentad segment ids 0/1 then read its rows 1/2)
+``sinusoidal:P:D``   0 : 1                  a fixed sinusoidal table [P, D] that the foreign model stores
+                                            as a parameter (Pegasus) and pentad computes: checked on
+                                            import, kept as an extra, recomputed on export without one
 ``conv1d``           1 : 1                  transpose: GPT-2's ``Conv1D`` stores [in, out], ``nn.Linear``
                                             [out, in]
 ``leading_rows:N``   1 : 1                  drop the first N rows of a table (TencentPretrain's padding
@@ -152,22 +167,163 @@ class Ignore(Transform):
         return []
 
 
+def _rotary_to_half(rows: Tensor, heads: int) -> Tensor:
+    """Rows of a query/key projection from Meta's interleaved rotary layout (each head's dimension
+    pairs (2i, 2i+1) rotate together) to the rotate-half layout (pairs (i, i + D/2)) pentad and
+    Hugging Face use: within each head, even rows first, then odd rows. Weight [A*D, H] or bias [A*D]."""
+    rest = tuple(rows.shape[1:])
+    if rows.shape[0] % (2 * heads):
+        raise ValueError(f"{rows.shape[0]} rows do not split into {heads} heads of an even size")
+    size = rows.shape[0] // heads
+    return rows.reshape(heads, size // 2, 2, *rest).transpose(1, 2).reshape(rows.shape).contiguous()
+
+
+def _rotary_to_interleaved(rows: Tensor, heads: int) -> Tensor:
+    """The inverse of :func:`_rotary_to_half`."""
+    rest = tuple(rows.shape[1:])
+    size = rows.shape[0] // heads
+    return rows.reshape(heads, 2, size // 2, *rest).transpose(1, 2).reshape(rows.shape).contiguous()
+
+
 class FuseQKV(Transform):
-    """query, key, value [H, H] (bias [H]) <-> qkv [3H, H] (bias [3H]), rows in that order."""
+    """query, key, value (weight [rows, H], bias [rows]) <-> pentad's fused ``qkv``, rows [q; k; v].
+
+    Without head counts the three parts have equal sizes. With ``heads`` / ``kv_heads``, k and v
+    each have ``kv_heads / heads`` of q's rows (grouped-query attention). ``meta`` converts q and k
+    between Meta's interleaved rotary layout (TencentPretrain's LLaMA) and pentad's rotate-half one.
+    """
 
     n_theirs = 3
 
+    def __init__(self, heads: int | None = None, kv_heads: int | None = None, meta: bool = False):
+        self.heads, self.kv_heads, self.meta = heads, kv_heads, meta
+
     def to_ours(self, theirs: list[Tensor]) -> tuple[list[Tensor], Tensor | None]:
-        shapes = {tuple(t.shape) for t in theirs}
-        if len(shapes) != 1:
-            raise ValueError(f"query/key/value shapes differ: {[tuple(t.shape) for t in theirs]}")
-        return [torch.cat(theirs, dim=0)], None
+        q, k, v = theirs
+        shapes = [tuple(t.shape) for t in theirs]
+        if k.shape != v.shape or q.shape[1:] != k.shape[1:]:
+            raise ValueError(f"query/key/value shapes do not fit together: {shapes}")
+        if self.heads is None and q.shape != k.shape:
+            raise ValueError(f"query/key/value shapes differ: {shapes}")
+        if self.heads is not None and q.shape[0] * self.kv_heads != k.shape[0] * self.heads:
+            raise ValueError(f"query/key/value shapes {shapes} do not fit {self.heads} query and "
+                             f"{self.kv_heads} key/value heads")
+        if self.meta:
+            q, k = _rotary_to_half(q, self.heads or 1), _rotary_to_half(k, self.kv_heads or 1)
+        return [torch.cat([q, k, v], dim=0)], None
 
     def to_theirs(self, ours: list[Tensor], extra: Tensor | None) -> list[Tensor]:
         fused = ours[0]
-        if fused.shape[0] % 3:
-            raise ValueError(f"fused qkv has {fused.shape[0]} rows, not a multiple of 3")
-        return [part.clone() for part in fused.chunk(3, dim=0)]
+        heads, kv_heads = self.heads or 1, self.kv_heads or 1
+        total = heads + 2 * kv_heads
+        if fused.shape[0] % total:
+            raise ValueError(f"fused qkv has {fused.shape[0]} rows, which do not split into {heads} query and "
+                             f"2 x {kv_heads} key/value parts")
+        unit = fused.shape[0] // total
+        q, k, v = (part.clone() for part in fused.split((heads * unit, kv_heads * unit, kv_heads * unit), dim=0))
+        if self.meta:
+            q, k = _rotary_to_interleaved(q, heads), _rotary_to_interleaved(k, kv_heads)
+        return [q, k, v]
+
+
+class FuseKV(Transform):
+    """key, value [rows, H] (bias [rows]) <-> a cross-attention's ``kv`` [2 rows, H], rows [k; v]."""
+
+    n_theirs = 2
+
+    def to_ours(self, theirs: list[Tensor]) -> tuple[list[Tensor], Tensor | None]:
+        if theirs[0].shape != theirs[1].shape:
+            raise ValueError(f"key/value shapes differ: {[tuple(t.shape) for t in theirs]}")
+        return [torch.cat(theirs, dim=0)], None
+
+    def to_theirs(self, ours: list[Tensor], extra: Tensor | None) -> list[Tensor]:
+        if ours[0].shape[0] % 2:
+            raise ValueError(f"fused kv has {ours[0].shape[0]} rows, not a multiple of 2")
+        return [part.clone() for part in ours[0].chunk(2, dim=0)]
+
+
+class HeadsQKV(Transform):
+    """One fused projection whose rows are grouped per head, [q_h; k_h; v_h] for h = 0..A-1
+    (BLOOM's ``query_key_value``), <-> pentad's [q; k; v]."""
+
+    def __init__(self, heads: int):
+        self.heads = heads
+
+    def to_ours(self, theirs: list[Tensor]) -> tuple[list[Tensor], Tensor | None]:
+        t = theirs[0]
+        if t.shape[0] % (3 * self.heads):
+            raise ValueError(f"{t.shape[0]} rows do not split into {self.heads} heads of query, key and value")
+        rest = tuple(t.shape[1:])
+        return [t.reshape(self.heads, 3, -1, *rest).transpose(0, 1).reshape(t.shape).contiguous()], None
+
+    def to_theirs(self, ours: list[Tensor], extra: Tensor | None) -> list[Tensor]:
+        t = ours[0]
+        if t.shape[0] % (3 * self.heads):
+            raise ValueError(f"{t.shape[0]} rows do not split into {self.heads} heads of query, key and value")
+        rest = tuple(t.shape[1:])
+        return [t.reshape(3, self.heads, -1, *rest).transpose(0, 1).reshape(t.shape).contiguous()]
+
+
+class RowVector(Transform):
+    """A foreign [1, N] tensor (BART's ``final_logits_bias`` buffer) <-> pentad's [N]."""
+
+    def to_ours(self, theirs: list[Tensor]) -> tuple[list[Tensor], Tensor | None]:
+        if theirs[0].dim() != 2 or theirs[0].shape[0] != 1:
+            raise ValueError(f"expected a [1, N] tensor, found shape {tuple(theirs[0].shape)}")
+        return [theirs[0][0].clone()], None
+
+    def to_theirs(self, ours: list[Tensor], extra: Tensor | None) -> list[Tensor]:
+        return [ours[0].unsqueeze(0).clone()]
+
+
+class RotateRows(Transform):
+    """pentad's row i is the foreign row (i + n) mod rows: the first n foreign rows go last."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def to_ours(self, theirs: list[Tensor]) -> tuple[list[Tensor], Tensor | None]:
+        if theirs[0].dim() != 2 or theirs[0].shape[0] <= self.n:
+            raise ValueError(f"expected a table with more than {self.n} rows, found shape {tuple(theirs[0].shape)}")
+        return [torch.roll(theirs[0], -self.n, dims=0)], None
+
+    def to_theirs(self, ours: list[Tensor], extra: Tensor | None) -> list[Tensor]:
+        return [torch.roll(ours[0], self.n, dims=0)]
+
+
+class Sinusoidal(Transform):
+    """A fixed sinusoidal position table [P, D] (sines in the first half of the dimensions, cosines
+    in the second: Pegasus, Marian) that the foreign model stores and pentad computes.
+
+    Import: the stored table must equal the computed one (else the two models would differ); it is
+    kept as an extra so the way back is bit for bit. Export: the extra, else the computed table.
+    """
+
+    n_ours = 0
+
+    def __init__(self, positions: int, dim: int):
+        self.positions, self.dim = positions, dim
+
+    def table(self) -> Tensor:
+        from pentad.components.embeddings.sinusoidal import sinusoidal_table
+
+        return sinusoidal_table(self.positions, self.dim, interleave=False)
+
+    def to_ours(self, theirs: list[Tensor]) -> tuple[list[Tensor], Tensor | None]:
+        stored = theirs[0]
+        if tuple(stored.shape) != (self.positions, self.dim):
+            raise ValueError(f"expected a sinusoidal table of shape {(self.positions, self.dim)}, found "
+                             f"{tuple(stored.shape)}")
+        worst = float((stored.double() - self.table().double()).abs().max()) if stored.numel() else 0.0
+        if worst > 1e-5:
+            raise ValueError(f"differs from the sinusoidal table pentad computes by up to {worst:.2e} (a "
+                             "trained or differently laid-out position table, which pentad cannot hold)")
+        return [], stored.clone()
+
+    def to_theirs(self, ours: list[Tensor], extra: Tensor | None) -> list[Tensor]:
+        if extra is not None and tuple(extra.shape) == (self.positions, self.dim):
+            return [extra]
+        return [self.table()]
 
 
 class Conv1D(Transform):
@@ -204,18 +360,38 @@ class LeadingRows(Transform):
 
 
 def get_transform(name: str) -> Transform:
-    """The transform a rule names (``leading_rows:N`` carries its parameter after the colon)."""
-    base, _, param = name.partition(":")
-    if base == "leading_rows":
-        if not param.isdigit():
-            raise ValueError(f"transform {name!r}: leading_rows needs a row count, e.g. leading_rows:2")
-        return LeadingRows(int(param))
+    """The transform a rule names; parameters follow colons (``leading_rows:2``, ``fuse_qkv:32:8``)."""
+    base, *params = name.split(":")
+    if base in ("leading_rows", "rotate_rows", "heads_qkv", "sinusoidal") or (base == "fuse_qkv" and params):
+        numbers = [p for p in params if p.isdigit()]
+        flags = [p for p in params if not p.isdigit()]
+        wanted = {"leading_rows": 1, "rotate_rows": 1, "heads_qkv": 1, "sinusoidal": 2, "fuse_qkv": 2}[base]
+        if len(numbers) != wanted or (flags and (base != "fuse_qkv" or flags != ["meta"])):
+            raise ValueError(f"transform {name!r}: {base} takes {wanted} count(s)"
+                             + (" and optionally ':meta'" if base == "fuse_qkv" else ""))
+        n = [int(p) for p in numbers]
+        if base == "leading_rows":
+            return LeadingRows(n[0])
+        if base == "rotate_rows":
+            return RotateRows(n[0])
+        if base == "heads_qkv":
+            return HeadsQKV(n[0])
+        if base == "sinusoidal":
+            return Sinusoidal(n[0], n[1])
+        return FuseQKV(n[0], n[1], meta=bool(flags))
     table: dict[str, Transform] = {"copy": Copy(), "tied": Tied(), "shadow": Shadow(), "ignore": Ignore(),
-                                   "fuse_qkv": FuseQKV(),
+                                   "fuse_qkv": FuseQKV(), "fuse_kv": FuseKV(), "row_vector": RowVector(),
                                    "conv1d": Conv1D(), "seg_pad_row": LeadingRows(1)}
-    if base not in table or param:
-        raise ValueError(f"unknown key-map transform {name!r}; known: {', '.join(table)}, leading_rows:N")
+    if base not in table or params:
+        raise ValueError(f"unknown key-map transform {name!r}; known: {', '.join(table)}, leading_rows:N, "
+                         "rotate_rows:N, heads_qkv:A, fuse_qkv:A:K[:meta], sinusoidal:P:D")
     return table[base]
+
+
+def extra_key(rule: Rule) -> str:
+    """The key an extra tensor of ``rule`` is kept under: its first pentad key, or its first foreign
+    key for a rule with no pentad tensor (a stored fixed table)."""
+    return rule.ours[0] if rule.ours else rule.theirs[0].rstrip(OPTIONAL)
 
 
 def check_rules(rules: Sequence[Rule]) -> None:
@@ -290,7 +466,7 @@ def to_pentad(foreign: Mapping[str, Tensor], rules: Sequence[Rule], expected: Ma
             out[key] = tensor
             origin[key] = tuple(k for k, _ in present)
         if extra is not None:
-            extras[rule.ours[0]] = extra
+            extras[extra_key(rule)] = extra
     for ours_key, theirs_key, tensor in ties:
         if ours_key in out and (_shape(out[ours_key]) != _shape(tensor) or not torch.equal(out[ours_key], tensor)):
             problems.append(f"{theirs_key} must be the same tensor as {' + '.join(origin[ours_key])} "
@@ -359,9 +535,9 @@ def to_foreign(ours: Mapping[str, Tensor], rules: Sequence[Rule], *, source: str
             continue
         used.update(rule.ours)
         try:
-            produced = transform.to_theirs([ours[k] for k in rule.ours], extras.get(rule.ours[0]))
+            produced = transform.to_theirs([ours[k] for k in rule.ours], extras.get(extra_key(rule)))
         except ValueError as e:
-            problems.append(f"{' + '.join(rule.ours)}: {e}")
+            problems.append(f"{' + '.join(rule.ours) or ' + '.join(rule.theirs)}: {e}")
             continue
         for key, tensor in zip(rule.theirs, produced):
             if not key.endswith(OPTIONAL):

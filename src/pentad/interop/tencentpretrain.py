@@ -1,80 +1,127 @@
-"""TencentPretrain (and UER-py) checkpoints -> pentad.
+"""TencentPretrain (and UER-py) checkpoints <-> pentad.
 
 A TencentPretrain model is a ``.bin`` state dict written by ``torch.save`` (read here with
 ``weights_only=True``) plus the flat JSON config it was trained with, which loads through
-:func:`pentad.config.tencentpretrain.import_config`. Put both (and the vocabulary file the model
-was trained with) in one directory and convert it.
+:func:`pentad.config.tencentpretrain.import_config` into the same architecture. Put both (and the
+vocabulary file the model was trained with) in one directory and convert it; the way back writes
+the three files again (``pentad convert pentad-to-tencentpretrain``).
 
-The key scheme (TencentPretrain's ``model_builder`` and its HF conversion scripts) and how it maps:
+The key scheme (TencentPretrain's ``model_builder`` and its HF conversion scripts), with ``E`` for
+the encoder layers ``encoder.transformer.N`` (``encoder.transformer`` alone with
+``parameter_sharing``) and ``D`` for the decoder layers ``decoder.transformer_decoder.N``:
 
-=========================================================  ==========================================
-TencentPretrain                                            pentad
-=========================================================  ==========================================
-``embedding.word.embedding.weight``                        ``embedding.word.weight``
-``embedding.pos.embedding.weight``                         ``embedding.pos.weight``
-``embedding.seg.embedding.weight`` (3 rows: pad, A, B)     ``embedding.seg.weight`` (2 rows: A, B)
-``embedding.layer_norm.gamma`` / ``beta``                  ``embedding.norm.weight`` / ``bias``
-``encoder.transformer.N.self_attn.linear_layers.0..2``     ``encoder.layers.N.attention.qkv`` (fused q;k;v)
-``encoder.transformer.N.self_attn.final_linear``           ``encoder.layers.N.attention.out``
-``encoder.transformer.N.layer_norm_1`` / ``layer_norm_2``  ``...attention_norm`` / ``...ffn_norm``
-``encoder.transformer.N.feed_forward.linear_1`` / ``_2``   ``...ffn.up`` / ``...ffn.down``
-``encoder.layer_norm`` (pre-norm models)                   ``encoder.final_norm``
-``target.mlm.linear_1``, ``layer_norm``, ``linear_2``      ``targets.mlm.dense``, ``norm``, ``output``
-``target.sp.linear_1`` / ``linear_2``                      ``targets.sp.pooler`` / ``classifier``
-``target.lm.output_layer``                                 ``targets.lm.output``
-``target.cls.linear_1`` / ``linear_2``                     ``targets.cls.pooler`` / ``classifier``
-``output_layer_1`` / ``output_layer_2`` (a classifier      ``targets.cls.pooler`` / ``classifier``
+==============================================================  ========================================
+TencentPretrain                                                 pentad
+==============================================================  ========================================
+``embedding.word.embedding.weight``                             ``embedding.word.weight``
+``embedding.pos.embedding.weight``                              ``embedding.pos.weight``
+``embedding.seg.embedding.weight`` (rows pad, A, B)             ``embedding.seg.weight`` (rows A, B, pad)
+``embedding.layer_norm.gamma`` / ``beta``                       ``embedding.norm.weight`` / ``bias``
+``tgt_embedding.*`` (the same names)                            ``target_embedding.*``
+``encoder.linear`` (``factorized_embedding_parameterization``)  ``embedding.project``
+``E.self_attn.linear_layers.0..2``                              ``encoder.layers.N.attention.qkv`` (q; k; v)
+``E.self_attn.final_linear``                                    ``encoder.layers.N.attention.out``
+``E.layer_norm_1`` / ``layer_norm_2``                           ``...attention_norm`` / ``...ffn_norm``
+``E.feed_forward.linear_gate`` / ``linear_1`` / ``linear_2``    ``...ffn.gate`` / ``...ffn.up`` / ``...ffn.down``
+``E.relative_pos_emb.relative_attention_bias`` (every layer)    ``encoder.relative_bias``
+``encoder.layer_norm`` (pre-norm)                               ``encoder.final_norm``
+``D.self_attn`` / ``D.context_attn.linear_layers.0``            ``decoder.layers.N.attention`` / ``cross_attention.q``
+``D.context_attn.linear_layers.1, 2`` / ``final_linear``        ``...cross_attention.kv`` (k; v) / ``...out``
+``D.layer_norm_1`` / ``_2`` / ``_3``                            ``...attention_norm`` / ``cross_attention_norm`` /
+                                                                ``ffn_norm``
+``decoder.self_pos_emb.relative_attention_bias``                ``decoder.relative_bias``
+``decoder.layer_norm``                                          ``decoder.final_norm``
+``target.mlm.linear_1``, ``layer_norm``, ``linear_2``           ``targets.mlm.dense``, ``norm``, ``output``
+``target.sp.linear_1`` / ``linear_2``                           ``targets.{sp,sop}.pooler`` / ``classifier``
+``target.lm.output_layer``                                      ``targets.lm.output``
+``target.cls.linear_1`` / ``linear_2``                          ``targets.cls.pooler`` / ``classifier``
+``output_layer_1`` / ``output_layer_2`` (a classifier           ``targets.cls.pooler`` / ``classifier``
 fine-tuned with ``finetune/run_classifier.py``)
-=========================================================  ==========================================
+==============================================================  ========================================
 
-With ``tie_weights`` the output layer (``target.mlm.linear_2.weight`` or
-``target.lm.output_layer.weight``) is saved under both names; the two must be equal. The padding
-row of the segment table (row 0, which only padding positions read) is kept in
-``interop_extra.safetensors``.
+LayerNorms are ``gamma`` / ``beta``; T5 and RMS norms ``weight``. Tied tensors appear under every
+name (``tie_weights``: the output layer; ``share_embedding``: ``tgt_embedding.word``; T5's relative
+bias in every encoder layer): the import checks the copies are equal, the export writes each.
+T5's encoder also holds ``encoder.relative_pos_emb``, a second table its layers never read (kept in
+``interop_extra.safetensors`` when it differs, else written back as a copy). A checkpoint written
+by TencentPretrain's own T5 converter has only that table (no per-layer one); it is then what
+pentad reads (TencentPretrain itself would run such a checkpoint without position bias).
+
+**Segments.** TencentPretrain's segment table has three rows, 0 = padding, 1 = A, 2 = B. The
+imported config keeps three (``num_segments: 3``) ordered (A, B, pad), so that pentad's segment ids
+0/1 read TencentPretrain's rows 1/2 and the round trip is exact; a pentad model with two segment
+rows exports with a zero padding row (or the one kept from an import).
+
+**Rotary.** TencentPretrain rotates dimension pairs (2i, 2i+1) (Meta's LLaMA code); pentad, like
+Hugging Face, pairs i with i + D/2. The query and key rows of each head are permuted accordingly
+(``fuse_qkv:A:K:meta``), as TencentPretrain's LLaMA converters do.
 
 **Numerics.** TencentPretrain's ``normal`` LayerNorm divides by ``std + eps`` with the *unbiased*
 standard deviation; pentad (like Hugging Face, whose weights TencentPretrain's own converters copy
 unchanged) uses ``sqrt(var + eps)`` with the biased variance. The weights carry over exactly; the
-activations differ from TencentPretrain's by a relative ~1/(2H) (about 6.5e-4 at H = 768).
+activations differ from TencentPretrain's by a relative ~1/(2H) (about 6.5e-4 at H = 768). The
+other differences of behaviour (T5 without output rescaling, ALiBi, sinusoidal positions) are the
+config import's, and it reports them.
 """
 
 from __future__ import annotations
 
+import collections
+import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from pentad.errors import UserError
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand, to_foreign
 
+WEIGHTS_NAME = "model.bin"
+CONFIG_NAME = "config.json"
+WEIGHT_SUFFIXES = (".bin", ".pt", ".pth")
+FINETUNED_MARKER = "output_layer_2.weight"
+# TencentPretrain tokenizer names -> pentad's (the vocabulary file decides the rest).
+TOKENIZERS = {"bert": "wordpiece", "char": "char", "space": "space", "bpe": "bpe"}
+RELATIVE_PER_LAYER = "encoder.transformer.0.relative_pos_emb.relative_attention_bias.weight"
+RELATIVE_UNUSED = "encoder.relative_pos_emb.relative_attention_bias.weight"
+
+# ------------------------------------------------------------------------------ key map (data)
 EMBEDDING_PARTS: dict[str, list[RuleSpec]] = {
-    "word": [("embedding.word.weight", "embedding.word.embedding.weight")],
-    "pos": [("embedding.pos.weight", "embedding.pos.embedding.weight")],
-    "seg": [("embedding.seg.weight", "embedding.seg.embedding.weight", "seg_pad_row")],
+    "word": [("{slot}.word.weight", "{tslot}.word.embedding.weight")],
+    "pos": [("{slot}.pos.weight", "{tslot}.pos.embedding.weight")],
+    "sinusoidal": [],  # a fixed table, not in the state dict
 }
-EMBEDDING_NORM: list[RuleSpec] = [
-    ("embedding.norm.weight", "embedding.layer_norm.gamma"),
-    ("embedding.norm.bias", "embedding.layer_norm.beta"),
+# The segment table: pentad keeps TencentPretrain's three rows in the order (A, B, pad), or two
+# rows (A, B) with the padding row kept aside.
+SEGMENTS = {3: [("{slot}.seg.weight", "{tslot}.seg.embedding.weight", "rotate_rows:1")],
+            2: [("{slot}.seg.weight", "{tslot}.seg.embedding.weight", "seg_pad_row")]}
+SHARED_WORDS: list[RuleSpec] = [("embedding.word.weight", "tgt_embedding.word.embedding.weight", "tied")]
+PROJECTION: list[RuleSpec] = [("embedding.project.{wb}", "encoder.linear.{wb}")]
+# {L}: pentad's layer prefix, {T}: TencentPretrain's; {lwb}: weight and bias, or weight alone with
+# remove_transformer_bias; {qkv}: the fuse_qkv transform (with head counts and rotary layout).
+ATTENTION: list[RuleSpec] = [
+    ("{L}.attention.qkv.{lwb}",
+     ("{T}.self_attn.linear_layers.0.{lwb}", "{T}.self_attn.linear_layers.1.{lwb}",
+      "{T}.self_attn.linear_layers.2.{lwb}"), "{qkv}"),
+    ("{L}.attention.out.{lwb}", "{T}.self_attn.final_linear.{lwb}"),
 ]
-# {lwb}: weight and bias, or weight alone with remove_transformer_bias.
-LAYER: list[RuleSpec] = [
-    ("encoder.layers.{layer}.attention.qkv.{lwb}",
-     ("encoder.transformer.{layer}.self_attn.linear_layers.0.{lwb}",
-      "encoder.transformer.{layer}.self_attn.linear_layers.1.{lwb}",
-      "encoder.transformer.{layer}.self_attn.linear_layers.2.{lwb}"), "fuse_qkv"),
-    ("encoder.layers.{layer}.attention.out.{lwb}", "encoder.transformer.{layer}.self_attn.final_linear.{lwb}"),
-    ("encoder.layers.{layer}.attention_norm.weight", "encoder.transformer.{layer}.layer_norm_1.gamma"),
-    ("encoder.layers.{layer}.attention_norm.bias", "encoder.transformer.{layer}.layer_norm_1.beta"),
-    ("encoder.layers.{layer}.ffn.up.{lwb}", "encoder.transformer.{layer}.feed_forward.linear_1.{lwb}"),
-    ("encoder.layers.{layer}.ffn.down.{lwb}", "encoder.transformer.{layer}.feed_forward.linear_2.{lwb}"),
-    ("encoder.layers.{layer}.ffn_norm.weight", "encoder.transformer.{layer}.layer_norm_2.gamma"),
-    ("encoder.layers.{layer}.ffn_norm.bias", "encoder.transformer.{layer}.layer_norm_2.beta"),
+CROSS_ATTENTION: list[RuleSpec] = [
+    ("{L}.cross_attention.q.{lwb}", "{T}.context_attn.linear_layers.0.{lwb}"),
+    ("{L}.cross_attention.kv.{lwb}", ("{T}.context_attn.linear_layers.1.{lwb}",
+                                      "{T}.context_attn.linear_layers.2.{lwb}"), "fuse_kv"),
+    ("{L}.cross_attention.out.{lwb}", "{T}.context_attn.final_linear.{lwb}"),
 ]
-FINAL_NORM: list[RuleSpec] = [
-    ("encoder.final_norm.weight", "encoder.layer_norm.gamma"),
-    ("encoder.final_norm.bias", "encoder.layer_norm.beta"),
-]
+FEED_FORWARD: dict[str, list[RuleSpec]] = {
+    "dense": [("{L}.ffn.up.{lwb}", "{T}.feed_forward.linear_1.{lwb}"),
+              ("{L}.ffn.down.{lwb}", "{T}.feed_forward.linear_2.{lwb}")],
+    "gated": [("{L}.ffn.gate.{lwb}", "{T}.feed_forward.linear_gate.{lwb}"),
+              ("{L}.ffn.up.{lwb}", "{T}.feed_forward.linear_1.{lwb}"),
+              ("{L}.ffn.down.{lwb}", "{T}.feed_forward.linear_2.{lwb}")],
+}
+# pentad norm -> TencentPretrain parameter names (weight, bias).
+NORM_NAMES = {"layernorm": ("gamma", "beta"), "t5": ("weight", None), "rmsnorm": ("weight", None)}
 TARGETS: dict[str, list[RuleSpec]] = {
     "mlm": [("targets.{name}.dense.{wb}", "target.mlm.linear_1.{wb}"),
             ("targets.{name}.norm.weight", "target.mlm.layer_norm.gamma"),
@@ -83,75 +130,225 @@ TARGETS: dict[str, list[RuleSpec]] = {
     "sp": [("targets.{name}.pooler.{wb}", "target.sp.linear_1.{wb}"),
            ("targets.{name}.classifier.{wb}", "target.sp.linear_2.{wb}")],
     "lm": [],
+    "bilm": [],
     "cls": [("targets.{name}.pooler.{wb}", "target.cls.linear_1.{wb}"),
             ("targets.{name}.classifier.{wb}", "target.cls.linear_2.{wb}")],
 }
-# The vocabulary projection: tied to the word embedding (saved twice) or a tensor of its own.
+TARGETS["sop"] = TARGETS["sp"]  # ALBERT's sentence-order head is TencentPretrain's sp target
+# The vocabulary projection: tied to a word table (saved under both names) or a tensor of its own.
 OUTPUT_TIED: dict[str, list[RuleSpec]] = {
     "mlm": [("embedding.word.weight", "target.mlm.linear_2.weight", "tied")],
-    "lm": [("embedding.word.weight", "target.lm.output_layer.weight", "tied")],
+    "lm": [("{words}", "target.lm.output_layer.weight", "tied")],
+    "bilm": [("{words}", "target.bilm.output_layer.weight", "tied")],
 }
 OUTPUT_UNTIED: dict[str, list[RuleSpec]] = {
     "mlm": [("targets.{name}.output.weight", "target.mlm.linear_2.weight")],
     "lm": [("targets.{name}.output.weight", "target.lm.output_layer.weight")],
+    "bilm": [("targets.{name}.output.weight", "target.bilm.output_layer.weight")],
 }
-LM_BIAS: list[RuleSpec] = [("targets.{name}.output.bias", "target.lm.output_layer.bias")]
-# ``finetune/run_classifier.py`` saves its head at the top level of the state dict.
+LM_BIAS: list[RuleSpec] = [("targets.{name}.output.bias", "target.{type}.output_layer.bias")]
+# pentad's recurrent encoders keep TencentPretrain's parameter names (torch's RNN modules).
+RECURRENT = ("rnn", "lstm", "gru", "birnn", "bilstm", "bigru")
 FINETUNED_CLASSIFIER: list[RuleSpec] = [
     ("targets.{name}.pooler.{wb}", "output_layer_1.{wb}"),
     ("targets.{name}.classifier.{wb}", "output_layer_2.{wb}"),
 ]
-FINETUNED_MARKER = "output_layer_2.weight"
-
-WEIGHT_SUFFIXES = (".bin", ".pt", ".pth")
-# TencentPretrain tokenizer names -> pentad's (the vocabulary file decides the rest).
-TOKENIZERS = {"bert": "wordpiece", "char": "char", "space": "space", "bpe": "bpe"}
 
 
-def rules(model: Any, finetuned: bool = False) -> list[Rule]:
-    """The key map of a pentad ``ModelConfig`` in TencentPretrain's layout.
+@dataclass
+class Layout:
+    """Choices a TencentPretrain checkpoint makes that its config does not say.
 
-    finetuned: the cls head is stored as ``output_layer_1/2`` (``run_classifier.py``)."""
-    problems = []
+    finetuned: the cls head is stored as ``output_layer_1/2`` (``finetune/run_classifier.py``);
+    relative_bias: "layers" (every encoder layer holds T5's bias table, as TencentPretrain builds
+    it) or "encoder" (only ``encoder.relative_pos_emb``, as its T5 converter writes it).
+    """
+
+    finetuned: bool = False
+    relative_bias: str = "layers"
+
+    def record(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any] | None) -> Layout:
+        record = record or {}
+        return cls(**{k: v for k, v in record.items() if k in ("finetuned", "relative_bias")})
+
+
+def _substitute(specs: list[RuleSpec], **values: str) -> list[RuleSpec]:
+    """Specs with ``{name}`` replaced by text that may hold placeholders of its own (a layer
+    prefix ``encoder.transformer.{layer}``), for :func:`expand` to fill in next."""
+    def sub(text: str) -> str:
+        for name, value in values.items():
+            text = text.replace("{" + name + "}", value)
+        return text
+
+    out: list[RuleSpec] = []
+    for spec in specs:
+        ours = tuple(sub(t) for t in ((spec[0],) if isinstance(spec[0], str) else spec[0]))
+        theirs = tuple(sub(t) for t in ((spec[1],) if isinstance(spec[1], str) else spec[1]))
+        out.append((ours, theirs, *(sub(t) for t in spec[2:])))
+    return out
+
+
+def _norm(ours: str, theirs: str, kind: str) -> list[RuleSpec]:
+    weight, bias = NORM_NAMES.get(kind, ("gamma", "beta"))
+    specs: list[RuleSpec] = [(f"{ours}.weight", f"{theirs}.{weight}")]
+    if bias is not None:
+        specs.append((f"{ours}.bias", f"{theirs}.{bias}"))
+    return specs
+
+
+def _qkv(stack: Any, hidden: int) -> str:
+    """The fuse_qkv transform of a stack: head counts with grouped-query attention or rotary, and
+    the Meta -> rotate-half permutation with rotary."""
+    heads = stack.num_heads
+    kv_heads = stack.num_kv_heads or heads
+    rotary = getattr(stack, "positions", "none") == "rotary"
+    if kv_heads == heads and not rotary:
+        return "fuse_qkv"
+    return f"fuse_qkv:{heads}:{kv_heads}" + (":meta" if rotary else "")
+
+
+def _embedding_specs(slot: Any, pentad: str, tp: str, shared_words: bool, problems: list[str]) -> list[Rule]:
     specs: list[RuleSpec] = []
-    for part in model.embedding.parts:
-        if part.type not in EMBEDDING_PARTS:
-            problems.append(f"embedding part '{part.type}' has no TencentPretrain key map yet")
-        specs += EMBEDDING_PARTS.get(part.type, [])
-    if model.embedding.norm:
-        specs += EMBEDDING_NORM
+    for part in slot.parts:
+        if part.type == "word" and shared_words:
+            specs += SHARED_WORDS
+        elif part.type == "seg":
+            if part.num_segments not in SEGMENTS:
+                problems.append(f"{pentad}.seg has {part.num_segments} rows; TencentPretrain's segment table has "
+                                "three (padding, A, B)")
+            specs += SEGMENTS.get(part.num_segments, [])
+        elif part.type in EMBEDDING_PARTS:
+            specs += EMBEDDING_PARTS[part.type]
+        else:
+            problems.append(f"{pentad} part '{part.type}' has no TencentPretrain key map")
+    if slot.norm:
+        specs += _norm("{slot}.norm", "{tslot}.layer_norm", "layernorm")
+    return expand(_substitute(specs, slot=pentad, tslot=tp))
+
+
+def rules(model: Any, layout: Layout | bool | None = None) -> list[Rule]:
+    """The key map of a pentad ``ModelConfig`` in TencentPretrain's layout (``layout``: a
+    :class:`Layout`, or True for the fine-tuned classifier layout)."""
+    if not isinstance(layout, Layout):
+        layout = Layout(finetuned=bool(layout))
+    problems: list[str] = []
+    hidden = model.hidden_size
+    out = _embedding_specs(model.embedding, "embedding", "embedding", False, problems)
     enc = model.encoder
-    if enc.type != "transformer":
-        problems.append(f"encoder '{enc.type}' has no TencentPretrain key map yet")
-    specs += LAYER
-    final_norm = enc.final_norm if enc.final_norm is not None else enc.norm_position == "pre"
-    if final_norm:
-        specs += FINAL_NORM
-    values: dict[str, Any] = {"layer": range(enc.num_layers), "wb": WB, "lwb": WB if enc.bias else ("weight",)}
-    rule_list: list[Rule] = []
+    if enc.type == "transformer" and model.embedding_size not in (None, hidden):
+        out += expand(PROJECTION, wb=WB)
+    if enc.type in RECURRENT:
+        out += _recurrent_rules(model)
+    elif enc.type != "transformer":
+        problems.append(f"encoder '{enc.type}' has no TencentPretrain key map here")
+        raise UserError("cannot map this model to TencentPretrain's layout: " + "; ".join(problems) + ".")
+    else:
+        out += _transformer_rules(model, layout, problems)
+    if model.decoder is not None:
+        out += _decoder_rules(model, problems)
+    words = "embedding.word.weight"
+    if model.target_embedding is not None and not model.share_embedding:
+        words = "target_embedding.word.weight"
     tied_done = False
+    target_rules: list[Rule] = []
     for target in model.targets:
-        head = list(FINETUNED_CLASSIFIER if finetuned and target.type == "cls" else TARGETS.get(target.type, []))
+        head = list(FINETUNED_CLASSIFIER if layout.finetuned and target.type == "cls" else TARGETS.get(target.type, []))
         if target.type not in TARGETS:
-            problems.append(f"target '{target.type}' has no TencentPretrain key map yet")
+            problems.append(f"target '{target.type}' has no TencentPretrain key map")
         if target.type in OUTPUT_TIED:
             if model.tie_word_embeddings and not tied_done:
                 head += OUTPUT_TIED[target.type]
                 tied_done = True
             elif not model.tie_word_embeddings:
                 head += OUTPUT_UNTIED[target.type]
-        if target.type == "lm" and target.bias:
+        if target.type in ("lm", "bilm") and target.bias:
             head += LM_BIAS
-        rule_list += expand(head, name=target.target_name, **values)
+        target_rules += expand(head, name=target.target_name, wb=WB, words=words, type=target.type)
     if problems:
         raise UserError("cannot map this model to TencentPretrain's layout: " + "; ".join(problems) + ".")
-    return expand(specs, **values) + rule_list
+    return out + target_rules
+
+
+def _recurrent_rules(model: Any) -> list[Rule]:
+    """A recurrent encoder: its parameters have TencentPretrain's names (``encoder.rnn.weight_ih_l0``...)."""
+    from pentad.builder import build_model
+
+    names = [k for k in build_model(model, device="meta").state_dict() if k.startswith("encoder.")]
+    return expand([(name, name) for name in names])
+
+
+def _transformer_rules(model: Any, layout: Layout, problems: list[str]) -> list[Rule]:
+    enc = model.encoder
+    hidden = model.hidden_size
+    out: list[Rule] = []
+    lwb = WB if enc.bias else ("weight",)
+    shared = bool(enc.share_layers)
+    layers = range(1 if shared else enc.num_layers)
+    block = "encoder.transformer" if shared else "encoder.transformer.{layer}"
+    layer_specs = ATTENTION + _norm("{L}.attention_norm", "{T}.layer_norm_1", enc.norm) + FEED_FORWARD[enc.ffn] \
+        + _norm("{L}.ffn_norm", "{T}.layer_norm_2", enc.norm)
+    out += expand(_substitute(layer_specs, L="encoder.layers.{layer}", T=block), lwb=lwb, qkv=_qkv(enc, hidden),
+                  layer=layers)
+    if enc.positions == "relative":
+        out += _relative_rules(enc, layout)
+    elif enc.positions not in ("none", "rotary", "alibi"):
+        problems.append(f"encoder positions '{enc.positions}' have no TencentPretrain key map")
+    final = enc.final_norm if enc.final_norm is not None else enc.norm_position == "pre"
+    if final:
+        out += expand(_norm("encoder.final_norm", "encoder.layer_norm", enc.norm))
+    return out
+
+
+def _relative_rules(enc: Any, layout: Layout) -> list[Rule]:
+    """T5's encoder bias: every TencentPretrain layer holds the table the first one owns, and the
+    encoder holds a second one that no layer reads."""
+    bias = "encoder.relative_bias.weight"
+    if layout.relative_bias == "encoder":
+        return expand([(bias, RELATIVE_UNUSED)])
+    layers = 1 if enc.share_layers else enc.num_layers
+    specs: list[RuleSpec] = [(bias, RELATIVE_PER_LAYER)]
+    specs += [(bias, f"encoder.transformer.{i}.relative_pos_emb.relative_attention_bias.weight", "tied")
+              for i in range(1, layers)]
+    specs.append((bias, RELATIVE_UNUSED, "shadow"))
+    return expand(specs)
+
+
+def _decoder_rules(model: Any, problems: list[str]) -> list[Rule]:
+    dec = model.decoder
+    out = _embedding_specs(model.target_embedding, "target_embedding", "tgt_embedding", model.share_embedding,
+                           problems)
+    lwb = WB if dec.bias else ("weight",)
+    layer_specs = ATTENTION + _norm("{L}.attention_norm", "{T}.layer_norm_1", dec.norm) + CROSS_ATTENTION \
+        + _norm("{L}.cross_attention_norm", "{T}.layer_norm_2", dec.norm) + FEED_FORWARD[dec.ffn] \
+        + _norm("{L}.ffn_norm", "{T}.layer_norm_3", dec.norm)
+    out += expand(_substitute(layer_specs, L="decoder.layers.{layer}", T="decoder.transformer_decoder.{layer}"),
+                  lwb=lwb, qkv=_qkv(dec, model.hidden_size), layer=range(dec.num_layers))
+    if dec.positions == "relative":
+        out += expand([("decoder.relative_bias.weight", "decoder.self_pos_emb.relative_attention_bias.weight")])
+    elif dec.positions != "none":
+        problems.append(f"decoder positions '{dec.positions}': TencentPretrain's decoder has relative positions "
+                        "or none")
+    final = dec.final_norm if dec.final_norm is not None else dec.norm_position == "pre"
+    if final:
+        # TencentPretrain's decoder ends with a T5 norm for layernorm "t5", else a normal LayerNorm.
+        kind = "t5" if dec.norm == "t5" else "layernorm"
+        if dec.norm == "rmsnorm":
+            problems.append("an RMSNorm decoder: TencentPretrain ends its decoder with a LayerNorm (with a bias) "
+                            "there, which pentad does not build")
+        out += expand(_norm("decoder.final_norm", "decoder.layer_norm", kind))
+    return out
 
 
 def to_tencentpretrain(model: Any, ours: dict[str, Tensor], extras: dict[str, Tensor] | None = None,
-                       finetuned: bool = False, source: str = "pentad weights") -> dict[str, Tensor]:
+                       finetuned: bool = False, source: str = "pentad weights",
+                       layout: Layout | None = None) -> dict[str, Tensor]:
     """A TencentPretrain state dict of pentad weights: the key map run backwards."""
-    return to_foreign(ours, rules(model, finetuned), source=source, layout="TencentPretrain", extras=extras)
+    layout = layout or Layout(finetuned=finetuned)
+    return to_foreign(ours, rules(model, layout), source=source, layout="TencentPretrain", extras=extras)
 
 
 # ------------------------------------------------------------------------------------------ files
@@ -160,6 +357,19 @@ def read_state_dict(path: Path) -> dict[str, Tensor]:
     from pentad.training.checkpoint import read_torch_state_dict
 
     return read_torch_state_dict(path)
+
+
+def write_state_dict(path: Path, state: dict[str, Tensor]) -> None:
+    """``torch.save`` of an ordered state dict, atomically, as TencentPretrain's ``save_model`` writes it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:
+        tmp = Path(handle.name)
+    try:
+        torch.save(collections.OrderedDict((k, v.contiguous()) for k, v in state.items()), tmp)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def find_files(in_dir: Path) -> tuple[Path, Path]:
@@ -183,11 +393,13 @@ def find_files(in_dir: Path) -> tuple[Path, Path]:
     return weights[0], configs[0]
 
 
-def find_tokenizer(in_dir: Path, raw: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
+def find_tokenizer(in_dir: Path, raw: dict[str, Any],
+                   tok_dir: Path | None = None) -> tuple[dict[str, Any] | None, list[str]]:
     """The pentad tokenizer config of the vocabulary files next to the checkpoint (absolute paths).
 
-    A merges file means GPT-2 BPE; a ``.model`` file SentencePiece; one ``*vocab*.txt`` file a
-    WordPiece vocabulary (or ``char`` / ``space`` when the config's ``tokenizer`` says so).
+    A merges file means GPT-2 BPE; a ``.model`` file SentencePiece (with ``"tokenizer":
+    "xlmroberta"`` laid out with fairseq's ids, written into ``tok_dir``); one ``*vocab*.txt`` file
+    a WordPiece vocabulary (or ``char`` / ``space`` when the config's ``tokenizer`` says so).
     """
     merges = sorted(in_dir.glob("*merges*.txt"))
     vocabs = sorted(p for p in in_dir.glob("*vocab*") if p.suffix in (".txt", ".json"))
@@ -201,6 +413,17 @@ def find_tokenizer(in_dir: Path, raw: dict[str, Any]) -> tuple[dict[str, Any] | 
     if models:
         if len(models) != 1:
             raise UserError(f"{in_dir}: several SentencePiece models {[p.name for p in models]}; keep one.")
+        if raw.get("tokenizer") == "xlmroberta":
+            from pentad.interop import spm
+
+            if tok_dir is None:
+                raise UserError("an xlmroberta tokenizer needs a directory to write its re-numbered model into")
+            tok_dir.mkdir(parents=True, exist_ok=True)
+            target = tok_dir / models[0].name
+            target.write_bytes(spm.to_fairseq(models[0].read_bytes(), str(models[0])))
+            return {"type": "sentencepiece", "model": str(target.resolve())}, [
+                f"{models[0].name}: ids laid out as TencentPretrain's xlmroberta tokenizer numbers them (fairseq: "
+                "<s> <pad> </s> <unk> first, every other piece one up, <mask> last)"]
         return {"type": "sentencepiece", "model": str(models[0].resolve())}, []
     texts = [p for p in vocabs if p.suffix == ".txt"]
     if len(texts) > 1:
@@ -215,33 +438,189 @@ def find_tokenizer(in_dir: Path, raw: dict[str, Any]) -> tuple[dict[str, Any] | 
     return None, [f"no vocabulary file in {in_dir}: the run has no tokenizer (set one in its config to fine-tune)"]
 
 
-def plan(raw: dict[str, Any], state: dict[str, Tensor], label: str) -> tuple[dict[str, Any], bool, list[str]]:
-    """(run-config dict, fine-tuned-classifier layout?, notes) of a TencentPretrain config + state dict."""
+def export_tokenizer(tokenizer: Any, out_dir: Path) -> tuple[dict[str, Any], list[str]]:
+    """Write a pentad tokenizer's files as TencentPretrain reads them; returns (config keys to add,
+    notes). WordPiece: ``vocab.txt``; byte-level BPE: ``vocab.txt`` (one token per line, TencentPretrain's
+    form) + ``merges.txt``; SentencePiece: the model (an XLM-R model in fairseq's id layout goes
+    back to its original layout with ``"tokenizer": "xlmroberta"``)."""
+    from pentad.interop import spm
+
+    kind = tokenizer.registry_name
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = tokenizer.save(Path(tmp))
+        files = {name: (Path(tmp) / saved[name]).read_bytes() for name in ("vocab", "merges", "model") if name in saved}
+    if kind in ("wordpiece", "char", "space"):
+        (out_dir / "vocab.txt").write_bytes(files["vocab"])
+        return ({"tokenizer": kind} if kind != "wordpiece" else {}), []
+    if kind == "bpe":
+        tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
+        (out_dir / "vocab.txt").write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
+        (out_dir / "merges.txt").write_bytes(files["merges"])
+        return {"tokenizer": "bpe"}, []
+    if kind == "sentencepiece":
+        data = files["model"]
+        if spm.is_fairseq(data):
+            (out_dir / "sentencepiece.bpe.model").write_bytes(spm.from_fairseq(data, "the run's tokenizer"))
+            return {"tokenizer": "xlmroberta"}, []
+        (out_dir / "spm.model").write_bytes(data)
+        return {}, []
+    return {}, [f"tokenizer not exported: pentad's '{kind}' tokenizer has no TencentPretrain equivalent"]
+
+
+# ----------------------------------------------------------------------------------------- plans
+def plan(raw: dict[str, Any], state: dict[str, Tensor], label: str) -> tuple[dict[str, Any], Layout, list[str]]:
+    """(run-config dict, checkpoint layout, notes) of a TencentPretrain config + state dict."""
     from pentad.config.tencentpretrain import import_config
 
     word = state.get("embedding.word.embedding.weight")
     if word is None:
         raise UserError(f"{label}: no embedding.word.embedding.weight tensor, so this is not a TencentPretrain "
                         f"checkpoint with a word embedding (found e.g. {', '.join(sorted(state)[:4]) or 'nothing'}).")
-    if any("sinusoidalpos" in str(e) for e in _as_list(raw.get("embedding", []))):
-        raise UserError(f"{label}: the sinusoidalpos embedding has no TencentPretrain key map in pentad yet (its "
-                        "table starts at position 2 and scales the word embedding, unlike pentad's).")
-    out, _ = import_config(raw, [f"vocab_size={int(word.shape[0])}"], label)
-    model = out["model"]
     notes: list[str] = []
-    finetuned = FINETUNED_MARKER in state
-    if finetuned:
+    out, _ = import_config(raw, [f"vocab_size={int(word.shape[0])}"], label, notes)
+    model = out["model"]
+    layout = Layout(finetuned=FINETUNED_MARKER in state)
+    if layout.finetuned:
         labels = int(state[FINETUNED_MARKER].shape[0])
-        model["targets"] = [{"type": "cls", "num_labels": labels, "pooling": raw.get("pooling", "first")}]
+        pooling = next((t.get("pooling") for t in model["targets"] if t.get("type") == "cls"), None)
+        model["targets"] = [{"type": "cls", "num_labels": labels, "pooling": pooling or raw.get("pooling", "first"),
+                             "dropout": 0.0}]
+        model["tie_word_embeddings"] = False
         notes.append(f"output_layer_1/2 found: a classifier fine-tuned with run_classifier.py ({labels} labels); "
                      "it becomes pentad's cls target, replacing the config's pre-training targets")
     for target in model["targets"]:
         if target["type"] == "cls" and target.get("num_labels") is None and "target.cls.linear_2.weight" in state:
             target["num_labels"] = int(state["target.cls.linear_2.weight"].shape[0])
-    notes.append("TencentPretrain's LayerNorm divides by (unbiased std + eps), pentad's by sqrt(biased var + eps): "
-                 "the weights are exact, the activations differ from TencentPretrain's by a relative ~1/(2H)")
-    return out, finetuned, notes
+    if model["encoder"].get("positions") == "relative" and RELATIVE_PER_LAYER not in state and \
+            RELATIVE_UNUSED in state:
+        layout.relative_bias = "encoder"
+        notes.append("T5's relative position bias is only in encoder.relative_pos_emb (as TencentPretrain's T5 "
+                     "converter writes it): pentad reads it there, while TencentPretrain itself reads a per-layer "
+                     "copy and would run this checkpoint without the converted bias")
+    if raw.get("layernorm", "normal") == "normal":
+        notes.append("TencentPretrain's LayerNorm divides by (unbiased std + eps), pentad's by sqrt(biased var + "
+                     "eps): the weights are exact, the activations differ from TencentPretrain's by a relative ~1/(2H)")
+    return out, layout, notes
 
 
-def _as_list(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, (list, tuple)) else [value]
+# TencentPretrain's names for pentad's (the inverse of pentad.config.tencentpretrain's tables).
+_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_fast", "relu": "relu", "silu": "silu", "linear": "linear"}
+_MASKS = {"bidirectional": "fully_visible", "causal": "causal", "prefix": "causal_with_prefix"}
+_NORMS = {"layernorm": "normal", "t5": "t5", "rmsnorm": "rms"}
+_EMBEDDINGS = {"word": "word", "pos": "pos", "seg": "seg", "sinusoidal": "sinusoidalpos"}
+_TARGETS = {"mlm": "mlm", "sp": "sp", "sop": "sp", "lm": "lm", "bilm": "bilm", "cls": "cls"}
+TP_EPS = 1e-6
+
+
+def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
+                  objective: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    """TencentPretrain's flat JSON config of a pentad ``ModelConfig`` (the inverse of the import);
+    ``base``: the config the model was imported from (its training keys are kept). Options
+    TencentPretrain cannot express are one UserError; differences it can only approximate are notes."""
+    problems: list[str] = []
+    notes: list[str] = []
+    enc, dec = model.encoder, model.decoder
+    hidden = model.hidden_size
+    parts = [p.type for p in model.embedding.parts]
+    config: dict[str, Any] = dict(base or {})
+    if enc.type in RECURRENT:
+        return _recurrent_config(model, config, parts, objective), notes
+    if enc.type != "transformer":
+        raise UserError(f"cannot export {label} to TencentPretrain here: encoder '{enc.type}' (transformer and "
+                        "recurrent encoders only).")
+    act = _ACTIVATIONS.get(enc.activation)
+    if act is None:
+        problems.append(f"activation '{enc.activation}' has no TencentPretrain name")
+    positions = {p.type: p for p in model.embedding.parts}
+    size = model.max_seq_length
+    if "pos" in positions and positions["pos"].max_positions:
+        size = positions["pos"].max_positions  # TencentPretrain sizes its position table by max_seq_length
+    config.update({
+        "emb_size": model.embedding_size or hidden, "hidden_size": hidden,
+        "feedforward_size": enc.ffn_size or 4 * hidden, "hidden_act": act, "heads_num": enc.num_heads,
+        "layers_num": enc.num_layers, "max_seq_length": size, "dropout": float(enc.dropout),
+        "embedding": [_EMBEDDINGS.get(p, p) for p in parts], "encoder": "transformer",
+        "mask": _MASKS.get(enc.mask, enc.mask), "layernorm_positioning": enc.norm_position,
+        "layernorm": _NORMS[enc.norm], "layernorm_eps": float(enc.layer_norm_eps),
+        "remove_embedding_layernorm": not model.embedding.norm, "remove_transformer_bias": not enc.bias,
+        "remove_attention_scale": not enc.attention_scale, "feed_forward": enc.ffn,
+        "tie_weights": bool(model.tie_word_embeddings),
+        "target": [_TARGETS.get(t.type, t.type) for t in model.targets],
+    })
+    for p in parts:
+        if p not in _EMBEDDINGS:
+            problems.append(f"embedding part '{p}' has no TencentPretrain name")
+    if enc.num_kv_heads not in (None, enc.num_heads):
+        config["local_kv_heads_num"] = enc.num_kv_heads
+    if enc.head_size not in (None, hidden // enc.num_heads):
+        config["attention_head_size"] = enc.head_size
+    if model.embedding_size not in (None, hidden):
+        config["factorized_embedding_parameterization"] = True
+    if enc.share_layers:
+        config["parameter_sharing"] = True
+    if enc.residual_attention:
+        config["has_residual_attention"] = True
+    flag = {"relative": "relative_position_embedding", "rotary": "rotary_position_embedding",
+            "alibi": "alibi_position_embedding"}.get(enc.positions)
+    if flag:
+        config[flag] = True
+    if enc.positions == "relative":
+        config["relative_attention_buckets_num"] = enc.relative_buckets
+        if enc.relative_max_distance != 128:
+            problems.append(f"relative_max_distance {enc.relative_max_distance}; TencentPretrain's is fixed at 128")
+    if enc.positions == "rotary" and (float(enc.rotary_base) != 10000.0 or enc.rotary_dim is not None):
+        problems.append("rotary with a base other than 10000 or a partial rotary_dim: TencentPretrain's is fixed")
+    final = enc.final_norm if enc.final_norm is not None else enc.norm_position == "pre"
+    if final != (enc.norm_position == "pre"):
+        problems.append("TencentPretrain puts a final norm exactly after pre-norm encoders")
+    if dec is not None:
+        config.update({"decoder": "transformer", "decoder_layers_num": dec.num_layers,
+                       "tgt_embedding": [_EMBEDDINGS.get(p.type, p.type) for p in model.target_embedding.parts],
+                       "share_embedding": bool(model.share_embedding)})
+        for f in ("num_heads", "num_kv_heads", "head_size", "ffn_size", "ffn", "activation", "norm", "norm_position",
+                  "bias", "attention_scale", "layer_norm_eps", "dropout"):
+            if getattr(enc, f) != getattr(dec, f):
+                problems.append(f"model.decoder.{f} differs from the encoder's; TencentPretrain's decoder layers read "
+                                "the encoder's options")
+        if model.tie_word_embeddings and model.share_embedding:
+            problems.append("an lm head tied to a shared word table: TencentPretrain's tie_weights with "
+                            "share_embedding leaves the head untied")
+    else:
+        for key in ("decoder", "decoder_layers_num", "tgt_embedding", "share_embedding"):
+            config.pop(key, None)
+    for target in model.targets:
+        if target.type not in _TARGETS:
+            problems.append(f"target '{target.type}' has no TencentPretrain name")
+        if target.type == "lm":
+            config["has_lmtarget_bias"] = bool(target.bias)
+            if target.scale_hidden:
+                problems.append("an lm head that rescales its input (T5 v1.0): TencentPretrain's does not")
+        if target.type == "cls":
+            config["pooling"] = target.pooling
+            if target.num_labels:
+                config["labels_num"] = target.num_labels
+        if target.type == "sop":
+            config["data_processor"] = "albert"
+    if objective and "data_processor" not in config:
+        config["data_processor"] = objective
+    if problems:
+        raise UserError(f"cannot export {label} to TencentPretrain: " + "; ".join(problems) + ".")
+    return config, notes
+
+
+def _recurrent_config(model: Any, config: dict[str, Any], parts: list[str], objective: str | None) -> dict[str, Any]:
+    enc = model.encoder
+    config.update({"emb_size": model.embedding_size or model.hidden_size, "hidden_size": model.hidden_size,
+                   "layers_num": enc.num_layers, "dropout": float(enc.dropout), "max_seq_length": model.max_seq_length,
+                   "embedding": [_EMBEDDINGS.get(p, p) for p in parts], "encoder": enc.type,
+                   "remove_embedding_layernorm": not model.embedding.norm,
+                   "tie_weights": bool(model.tie_word_embeddings),
+                   "target": [_TARGETS.get(t.type, t.type) for t in model.targets]})
+    if getattr(enc, "bidirectional", None) is not None:
+        config["bidirectional"] = bool(enc.bidirectional)
+    for target in model.targets:
+        if target.type in ("lm", "bilm"):
+            config["has_lmtarget_bias"] = bool(target.bias)
+    if objective and "data_processor" not in config:
+        config["data_processor"] = objective
+    return config

@@ -41,6 +41,63 @@ GPT2: dict[str, Any] = {
 }
 
 
+_STACK = {"type": "transformer", "num_layers": LAYERS, "num_heads": HEADS, "ffn_size": FFN}
+_T5_STACK = {**_STACK, "activation": "relu", "norm": "t5", "norm_position": "pre", "final_norm": True, "bias": False,
+             "dropout": 0.1, "layer_norm_eps": 1e-6, "attention_scale": False, "positions": "relative",
+             "relative_buckets": 8, "relative_max_distance": 16}
+T5: dict[str, Any] = {
+    "hidden_size": H, "vocab_size": 60, "max_seq_length": POSITIONS, "tie_word_embeddings": True,
+    "share_embedding": True, "embedding": {"parts": ["word"], "norm": False, "dropout": 0.1},
+    "target_embedding": {"parts": ["word"], "norm": False, "dropout": 0.1},
+    "encoder": {**_T5_STACK, "mask": "bidirectional"}, "decoder": dict(_T5_STACK),
+    "targets": [{"type": "lm", "scale_hidden": True}],
+}
+T5_V1_1: dict[str, Any] = {
+    **T5, "tie_word_embeddings": False,
+    "encoder": {**_T5_STACK, "mask": "bidirectional", "ffn": "gated", "activation": "gelu_tanh", "head_size": 16},
+    "decoder": {**_T5_STACK, "ffn": "gated", "activation": "gelu_tanh", "head_size": 16},
+    "targets": [{"type": "lm"}],
+}
+_BART_EMBEDDING = {"parts": ["word", {"type": "pos", "max_positions": POSITIONS}], "norm": True,
+                   "layer_norm_eps": 1e-5, "dropout": 0.1}
+_BART_STACK = {**_STACK, "activation": "gelu", "norm_position": "post", "dropout": 0.1, "attention_dropout": 0.0,
+               "layer_norm_eps": 1e-5}
+BART: dict[str, Any] = {
+    "hidden_size": H, "vocab_size": 60, "max_seq_length": POSITIONS, "tie_word_embeddings": True,
+    "share_embedding": True, "embedding": _BART_EMBEDDING, "target_embedding": _BART_EMBEDDING,
+    "encoder": {**_BART_STACK, "mask": "bidirectional"}, "decoder": _BART_STACK,
+    "targets": [{"type": "lm", "bias": True}],
+}
+_PEGASUS_EMBEDDING = {"parts": [{"type": "word", "scale": True},
+                                {"type": "sinusoidal", "interleave": False, "max_positions": POSITIONS}],
+                      "norm": False, "dropout": 0.1}
+_PEGASUS_STACK = {**_BART_STACK, "activation": "relu", "norm_position": "pre", "final_norm": True}
+PEGASUS: dict[str, Any] = {
+    **BART, "embedding": _PEGASUS_EMBEDDING, "target_embedding": _PEGASUS_EMBEDDING,
+    "encoder": {**_PEGASUS_STACK, "mask": "bidirectional"}, "decoder": _PEGASUS_STACK,
+}
+LLAMA: dict[str, Any] = {
+    "hidden_size": H, "vocab_size": 60, "max_seq_length": POSITIONS, "tie_word_embeddings": False,
+    "embedding": {"parts": ["word"], "norm": False, "dropout": 0.0},
+    "encoder": {**_STACK, "num_kv_heads": 2, "ffn": "gated", "activation": "silu", "norm": "rmsnorm",
+                "norm_position": "pre", "final_norm": True, "mask": "causal", "dropout": 0.0, "bias": False,
+                "layer_norm_eps": 1e-6, "positions": "rotary", "rotary_base": 10000.0},
+    "targets": [{"type": "lm"}],
+}
+BLOOM: dict[str, Any] = {
+    "hidden_size": H, "vocab_size": 60, "max_seq_length": POSITIONS, "tie_word_embeddings": True,
+    "embedding": {"parts": ["word"], "norm": True, "layer_norm_eps": 1e-5, "dropout": 0.0},
+    "encoder": {**_STACK, "ffn_size": 4 * H, "activation": "gelu_tanh", "norm_position": "pre", "final_norm": True,
+                "mask": "causal", "dropout": 0.0, "layer_norm_eps": 1e-5, "positions": "alibi"},
+    "targets": [{"type": "lm"}],
+}
+ALBERT: dict[str, Any] = {
+    **BERT, "embedding_size": 16,
+    "encoder": {**BERT["encoder"], "activation": "gelu_tanh", "share_layers": True},
+    "targets": [{"type": "mlm", "activation": "gelu_tanh", "layer_norm_eps": 1e-12}, {"type": "sop"}],
+}
+
+
 def variant(base: dict[str, Any], **over: Any) -> dict[str, Any]:
     out = copy.deepcopy(base)
     out.update(over)
@@ -58,6 +115,16 @@ PENTAD_MODELS = [
     ("xlm-roberta-mlm", "xlm-roberta", ROBERTA),
     ("gpt2", "gpt2", GPT2),
     ("gpt2-untied", "gpt2", variant(GPT2, tie_word_embeddings=False)),
+    ("albert-pretraining", "albert", ALBERT),
+    ("albert-mlm", "albert", variant(ALBERT, targets=[ALBERT["targets"][0]])),
+    ("albert-cls", "albert", variant(ALBERT, targets=[{"type": "cls", "num_labels": 3}])),
+    ("t5", "t5", T5),
+    ("t5-v1_1", "t5", T5_V1_1),
+    ("bart", "bart", BART),
+    ("pegasus", "pegasus", PEGASUS),
+    ("llama", "llama", LLAMA),
+    ("llama-tied", "llama", variant(LLAMA, tie_word_embeddings=True)),
+    ("bloom", "bloom", BLOOM),
 ]
 
 
@@ -91,15 +158,32 @@ def resolved(model_cfg: Any) -> dict[str, Any]:
     """A model config with every default made explicit, for comparing two configs that build the
     same model (one may say ``ffn_size: null``, the other ``ffn_size: 4H``)."""
     d = model_cfg.model_dump(mode="json")
-    for part in d["embedding"]["parts"]:
-        if part["type"] == "pos" and part.get("max_positions") is None:
-            part["max_positions"] = d["max_seq_length"]
-    enc = d["encoder"]
-    enc["ffn_size"] = enc["ffn_size"] or 4 * d["hidden_size"]
-    if enc["final_norm"] is None:
-        enc["final_norm"] = enc["norm_position"] == "pre"
-    if enc["attention_dropout"] is None:
-        enc["attention_dropout"] = enc["dropout"]
+    hidden = d["hidden_size"]
+    for slot in ("embedding", "target_embedding"):
+        if d.get(slot) and not d[slot]["norm"]:
+            d[slot]["layer_norm_eps"] = None  # no norm, no eps
+        for part in (d.get(slot) or {}).get("parts", []):
+            if part["type"] in ("pos", "sinusoidal") and part.get("max_positions") is None:
+                part["max_positions"] = d["max_seq_length"]
+    for stack in ("encoder", "decoder"):
+        s = d.get(stack)
+        if not s:
+            continue
+        s["ffn_size"] = s["ffn_size"] or 4 * hidden
+        if s["final_norm"] is None:
+            s["final_norm"] = s["norm_position"] == "pre"
+        if s["attention_dropout"] is None:
+            s["attention_dropout"] = s["dropout"]
+        s["num_kv_heads"] = s.get("num_kv_heads") or s["num_heads"]
+        s["head_size"] = s.get("head_size") or hidden // s["num_heads"]
+        if s.get("norm") == "rmsnorm":
+            s["norm"] = "t5"  # the same module
+    if d.get("embedding_size") == hidden:
+        d["embedding_size"] = None
+    if not any(p["type"] in ("pos", "sinusoidal") for p in d["embedding"]["parts"]):
+        # No position table (T5, LLaMA, BLOOM): max_seq_length only bounds the data pipeline, and
+        # HF's config.json has no place for it (the tokenizer's model_max_length carries it).
+        d.pop("max_seq_length")
     for target in d["targets"]:
         target["name"] = target.get("name") or target["type"]
     return d

@@ -190,16 +190,17 @@ def _edit_config(hf_dir, **changes):
 
 
 def test_unknown_model_type(bert_hf, tmp_path):
-    _edit_config(bert_hf, model_type="t5")
-    with pytest.raises(UserError, match="model_type 't5' is not a model family pentad converts; supported: bert"):
+    _edit_config(bert_hf, model_type="electra")
+    with pytest.raises(UserError, match="model_type 'electra' is not a model family pentad converts; supported: "
+                                        "albert"):
         convert("hf-to-pentad", bert_hf, tmp_path / "out")
 
 
 def test_family_that_disagrees_with_config(bert_hf, tmp_path):
     with pytest.raises(UserError, match="holds a 'bert' model, not 'gpt2'"):
         convert("hf-to-pentad", bert_hf, tmp_path / "out", family="gpt2")
-    with pytest.raises(UserError, match="--family 'bart'"):
-        convert("hf-to-pentad", bert_hf, tmp_path / "out", family="bart")
+    with pytest.raises(UserError, match="--family 'mbart'.*did you mean 'bart'"):
+        convert("hf-to-pentad", bert_hf, tmp_path / "out", family="mbart")
 
 
 def test_checkpoint_of_another_family(bert_hf, tmp_path):

@@ -22,7 +22,9 @@ def test_expand_repeats_over_sequences_and_substitutes_scalars():
 
 @pytest.mark.parametrize("name, theirs_shapes", [
     ("copy", [(3, H)]), ("conv1d", [(H, 3 * H)]), ("fuse_qkv", [(H, H)] * 3), ("fuse_qkv", [(H,)] * 3),
-    ("leading_rows:2", [(6, H)]), ("seg_pad_row", [(3, H)]),
+    ("leading_rows:2", [(6, H)]), ("seg_pad_row", [(3, H)]), ("fuse_qkv:4:2", [(8, H), (4, H), (4, H)]),
+    ("fuse_qkv:4:2:meta", [(8, H), (4, H), (4, H)]), ("fuse_qkv:2:2:meta", [(4,)] * 3), ("fuse_kv", [(H, H)] * 2),
+    ("heads_qkv:2", [(12, H)]), ("heads_qkv:2", [(12,)]), ("row_vector", [(1, 7)]), ("rotate_rows:1", [(3, H)]),
 ])
 def test_transforms_invert_exactly(name, theirs_shapes):
     transform = get_transform(name)
@@ -144,3 +146,52 @@ def test_synthesized_keys_are_zeros_and_omitted_keys_are_not_written():
     rules = RULES + expand([("head.classifier.weight", "cls.w")])
     assert "cls.w" in to_foreign(ours, rules, source="run", layout="toy")
     assert "cls.w" not in to_foreign(ours, rules, source="run", layout="toy", omit={"head.classifier.weight"})
+
+
+def test_new_transform_layouts():
+    # Grouped-query attention: k and v have kv_heads / heads of q's rows.
+    q, k, v = torch.randn(8, H), torch.randn(4, H), torch.randn(4, H)
+    (qkv,), _ = get_transform("fuse_qkv:4:2").to_ours([q, k, v])
+    assert torch.equal(qkv, torch.cat([q, k, v]))
+    with pytest.raises(ValueError, match="do not fit 4 query and 4 key/value heads"):
+        get_transform("fuse_qkv:4:4").to_ours([q, k, v])
+    # Meta's interleaved rotary rows (pairs 2i, 2i+1) -> rotate-half (i, i + D/2), per head.
+    rows = torch.arange(8.0)[:, None].expand(8, H)  # 2 heads of 4 rows
+    (fused,), _ = get_transform("fuse_qkv:2:2:meta").to_ours([rows, rows, rows])
+    assert fused[:8, 0].tolist() == [0, 2, 1, 3, 4, 6, 5, 7] and torch.equal(fused[16:], rows)
+    # BLOOM: rows grouped per head [q0; k0; v0; q1; k1; v1] -> [q0; q1; k0; k1; v0; v1].
+    blocks = torch.arange(6.0).repeat_interleave(2)[:, None].expand(12, H)
+    (regrouped,), _ = get_transform("heads_qkv:2").to_ours([blocks])
+    assert regrouped[::2, 0].tolist() == [0, 3, 1, 4, 2, 5]
+    # TencentPretrain's segment rows (pad, A, B) -> pentad's (A, B, pad).
+    (seg,), _ = get_transform("rotate_rows:1").to_ours([torch.arange(3.0)[:, None].expand(3, H)])
+    assert seg[:, 0].tolist() == [1, 2, 0]
+    (bias,), _ = get_transform("row_vector").to_ours([torch.ones(1, 5)])
+    assert bias.shape == (5,)
+    with pytest.raises(ValueError, match=r"\[1, N\]"):
+        get_transform("row_vector").to_ours([torch.ones(2, 5)])
+
+
+def test_sinusoidal_table_is_checked_and_kept():
+    from pentad.components.embeddings.sinusoidal import sinusoidal_table
+
+    transform = get_transform("sinusoidal:10:8")
+    table = sinusoidal_table(10, 8, interleave=False)
+    ours, extra = transform.to_ours([table.clone()])
+    assert ours == [] and torch.equal(extra, table)
+    assert torch.equal(transform.to_theirs([], None)[0], table)  # recomputed without an extra
+    with pytest.raises(ValueError, match="differs from the sinusoidal table"):
+        transform.to_ours([table + 0.01])
+    rules = expand([((), "pos?", "ignore"), ((), "emb.pos", "sinusoidal:10:8"), ("w", "w")])
+    state = {"emb.pos": table, "w": torch.ones(2)}
+    ours_state, extras = to_pentad(state, rules, {"w": (2,)}, source="x", layout="test")
+    assert set(ours_state) == {"w"} and torch.equal(extras["emb.pos"], table)
+    back = to_foreign(ours_state, rules, source="x", layout="test", extras=extras)
+    assert set(back) == {"emb.pos", "w"} and torch.equal(back["emb.pos"], table)
+
+
+def test_parameterised_transform_names_are_checked():
+    with pytest.raises(ValueError, match="fuse_qkv takes 2 count"):
+        get_transform("fuse_qkv:4")
+    with pytest.raises(ValueError, match="heads_qkv takes 1"):
+        get_transform("heads_qkv:2:meta")

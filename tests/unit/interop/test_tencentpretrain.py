@@ -56,9 +56,10 @@ def test_bert_key_names_follow_tencentpretrain(tmp_path):
     assert torch.equal(state["target.sp.linear_2.weight"], ours["targets.sp.classifier.weight"])
     # tie_weights: TencentPretrain saves the output layer under both names.
     assert torch.equal(state["target.mlm.linear_2.weight"], state["embedding.word.embedding.weight"])
-    # Segment table: row 0 is padding, then A and B.
+    # Segment table: TencentPretrain's rows are (padding, A, B), pentad's imported ones (A, B, padding).
     seg = state["embedding.seg.embedding.weight"]
-    assert seg.shape == (3, 32) and not seg[0].any() and torch.equal(seg[1:], ours["embedding.seg.weight"])
+    assert seg.shape == (3, 32) and torch.equal(seg[1:], ours["embedding.seg.weight"][:2])
+    assert torch.equal(seg[0], ours["embedding.seg.weight"][2])
 
 
 @pytest.mark.parametrize("tp_config", [BERT, GPT2], ids=["bert", "gpt2"])
@@ -85,10 +86,11 @@ def test_padding_segment_row_is_kept(tmp_path):
     state["embedding.seg.embedding.weight"][0] = torch.randn(32)
     torch.save(state, tmp_path / "tp" / "model.bin")
     convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out")
-    from safetensors.torch import load_file
-
-    extra = load_file(str(tmp_path / "out" / "interop_extra.safetensors"))
-    assert torch.equal(extra["embedding.seg.weight"][0], state["embedding.seg.embedding.weight"][0])
+    weights = read_weights(find_weights(tmp_path / "out"))
+    assert torch.equal(weights["embedding.seg.weight"][2], state["embedding.seg.embedding.weight"][0])
+    convert("pentad-to-tencentpretrain", tmp_path / "out", tmp_path / "back")
+    back = torch.load(tmp_path / "back" / "model.bin", weights_only=True)
+    assert torch.equal(back["embedding.seg.embedding.weight"], state["embedding.seg.embedding.weight"])
 
 
 def test_finetuned_classifier_layout(tmp_path):
@@ -159,7 +161,7 @@ def test_errors(tmp_path):
 def test_unsupported_module_is_named(tmp_path):
     tp_checkpoint(tmp_path / "tp", BERT)
     config = json.loads((tmp_path / "tp" / "config.json").read_text())
-    config["embedding"] = ["word", "sinusoidalpos"]
+    config.update(encoder="gatedcnn", kernel_size=4, block_size=2)
     (tmp_path / "tp" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UserError, match="sinusoidalpos"):
+    with pytest.raises(UserError, match="encoder 'gatedcnn' has no TencentPretrain key map"):
         convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out")

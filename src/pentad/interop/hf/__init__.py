@@ -5,9 +5,12 @@ weights (``model.safetensors``, sharded safetensors with ``model.safetensors.ind
 ``pytorch_model.bin`` read with ``weights_only=True``) and tokenizer files (``vocab.txt`` for
 WordPiece, ``vocab.json`` + ``merges.txt`` for byte-level BPE, ``tokenizer_config.json``).
 
-One module per family (:mod:`.bert`, :mod:`.roberta`, :mod:`.gpt2`) holds its key map (data, see
+One module per family (:mod:`.bert`, :mod:`.roberta`, :mod:`.gpt2`, :mod:`.albert`, :mod:`.t5`,
+:mod:`.bart`, :mod:`.pegasus`, :mod:`.llama`, :mod:`.bloom`) holds its key map (data, see
 :mod:`pentad.interop.keymap`) and translates ``config.json`` <-> pentad's model config both ways.
 Reading and writing HF files needs no ``transformers`` install; only ``--verify`` runs it.
+SentencePiece tokenizers (``spiece.model``, ``tokenizer.model``, XLM-R's ``sentencepiece.bpe.model``)
+are rewritten so that the model's own ids are the ones the HF tokenizer gives (:mod:`pentad.interop.spm`).
 """
 
 from __future__ import annotations
@@ -76,9 +79,16 @@ class HFFamily:
 
     name: str = ""
     model_types: tuple[str, ...] = ()
-    tokenizer_kind: str = "wordpiece"  # "wordpiece" or "bpe"
+    tokenizer_kind: str | None = "wordpiece"  # "wordpiece", "bpe", "sentencepiece"; None: not converted
     tokenizer_class: str = ""
+    tokenizer_classes: dict[str, str] = {}  # model_type -> class, where it differs from tokenizer_class
     default_special_tokens: dict[str, str] = {}
+    # SentencePiece tokenizers: the file names HF uses, and how HF numbers the model's pieces
+    # ("plain": as they are; "fairseq": XLM-R's shifted ids; "t5": sentinels appended).
+    spm_files: tuple[str, ...] = ()
+    spm_layout: str = "plain"
+    tokenizer_note: str = ""  # why the tokenizer is not converted (tokenizer_kind None)
+    token_types: bool = True  # the HF model takes token_type_ids (segments)
 
     def plan_import(self, config: dict[str, Any], keys: dict[str, tuple[int, ...]], label: str,
                     max_length: int | None) -> ImportPlan:  # pragma: no cover - abstract
@@ -104,13 +114,18 @@ class HFFamily:
         value = config.get("pad_token_id")
         return int(value) if isinstance(value, int) else 0
 
+    def tokenizer_for(self, model_type: str | None) -> tuple[str | None, str]:
+        """(tokenizer kind, SentencePiece layout) of a model type (XLM-R differs from RoBERTa)."""
+        return self.tokenizer_kind, self.spm_layout
+
 
 def families() -> dict[str, HFFamily]:
     """model_type -> family (``xlm-roberta`` is the RoBERTa family)."""
-    from pentad.interop.hf import bert, gpt2, roberta
+    from pentad.interop.hf import albert, bart, bert, bloom, gpt2, llama, pegasus, roberta, t5
 
     table: dict[str, HFFamily] = {}
-    for family in (bert.FAMILY, roberta.FAMILY, gpt2.FAMILY):
+    for family in (bert.FAMILY, roberta.FAMILY, gpt2.FAMILY, albert.FAMILY, t5.FAMILY, bart.FAMILY, pegasus.FAMILY,
+                   llama.FAMILY, bloom.FAMILY):
         for model_type in family.model_types:
             table[model_type] = family
     return table
@@ -123,6 +138,62 @@ def merge_config(base: dict[str, Any] | None, owned: tuple[str, ...], values: di
     kept = {k: v for k, v in (base or {}).items() if k not in owned and k != "transformers_version"}
     head = {k: values[k] for k in ("architectures", "model_type") if k in values}
     return {**head, **kept, **{k: v for k, v in values.items() if k not in head}}
+
+
+def stack_problems(stack: Any, path: str, family: str, hidden_size: int, *, grouped: bool = False,
+                   head_size: bool = False, **expected: Any) -> list[str]:
+    """Options of a pentad transformer stack config that the HF family cannot express.
+
+    ``expected`` overrides the plain-transformer values (``norm="rmsnorm"``, ``positions="rotary"``,
+    ...); ``grouped`` allows fewer key/value heads, ``head_size`` a head width other than H / heads.
+    """
+    want: dict[str, Any] = {"norm": "layernorm", "ffn": "dense", "attention_scale": True, "positions": "none",
+                            "share_layers": False, "residual_attention": False}
+    want.update(expected)
+    problems = []
+    for key, value in want.items():
+        found = getattr(stack, key, value)
+        if found != value:
+            problems.append(f"{path}.{key} is {found!r} where {family} has {value!r}")
+    heads = stack.num_heads
+    if not grouped and stack.num_kv_heads not in (None, heads):
+        problems.append(f"{path}.num_kv_heads {stack.num_kv_heads} (grouped-query attention; {family} has none)")
+    size = stack.head_size or hidden_size // heads
+    if not head_size and size * heads != hidden_size:
+        problems.append(f"{path}.head_size {size} x {heads} heads differs from hidden_size {hidden_size}")
+    if getattr(stack, "rotary_dim", None) not in (None, size):
+        problems.append(f"{path}.rotary_dim {stack.rotary_dim} (partial rotary; {family} rotates whole heads)")
+    return problems
+
+
+def seq_length(max_length: int | None, positions: int | None, default: int = 512) -> int:
+    """pentad's max_seq_length: the tokenizer's limit when it fits the positions, else the positions."""
+    if positions is None:
+        return max_length if max_length is not None else default
+    return max_length if max_length is not None and max_length <= positions else positions
+
+
+def activation(name: Any, problems: list[str], key: str = "hidden_act") -> str:
+    """pentad's name of a HF activation (a problem is recorded when there is none)."""
+    act = HF_ACTIVATIONS.get(str(name))
+    if act is None:
+        problems.append(f"{key} '{name}' (supported: {', '.join(HF_ACTIVATIONS)})")
+        return "gelu"
+    return act
+
+
+def activation_name(original: Any, activation: str) -> str | None:
+    """The HF name to write for a pentad activation: the imported config's own spelling when it
+    means the same function (``gelu_pytorch_tanh`` stays), else pentad's default HF name."""
+    if HF_ACTIVATIONS.get(str(original)) == activation:
+        return str(original)
+    return PENTAD_ACTIVATIONS.get(activation)
+
+
+def hinted_problems(config: dict[str, Any], supported: tuple[str, ...]) -> list[str]:
+    """A problem for each ``architectures`` entry of config.json that the family cannot convert."""
+    return [f"architecture {a} has a head pentad has no target for yet" for a in config.get("architectures") or []
+            if isinstance(a, str) and a not in supported]
 
 
 def family_for(model_type: str | None, requested: str | None, label: str) -> HFFamily:
@@ -147,6 +218,16 @@ def guess_layout(keys: set[str] | dict[str, Any]) -> str | None:
     """The family whose key layout a set of tensor names has, for error messages (None: unknown)."""
     if any(k.endswith("wte.weight") or ".attn.c_attn." in k for k in keys):
         return "gpt2"
+    if any("albert_layer_groups." in k for k in keys):
+        return "albert"
+    if any(".SelfAttention.q." in k or k.startswith("encoder.block.") for k in keys):
+        return "t5"
+    if any("self_attention.query_key_value" in k or "word_embeddings_layernorm" in k for k in keys):
+        return "bloom"
+    if any(".mlp.gate_proj." in k for k in keys):
+        return "llama"
+    if any("encoder_attn.q_proj" in k for k in keys):
+        return "bart" if any("layernorm_embedding" in k for k in keys) else "pegasus"
     if any(k.startswith("roberta.") or k.startswith("lm_head.dense.") for k in keys):
         return "roberta"
     if any(k.startswith(("bert.", "cls.predictions.", "cls.seq_relationship.")) for k in keys):
@@ -264,18 +345,25 @@ def _special_tokens(in_dir: Path, tokenizer_config: dict[str, Any], defaults: di
     return chosen
 
 
-def import_tokenizer(in_dir: Path, tok_dir: Path, family: HFFamily) -> tuple[dict[str, Any] | None, list[str]]:
+def import_tokenizer(in_dir: Path, tok_dir: Path, family: HFFamily,
+                     model_type: str | None = None) -> tuple[dict[str, Any] | None, list[str]]:
     """Write the pentad tokenizer files of a HF directory into ``tok_dir``.
 
     Returns (pentad tokenizer config with paths relative to ``tok_dir``, or None; notes).
     ``vocab.txt`` / ``vocab.json`` + ``merges.txt`` are copied byte for byte; when only a fast
     ``tokenizer.json`` exists its vocabulary (and merges) are written out in those formats.
+    SentencePiece models are rewritten to the ids the HF tokenizer gives (:mod:`pentad.interop.spm`).
     """
+    kind, layout = family.tokenizer_for(model_type)
+    if kind is None:
+        return None, [f"tokenizer not converted: {family.tokenizer_note}; set a tokenizer in the run config"]
     tok_cfg = read_json(in_dir / TOKENIZER_CONFIG) if (in_dir / TOKENIZER_CONFIG).is_file() else {}
     fast = read_json(in_dir / "tokenizer.json") if (in_dir / "tokenizer.json").is_file() else None
     fast_model = fast.get("model", {}) if fast else {}
     tok_dir.mkdir(parents=True, exist_ok=True)
-    if family.tokenizer_kind == "wordpiece":
+    if kind == "sentencepiece":
+        return _import_sentencepiece(in_dir, tok_dir, family, layout, tok_cfg)
+    if kind == "wordpiece":
         if (in_dir / "vocab.txt").is_file():
             data = (in_dir / "vocab.txt").read_bytes()
         elif fast_model.get("type") == "WordPiece" and isinstance(fast_model.get("vocab"), dict):
@@ -303,12 +391,7 @@ def import_tokenizer(in_dir: Path, tok_dir: Path, family: HFFamily) -> tuple[dic
             (tok_dir / "merges.txt").write_text("#version: 0.2\n" + "".join(m + "\n" for m in merges),
                                                 encoding="utf-8")
         else:
-            note = f"no tokenizer: {in_dir} has neither vocab.json + merges.txt nor a BPE tokenizer.json"
-            if (in_dir / "sentencepiece.bpe.model").is_file():
-                note = ("tokenizer not converted: XLM-R's sentencepiece.bpe.model numbers pieces through a "
-                        "fairseq dictionary (ids shifted by one, <s> <pad> </s> <unk> first), which pentad's "
-                        "sentencepiece tokenizer does not reproduce; set a tokenizer in the run config")
-            return None, [note]
+            return None, [f"no tokenizer: {in_dir} has neither vocab.json + merges.txt nor a BPE tokenizer.json"]
         vocab = read_json(tok_dir / "vocab.json")
         cfg = {"type": "bpe", "vocab": "vocab.json", "merges": "merges.txt",
                "add_prefix_space": bool(tok_cfg.get("add_prefix_space", False))}
@@ -316,6 +399,55 @@ def import_tokenizer(in_dir: Path, tok_dir: Path, family: HFFamily) -> tuple[dic
     if special:
         cfg["special_tokens"] = special
     return cfg, []
+
+
+def _import_sentencepiece(in_dir: Path, tok_dir: Path, family: HFFamily, layout: str,
+                          tok_cfg: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
+    """The family's SentencePiece model, laid out with the ids the HF tokenizer gives."""
+    from pentad.interop import spm
+
+    found = [in_dir / name for name in family.spm_files if (in_dir / name).is_file()]
+    if not found:
+        return None, [f"no tokenizer: {in_dir} has no {' or '.join(family.spm_files)} (a lone tokenizer.json is not "
+                      "converted to a SentencePiece model); set a tokenizer in the run config"]
+    path = found[0]
+    data = path.read_bytes()
+    notes: list[str] = []
+    if layout == "fairseq":
+        data = spm.to_fairseq(data, str(path))
+        notes.append(f"{path.name}: ids laid out as fairseq's dictionary (<s> <pad> </s> <unk> first, every other "
+                     "piece one up, <mask> last), as the HF tokenizer numbers them")
+    elif layout == "t5":
+        extra = tok_cfg.get("extra_ids", spm.T5_EXTRA_IDS)
+        data = spm.to_t5(data, str(path), int(extra) if isinstance(extra, int) else spm.T5_EXTRA_IDS)
+    (tok_dir / path.name).write_bytes(data)
+    model = spm.SentencePieceModel.parse(data, path)
+    vocab = {piece.text: i for i, piece in enumerate(model.pieces)}
+    cfg: dict[str, Any] = {"type": "sentencepiece", "model": path.name}
+    special = _special_tokens(in_dir, tok_cfg, family.default_special_tokens, vocab)
+    if special:
+        cfg["special_tokens"] = special
+    if tok_cfg.get("do_lower_case") or tok_cfg.get("remove_space") is False or tok_cfg.get("keep_accents") is False:
+        notes.append(f"{family.tokenizer_class} normalises text before SentencePiece (lower-casing, accents, quotes), "
+                     "which pentad's sentencepiece tokenizer does not: normalise inputs the same way yourself")
+    return cfg, notes
+
+
+def _export_sentencepiece(tokenizer: Any, out_dir: Path, family: HFFamily, layout: str,
+                          tok_cfg: dict[str, Any]) -> list[str]:
+    """Write a pentad SentencePiece tokenizer as the family's HF file (the inverse of the import layout)."""
+    from pentad.interop import spm
+
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = tokenizer.save(Path(tmp))
+        data = (Path(tmp) / saved["model"]).read_bytes()
+    if layout == "fairseq":
+        data = spm.from_fairseq(data, f"the run's SentencePiece model ({saved['model']})")
+    elif layout == "t5":
+        data, extra = spm.from_t5(data, saved["model"])
+        tok_cfg["extra_ids"] = extra
+    (out_dir / family.spm_files[0]).write_bytes(data)
+    return []
 
 
 def model_max_length(in_dir: Path) -> int | None:
@@ -327,12 +459,16 @@ def model_max_length(in_dir: Path) -> int | None:
     return int(value) if isinstance(value, int) and 0 < value < 10**9 else None
 
 
-def export_tokenizer(tokenizer: Any, out_dir: Path, family: HFFamily, max_length: int) -> list[str]:
+def export_tokenizer(tokenizer: Any, out_dir: Path, family: HFFamily, max_length: int,
+                     model_type: str | None = None) -> list[str]:
     """Write a pentad tokenizer in the HF format of ``family``; returns notes (what was not written)."""
     kind = tokenizer.registry_name
-    if kind != family.tokenizer_kind:
+    wanted, layout = family.tokenizer_for(model_type)
+    if wanted is None:
+        return [f"tokenizer not exported: {family.tokenizer_note}"]
+    if kind != wanted:
         return [f"tokenizer not exported: pentad's '{kind}' tokenizer has no {family.name} equivalent "
-                f"(a {family.name} model uses {family.tokenizer_kind})"]
+                f"(a {family.name} model uses {wanted})"]
     notes: list[str] = []
     size = tokenizer.vocab_size
     try:
@@ -341,8 +477,11 @@ def export_tokenizer(tokenizer: Any, out_dir: Path, family: HFFamily, max_length
         return ["tokenizer not exported: its vocabulary has gaps in the ids, which HF vocabulary files cannot hold"]
     options = tokenizer.config().model_dump(mode="json")
     special = {role: tok for role, tok in tokenizer.special_tokens.items() if tok is not None}
-    tok_cfg: dict[str, Any] = {"tokenizer_class": family.tokenizer_class, "model_max_length": max_length}
-    if kind == "wordpiece":
+    tokenizer_class = family.tokenizer_classes.get(model_type or "", family.tokenizer_class)
+    tok_cfg: dict[str, Any] = {"tokenizer_class": tokenizer_class, "model_max_length": max_length}
+    if kind == "sentencepiece":
+        notes += _export_sentencepiece(tokenizer, out_dir, family, layout, tok_cfg)
+    elif kind == "wordpiece":
         (out_dir / "vocab.txt").write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
         tok_cfg.update(do_lower_case=options["lowercase"], tokenize_chinese_chars=options["split_cjk"],
                        strip_accents=options["strip_accents"])

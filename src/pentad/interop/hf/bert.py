@@ -110,6 +110,10 @@ class BertLikeFamily(HFFamily):
     mlm_activation: str | None = None  # None: the MLM head uses hidden_act (BERT); RoBERTa: always gelu
     unsupported = ("ForTokenClassification", "ForQuestionAnswering", "ForMultipleChoice", "LMHeadModel",
                    "ForCausalLM")
+    pooler_key = "pooler.dense.weight"  # under the base prefix
+    sentence_target = "sp"  # pentad target of the next-sentence head (ALBERT: sop)
+    classifier_dropout_key = "classifier_dropout"
+    owned = OWNED
 
     # -- helpers ---------------------------------------------------------------------------------
     def position_offset(self, pad_token_id: int) -> int:
@@ -163,7 +167,7 @@ class BertLikeFamily(HFFamily):
         has_mlm = self.mlm_marker in keys
         has_nsp = self.nsp_marker is not None and self.nsp_marker in keys
         has_seq = self.sequence_marker in keys
-        has_pooler = f"{prefix}pooler.dense.weight" in keys
+        has_pooler = f"{prefix}{self.pooler_key}" in keys
         if has_seq and not (has_pooler or self.sequence_head_has_pooler):
             problems.append("a 'classifier' without a pooler is a token-classification head, which pentad "
                             "has no target for yet")
@@ -178,6 +182,7 @@ class BertLikeFamily(HFFamily):
         synthesized: list[str] = []
         notes: list[str] = []
         mlm_target = {"type": "mlm", "activation": self.mlm_activation or act, "layer_norm_eps": eps}
+        sentence = self.sentence_target
         if has_seq:
             arch = "ForSequenceClassification"
             heads = {"sequence"} | ({"pooler"} if not self.sequence_head_has_pooler else set())
@@ -185,15 +190,15 @@ class BertLikeFamily(HFFamily):
             if num_labels < 2:
                 raise UserError(f"cannot convert {label} ({self.name}): a classifier with {num_labels} output "
                                 "(regression) has no pentad target yet; the cls target needs 2 or more labels.")
-            head_dropout = c.get("classifier_dropout")
+            head_dropout = c.get(self.classifier_dropout_key)
             targets = [{"type": "cls", "num_labels": num_labels, "pooling": "first", "pooler": True,
                         "dropout": float(head_dropout if head_dropout is not None else dropout)}]
         elif has_mlm and has_nsp:
             arch, heads = "ForPreTraining", {"mlm", "nsp", "pooler"}
-            targets = [mlm_target, {"type": "sp"}]
+            targets = [mlm_target, {"type": sentence}]
         elif has_nsp:
             arch, heads = "ForNextSentencePrediction", {"nsp", "pooler"}
-            targets = [{"type": "sp"}]
+            targets = [{"type": sentence}]
         else:
             # A bare encoder (or an MLM model that also kept a pooler): the pooler, if any, goes to
             # an ``sp`` target whose missing parts are zeros (see the module docstring).
@@ -203,14 +208,14 @@ class BertLikeFamily(HFFamily):
             if has_pooler or not has_mlm:
                 if has_pooler:
                     heads.add("pooler")
-                targets.append({"type": "sp"})
-                synthesized = ["targets.sp.classifier.weight", "targets.sp.classifier.bias"]
+                targets.append({"type": sentence})
+                synthesized = [f"targets.{sentence}.classifier.weight", f"targets.{sentence}.classifier.bias"]
                 if not has_pooler:
-                    synthesized += ["targets.sp.pooler.weight", "targets.sp.pooler.bias"]
+                    synthesized += [f"targets.{sentence}.pooler.weight", f"targets.{sentence}.pooler.bias"]
                 notes.append(f"{'+'.join(sorted(synthesized))}: not in the checkpoint (a "
                              f"{self.architecture(model_type, arch)} has no "
                              f"{'next-sentence head' if has_pooler else 'pooler or next-sentence head'}); "
-                             "written as zeros so that pentad's 'sp' target can hold "
+                             f"written as zeros so that pentad's '{sentence}' target can hold "
                              + ("the pooler" if has_pooler else "its place")
                              + " (left out again on export while still zero, where the HF architecture has no "
                              "such head)")
@@ -238,10 +243,33 @@ class BertLikeFamily(HFFamily):
                         "bias": True, "layer_norm_eps": eps},
             "targets": targets,
         }
-        names = {t["type"]: t["type"] for t in targets}
+        model = self.adjust_import(model, c)
+        names = {self.canonical(t["type"]): t["type"] for t in targets}
         rules = self.rules(prefix=prefix, num_layers=model["encoder"]["num_layers"], offset=offset, heads=heads,
-                           names=names, pooled="cls" if has_seq else "sp", tied=model["tie_word_embeddings"])
+                           names=names, pooled="cls" if has_seq else sentence, tied=model["tie_word_embeddings"])
         return ImportPlan(model, rules, self.architecture(model_type, arch), synthesized, notes)
+
+    def canonical(self, target_type: str) -> str:
+        """A target type as the BERT planning code names it (ALBERT's sop head plays BERT's sp)."""
+        return "sp" if target_type == self.sentence_target else target_type
+
+    def adjust_import(self, model: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+        """Family-specific additions to the imported model config (ALBERT: factorised, shared)."""
+        return model
+
+    def adjust_export(self, config: dict[str, Any], model: Any, base: dict[str, Any]) -> dict[str, Any]:
+        """Family-specific changes to the exported config.json values (ALBERT's own keys)."""
+        return config
+
+    def export_problems(self, model: Any) -> list[str]:
+        """Options of the pentad model the HF architecture cannot express."""
+        from pentad.interop.hf import stack_problems
+
+        problems = stack_problems(model.encoder, "model.encoder", self.name, model.hidden_size)
+        if model.embedding_size is not None and model.embedding_size != model.hidden_size:
+            problems.append(f"model.embedding_size {model.embedding_size} (a factorised embedding; {self.name} has "
+                            "none)")
+        return problems
 
     # -- export -----------------------------------------------------------------------------------
     def plan_export(self, model: Any, *, label: str, model_type: str | None, base_config: dict[str, Any] | None,
@@ -268,9 +296,10 @@ class BertLikeFamily(HFFamily):
         if act is None:
             problems.append(f"activation '{enc.activation}' has no HF name")
         eps = {float(model.embedding.layer_norm_eps), float(enc.layer_norm_eps)}
-        types = [t.type for t in model.targets]
-        names = {t.type: t.target_name for t in model.targets}
-        by_type = {t.type: t for t in model.targets}
+        problems += self.export_problems(model)
+        types = [self.canonical(t.type) for t in model.targets]
+        names = {self.canonical(t.type): t.target_name for t in model.targets}
+        by_type = {self.canonical(t.type): t for t in model.targets}
         if "mlm" in by_type:
             eps.add(float(by_type["mlm"].layer_norm_eps))
             wanted = self.mlm_activation or enc.activation
@@ -346,7 +375,7 @@ class BertLikeFamily(HFFamily):
             config["label2id"] = {name: i for i, name in enumerate(names_)}
         elif "id2label" in base:
             config["id2label"], config["label2id"] = base["id2label"], base.get("label2id")
-        config = merge_config(base, OWNED, config)
+        config = merge_config(base, self.owned, self.adjust_export(config, model, base))
         if offset:
             notes.append(f"position table: pentad positions 0..{positions - 1} are HF rows "
                          f"{offset}..{positions + offset - 1}; HF rows 0..{offset - 1} come from "

@@ -15,7 +15,15 @@ from __future__ import annotations
 from typing import Any
 
 from pentad.errors import UserError
-from pentad.interop.hf import HF_ACTIVATIONS, PENTAD_ACTIVATIONS, ExportPlan, HFFamily, ImportPlan, merge_config
+from pentad.interop.hf import (
+    HF_ACTIVATIONS,
+    PENTAD_ACTIVATIONS,
+    ExportPlan,
+    HFFamily,
+    ImportPlan,
+    merge_config,
+    stack_problems,
+)
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
 
 # {prefix}: "transformer." inside GPT2LMHeadModel, "" for a bare GPT2Model checkpoint.
@@ -55,6 +63,7 @@ class GPT2Family(HFFamily):
     model_types = ("gpt2",)
     tokenizer_kind = "bpe"
     tokenizer_class = "GPT2Tokenizer"
+    token_types = False
     default_special_tokens = {"bos": "<|endoftext|>", "eos": "<|endoftext|>"}
     unsupported = ("DoubleHeadsModel", "ForSequenceClassification", "ForTokenClassification",
                    "ForQuestionAnswering")
@@ -130,14 +139,17 @@ class GPT2Family(HFFamily):
                             f"{enc.type}, norm_position {enc.norm_position}, final_norm {final_norm}, mask {enc.mask})")
         if not enc.bias:
             problems.append("model.encoder.bias is off; GPT-2 layers have biases")
+        problems += stack_problems(enc, "model.encoder", "gpt2", model.hidden_size)
+        if model.decoder is not None or model.embedding_size not in (None, model.hidden_size):
+            problems.append("GPT-2 is one causal stack without a decoder or a factorised embedding")
         act = PENTAD_ACTIVATIONS.get(enc.activation)
         if act is None:
             problems.append(f"activation '{enc.activation}' has no HF name")
         targets = list(model.targets)
         if len(targets) != 1 or targets[0].type != "lm":
             problems.append(f"targets {[t.type for t in targets]}: GPT-2 has exactly one lm head")
-        elif targets[0].bias:
-            problems.append("the lm target has a bias; GPT-2's lm_head has none")
+        elif targets[0].bias or targets[0].scale_hidden:
+            problems.append("the lm target has a bias or rescales its input; GPT-2's lm_head does neither")
         if problems:
             raise UserError(f"cannot export {label} as gpt2: " + "; ".join(problems) + ".")
         assert act is not None

@@ -57,6 +57,8 @@ class RobertaFamily(BertLikeFamily):
     defaults = DEFAULTS
     tokenizer_kind = "bpe"
     tokenizer_class = "RobertaTokenizer"
+    tokenizer_classes = {"xlm-roberta": "XLMRobertaTokenizer"}
+    spm_files = ("sentencepiece.bpe.model",)
     default_special_tokens = {"bos": "<s>", "cls": "<s>", "eos": "</s>", "sep": "</s>", "pad": "<pad>",
                               "unk": "<unk>", "mask": "<mask>"}
     mlm_marker = "lm_head.dense.weight"
@@ -70,6 +72,10 @@ class RobertaFamily(BertLikeFamily):
 
     def position_offset(self, pad_token_id: int) -> int:
         return pad_token_id + 1
+
+    def tokenizer_for(self, model_type: str | None) -> tuple[str | None, str]:
+        # XLM-R's SentencePiece model, numbered through fairseq's dictionary (see pentad.interop.spm).
+        return ("sentencepiece", "fairseq") if model_type == "xlm-roberta" else ("bpe", "plain")
 
     def pad_token_id(self, config: dict[str, Any]) -> int:
         value = config.get("pad_token_id")

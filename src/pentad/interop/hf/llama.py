@@ -1,0 +1,210 @@
+"""LLaMA (``model_type: llama``, LLaMA 1-3 and every checkpoint with its layout), both ways.
+
+``LlamaForCausalLM`` (and a bare ``LlamaModel``, which gets the word table as output layer)
+becomes a pentad decoder-only model: word table, pre-norm layers with RMSNorm, SwiGLU feed-forward
+(``gate_proj`` -> ``ffn.gate``, ``up_proj`` -> ``ffn.up``, ``down_proj`` -> ``ffn.down``), rotary
+positions and a final norm. ``num_key_value_heads`` < ``num_attention_heads`` is grouped-query
+attention (pentad ``num_kv_heads``): ``q_proj`` [A*D, H], ``k_proj`` and ``v_proj`` [K*D, H] fuse to
+pentad's ``qkv`` [(A + 2K)*D, H].
+
+Rotary embedding: transformers and pentad both pair dimension i with i + D/2 ("rotate half"), so
+the query and key weights copy unchanged (Meta's original checkpoints and TencentPretrain pair
+(2i, 2i+1) and need a row permutation, which :mod:`pentad.interop.tencentpretrain` applies).
+``rope_theta`` is pentad's ``rotary_base``; RoPE scaling variants (linear, dynamic, YaRN, llama3)
+are not converted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pentad.errors import UserError
+from pentad.interop.hf import (
+    ExportPlan,
+    HFFamily,
+    ImportPlan,
+    activation,
+    activation_name,
+    hinted_problems,
+    merge_config,
+    seq_length,
+    stack_problems,
+)
+from pentad.interop.keymap import Rule, RuleSpec, expand
+
+# {p}: "model." inside LlamaForCausalLM, "" for a bare LlamaModel; {lwb}: weight (and bias).
+BODY: list[RuleSpec] = [
+    ("embedding.word.weight", "{p}embed_tokens.weight"),
+    ("encoder.final_norm.weight", "{p}norm.weight"),
+    ((), ("{p}rotary_emb.inv_freq?",), "ignore"),
+]
+LAYER: list[RuleSpec] = [
+    ("encoder.layers.{layer}.attention.qkv.{awb}",
+     ("{p}layers.{layer}.self_attn.q_proj.{awb}", "{p}layers.{layer}.self_attn.k_proj.{awb}",
+      "{p}layers.{layer}.self_attn.v_proj.{awb}"), "fuse_qkv:{heads}:{kv_heads}"),
+    ("encoder.layers.{layer}.attention.out.{awb}", "{p}layers.{layer}.self_attn.o_proj.{awb}"),
+    ("encoder.layers.{layer}.attention_norm.weight", "{p}layers.{layer}.input_layernorm.weight"),
+    ("encoder.layers.{layer}.ffn.gate.{mwb}", "{p}layers.{layer}.mlp.gate_proj.{mwb}"),
+    ("encoder.layers.{layer}.ffn.up.{mwb}", "{p}layers.{layer}.mlp.up_proj.{mwb}"),
+    ("encoder.layers.{layer}.ffn.down.{mwb}", "{p}layers.{layer}.mlp.down_proj.{mwb}"),
+    ("encoder.layers.{layer}.ffn_norm.weight", "{p}layers.{layer}.post_attention_layernorm.weight"),
+    ((), ("{p}layers.{layer}.self_attn.rotary_emb.inv_freq?",), "ignore"),
+]
+HEADS: dict[str, list[RuleSpec]] = {
+    "tied": [("embedding.word.weight", "lm_head.weight?", "tied")],
+    # a LlamaModel (tie_word_embeddings false, no lm_head) imported with the word table as output:
+    # written back as a copy, so that LlamaForCausalLM gets the same output layer
+    "tied-written": [("embedding.word.weight", "lm_head.weight", "tied")],
+    "untied": [("targets.{lm}.output.weight", "lm_head.weight")],
+}
+
+DEFAULTS: dict[str, Any] = {
+    "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": None, "hidden_act": "silu", "max_position_embeddings": 2048,
+    "initializer_range": 0.02, "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_bias": False,
+    "attention_dropout": 0.0, "mlp_bias": False, "head_dim": None, "pretraining_tp": 1,
+}
+OWNED = ("architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+         "num_attention_heads", "num_key_value_heads", "hidden_act", "max_position_embeddings", "initializer_range",
+         "rms_norm_eps", "tie_word_embeddings", "attention_bias", "attention_dropout", "mlp_bias", "head_dim",
+         "rope_theta", "rope_parameters", "rope_scaling")
+SUPPORTED = ("LlamaForCausalLM", "LlamaModel")
+
+
+def rope(config: dict[str, Any], problems: list[str]) -> float:
+    """The rotary base of a config (transformers 5 ``rope_parameters``, older ``rope_theta`` +
+    ``rope_scaling``); scaled variants are a problem."""
+    params = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
+    legacy = config.get("rope_scaling") if isinstance(config.get("rope_scaling"), dict) else {}
+    kind = params.get("rope_type", legacy.get("rope_type", legacy.get("type", "default")))
+    if kind != "default":
+        problems.append(f"RoPE scaling '{kind}' (pentad's rotary positions are unscaled)")
+    return float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+
+
+class LlamaFamily(HFFamily):
+    name = "llama"
+    model_types = ("llama",)
+    tokenizer_kind = "sentencepiece"
+    tokenizer_class = "LlamaTokenizer"
+    spm_files = ("tokenizer.model",)
+    default_special_tokens = {"bos": "<s>", "eos": "</s>", "unk": "<unk>"}
+    token_types = False
+
+    def outputs(self, architecture: str) -> dict[str, str]:
+        return {"lm": "logits"} if architecture.endswith("ForCausalLM") else {}
+
+    def rules(self, *, prefix: str, num_layers: int, heads: int, kv_heads: int, attention_bias: bool,
+              mlp_bias: bool, head: str, lm: str) -> list[Rule]:
+        """head: "tied", "tied-written" or "untied" (see ``HEADS``)."""
+        specs = BODY + LAYER + HEADS[head]
+        return expand(specs, p=prefix, layer=range(num_layers), heads=heads, kv_heads=kv_heads, lm=lm,
+                      awb=("weight", "bias") if attention_bias else ("weight",),
+                      mwb=("weight", "bias") if mlp_bias else ("weight",))
+
+    def plan_import(self, config: dict[str, Any], keys: dict[str, tuple[int, ...]], label: str,
+                    max_length: int | None) -> ImportPlan:
+        c = {**DEFAULTS, **config}
+        problems = hinted_problems(config, SUPPORTED)
+        act = activation(c["hidden_act"], problems)
+        base = rope(config, problems)
+        if bool(c["attention_bias"]) != bool(c["mlp_bias"]):
+            problems.append(f"attention_bias {c['attention_bias']} with mlp_bias {c['mlp_bias']} (pentad has one bias "
+                            "switch for attention and feed-forward)")
+        if problems:
+            raise UserError(f"cannot convert {label} (llama): " + "; ".join(problems) + ".")
+        hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+        kv_heads = int(c["num_key_value_heads"] or heads)
+        head = int(c["head_dim"] or hidden // heads)
+        prefix = "model." if any(k.startswith("model.") for k in keys) else ""
+        has_head = "lm_head.weight" in keys
+        tied = bool(c["tie_word_embeddings"]) or not has_head
+        notes = []
+        if not has_head and not c["tie_word_embeddings"]:
+            notes.append("LlamaModel has no lm_head: the pentad lm target uses the word embedding (tied)")
+        encoder: dict[str, Any] = {
+            "type": "transformer", "num_layers": int(c["num_hidden_layers"]), "num_heads": heads,
+            "ffn_size": int(c["intermediate_size"]), "ffn": "gated", "activation": act, "norm": "rmsnorm",
+            "norm_position": "pre", "final_norm": True, "mask": "causal", "dropout": 0.0,
+            "attention_dropout": float(c["attention_dropout"]), "bias": bool(c["attention_bias"]),
+            "layer_norm_eps": float(c["rms_norm_eps"]), "positions": "rotary", "rotary_base": base}
+        if kv_heads != heads:
+            encoder["num_kv_heads"] = kv_heads
+        if head * heads != hidden:
+            encoder["head_size"] = head
+        positions = int(c["max_position_embeddings"])
+        model = {
+            "hidden_size": hidden, "vocab_size": int(c["vocab_size"]),
+            "max_seq_length": seq_length(max_length, positions), "tie_word_embeddings": tied,
+            "init_std": float(c["initializer_range"]),
+            "embedding": {"parts": [{"type": "word"}], "norm": False, "dropout": 0.0},
+            "encoder": encoder, "targets": [{"type": "lm"}],
+        }
+        rules = self.rules(prefix=prefix, num_layers=encoder["num_layers"], heads=heads, kv_heads=kv_heads,
+                           attention_bias=bool(c["attention_bias"]), mlp_bias=bool(c["mlp_bias"]),
+                           head="tied" if tied else "untied", lm="lm")
+        arch = "LlamaForCausalLM" if has_head or prefix else "LlamaModel"
+        return ImportPlan(model, rules, arch, [], notes)
+
+    def plan_export(self, model: Any, *, label: str, model_type: str | None, base_config: dict[str, Any] | None,
+                    omittable: set[str], pad_id: int | None, eos_id: int | None,
+                    labels: list[str] | None) -> ExportPlan:
+        problems: list[str] = []
+        enc = model.encoder
+        if model.decoder is not None:
+            problems.append("the model has a decoder; LLaMA is decoder-only (one causal stack)")
+        if [p.type for p in model.embedding.parts] != ["word"] or model.embedding.norm or \
+                getattr(model.embedding.parts[0], "scale", False):
+            problems.append("model.embedding must be an unscaled word table alone without a norm")
+        if model.embedding_size not in (None, model.hidden_size):
+            problems.append(f"model.embedding_size {model.embedding_size} (LLaMA has no factorised embedding)")
+        final = enc.final_norm if enc.final_norm is not None else enc.norm_position == "pre"
+        if enc.type != "transformer" or enc.norm_position != "pre" or not final or enc.mask != "causal":
+            problems.append("model.encoder must be a pre-norm causal transformer with a final norm")
+        else:
+            problems += stack_problems(enc, "model.encoder", "llama", model.hidden_size, grouped=True, head_size=True,
+                                       norm=enc.norm if enc.norm in ("rmsnorm", "t5") else "rmsnorm", ffn="gated",
+                                       positions="rotary")
+        targets = list(model.targets)
+        if len(targets) != 1 or targets[0].type != "lm" or targets[0].bias or targets[0].scale_hidden:
+            problems.append(f"targets {[t.type for t in targets]}: LLaMA has one lm head without a bias")
+        base = dict(base_config or {})
+        act = activation_name(base.get("hidden_act"), enc.activation)
+        if act is None:
+            problems.append(f"activation '{enc.activation}' has no HF name")
+        if problems:
+            raise UserError(f"cannot export {label} as llama: " + "; ".join(problems) + ".")
+        heads = enc.num_heads
+        kv_heads = enc.num_kv_heads or heads
+        config: dict[str, Any] = {
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": model.vocab_size,
+            "hidden_size": model.hidden_size, "intermediate_size": enc.ffn_size or 4 * model.hidden_size,
+            "num_hidden_layers": enc.num_layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+            "head_dim": enc.head_size or model.hidden_size // heads, "hidden_act": act,
+            "max_position_embeddings": model.max_seq_length, "initializer_range": model.init_std,
+            "rms_norm_eps": float(enc.layer_norm_eps), "tie_word_embeddings": model.tie_word_embeddings,
+            "attention_bias": enc.bias, "mlp_bias": enc.bias,
+            "attention_dropout": float(enc.attention_dropout if enc.attention_dropout is not None else enc.dropout),
+            "rope_parameters": {"rope_theta": float(enc.rotary_base), "rope_type": "default"},
+        }
+        if "rope_theta" in base and "rope_parameters" not in base:
+            # an older config.json: keep its spelling
+            del config["rope_parameters"]
+            config["rope_theta"] = float(enc.rotary_base)
+            config["rope_scaling"] = None
+        if "max_position_embeddings" in base and int(base["max_position_embeddings"]) >= model.max_seq_length:
+            config["max_position_embeddings"] = base["max_position_embeddings"]
+        for key, value in (("bos_token_id", None), ("eos_token_id", eos_id)):
+            if key not in base and value is not None:
+                config[key] = value
+        head = "tied" if model.tie_word_embeddings else "untied"
+        if model.tie_word_embeddings and base.get("tie_word_embeddings") is False:
+            head = "tied-written"  # imported from a LlamaModel: keep its config, write the output layer
+            config["tie_word_embeddings"] = False
+        config = merge_config(base, OWNED, config)
+        rules = self.rules(prefix="model.", num_layers=enc.num_layers, heads=heads, kv_heads=kv_heads,
+                           attention_bias=enc.bias, mlp_bias=enc.bias, head=head, lm=targets[0].target_name)
+        return ExportPlan(config, rules, "LlamaForCausalLM", set(), [])
+
+
+FAMILY = LlamaFamily()

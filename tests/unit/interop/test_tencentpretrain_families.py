@@ -1,0 +1,138 @@
+"""TencentPretrain checkpoints with exactly the keys and shapes TencentPretrain's own builder gives
+each family (tests/data/tencentpretrain_state_keys.json, recorded from its model_builder with the
+shipped configs shrunk): they convert to pentad, run, and convert back bit for bit, aliases
+(tied tensors saved under several names) included."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from pentad.errors import UserError
+from pentad.interop import convert
+from pentad.runs import load_run
+from pentad.training.checkpoint import find_weights, read_weights
+
+DATA = Path(__file__).parents[2] / "data" / "tencentpretrain_state_keys.json"
+CONFIGS = Path(__file__).parents[4] / "shared" / "data" / "tencentpretrain" / "configs"
+# Families with a transformer or recurrent encoder (pentad's dual-stream SBERT and gated CNN layouts
+# have no TencentPretrain key map yet: see test_unmapped_families_are_refused).
+MAPPED = ("bert", "albert", "gpt2", "t5", "t5-v1_1", "bart", "pegasus", "llama", "llama2-70b", "bloom",
+          "transformer", "xlm-roberta", "rnn/lstm", "rnn/bilstm")
+
+
+def recorded() -> dict:
+    if not DATA.is_file():
+        pytest.skip(f"{DATA} is absent")
+    return json.loads(DATA.read_text())
+
+
+def fake_checkpoint(directory: Path, family: str) -> dict[str, torch.Tensor]:
+    """A TencentPretrain directory whose state dict has the recorded keys, shapes and aliases
+    (random values), beside the family's shipped config with the recorded overrides."""
+    entry = recorded()[family]
+    if not (CONFIGS / entry["config"]).is_file():
+        pytest.skip(f"{CONFIGS / entry['config']} is absent")
+    config = json.loads((CONFIGS / entry["config"]).read_text())
+    config.update(entry["overrides"])
+    g = torch.Generator().manual_seed(0)
+    state: dict[str, torch.Tensor] = {}
+    for key, shape in entry["keys"]:
+        alias = entry["aliases"].get(key)
+        state[key] = state[alias] if alias is not None else 0.1 * torch.randn(shape, generator=g)
+    directory.mkdir(parents=True)
+    torch.save(state, directory / "model.bin")
+    (directory / "config.json").write_text(json.dumps(config))
+    return state
+
+
+@pytest.mark.parametrize("family", MAPPED)
+def test_recorded_layout_converts_both_ways_bitwise(tmp_path, family):
+    state = fake_checkpoint(tmp_path / "tp", family)
+    report = convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "pentad", verify=True)
+    assert report.ok, report.render()
+    assert report.max_difference() == 0.0  # the key map reproduces the checkpoint; the forward pass is finite
+    back = convert("pentad-to-tencentpretrain", tmp_path / "pentad", tmp_path / "back", verify=True)
+    assert back.ok, back.render()
+    written = torch.load(tmp_path / "back" / "model.bin", weights_only=True)
+    assert set(written) == set(state)
+    for key in state:
+        assert written[key].shape == state[key].shape and torch.equal(written[key], state[key]), key
+    # The written config imports to the same architecture.
+    again = convert("tencentpretrain-to-pentad", tmp_path / "back", tmp_path / "again")
+    assert again.architecture == report.architecture
+    first, second = read_weights(find_weights(tmp_path / "pentad")), read_weights(find_weights(tmp_path / "again"))
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_segment_rows_and_aliases(tmp_path):
+    state = fake_checkpoint(tmp_path / "tp", "bert")
+    convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "pentad")
+    weights = read_weights(find_weights(tmp_path / "pentad"))
+    seg = state["embedding.seg.embedding.weight"]
+    # pentad segment ids 0 / 1 read TencentPretrain's rows 1 / 2 (A, B); its padding row comes last.
+    assert torch.equal(weights["embedding.seg.weight"], seg[[1, 2, 0]])
+    # tie_weights: the mlm output layer is the word table, saved once in pentad.
+    assert "targets.mlm.output.weight" not in weights
+    cfg, _ = load_run(tmp_path / "pentad")
+    assert cfg.model.tie_word_embeddings
+
+
+def test_t5_relative_bias_and_its_unused_copy(tmp_path):
+    state = fake_checkpoint(tmp_path / "tp", "t5")
+    unused = "encoder.relative_pos_emb.relative_attention_bias.weight"
+    used = "encoder.transformer.0.relative_pos_emb.relative_attention_bias.weight"
+    assert not torch.equal(state[unused], state[used])
+    convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "pentad")
+    weights = read_weights(find_weights(tmp_path / "pentad"))
+    assert torch.equal(weights["encoder.relative_bias.weight"], state[used])
+    from safetensors.torch import load_file
+
+    extra = load_file(str(tmp_path / "pentad" / "interop_extra.safetensors"))
+    assert torch.equal(extra["encoder.relative_bias.weight"], state[unused])  # kept for the way back
+    # With share_embedding the lm head is TencentPretrain's own matrix, not the word table.
+    assert "targets.lm.output.weight" in weights
+
+
+def test_llama_rotary_rows_are_permuted(tmp_path):
+    state = fake_checkpoint(tmp_path / "tp", "llama2-70b")
+    convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "pentad")
+    qkv = read_weights(find_weights(tmp_path / "pentad"))["encoder.layers.0.attention.qkv.weight"]
+    q = state["encoder.transformer.0.self_attn.linear_layers.0.weight"]  # [heads * 16, 64], 4 heads
+    k = state["encoder.transformer.0.self_attn.linear_layers.1.weight"]  # [kv_heads * 16, 64], 2 heads
+    head = 16
+    # Within each head pentad keeps the even rows of Meta's interleaved pairs, then the odd ones.
+    assert torch.equal(qkv[:head // 2], q[0:head:2]) and torch.equal(qkv[head // 2:head], q[1:head:2])
+    assert torch.equal(qkv[4 * head:4 * head + head // 2], k[0:head:2])
+    assert torch.equal(qkv[-2 * head:], state["encoder.transformer.0.self_attn.linear_layers.2.weight"])
+
+
+@pytest.mark.parametrize("family", ["sbert", "cnn/gatedcnn_9"])
+def test_unmapped_families_are_refused(tmp_path, family):
+    fake_checkpoint(tmp_path / "tp", family)
+    with pytest.raises(UserError):
+        convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "pentad")
+    assert not (tmp_path / "pentad").exists()
+
+
+def test_checkpoint_of_another_family(tmp_path):
+    fake_checkpoint(tmp_path / "tp", "gpt2")
+    entry = recorded()["bart"]
+    config = json.loads((CONFIGS / entry["config"]).read_text())
+    config.update(entry["overrides"])
+    (tmp_path / "tp" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match="does not look like a TencentPretrain checkpoint.*missing"):
+        convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "pentad")
+
+
+def test_export_refuses_what_tencentpretrain_cannot_express(tmp_path):
+    from .helpers import T5, make_run
+
+    make_run(tmp_path / "run", T5)  # T5 v1.0 rescales the decoder output before its tied output layer
+    with pytest.raises(UserError, match="rescales its input"):
+        convert("pentad-to-tencentpretrain", tmp_path / "run", tmp_path / "out")
+    with pytest.raises(UserError, match="--family applies to Hugging Face"):
+        convert("pentad-to-tencentpretrain", tmp_path / "run", tmp_path / "out", family="t5")
