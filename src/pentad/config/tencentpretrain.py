@@ -488,13 +488,13 @@ class _Importer:
                 # TencentPretrain's table has a padding row 0 besides segments A and B.
                 parts.append({"type": "seg", "num_segments": 3})
             elif kind == "sinusoidal":
-                notice = ("sinusoidalpos: pentad's sinusoidal table (angle p / 10000^(2i/E), read from position 0) "
-                          "differs slightly from TencentPretrain's (p / 10000^(i/(E/2-1)), read from position 2); it "
-                          "has no parameters, so checkpoints convert, but activations are not bitwise "
-                          "TencentPretrain's")
+                notice = ("sinusoidalpos: imported with TencentPretrain's table layout (angle p / 10000^(i/(E/2-1)), "
+                          "interleaved, read from position 2); TencentPretrain also zeroes the table row whose index "
+                          "equals the [PAD] id (it mixes a vocabulary id with a position), which pentad does not "
+                          "reproduce, so activations at that one position differ")
                 if notice not in self.notices:
                     self.notices.append(notice)
-                parts.append({"type": "sinusoidal", "interleave": True})
+                parts.append({"type": "sinusoidal", "interleave": True, "spacing": "tensor2tensor", "offset": 2})
             elif kind is not None:
                 parts.append({"type": kind})
         return {"parts": parts, "norm": norm, "layer_norm_eps": TP_EPS, "dropout": dropout}
