@@ -251,7 +251,7 @@ def _train(model_cfg, batches: list[Batch], steps: int) -> tuple[float, float]:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return float(np.mean(losses[:4])), float(np.mean(losses[-4:]))
 
 
