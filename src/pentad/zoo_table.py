@@ -29,8 +29,8 @@ def _stack(cfg: Any, hidden: int) -> str:
         other = _stack(second, cfg.stream_1.hidden_size or hidden) if second is not None else "as stream 0"
         return f"dual (stream 0: {first}; stream 1: {other}, {cfg.stream_1.pooling or cfg.stream_0.pooling} pooling)"
     if cfg.type != "transformer":
-        extra = ", ".join(f"{k}={v}" for k, v in cfg.model_dump().items()
-                          if k in ("num_layers", "kernel_size", "block_size", "bidirectional") and v not in (None, False))
+        shown = ("num_layers", "kernel_size", "block_size", "bidirectional")
+        extra = ", ".join(f"{k}={v}" for k, v in cfg.model_dump().items() if k in shown and v not in (None, False))
         return f"{cfg.type} ({extra})" if extra else cfg.type
     heads = f"{cfg.num_heads} heads" + (f" / {cfg.num_kv_heads} kv" if cfg.num_kv_heads else "")
     bits = [f"{cfg.num_layers}×{hidden}", heads, f"{cfg.ffn} {cfg.activation}", f"{cfg.norm_position}-{cfg.norm}"]

@@ -61,8 +61,8 @@ class ClrTargetConfig(TargetConfigBase):
 @TARGETS.register("clr")
 class ClrTarget(Target):
     """PooledPair (first [B,H0], second [B,H1]) -> symmetric InfoNCE loss; logits [B, N] (scaled
-    similarities of this rank's stream 0 rows to all N stream 1 rows; N = B without parallelism). Metrics: ``correct`` (rows whose positive
-    scores highest, both directions counted) and ``count``."""
+    similarities of this rank's stream 0 rows to all N stream 1 rows; N = B without parallelism).
+    Metrics: ``correct`` (rows whose positive scores highest, both directions counted) and ``count``."""
 
     Config = ClrTargetConfig
     reads_pair = True
