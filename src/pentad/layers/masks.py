@@ -28,7 +28,9 @@ def attention_mask(kind: MaskKind, seq_len: int, padding_mask: Tensor | None,
     """
     key_len = seq_len if key_len is None else key_len
     offset = key_len - seq_len
-    has_padding = padding_mask is not None and bool(padding_mask.any())
+    # With a cache (offset > 0) the mask is built anyway, so the check is skipped: it would cost
+    # a host synchronisation at every decoding step on an accelerator.
+    has_padding = padding_mask is not None and (offset > 0 or bool(padding_mask.any()))
     if kind == "bidirectional":
         if not has_padding:
             return None, False

@@ -136,7 +136,8 @@ class TransformerStack(nn.Module):
         memory_inputs = None
         if memory is not None or (cache is not None and cache.layers and cache.layers[0].cross_keys is not None):
             memory_mask = None
-            if memory_padding_mask is not None and bool(memory_padding_mask.any()):
+            # Decoding steps after the first (offset > 0) skip the check: a host sync per step.
+            if memory_padding_mask is not None and (offset > 0 or bool(memory_padding_mask.any())):
                 memory_mask = (~memory_padding_mask)[:, None, None, :]
             memory_inputs = AttentionInputs(memory_mask, False, None)
         scores = None

@@ -1,0 +1,238 @@
+"""``pentad generate``: continue prompts with a trained or converted model.
+
+    pentad generate RUN_DIR (--prompt TEXT | --prompts FILE | --jsonl FILE) [--max-new-tokens N]
+        [--greedy | --sample [--temperature T] [--top-k K] [--top-p P]]
+        [--num-beams N [--length-penalty X] [--early-stopping [true|false|never]]]
+        [--num-return-sequences N] [--repetition-penalty X] [--seed S] [--stop TEXT ...]
+        [--output FILE.jsonl] [--stream] [--device DEV]
+
+Completions go to stdout as text, or with ``--output`` to a JSONL file (one record per completion,
+with token ids, score and finish reason; ``--output -`` writes the JSONL to stdout). ``--stream``
+prints the tokens of a single prompt as they are produced. Mistakes (a missing run directory, an
+empty prompt file, a malformed JSONL line, contradictory options) raise ``UserError`` (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pentad.errors import UserError
+
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``generate`` subcommand to ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
+    p = subparsers.add_parser(
+        "generate", help="generate text with a trained or converted model",
+        description="Continue prompts (decoder-only models) or transform sources (encoder-decoder models) "
+                    "with the model of a run directory. Greedy by default; --sample or --num-beams N for "
+                    "sampling or beam search.")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="run directory (trained or converted)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="one prompt")
+    source.add_argument("--prompts", type=Path, metavar="FILE", help="UTF-8 text file, one prompt per line")
+    source.add_argument("--jsonl", type=Path, metavar="FILE",
+                        help='JSON lines, each an object with a "prompt" string (other keys are copied to the '
+                             'output records under "input")')
+    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="tokens to generate at most")
+    p.add_argument("--min-new-tokens", type=int, default=0, metavar="N", help="no stop token before N tokens")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--greedy", action="store_true", help="always take the most likely token (default)")
+    mode.add_argument("--sample", action="store_true", help="sample the next token")
+    p.add_argument("--temperature", type=float, help="sampling temperature (implies --sample)")
+    p.add_argument("--top-k", type=int, help="sample among the K most likely tokens (implies --sample)")
+    p.add_argument("--top-p", type=float, help="nucleus sampling mass, 0 < P <= 1 (implies --sample)")
+    p.add_argument("--num-beams", type=int, default=1, metavar="N", help="beam search with N beams")
+    p.add_argument("--length-penalty", type=float, default=1.0,
+                   help="beam score = log-probability / length ** X (default 1)")
+    p.add_argument("--early-stopping", nargs="?", const="true", default="false", choices=("true", "false", "never"),
+                   help="beam search: stop a prompt once N hypotheses finished (true), when no running beam "
+                        "can catch up at its length (false, default) or at any length (never)")
+    p.add_argument("--num-return-sequences", type=int, default=1, metavar="N", help="completions per prompt")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="X",
+                   help="penalise tokens already present (> 1 discourages repetition)")
+    p.add_argument("--seed", type=int, help="seed for sampling (reproducible output)")
+    p.add_argument("--stop", nargs="+", action="extend", default=[], metavar="TEXT",
+                   help="stop a completion when it contains TEXT (not included in the output)")
+    p.add_argument("--output", "-o", type=Path, metavar="FILE.jsonl", help="write JSONL records ('-': stdout)")
+    p.add_argument("--stream", action="store_true", help="print tokens as they are generated (one prompt)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+    p.add_argument("--batch-size", type=int, default=8, metavar="N", help="prompts decoded together")
+    p.add_argument("--no-cache", action="store_true", help="re-run the whole sequence each step (slow; testing)")
+    p.add_argument("--decoder-start", metavar="TOKEN",
+                   help="encoder-decoder models: first decoder token, a role (bos, cls, pad, eos) or a token")
+    return p
+
+
+# ------------------------------------------------------------------------------------------ input
+def _read_text(path: Path, what: str) -> str:
+    if not path.is_file():
+        raise UserError(f"{what} {path} does not exist" if not path.exists() else f"{what} {path} is not a file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{what} {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+
+
+def read_prompts(args: argparse.Namespace) -> tuple[list[str], list[dict[str, Any] | None], list[str]]:
+    """(prompts, extra JSONL fields per prompt, where each prompt came from) from the options."""
+    if args.prompt is not None:
+        return [args.prompt], [None], ["--prompt"]
+    if args.prompts is not None:
+        text = _read_text(args.prompts, "prompt file")
+        lines = text.splitlines()
+        if not lines:
+            raise UserError(f"prompt file {args.prompts} is empty: expected one prompt per line")
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                raise UserError(f"prompt file {args.prompts}, line {number}: empty line; every line is a prompt "
+                                "(remove the line, or use --jsonl for prompts that are empty or span lines)")
+        return lines, [None] * len(lines), [f"{args.prompts}, line {n}" for n in range(1, len(lines) + 1)]
+    path = args.jsonl
+    prompts, extras, origins = [], [], []
+    for number, line in enumerate(_read_text(path, "JSONL file").splitlines(), 1):
+        if not line.strip():
+            continue  # a blank line holds no record
+        where = f"JSONL file {path}, line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{where}: invalid JSON ({e.msg} at column {e.colno}); expected an object like "
+                            '{"prompt": "..."}') from None
+        if not isinstance(record, dict):
+            raise UserError(f"{where}: expected a JSON object with a \"prompt\" string, found "
+                            f"{type(record).__name__}")
+        prompt = record.get("prompt")
+        if not isinstance(prompt, str):
+            found = "no \"prompt\" key" if "prompt" not in record else f"a {type(prompt).__name__}"
+            raise UserError(f"{where}: \"prompt\" must be a string; found {found} (keys: "
+                            f"{', '.join(record) or 'none'})")
+        prompts.append(prompt)
+        extra = {k: v for k, v in record.items() if k != "prompt"}
+        extras.append(extra or None)
+        origins.append(where)
+    if not prompts:
+        raise UserError(f"JSONL file {path} has no records: expected one object like {{\"prompt\": \"...\"}} per line")
+    return prompts, extras, origins
+
+
+# ---------------------------------------------------------------------------------------- options
+def generation_options(args: argparse.Namespace) -> dict[str, Any]:
+    """GenerationConfig fields from the command line (checked by ``build_config``)."""
+    given = [name for name in SAMPLING_OPTIONS if getattr(args, name) is not None]
+    flags = ", ".join("--" + n.replace("_", "-") for n in given)
+    if given and args.greedy:
+        raise UserError(f"{flags} only apply to sampling; drop --greedy (or drop {flags})")
+    if given and args.num_beams > 1:
+        raise UserError(f"{flags} only apply to sampling, not to beam search (--num-beams {args.num_beams})")
+    if args.sample and args.num_beams > 1:
+        raise UserError("--sample and --num-beams > 1 cannot be combined: sampling or beam search, not both")
+    early: bool | str = {"true": True, "false": False}.get(args.early_stopping, args.early_stopping)
+    options: dict[str, Any] = dict(
+        max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
+        do_sample=bool(args.sample or given), num_beams=args.num_beams, length_penalty=args.length_penalty,
+        early_stopping=early, num_return_sequences=args.num_return_sequences,
+        repetition_penalty=args.repetition_penalty, seed=args.seed, use_cache=not args.no_cache)
+    options.update({name: getattr(args, name) for name in given})
+    return options
+
+
+def build_config(options: dict[str, Any]) -> Any:
+    """A GenerationConfig; invalid values become one UserError naming the command-line options."""
+    from pydantic import ValidationError
+
+    from pentad.generation import GenerationConfig
+
+    try:
+        return GenerationConfig(**options)
+    except ValidationError as e:
+        problems = []
+        for error in e.errors():
+            field = ".".join(str(x) for x in error["loc"])
+            flag = f"--{field.replace('_', '-')}: " if field else ""
+            message = error["msg"].removeprefix("Value error, ")
+            problems.append(f"{flag}{message} (received {error.get('input')!r})" if field else message)
+        raise UserError("invalid generation options: " + "; ".join(problems)) from None
+
+
+def _device(name: str) -> Any:
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name!r} is not a device name (cpu, cuda, cuda:1, mps, ...)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: CUDA is not available on this machine; use --device cpu")
+    return device
+
+
+# ---------------------------------------------------------------------------------------- running
+def _record(index: int, prompt: str, sequence: int, completion: Any, extra: dict[str, Any] | None) -> dict[str, Any]:
+    record: dict[str, Any] = {"index": index, "prompt": prompt, "sequence": sequence, "text": completion.text,
+                              "tokens": completion.token_ids, "num_tokens": len(completion.token_ids),
+                              "score": round(completion.score, 6), "finish_reason": completion.finish_reason}
+    if extra:
+        record["input"] = extra
+    return record
+
+
+def _write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
+    from pentad.training.checkpoint import atomic_write_text
+
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    if str(path) == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    if path.is_dir():
+        raise UserError(f"--output {path} is a directory; name a .jsonl file")
+    atomic_write_text(path, text)
+    print(f"wrote {len(records)} completion(s) to {path}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``pentad generate``; returns the exit status (UserError propagates to the entry point)."""
+    from pentad.generation import TextGenerator
+
+    prompts, extras, origins = read_prompts(args)
+    config = build_config(generation_options(args))
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.stream and (len(prompts) != 1 or config.strategy == "beam" or config.num_return_sequences != 1):
+        raise UserError("--stream shows one completion as it grows: give a single prompt, without --num-beams "
+                        "or --num-return-sequences")
+    device = _device(args.device)
+    generator = TextGenerator.from_run(args.run_dir, device, decoder_start=args.decoder_start)
+    for prompt, origin in zip(prompts, origins):
+        if not generator.encode(prompt):
+            raise UserError(f"{origin}: the prompt encodes to no tokens, and this model needs at least one "
+                            "(it adds no start token); give a non-empty prompt")
+    if args.stream:
+        def show(piece: str) -> None:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+
+        completion = generator.generate_streaming(prompts[0], show, config, stop_strings=args.stop)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        results = [[completion]]
+    else:
+        results = generator.generate(prompts, config, stop_strings=args.stop, batch_size=args.batch_size)
+    if args.output is not None:
+        records = [_record(i, prompts[i], j, c, extras[i]) for i, group in enumerate(results)
+                   for j, c in enumerate(group)]
+        _write_jsonl(args.output, records)
+    elif not args.stream:
+        single = len(results) == 1 and len(results[0]) == 1
+        for i, group in enumerate(results):
+            for j, completion in enumerate(group):
+                if not single:
+                    print(f"### prompt {i + 1}" + (f", sequence {j + 1}" if len(group) > 1 else ""))
+                print(completion.text, flush=True)
+    return 0
