@@ -72,6 +72,9 @@ CASES = [
     ("roberta-mlm", "RobertaForMaskedLM", roberta_config, {"mlm": "logits"}),
     ("roberta-model", "RobertaModel", roberta_config, {}),
     ("roberta-cls", "RobertaForSequenceClassification", roberta_config, {"cls": "logits"}),
+    ("bert-token", "BertForTokenClassification", lambda: bert_config(num_labels=5, classifier_dropout=0.2),
+     {"tagger": "logits"}),
+    ("roberta-token", "RobertaForTokenClassification", lambda: roberta_config(num_labels=4), {"tagger": "logits"}),
     ("xlm-roberta-mlm", "XLMRobertaForMaskedLM", lambda: roberta_config(transformers.XLMRobertaConfig),
      {"mlm": "logits"}),
     ("gpt2-lm", "GPT2LMHeadModel", gpt2_config, {"lm": "logits"}),
@@ -164,8 +167,11 @@ def test_hf_to_pentad_to_hf_is_bitwise(tmp_path, case):
 @pytest.mark.parametrize("family, model, auto", [
     ("bert", BERT, "AutoModelForPreTraining"), ("bert", variant(BERT, targets=[{"type": "cls", "num_labels": 4}]),
                                                 "AutoModelForSequenceClassification"),
+    ("bert", variant(BERT, targets=[{"type": "tagger", "num_labels": 5}]), "AutoModelForTokenClassification"),
     ("roberta", ROBERTA, "AutoModelForMaskedLM"), ("xlm-roberta", ROBERTA, "AutoModelForMaskedLM"),
-    ("gpt2", GPT2, "AutoModelForCausalLM")], ids=["bert", "bert-cls", "roberta", "xlm-roberta", "gpt2"])
+    ("roberta", variant(ROBERTA, targets=[{"type": "tagger", "num_labels": 3}]), "AutoModelForTokenClassification"),
+    ("gpt2", GPT2, "AutoModelForCausalLM")],
+    ids=["bert", "bert-cls", "bert-token", "roberta", "xlm-roberta", "roberta-token", "gpt2"])
 def test_pentad_to_hf_loads_with_auto_classes(tmp_path, family, model, auto):
     make_run(tmp_path / "run", model)
     report = convert("pentad-to-hf", tmp_path / "run", tmp_path / "hf", family=family, verify=True)

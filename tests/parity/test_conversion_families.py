@@ -96,6 +96,8 @@ CASES = [
      None),
     ("albert-mlm", "AlbertForMaskedLM", albert_config, {"mlm": "logits"}, None),
     ("albert-cls", "AlbertForSequenceClassification", lambda: albert_config(num_labels=3), {"cls": "logits"}, None),
+    ("albert-token", "AlbertForTokenClassification", lambda: albert_config(num_labels=4), {"tagger": "logits"},
+     None),
     ("albert-model", "AlbertModel", albert_config, {}, None),
 ]
 IDS = [c[0] for c in CASES]
@@ -204,7 +206,8 @@ def test_hf_to_pentad_to_hf_is_bitwise(tmp_path, case):
     ("llama", LLAMA, "AutoModelForCausalLM"), ("bloom", BLOOM, "AutoModelForCausalLM"),
     ("albert", ALBERT, "AutoModelForPreTraining"),
     ("albert", variant(ALBERT, targets=[{"type": "cls", "num_labels": 4}]), "AutoModelForSequenceClassification"),
-], ids=["t5", "t5-v1_1", "bart", "pegasus", "llama", "bloom", "albert", "albert-cls"])
+    ("albert", variant(ALBERT, targets=[{"type": "tagger", "num_labels": 4}]), "AutoModelForTokenClassification"),
+], ids=["t5", "t5-v1_1", "bart", "pegasus", "llama", "bloom", "albert", "albert-cls", "albert-token"])
 def test_pentad_to_hf_loads_with_auto_classes(tmp_path, family, model, auto):
     make_run(tmp_path / "run", model)
     report = convert("pentad-to-hf", tmp_path / "run", tmp_path / "hf", verify=True)  # family guessed

@@ -132,8 +132,8 @@ def expected_shapes(model_cfg: Any) -> dict[str, tuple[int, ...]]:
 
 def _write_run(out_dir: Path, raw: dict[str, Any], tensors: dict[str, Tensor], extras: dict[str, Tensor],
                interop: dict[str, Any], tokenizer_cfg: dict[str, Any] | None, tokenizer_base: Path | None,
-               notes: list[str]) -> Any:
-    """Write a pentad run directory; returns its RunConfig."""
+               notes: list[str], files: dict[str, Any] | None = None) -> Any:
+    """Write a pentad run directory (``files``: more JSON files, name -> data); returns its RunConfig."""
     tokenizer = None
     if tokenizer_cfg is not None:
         tok_dir = (out_dir / TOKENIZER_DIR).resolve()
@@ -146,7 +146,7 @@ def _write_run(out_dir: Path, raw: dict[str, Any], tensors: dict[str, Tensor], e
             notes.append(f"the tokenizer has {tokenizer.vocab_size} ids, the embedding {rows} rows (kept as in "
                          "the checkpoint)")
     cfg = validate_raw(raw, {}, f"converted config for {out_dir}")
-    prepare_run_dir(out_dir, cfg, tokenizer)
+    prepare_run_dir(out_dir, cfg, tokenizer, extra=files)
     hfio.write_safetensors(out_dir / WEIGHTS, tensors, {"source": str(interop["source"].get("path", ""))})
     if extras:
         hfio.write_safetensors(out_dir / EXTRA_WEIGHTS, extras)
@@ -214,13 +214,40 @@ def _hf_to_pentad(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
     if sentence is not None:
         interop["sentence_transformers"] = sentence
     raw = {"description": f"converted from Hugging Face {plan.architecture} ({in_dir.resolve()})", "model": plan.model}
-    cfg = _write_run(out_dir, raw, tensors, extras, interop, tok_cfg, out_dir / TOKENIZER_DIR, notes)
+    files = _classifier_task(raw, config, notes)
+    cfg = _write_run(out_dir, raw, tensors, extras, interop, tok_cfg, out_dir / TOKENIZER_DIR, notes, files)
     report = ConversionReport("hf-to-pentad", in_dir, out_dir, family.name, plan.architecture, notes,
                               tolerance=tolerance)
     if verify:
         report.verification = verify_hf(in_dir, plan.architecture, family, config, cfg.model, tensors,
                                         set(plan.synthesized), sentence)
     return report
+
+
+def _classifier_task(raw: dict[str, Any], hf_config: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """For a model whose only head is a classifier (``cls``) or tagger, the task and the label
+    names (``labels.json``, from HF's ``id2label``) that make the converted directory a fine-tuned
+    run: ``pentad infer`` predicts with it and ``pentad finetune init=DIR`` continues from it."""
+    from pentad.tasks.ner import is_chunk_tag_set
+    from pentad.tasks.runner import LABELS
+
+    targets = raw["model"].get("targets") or []
+    if len(targets) != 1 or targets[0].get("type") not in ("cls", "tagger"):
+        return {}
+    n = int(targets[0]["num_labels"])
+    id2label = hf_config.get("id2label")
+    names = [f"LABEL_{i}" for i in range(n)]
+    if isinstance(id2label, dict) and {str(k) for k in id2label} == {str(i) for i in range(n)}:
+        given = [str(id2label.get(str(i), id2label.get(i))) for i in range(n)]  # type: ignore[call-overload]
+        if len(set(given)) == n:
+            names = given
+    task = "classification" if targets[0]["type"] == "cls" else "ner"
+    raw["task"] = {"type": task}
+    if task == "ner" and not is_chunk_tag_set(names):
+        raw["task"]["metric"] = "accuracy"
+    notes.append(f"a {task} run: labels {names if n <= 12 else names[:12] + ['...']} in {LABELS} (from id2label); "
+                 f"`pentad infer --model OUT data.test=FILE` predicts with it")
+    return {LABELS: {"kind": "string", "labels": names}}
 
 
 # ----------------------------------------------------------------------------------- pentad -> hf

@@ -25,6 +25,11 @@ class Task:
         """The target configs of the task's head(s), replacing the pre-training targets."""
         raise NotImplementedError
 
+    def gold(self, instances: Any) -> Any:
+        """The reference answers of read instances, in the form ``evaluate`` takes (default: the
+        ``label`` field, one class id per instance)."""
+        return np.asarray(instances.fields["label"], dtype=np.int64)
+
 
 class EpochBatches:
     """Batches over ``n`` in-memory instances, reshuffled each epoch with a seeded permutation.

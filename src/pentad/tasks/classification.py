@@ -120,7 +120,7 @@ class ClassificationTask(Task):
         batches = (self.collate(instances, idx, rng) for idx in in_order(n, batch_size))
         return predict_logits(model, batches, self.head, device)
 
-    def write_predictions(self, path: Path, logits: torch.Tensor, probabilities: bool) -> None:
+    def write_predictions(self, path: Path, logits: torch.Tensor, probabilities: bool, instances=None) -> None:
         """TSV with header ``label`` (and one ``prob_<label>`` column per class on request)."""
         from pentad.training.checkpoint import atomic_write_text
 

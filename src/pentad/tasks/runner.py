@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from pentad.builder import build_model, summarize
@@ -78,7 +77,7 @@ def finetune(cfg: Any) -> dict[str, Any]:
     total = steps_per_epoch * cfg.train.epochs
     every = cfg.train.eval_every or steps_per_epoch
     eval_steps = set(range(every, total + 1, every)) | {total}
-    labels = {name: np.array([inst_label for inst_label in _labels(inst)]) for name, (_, inst) in evaluation.items()}
+    labels = {name: task.gold(inst) for name, (_, inst) in evaluation.items()}
     best: dict[str, Any] = {"metric": -1.0}
 
     def evaluate(step: int) -> dict[str, float]:
@@ -108,13 +107,9 @@ def finetune(cfg: Any) -> dict[str, Any]:
     return results
 
 
-def _labels(instances) -> list[int]:
-    return [int(x) for x in instances.fields["label"]]
-
-
 def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: bool | None = None,
           batch_size: int = 64, device_choice: str = "auto") -> Path:
-    """Predict with a fine-tuned run directory on a TSV of ``text_a[\\ttext_b]`` (labels optional)."""
+    """Predict with a fine-tuned run directory on its task's input file (labels optional)."""
     cfg, tokenizer = load_run(model_dir)
     if cfg.task is None:
         raise UserError(f"{model_dir} is not a fine-tuned run (its config has no task)")
@@ -134,6 +129,6 @@ def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: 
     logits = task.logits(model, instances, batch_size, device)
     output = output or model_dir / "predictions.tsv"
     want_probs = cfg.task.probabilities if probabilities is None else probabilities
-    task.write_predictions(output, logits, want_probs)
+    task.write_predictions(output, logits, want_probs, instances)
     info(f"wrote {len(instances):,} predictions to {output}")
     return output

@@ -276,3 +276,40 @@ def test_sharded_safetensors(tmp_path):
     before = read_weights(tmp_path / "run" / "model.safetensors")
     after = read_weights(find_weights(tmp_path / "pentad"))
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_bert_token_classifier_is_told_from_a_sequence_classifier_by_its_pooler(tmp_path):
+    """BERT's sequence and token heads are both 'classifier'; without an architectures hint the
+    pooler (only the sequence classifier has one) decides, and a hint that disagrees with the
+    tensors is an error naming the missing pooler."""
+    make_run(tmp_path / "run", variant(BERT, targets=[{"type": "tagger", "num_labels": 3}]))
+    (tmp_path / "run" / "labels.json").write_text(json.dumps({"kind": "string", "labels": ["O", "B-X", "I-X"]}))
+    report = convert("pentad-to-hf", tmp_path / "run", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert report.architecture == "BertForTokenClassification"
+    assert config["id2label"] == {"0": "O", "1": "B-X", "2": "I-X"}
+    assert not any("pooler" in k for k in load_file(str(tmp_path / "hf" / "model.safetensors")))
+    _edit_config(tmp_path / "hf", architectures=None)
+    report = convert("hf-to-pentad", tmp_path / "hf", tmp_path / "back")
+    assert report.architecture == "BertForTokenClassification"
+    _edit_config(tmp_path / "hf", architectures=["BertForSequenceClassification"])
+    with pytest.raises(UserError, match="BertForSequenceClassification needs the pooler 'bert.pooler.dense.weight'"):
+        convert("hf-to-pentad", tmp_path / "hf", tmp_path / "bad")
+
+
+def test_imported_classifiers_are_runs_that_infer(tmp_path):
+    """A converted HF token classifier is a ner run (labels from id2label) that `pentad infer` uses."""
+    from pentad.cli.main import main
+
+    make_run(tmp_path / "run", variant(BERT, targets=[{"type": "tagger", "num_labels": 3}]),
+             tokenizer=write_wordpiece(tmp_path / "tok"))
+    (tmp_path / "run" / "labels.json").write_text(json.dumps({"kind": "string", "labels": ["O", "B-X", "I-X"]}))
+    convert("pentad-to-hf", tmp_path / "run", tmp_path / "hf")
+    report = convert("hf-to-pentad", tmp_path / "hf", tmp_path / "back")
+    assert any("a ner run" in n for n in report.notes)
+    assert json.loads((tmp_path / "back" / "labels.json").read_text())["labels"] == ["O", "B-X", "I-X"]
+    (tmp_path / "in.tsv").write_text("text_a\nthe cat sat\nhello world\n", encoding="utf-8")
+    assert main(["infer", "--model", str(tmp_path / "back"), f"data.test={tmp_path / 'in.tsv'}",
+                 "--output", str(tmp_path / "pred.tsv")]) == 0
+    rows = [line.split(" ") for line in (tmp_path / "pred.tsv").read_text().splitlines()[1:]]
+    assert [len(r) for r in rows] == [3, 2] and {t for r in rows for t in r} <= {"O", "B-X", "I-X"}

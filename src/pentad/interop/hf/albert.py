@@ -9,6 +9,7 @@ Hugging Face                      pentad targets
                                   ``sop_classifier.classifier`` -> ``sop.classifier``)
 ``AlbertForMaskedLM``             ``mlm``
 ``AlbertForSequenceClassification``  ``cls`` (pooling ``first`` through the pooler)
+``AlbertForTokenClassification``  ``tagger`` (``classifier`` -> ``tagger.classifier``; no pooler)
 ``AlbertModel``                   ``sop`` holding the pooler, its classifier synthesized as zeros
 ================================  ============================================================
 
@@ -27,7 +28,7 @@ from typing import Any
 from pentad.errors import UserError
 from pentad.interop.hf import ImportPlan, stack_problems
 from pentad.interop.hf.bert import OWNED as BERT_OWNED
-from pentad.interop.hf.bert import BertLikeFamily
+from pentad.interop.hf.bert import UNUSED_POOLER, BertLikeFamily
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
 
 # {prefix}: "albert." inside a model with heads, "" for a bare AlbertModel checkpoint.
@@ -66,6 +67,7 @@ MLM_UNTIED: list[RuleSpec] = [
 ]
 SOP_HEAD: list[RuleSpec] = [("targets.{sp}.classifier.{wb}", "sop_classifier.classifier.{wb}")]
 SEQUENCE_HEAD: list[RuleSpec] = [("targets.{cls}.classifier.{wb}", "classifier.{wb}")]
+TOKEN_HEAD: list[RuleSpec] = [("targets.{tagger}.classifier.{wb}", "classifier.{wb}")]
 
 # AlbertConfig's defaults.
 DEFAULTS: dict[str, Any] = {
@@ -105,6 +107,8 @@ class AlbertFamily(BertLikeFamily):
             return {"mlm": "logits"}
         if architecture.endswith("ForSequenceClassification"):
             return {"cls": "logits"}
+        if architecture.endswith("ForTokenClassification"):
+            return {"tagger": "logits"}
         return {"sop:pooled": "pooler_output"}
 
     def rules(self, *, prefix: str, num_layers: int, offset: int, heads: set[str], names: dict[str, str],
@@ -118,8 +122,13 @@ class AlbertFamily(BertLikeFamily):
             specs += SOP_HEAD
         if "sequence" in heads:
             specs += SEQUENCE_HEAD
+        if "token" in heads:
+            specs += TOKEN_HEAD
+        if "ignored_pooler" in heads:
+            specs += UNUSED_POOLER
         return expand(specs, prefix=prefix, wb=WB, pooled=pooled, mlm=names.get("mlm", "mlm"),
-                      sp=names.get("sp", self.sentence_target), cls=names.get("cls", "cls"))
+                      sp=names.get("sp", self.sentence_target), cls=names.get("cls", "cls"),
+                      tagger=names.get("tagger", "tagger"))
 
     def plan_import(self, config: dict[str, Any], keys: dict[str, tuple[int, ...]], label: str,
                     max_length: int | None) -> ImportPlan:
@@ -142,7 +151,7 @@ class AlbertFamily(BertLikeFamily):
         out["embedding_size"] = model.embedding_size or model.hidden_size
         out["num_hidden_groups"] = 1
         out["inner_group_num"] = 1
-        heads = [t for t in model.targets if t.type == "cls"]
+        heads = [t for t in model.targets if t.type in ("cls", "tagger")]
         out["classifier_dropout_prob"] = float(heads[0].dropout) if heads else float(
             base.get("classifier_dropout_prob", DEFAULTS["classifier_dropout_prob"]))
         return out

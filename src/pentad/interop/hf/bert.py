@@ -9,6 +9,7 @@ Hugging Face                        pentad targets
 ``BertForMaskedLM``                 ``mlm``
 ``BertForNextSentencePrediction``   ``sp``
 ``BertForSequenceClassification``   ``cls`` (pooling ``first``, HF pooler -> ``cls.pooler``)
+``BertForTokenClassification``      ``tagger`` (HF ``classifier`` -> ``tagger.classifier``; no pooler)
 ``BertModel``                       ``sp`` whose classifier is not in the checkpoint: it is written
                                     as zeros, recorded in ``interop.json``, and left out again on
                                     export while it is still zero (pentad needs a target; ``sp``
@@ -71,6 +72,9 @@ MLM_UNTIED: list[RuleSpec] = [
 ]
 NSP_HEAD: list[RuleSpec] = [("targets.{sp}.classifier.{wb}", "cls.seq_relationship.{wb}")]
 SEQUENCE_HEAD: list[RuleSpec] = [("targets.{cls}.classifier.{wb}", "classifier.{wb}")]
+TOKEN_HEAD: list[RuleSpec] = [("targets.{tagger}.classifier.{wb}", "classifier.{wb}")]
+# A token classifier saved with a pooler it never reads (its encoder built with one).
+UNUSED_POOLER: list[RuleSpec] = [((), ("{prefix}pooler.dense.weight?", "{prefix}pooler.dense.bias?"), "ignore")]
 
 # BertConfig's defaults, for config.json files that leave a key out.
 DEFAULTS: dict[str, Any] = {
@@ -103,13 +107,14 @@ class BertLikeFamily(HFFamily):
     mlm_marker = "cls.predictions.transform.dense.weight"
     nsp_marker: str | None = "cls.seq_relationship.weight"
     sequence_marker = "classifier.weight"
+    token_marker = "classifier.weight"  # the same tensor as the sequence head's: the pooler tells them apart
     mlm_head, mlm_tied, mlm_untied = MLM_HEAD, MLM_TIED, MLM_UNTIED
     nsp_head: list[RuleSpec] | None = NSP_HEAD
     sequence_head = SEQUENCE_HEAD
+    token_head = TOKEN_HEAD
     sequence_head_has_pooler = False  # RoBERTa's classification head holds its own dense layer
     mlm_activation: str | None = None  # None: the MLM head uses hidden_act (BERT); RoBERTa: always gelu
-    unsupported = ("ForTokenClassification", "ForQuestionAnswering", "ForMultipleChoice", "LMHeadModel",
-                   "ForCausalLM")
+    unsupported = ("ForQuestionAnswering", "ForMultipleChoice", "LMHeadModel", "ForCausalLM")
     pooler_key = "pooler.dense.weight"  # under the base prefix
     sentence_target = "sp"  # pentad target of the next-sentence head (ALBERT: sop)
     classifier_dropout_key = "classifier_dropout"
@@ -130,11 +135,13 @@ class BertLikeFamily(HFFamily):
             return {"mlm": "logits"}
         if architecture.endswith(("ForSequenceClassification", "ForNextSentencePrediction")):
             return {"cls": "logits", "sp": "logits"}
+        if architecture.endswith("ForTokenClassification"):
+            return {"tagger": "logits"}
         return {"sp:pooled": "pooler_output"}
 
     def rules(self, *, prefix: str, num_layers: int, offset: int, heads: set[str], names: dict[str, str],
               pooled: str, tied: bool) -> list[Rule]:
-        """The key map of one model. heads: subset of {pooler, mlm, nsp, sequence}."""
+        """The key map of one model. heads: subset of {pooler, mlm, nsp, sequence, token}."""
         specs = list(EMBEDDINGS) + list(LAYER)
         if "pooler" in heads:
             specs += POOLER
@@ -144,9 +151,14 @@ class BertLikeFamily(HFFamily):
             specs += self.nsp_head
         if "sequence" in heads:
             specs += self.sequence_head
+        if "token" in heads:
+            specs += self.token_head
+        if "ignored_pooler" in heads:
+            specs += UNUSED_POOLER
         return expand(specs, prefix=prefix, layer=range(num_layers), wb=WB, pooled=pooled,
                       position_transform=f"leading_rows:{offset}" if offset else "copy",
-                      mlm=names.get("mlm", "mlm"), sp=names.get("sp", "sp"), cls=names.get("cls", "cls"))
+                      mlm=names.get("mlm", "mlm"), sp=names.get("sp", "sp"), cls=names.get("cls", "cls"),
+                      tagger=names.get("tagger", "tagger"))
 
     # -- import -----------------------------------------------------------------------------------
     def plan_import(self, config: dict[str, Any], keys: dict[str, tuple[int, ...]], label: str,
@@ -166,12 +178,24 @@ class BertLikeFamily(HFFamily):
         prefix = self.base_prefix if any(k.startswith(self.base_prefix) for k in keys) else ""
         has_mlm = self.mlm_marker in keys
         has_nsp = self.nsp_marker is not None and self.nsp_marker in keys
-        has_seq = self.sequence_marker in keys
         has_pooler = f"{prefix}{self.pooler_key}" in keys
+        token_hint = any(a.endswith("ForTokenClassification") for a in hinted)
+        sequence_hint = any(a.endswith("ForSequenceClassification") for a in hinted)
+        if self.token_marker not in keys:
+            has_token = False
+        elif self.token_marker != self.sequence_marker:  # RoBERTa: the heads have different tensors
+            has_token = True
+        elif token_hint or sequence_hint:
+            has_token = token_hint
+        else:
+            # BERT/ALBERT heads share the name 'classifier'; only the sequence head has a pooler
+            # (HF builds a token classifier's encoder without one).
+            has_token = not has_pooler
+        has_seq = self.sequence_marker in keys and not has_token
         if has_seq and not (has_pooler or self.sequence_head_has_pooler):
-            problems.append("a 'classifier' without a pooler is a token-classification head, which pentad "
-                            "has no target for yet")
-        if has_seq and (has_mlm or has_nsp):
+            problems.append(f"{self.architecture(model_type, 'ForSequenceClassification')} needs the pooler "
+                            f"'{prefix}{self.pooler_key}', which the checkpoint lacks")
+        if (has_seq or has_token) and (has_mlm or has_nsp):
             problems.append("a checkpoint with both a classifier and pre-training heads is not a HF architecture")
         if problems:
             raise UserError(f"cannot convert {label} ({self.name}): " + "; ".join(problems) + ".")
@@ -183,14 +207,26 @@ class BertLikeFamily(HFFamily):
         notes: list[str] = []
         mlm_target = {"type": "mlm", "activation": self.mlm_activation or act, "layer_norm_eps": eps}
         sentence = self.sentence_target
-        if has_seq:
+        head_dropout = c.get(self.classifier_dropout_key)
+        if has_token:
+            arch, heads = "ForTokenClassification", {"token"}
+            num_labels = int(keys[self.token_marker][0])
+            if num_labels < 2:
+                raise UserError(f"cannot convert {label} ({self.name}): a token classifier with {num_labels} "
+                                "output; the tagger target needs 2 or more tags.")
+            targets = [{"type": "tagger", "num_labels": num_labels,
+                        "dropout": float(head_dropout if head_dropout is not None else dropout)}]
+            if has_pooler:
+                notes.append(f"the checkpoint has a pooler, which {self.architecture(model_type, arch)} does not "
+                             "use; it is left out")
+                heads.add("ignored_pooler")
+        elif has_seq:
             arch = "ForSequenceClassification"
             heads = {"sequence"} | ({"pooler"} if not self.sequence_head_has_pooler else set())
             num_labels = int(keys[self.sequence_marker][0])
             if num_labels < 2:
                 raise UserError(f"cannot convert {label} ({self.name}): a classifier with {num_labels} output "
                                 "(regression) has no pentad target yet; the cls target needs 2 or more labels.")
-            head_dropout = c.get(self.classifier_dropout_key)
             targets = [{"type": "cls", "num_labels": num_labels, "pooling": "first", "pooler": True,
                         "dropout": float(head_dropout if head_dropout is not None else dropout)}]
         elif has_mlm and has_nsp:
@@ -339,6 +375,8 @@ class BertLikeFamily(HFFamily):
                 heads.add("nsp")
         if "cls" in types:
             heads |= {"sequence"} | ({"pooler"} if not self.sequence_head_has_pooler else set())
+        if "tagger" in types:
+            heads.add("token")
         pad = pad_id if pad_id is not None else int(self.defaults["pad_token_id"])
         base = dict(base_config or {})
         if base.get("pad_token_id") is not None:
@@ -363,8 +401,9 @@ class BertLikeFamily(HFFamily):
             "is_decoder": False, "add_cross_attention": False, "pad_token_id": pad,
             "classifier_dropout": base.get("classifier_dropout"),
         }
-        if "cls" in by_type:
-            head = by_type["cls"]
+        classifier = by_type.get("cls") or by_type.get("tagger")
+        if classifier is not None:
+            head = classifier
             config["classifier_dropout"] = None if head.dropout == dropout else head.dropout
             n = int(head.num_labels or 2)
             old = base.get("id2label") if isinstance(base.get("id2label"), dict) else None
@@ -388,11 +427,12 @@ class BertLikeFamily(HFFamily):
 
     def _export_architecture(self, types: list[str], headless: bool) -> str | None:
         table = {("mlm", "sp"): "ForMaskedLM" if headless else "ForPreTraining", ("mlm",): "ForMaskedLM",
-                 ("cls",): "ForSequenceClassification", ("sp",): "Model" if headless else "ForNextSentencePrediction"}
+                 ("cls",): "ForSequenceClassification", ("tagger",): "ForTokenClassification",
+                 ("sp",): "Model" if headless else "ForNextSentencePrediction"}
         return table.get(tuple(types))
 
     def _supported_targets(self) -> str:
-        return "mlm + sp, mlm, sp, cls"
+        return "mlm + sp, mlm, sp, cls, tagger"
 
 
 def _activation_name(original: Any, activation: str, default: str) -> str:

@@ -4,6 +4,7 @@ different head and an offset position table.
 Architectures: ``RobertaForMaskedLM`` / ``XLMRobertaForMaskedLM`` (pentad ``mlm``),
 ``...ForSequenceClassification`` (pentad ``cls``: HF's ``classifier.dense`` is the pooler and
 ``classifier.out_proj`` the classifier; both read the first token, as pentad's ``pooling: first``),
+``...ForTokenClassification`` (pentad ``tagger``: ``classifier`` -> ``tagger.classifier``),
 ``RobertaModel`` / ``XLMRobertaModel`` (pentad ``sp`` holding the pooler, classifier zeros, as for
 ``BertModel``).
 
@@ -64,6 +65,7 @@ class RobertaFamily(BertLikeFamily):
     mlm_marker = "lm_head.dense.weight"
     nsp_marker = None
     sequence_marker = "classifier.out_proj.weight"
+    token_marker = "classifier.weight"
     mlm_head, mlm_tied, mlm_untied = MLM_HEAD, MLM_TIED, MLM_UNTIED
     nsp_head = None
     sequence_head = SEQUENCE_HEAD
@@ -82,14 +84,15 @@ class RobertaFamily(BertLikeFamily):
         return int(value) if isinstance(value, int) else int(DEFAULTS["pad_token_id"])
 
     def _export_architecture(self, types: list[str], headless: bool) -> str | None:
-        table = {("mlm",): "ForMaskedLM", ("cls",): "ForSequenceClassification"}
+        table = {("mlm",): "ForMaskedLM", ("cls",): "ForSequenceClassification",
+                 ("tagger",): "ForTokenClassification"}
         if headless:  # a RobertaModel, or a RobertaForMaskedLM checkpoint that also kept a pooler
             table[("sp",)] = "Model"
             table[("mlm", "sp")] = "ForMaskedLM"
         return table.get(tuple(types))
 
     def _supported_targets(self) -> str:
-        return "mlm, cls, or an sp target imported from a RobertaModel"
+        return "mlm, cls, tagger, or an sp target imported from a RobertaModel"
 
 
 FAMILY = RobertaFamily()
