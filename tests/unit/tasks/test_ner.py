@@ -14,8 +14,16 @@ from pentad.components.targets.tagger import TaggerTarget
 from pentad.data.tokenizers import load_tokenizer
 from pentad.data.tsv import LabelMap
 from pentad.errors import UserError
-from pentad.tasks.ner import (NerTask, NerTaskConfig, chunks, collate_tagged, encode_tagged, read_tagging_tsv,
-                              tag_order, tagging_metrics)
+from pentad.tasks.ner import (
+    NerTask,
+    NerTaskConfig,
+    chunks,
+    collate_tagged,
+    encode_tagged,
+    read_tagging_tsv,
+    tag_order,
+    tagging_metrics,
+)
 
 
 @pytest.fixture()
