@@ -58,7 +58,8 @@ def ner_data(tmp_path_factory):
     return root, splits
 
 
-def test_ner_finetunes_evaluates_and_predicts(ner_data, tmp_path):
+@pytest.mark.parametrize("crf", [False, True], ids=["softmax", "crf"])
+def test_ner_finetunes_evaluates_and_predicts(ner_data, tmp_path, crf):
     root, splits = ner_data
     out = tmp_path / "run"
     assert main(["finetune", "--task", "ner", "--config", "bert/tiny", "tokenizer.type=wordpiece",
@@ -66,7 +67,7 @@ def test_ner_finetunes_evaluates_and_predicts(ner_data, tmp_path):
                  "model.encoder.num_layers=2", "model.encoder.num_heads=2", "model.encoder.ffn_size=128",
                  f"data.train={root / 'train.tsv'}", f"data.dev={root / 'dev.tsv'}", f"output={out}",
                  "train.epochs=20", "train.batch_size=16", "train.lr=2e-3", "train.progress=false",
-                 "train.log_every=10", "task.head_dropout=0.0"]) == 0
+                 "train.log_every=10", "task.head_dropout=0.0", f"task.crf={str(crf).lower()}"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert set(results["dev"]) == {"f1", "precision", "recall", "accuracy"}
     assert results["dev"]["f1"] >= 0.85, results  # 0.94 measured; all-O scores 0

@@ -49,6 +49,8 @@ class NerTaskConfig(StrictModel):
     labels_file: Path | None = Field(None, description="the tag set as a JSON file {tag: id} (TencentPretrain's "
                                      "label2id.json); instead of labels")
     head_dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    crf: bool = Field(False, description="a CRF over the word tags (TencentPretrain's --crf_target): Viterbi "
+                      "predictions; probabilities are the CRF's per-word marginals")
     metric: Literal["f1", "accuracy"] = Field("f1", description="dev metric that picks the best model: entity-"
                                               "level f1 (BIO/BIOES tags) or word-level accuracy (e.g. POS tags)")
     probabilities: bool = Field(False, description="inference also writes each predicted tag's probability")
@@ -83,6 +85,15 @@ class TaggedSequences:
     def truncated_words(self) -> int:
         """Words beyond ``seq_length`` over all rows (never seen by the model)."""
         return int(self.words.sum() - sum(len(s) for s in self.starts))
+
+
+@dataclass
+class TagPredictions:
+    """Per row, the predicted tag ids of the words that fit and the probability of each (softmax,
+    or the CRF's marginal); the other words of the row are not predicted."""
+
+    tags: list[list[int]]
+    probs: list[list[float]]
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -328,38 +339,54 @@ class NerTask(Task):
         return self.label_map.num_labels
 
     def head_configs(self) -> list[dict[str, Any]]:
-        return [{"type": "tagger", "num_labels": self.num_labels, "dropout": self.cfg.head_dropout}]
+        return [{"type": "tagger", "num_labels": self.num_labels, "dropout": self.cfg.head_dropout,
+                 "crf": self.cfg.crf}]
 
     # ---------------------------------------------------------------- evaluation and output
     @torch.no_grad()
-    def logits(self, model, instances: TaggedSequences, batch_size: int, device) -> list[torch.Tensor]:
-        """Per row, the tag log-probabilities of each word that fits: [words_i, num_labels]."""
+    def logits(self, model, instances: TaggedSequences, batch_size: int, device) -> TagPredictions:
+        """Predicted tags (argmax, or Viterbi with a CRF head) of each row's words that fit."""
+        from pentad.layers.crf import compact
+
+        crf = getattr(model.targets[self.head], "crf", None)
         was_training = model.training
         model.eval()
-        out: list[torch.Tensor] = []
+        out = TagPredictions([], [])
         try:
             for idx in in_order(len(instances), batch_size):
                 batch = self.collate(instances, idx, np.random.default_rng(0)).to(device)
                 batch.labels = {}
-                scores = torch.log_softmax(model(batch)[self.head].logits.float(), dim=-1).cpu()
+                logits = model(batch)[self.head].logits.float()
+                keep = torch.zeros(logits.shape[:2], dtype=torch.bool, device=logits.device)
                 for r, i in enumerate(idx):
-                    out.append(scores[r, torch.from_numpy(instances.starts[int(i)])])
+                    keep[r, torch.from_numpy(instances.starts[int(i)]).to(logits.device)] = True
+                words, mask = compact(logits, keep)  # [B, W, L]: each row's word starts, in order
+                counts = mask.sum(1).tolist()
+                if crf is None:
+                    probs, tags = torch.softmax(words, dim=-1).max(dim=-1)
+                    out.tags += [tags[r, :n].tolist() for r, n in enumerate(counts)]
+                    out.probs += [probs[r, :n].tolist() for r, n in enumerate(counts)]
+                else:
+                    for r, path in enumerate(crf.decode(words, mask)):
+                        marginal = crf.marginals(words[r, :counts[r]])
+                        out.tags.append(path)
+                        out.probs.append([float(marginal[t, tag]) for t, tag in enumerate(path)])
         finally:
             model.train(was_training)
         return out
 
-    def decode(self, instances: TaggedSequences, logits: list[torch.Tensor]) -> list[list[str]]:
+    def decode(self, instances: TaggedSequences, predictions: TagPredictions) -> list[list[str]]:
         """Predicted tags per row; words the model did not see are 'O' (or the first tag without 'O')."""
         names = self.label_map.names
         filler = OUTSIDE if OUTSIDE in names else names[0]
-        return [[names[int(j)] for j in row.argmax(-1)] + [filler] * (int(n) - len(row))
-                for row, n in zip(logits, instances.words)]
+        return [[names[j] for j in row] + [filler] * (int(n) - len(row))
+                for row, n in zip(predictions.tags, instances.words)]
 
     def evaluate(self, model, instances: TaggedSequences, gold, batch_size: int, device) -> dict[str, float]:
         predicted = self.decode(instances, self.logits(model, instances, batch_size, device))
         return tagging_metrics(gold, predicted, entity_level=self.entity_level)
 
-    def write_predictions(self, path: Path, logits: list[torch.Tensor], probabilities: bool,
+    def write_predictions(self, path: Path, logits: TagPredictions, probabilities: bool,
                           instances: TaggedSequences | None = None) -> None:
         """TSV with header ``label`` (space-separated tags per row) and, on request, ``prob`` (each tag's
         probability; words beyond seq_length get an empty probability field '-')."""
@@ -368,10 +395,10 @@ class NerTask(Task):
         assert instances is not None, "ner predictions need the instances (word counts)"
         tags = self.decode(instances, logits)
         lines = ["label\tprob" if probabilities else "label"]
-        for row, scores in zip(tags, logits):
+        for row, scores in zip(tags, logits.probs):
             text = " ".join(row)
             if probabilities:
-                probs = [f"{p:.4f}" for p in scores.exp().max(-1).values.tolist()]
+                probs = [f"{p:.4f}" for p in scores]
                 text += "\t" + " ".join(probs + ["-"] * (len(row) - len(probs)))
             lines.append(text)
         atomic_write_text(path, "\n".join(lines) + "\n")

@@ -239,6 +239,9 @@ def test_unsupported_pentad_model_for_export(tmp_path):
     make_run(tmp_path / "run2", variant(BERT, targets=[{"type": "mlm"}, {"type": "cls", "num_labels": 2}]))
     with pytest.raises(UserError, match="have no bert architecture"):
         convert("pentad-to-hf", tmp_path / "run2", tmp_path / "hf2")
+    make_run(tmp_path / "run3", variant(BERT, targets=[{"type": "tagger", "num_labels": 3, "crf": True}]))
+    with pytest.raises(UserError, match="the tagger target has a CRF"):
+        convert("pentad-to-hf", tmp_path / "run3", tmp_path / "hf3")
 
 
 def test_output_directory_must_be_new(bert_hf, tmp_path):

@@ -1,4 +1,5 @@
-"""Token classification head (NER, POS tagging): dropout -> one linear classifier per position."""
+"""Token classification head (NER, POS tagging): dropout -> one linear classifier per position,
+optionally followed by a linear-chain CRF over the scored positions."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torch import Tensor, nn
 
 from pentad.components.base import IGNORE_INDEX, Batch, Target, TargetOutput
 from pentad.components.targets.common import TargetConfigBase
+from pentad.layers.crf import LinearChainCRF, compact
 from pentad.registry import TARGETS
 
 
@@ -18,6 +20,8 @@ class TaggerTargetConfig(TargetConfigBase):
     type: Literal["tagger"] = "tagger"
     num_labels: int | None = Field(None, ge=2, description="set by the task from its tag set")
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    crf: bool = Field(False, description="a linear-chain CRF over the scored positions (TencentPretrain's "
+                      "--crf_target): trained by sequence likelihood, predicted by Viterbi")
 
     def check(self, model) -> list[tuple[str, str]]:
         if self.num_labels is None:
@@ -32,19 +36,23 @@ class TaggerTarget(Target):
     are not scored (padding, [CLS]/[SEP], the continuation pieces of a word).
 
     Parameter names follow Hugging Face's ``*ForTokenClassification`` (``classifier``), so the
-    conversion rule is one line.
+    conversion rule is one line. With ``crf``, the scored positions of each row (those with a label)
+    form the tag sequence: the loss is the CRF's negative log-likelihood per scored position, the
+    logits stay the per-position emission scores, and ``crf.decode`` / ``crf.marginals`` predict
+    (the ``ner`` task does so over each row's word starts).
     """
 
     Config = TaggerTargetConfig
 
-    def __init__(self, name: str, hidden_size: int, num_labels: int, dropout: float = 0.1):
+    def __init__(self, name: str, hidden_size: int, num_labels: int, dropout: float = 0.1, crf: bool = False):
         super().__init__(name)
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(hidden_size, num_labels)
+        self.crf = LinearChainCRF(num_labels) if crf else None
 
     @classmethod
     def from_config(cls, cfg: TaggerTargetConfig, model) -> TaggerTarget:
-        return cls(cfg.target_name, model.hidden_size, cfg.num_labels or 2, cfg.dropout)
+        return cls(cfg.target_name, model.hidden_size, cfg.num_labels or 2, cfg.dropout, cfg.crf)
 
     def forward(self, hidden: Tensor, batch: Batch) -> TargetOutput:
         logits = self.classifier(self.dropout(hidden))
@@ -52,6 +60,8 @@ class TaggerTarget(Target):
         if labels is None:
             return TargetOutput(loss=None, logits=logits)
         scored = labels != IGNORE_INDEX
+        if self.crf is not None:
+            return self._crf_output(logits, labels, scored)
         # Mean over scored positions; a batch with none (all words truncated away) gives loss 0
         # with a gradient path, instead of cross-entropy's NaN.
         flat = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
@@ -61,3 +71,15 @@ class TaggerTarget(Target):
         with torch.no_grad():
             correct = ((logits.argmax(dim=-1) == labels) & scored).sum()
         return TargetOutput(loss=loss, metrics={"correct": correct, "count": count}, logits=logits)
+
+    def _crf_output(self, logits: Tensor, labels: Tensor, scored: Tensor) -> TargetOutput:
+        emissions, mask = compact(logits, scored)
+        tags, _ = compact(labels, scored)
+        count = scored.sum()
+        loss = self.crf.nll(emissions, tags, mask).sum() / count.clamp(min=1)
+        with torch.no_grad():
+            paths = self.crf.decode(emissions, mask)
+            gold = tags.tolist()
+            correct = sum(int(p == g) for path, row in zip(paths, gold) for p, g in zip(path, row))
+        return TargetOutput(loss=loss, metrics={"correct": torch.tensor(correct, device=logits.device),
+                                                "count": count}, logits=logits)

@@ -345,6 +345,8 @@ class BertLikeFamily(HFFamily):
         if len(eps) > 1:
             problems.append(f"{self.name} uses one layer_norm_eps, the model has {sorted(eps)} "
                             "(embedding, encoder, mlm)")
+        if "tagger" in by_type and by_type["tagger"].crf:
+            problems.append("the tagger target has a CRF, which Hugging Face's token classifiers do not")
         if "cls" in by_type and (by_type["cls"].pooling != "first" or not by_type["cls"].pooler):
             problems.append("the cls target must pool the first token through a pooler (pooling: first, pooler: true)")
         sp = names.get("sp", "sp")
