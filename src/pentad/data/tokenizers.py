@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import tempfile
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -482,7 +483,8 @@ class Tokenizer(abc.ABC):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         cfg = self.config().model_dump(mode="json")
-        used: set[str] = set()
+        # 'tokenizer.json' is the name a run directory gives this config itself (pentad.runs).
+        used: set[str] = {"tokenizer.json"}
         for name in self._path_fields:
             source = self._sources[name]
             filename = source.path.name
@@ -774,6 +776,10 @@ class SentencePieceConfig(StrictModel):
 
     type: Literal["sentencepiece"] = "sentencepiece"
     model: Path = Field(description="a SentencePiece .model file")
+    lowercase: bool = Field(False, description="lower-case the text first (ALBERT's do_lower_case)")
+    strip_accents: bool = Field(False, description="NFKD-decompose and drop combining marks first (ALBERT without "
+                                "keep_accents)")
+    replace_quotes: bool = Field(False, description="turn `` and '' into \" first (ALBERT)")
     special_tokens: SpecialTokens = None
 
 
@@ -786,11 +792,14 @@ class SentencePieceTokenizer(Tokenizer):
     Config = SentencePieceConfig
     _path_fields = ("model",)
 
-    def __init__(self, model: Path, special_tokens: Mapping[str, str] | None = None) -> None:
+    def __init__(self, model: Path, lowercase: bool = False, strip_accents: bool = False, replace_quotes: bool = False,
+                 special_tokens: Mapping[str, str] | None = None) -> None:
         super().__init__()
         source = _read_source(Path(model), "SentencePiece model")
         self._sources = {"model": source}
-        self._options = {"special_tokens": dict(special_tokens) if special_tokens else None}
+        self._options = {"lowercase": lowercase, "strip_accents": strip_accents, "replace_quotes": replace_quotes,
+                         "special_tokens": dict(special_tokens) if special_tokens else None}
+        self._normalise = lowercase or strip_accents or replace_quotes
         self._processor = self._load(source)
         sp = self._processor
         own = {"pad": sp.pad_id(), "unk": sp.unk_id(), "bos": sp.bos_id(), "eos": sp.eos_id()}
@@ -826,14 +835,28 @@ class SentencePieceTokenizer(Tokenizer):
     def vocab_size(self) -> int:
         return self._processor.get_piece_size()
 
+    def _prepare(self, text: str) -> str:
+        """The text normalisation ALBERT's tokenizer applies before SentencePiece, in its order:
+        quotes, then accents (NFKD, combining marks dropped), then lower case."""
+        if not self._normalise:
+            return text
+        opts = self._options
+        if opts["replace_quotes"]:
+            text = text.replace("``", '"').replace("''", '"')
+        if opts["strip_accents"]:
+            text = "".join(c for c in unicodedata.normalize("NFKD", text) if unicodedata.category(c) != "Mn")
+        if opts["lowercase"]:
+            text = text.lower()
+        return text
+
     def encode(self, text: str) -> list[int]:
-        return self._processor.encode(text, out_type=int)
+        return self._processor.encode(self._prepare(text), out_type=int)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self._processor.encode(list(texts), out_type=int)
+        return self._processor.encode([self._prepare(t) for t in texts], out_type=int)
 
     def tokenize(self, text: str) -> list[str]:
-        return self._processor.encode(text, out_type=str)
+        return self._processor.encode(self._prepare(text), out_type=str)
 
     def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
         values = _as_id_list(ids)
@@ -862,6 +885,51 @@ class SentencePieceTokenizer(Tokenizer):
 
     def _ends_word(self, i: int, token: str) -> bool:
         return bool(self._processor.is_control(i))
+
+
+# --------------------------------------------------------------------------------------------
+# A Hugging Face tokenizer.json, used as it is.
+
+
+class TokenizerJsonConfig(StrictModel):
+    """Config of the ``tokenizer_json`` tokenizer."""
+
+    type: Literal["tokenizer_json"] = "tokenizer_json"
+    file: Path = Field(description="a Hugging Face tokenizer.json (any model, normaliser and pre-tokenizer)")
+    special_tokens: SpecialTokens = None
+
+
+@TOKENIZERS.register("tokenizer_json")
+class TokenizerJsonTokenizer(_RustTokenizer):
+    """Any ``tokenizer.json`` run by the ``tokenizers`` library exactly as written (BLOOM's byte-level
+    BPE with its own pre-tokenizer, and other fast-only tokenizers). Its post-processor is not
+    applied: special tokens are added by pentad's objectives and tasks, as for every tokenizer.
+    Special tokens: the usual spellings when the vocabulary has them (``<unk>``, ``<pad>``,
+    ``<s>``/``</s>`` as bos/eos and cls/sep, ``[CLS]``..., ``<mask>``), or ``special_tokens``.
+    """
+
+    Config = TokenizerJsonConfig
+    _path_fields = ("file",)
+    _candidates: ClassVar[dict[str, tuple[str, ...]]] = {
+        "pad": ("<pad>", "[PAD]"), "unk": ("<unk>", "[UNK]"), "mask": ("<mask>", "[MASK]"),
+        "bos": ("<s>", "<|endoftext|>", "<|begin_of_text|>"), "eos": ("</s>", "<|endoftext|>", "<|end_of_text|>"),
+        "cls": ("[CLS]", "<s>", "<cls>"), "sep": ("[SEP]", "</s>", "<sep>"),
+    }
+
+    def __init__(self, file: Path, special_tokens: Mapping[str, str] | None = None) -> None:
+        super().__init__()
+        source = _read_source(Path(file), "tokenizer.json")
+        try:
+            backend = hf_tokenizers.Tokenizer.from_str(_decode_utf8(source, "tokenizer.json"))
+        except Exception as exc:  # the library raises a plain Exception for malformed files
+            raise UserError(f"tokenizer.json file {source.path} could not be read by the tokenizers library: "
+                            f"{exc}") from None
+        self._sources = {"file": source}
+        self._options = {"special_tokens": dict(special_tokens) if special_tokens else None}
+        vocab = backend.get_vocab(with_added_tokens=True)
+        self._attach(backend, vocab)
+        self._set_special_tokens(self._candidates, special_tokens, vocab.get, source.path)
+        self._register_special_tokens()
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,6 +7,9 @@ Some Hugging Face tokenizers wrap a SentencePiece model but do not use its ids a
   so every other piece moves up by one, and ``<mask>`` comes last.
 * **t5**: the model's ids as they are, then 100 (``extra_ids``) sentinels ``<extra_id_N>`` whose
   ids count *down* from the end: ``<extra_id_0>`` is the last id.
+* **pegasus**: the model ships ``<pad> </s> <unk>`` first; the tokenizer numbers ``<pad>`` 0,
+  ``</s>`` 1, ``<mask_1>`` 2, ``<mask_2>`` 3, ``<unk_2>`` .. ``<unk_{offset-1}>`` 4 .. offset+1, and
+  every piece from ``<unk>`` on at its own id + ``offset`` (103 by default).
 
 pentad's ``sentencepiece`` tokenizer uses a model's ids as they are. Rather than teaching it each
 foreign numbering, the import rewrites the model so that its own ids are the foreign ones (the
@@ -35,6 +38,7 @@ _SPECIAL_DEFAULTS = {_UNK_ID: 0, _BOS_ID: 1, _EOS_ID: 2, _PAD_ID: -1}
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
 FAIRSEQ_MASK = "<mask>"
 T5_EXTRA_IDS = 100
+PEGASUS_OFFSET = 103
 
 
 # ------------------------------------------------------------------------------------ wire format
@@ -242,3 +246,41 @@ def from_t5(data: bytes, origin: str) -> tuple[bytes, int]:
     if n:
         model.pieces = model.pieces[:-n]
     return model.serialize(), n
+
+
+def pegasus_specials(offset: int) -> list[str]:
+    """The pieces Pegasus's tokenizer puts between ``</s>`` and ``<unk>``."""
+    return ["<mask_1>", "<mask_2>", *(f"<unk_{i}>" for i in range(2, offset))]
+
+
+def to_pegasus(data: bytes, origin: str, offset: int = PEGASUS_OFFSET) -> bytes:
+    """A Pegasus SentencePiece model (``<pad> </s> <unk>`` first) with the ids its tokenizer gives:
+    ``<mask_1>``, ``<mask_2>`` and ``<unk_2>``..``<unk_{offset-1}>`` inserted after ``</s>`` as
+    user-defined pieces, so that ``<unk>`` and every later piece move up by ``offset``."""
+    if offset < 2:
+        raise UserError(f"{origin}: Pegasus offset {offset}; the tokenizer needs an offset of at least 2.")
+    model = SentencePieceModel.parse(data, origin)
+    if [p.text for p in model.pieces[2:4]] == ["<mask_1>", "<mask_2>"]:
+        return data  # already laid out (a model saved by pentad)
+    _check_control(model, (("<pad>", CONTROL), ("</s>", CONTROL), ("<unk>", UNKNOWN)), "a Pegasus SentencePiece model",
+                   origin)
+    model.pieces = [*model.pieces[:2], *(Piece(t, 0.0, USER_DEFINED) for t in pegasus_specials(offset)),
+                    *model.pieces[2:]]
+    model.set_special_ids()
+    return model.serialize()
+
+
+def from_pegasus(data: bytes, origin: str) -> tuple[bytes, int]:
+    """The inverse of :func:`to_pegasus`: (the model as Pegasus ships it, the offset)."""
+    model = SentencePieceModel.parse(data, origin)
+    n = 2
+    while n < len(model.pieces) and model.pieces[n].kind == USER_DEFINED and \
+            model.pieces[n].text in ("<mask_1>", "<mask_2>", f"<unk_{n - 2}>"):
+        n += 1
+    offset = n - 2
+    if offset < 2 or [p.text for p in model.pieces[2:n]] != pegasus_specials(offset):
+        raise UserError(f"{origin} is not a SentencePiece model in Pegasus's id layout (<pad> </s> <mask_1> <mask_2> "
+                        "<unk_2> ... first), so it cannot be written as a Pegasus spiece.model.")
+    model.pieces = [*model.pieces[:2], *model.pieces[n:]]
+    model.set_special_ids()
+    return model.serialize(), offset

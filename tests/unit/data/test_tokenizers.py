@@ -440,3 +440,40 @@ def test_bad_configs(tmp_path: Path):
     garbage.write_bytes(b"this is not a sentencepiece model")
     with pytest.raises(UserError, match="garbage.model could not be read"):
         load_tokenizer({"type": "sentencepiece", "model": str(garbage)})
+
+
+def test_tokenizer_json_runs_the_file_as_written_and_saves_beside_a_run_config(tmp_path: Path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    backend = Tokenizer(models.WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3, "hello": 4, "world": 5},
+                                         unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    (tmp_path / "tokenizer.json").write_text(backend.to_str(), encoding="utf-8")
+    tok = load_tokenizer({"type": "tokenizer_json", "file": str(tmp_path / "tokenizer.json")})
+    assert tok.encode("hello there world") == [4, 0, 5]
+    assert (tok.unk_id, tok.bos_id, tok.eos_id, tok.pad_id, tok.cls_id, tok.sep_id) == (0, 1, 2, 3, 1, 2)
+    # A run directory's tokenizer/tokenizer.json is pentad's config: the file is saved under another name.
+    cfg = tok.save(tmp_path / "run")
+    assert cfg["file"] == "file-tokenizer.json"
+    again = load_tokenizer(cfg, base_dir=tmp_path / "run")
+    assert again.fingerprint() == tok.fingerprint()
+    (tmp_path / "bad.json").write_text('{"model": 1', encoding="utf-8")
+    with pytest.raises(UserError, match="bad.json could not be read by the tokenizers library"):
+        load_tokenizer({"type": "tokenizer_json", "file": str(tmp_path / "bad.json")})
+
+
+def test_sentencepiece_albert_normalisation_options(tmp_path: Path):
+    import io
+
+    import sentencepiece as spm
+
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(["the cafe is naive and quoted \" here"] * 50),
+                                   model_writer=buffer, vocab_size=30, hard_vocab_limit=False, minloglevel=2)
+    (tmp_path / "m.model").write_bytes(buffer.getvalue())
+    plain = load_tokenizer({"type": "sentencepiece", "model": str(tmp_path / "m.model")})
+    albert = load_tokenizer({"type": "sentencepiece", "model": str(tmp_path / "m.model"), "lowercase": True,
+                             "strip_accents": True, "replace_quotes": True})
+    assert albert.encode("The Café is NAÏVE ``here''") == plain.encode('the cafe is naive "here"')
+    assert plain.encode("Café") != plain.encode("cafe")
+    assert albert.fingerprint() != plain.fingerprint()

@@ -79,13 +79,16 @@ class HFFamily:
 
     name: str = ""
     model_types: tuple[str, ...] = ()
-    tokenizer_kind: str | None = "wordpiece"  # "wordpiece", "bpe", "sentencepiece"; None: not converted
+    # "wordpiece", "bpe", "sentencepiece", "tokenizer_json" (the file as it is); None: not converted
+    tokenizer_kind: str | None = "wordpiece"
     tokenizer_class: str = ""
     tokenizer_classes: dict[str, str] = {}  # model_type -> class, where it differs from tokenizer_class
     default_special_tokens: dict[str, str] = {}
     # SentencePiece tokenizers: the file names HF uses, and how HF numbers the model's pieces
-    # ("plain": as they are; "fairseq": XLM-R's shifted ids; "t5": sentinels appended).
+    # ("plain": as they are; "fairseq": XLM-R's shifted ids; "t5": sentinels appended; "pegasus":
+    # 103 special ids in front, see pentad.interop.spm).
     spm_files: tuple[str, ...] = ()
+    spm_text_normalisation: bool = False  # ALBERT: lower-case, strip accents, quotes before SentencePiece
     spm_layout: str = "plain"
     tokenizer_note: str = ""  # why the tokenizer is not converted (tokenizer_kind None)
     token_types: bool = True  # the HF model takes token_type_ids (segments)
@@ -363,6 +366,18 @@ def import_tokenizer(in_dir: Path, tok_dir: Path, family: HFFamily,
     tok_dir.mkdir(parents=True, exist_ok=True)
     if kind == "sentencepiece":
         return _import_sentencepiece(in_dir, tok_dir, family, layout, tok_cfg)
+    if kind == "tokenizer_json":
+        if fast is None:
+            return None, [f"no tokenizer: {in_dir} has no tokenizer.json"]
+        # Not named tokenizer.json: a run directory's tokenizer/tokenizer.json is pentad's own config.
+        (tok_dir / "hf_tokenizer.json").write_bytes((in_dir / "tokenizer.json").read_bytes())
+        vocab = {t["content"]: t["id"] for t in fast.get("added_tokens", []) if isinstance(t, dict)}
+        vocab.update(fast_model.get("vocab") or {} if isinstance(fast_model.get("vocab"), dict) else {})
+        cfg = {"type": "tokenizer_json", "file": "hf_tokenizer.json"}
+        special = _special_tokens(in_dir, tok_cfg, family.default_special_tokens, vocab)
+        if special:
+            cfg["special_tokens"] = special
+        return cfg, []
     if kind == "wordpiece":
         if (in_dir / "vocab.txt").is_file():
             data = (in_dir / "vocab.txt").read_bytes()
@@ -420,6 +435,12 @@ def _import_sentencepiece(in_dir: Path, tok_dir: Path, family: HFFamily, layout:
     elif layout == "t5":
         extra = tok_cfg.get("extra_ids", spm.T5_EXTRA_IDS)
         data = spm.to_t5(data, str(path), int(extra) if isinstance(extra, int) else spm.T5_EXTRA_IDS)
+    elif layout == "pegasus":
+        offset = tok_cfg.get("offset", spm.PEGASUS_OFFSET)
+        offset = int(offset) if isinstance(offset, int) else spm.PEGASUS_OFFSET
+        data = spm.to_pegasus(data, str(path), offset)
+        notes.append(f"{path.name}: <mask_1>, <mask_2> and <unk_2>..<unk_{offset - 1}> inserted after </s>, so that "
+                     f"every other piece has the id PegasusTokenizer gives it (its own + {offset})")
     (tok_dir / path.name).write_bytes(data)
     model = spm.SentencePieceModel.parse(data, path)
     vocab = {piece.text: i for i, piece in enumerate(model.pieces)}
@@ -427,9 +448,11 @@ def _import_sentencepiece(in_dir: Path, tok_dir: Path, family: HFFamily, layout:
     special = _special_tokens(in_dir, tok_cfg, family.default_special_tokens, vocab)
     if special:
         cfg["special_tokens"] = special
-    if tok_cfg.get("do_lower_case") or tok_cfg.get("remove_space") is False or tok_cfg.get("keep_accents") is False:
-        notes.append(f"{family.tokenizer_class} normalises text before SentencePiece (lower-casing, accents, quotes), "
-                     "which pentad's sentencepiece tokenizer does not: normalise inputs the same way yourself")
+    if family.spm_text_normalisation:
+        # AlbertTokenizer's defaults: lower-case, accents stripped, `` and '' read as ".
+        cfg["lowercase"] = bool(tok_cfg.get("do_lower_case", True))
+        cfg["strip_accents"] = not bool(tok_cfg.get("keep_accents", False))
+        cfg["replace_quotes"] = True
     return cfg, notes
 
 
@@ -446,8 +469,21 @@ def _export_sentencepiece(tokenizer: Any, out_dir: Path, family: HFFamily, layou
     elif layout == "t5":
         data, extra = spm.from_t5(data, saved["model"])
         tok_cfg["extra_ids"] = extra
+    elif layout == "pegasus":
+        data, offset = spm.from_pegasus(data, saved["model"])
+        tok_cfg.update(offset=offset, mask_token_sent="<mask_1>")
     (out_dir / family.spm_files[0]).write_bytes(data)
-    return []
+    notes: list[str] = []
+    if family.spm_text_normalisation:
+        tok_cfg.update(do_lower_case=bool(saved.get("lowercase")), keep_accents=not saved.get("strip_accents"))
+        if not saved.get("replace_quotes"):
+            notes.append(f"{family.tokenizer_class} always reads `` and '' as \"; the run's tokenizer does not")
+    else:
+        changed = [k for k in ("lowercase", "strip_accents", "replace_quotes") if saved.get(k)]
+        if changed:
+            notes.append(f"the tokenizer's {', '.join(changed)} option(s) have no {family.tokenizer_class} equivalent: "
+                         "normalise inputs the same way yourself with the exported tokenizer")
+    return notes
 
 
 def model_max_length(in_dir: Path) -> int | None:
@@ -481,6 +517,10 @@ def export_tokenizer(tokenizer: Any, out_dir: Path, family: HFFamily, max_length
     tok_cfg: dict[str, Any] = {"tokenizer_class": tokenizer_class, "model_max_length": max_length}
     if kind == "sentencepiece":
         notes += _export_sentencepiece(tokenizer, out_dir, family, layout, tok_cfg)
+    elif kind == "tokenizer_json":
+        with tempfile.TemporaryDirectory() as tmp:
+            saved = tokenizer.save(Path(tmp))
+            (out_dir / "tokenizer.json").write_bytes((Path(tmp) / saved["file"]).read_bytes())
     elif kind == "wordpiece":
         (out_dir / "vocab.txt").write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
         tok_cfg.update(do_lower_case=options["lowercase"], tokenize_chinese_chars=options["split_cjk"],

@@ -92,6 +92,7 @@ class AlbertFamily(BertLikeFamily):
     tokenizer_kind = "sentencepiece"
     tokenizer_class = "AlbertTokenizer"
     spm_files = ("spiece.model",)
+    spm_text_normalisation = True
     default_special_tokens = {"pad": "<pad>", "unk": "<unk>", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
     mlm_marker = "predictions.dense.weight"
     nsp_marker = "sop_classifier.classifier.weight"

@@ -13,7 +13,8 @@ the bias) both ways.
 BLOOM adds ``slope * key_position`` to the scores where pentad adds ``-slope * (query - key)``: the
 two differ by a constant per query row, which softmax ignores. HF counts key positions over the
 non-padding tokens, so the two agree on right-padded batches (how pentad builds them).
-The tokenizer (a byte-level BPE ``tokenizer.json`` with its own pre-tokenizer) is not converted.
+The tokenizer (a byte-level BPE ``tokenizer.json`` with its own pre-tokenizer) is copied byte for
+byte and used as it is through pentad's ``tokenizer_json`` tokenizer (the ``tokenizers`` library).
 """
 
 from __future__ import annotations
@@ -64,9 +65,9 @@ SUPPORTED = ("BloomForCausalLM", "BloomModel")
 class BloomFamily(HFFamily):
     name = "bloom"
     model_types = ("bloom",)
-    tokenizer_kind = None
-    tokenizer_note = ("BLOOM's byte-level BPE tokenizer.json splits text with its own pre-tokenizer, which pentad's "
-                      "bpe tokenizer does not reproduce")
+    tokenizer_kind = "tokenizer_json"
+    tokenizer_class = "TokenizersBackend"  # transformers' generic tokenizer.json class (BLOOM has no own one)
+    default_special_tokens = {"unk": "<unk>", "bos": "<s>", "eos": "</s>", "pad": "<pad>"}
     token_types = False
 
     def outputs(self, architecture: str) -> dict[str, str]:

@@ -9,9 +9,11 @@
 * ``scale_embedding`` (true in the released checkpoints) multiplies the word embedding by
   sqrt(d_model) (pentad ``word.scale``).
 
-The tokenizer is not converted: Pegasus numbers its SentencePiece pieces with an offset of 103
-(pad, eos, two mask tokens and 99 reserved ``<unk_N>`` tokens first), which pentad's
-``sentencepiece`` tokenizer does not lay out yet.
+The tokenizer (``spiece.model``) converts to pentad's ``sentencepiece`` tokenizer with the model
+rewritten to the ids ``PegasusTokenizer`` gives: ``<pad>`` 0, ``</s>`` 1, ``<mask_1>`` 2, ``<mask_2>``
+3, ``<unk_2>``..``<unk_102>`` 4..104, then every piece from ``<unk>`` on at its own id + 103
+(``offset`` in tokenizer_config.json); the export writes the original file back (see
+:mod:`pentad.interop.spm`).
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ class PegasusFamily(BartLikeFamily):
     class_prefix = "Pegasus"
     defaults = DEFAULTS
     owned = BART_OWNED
-    tokenizer_kind = None
-    tokenizer_note = ("Pegasus's tokenizer numbers SentencePiece pieces with an offset of 103, which pentad's "
-                      "sentencepiece tokenizer does not reproduce")
+    tokenizer_kind = "sentencepiece"
+    tokenizer_class = "PegasusTokenizer"
+    spm_files = ("spiece.model",)
+    spm_layout = "pegasus"
+    default_special_tokens = {"pad": "<pad>", "eos": "</s>", "unk": "<unk>", "mask": "<mask_2>"}
     pre_norm = True
 
     def position_rules(self, positions: int, hidden: int) -> list[RuleSpec]:
