@@ -106,7 +106,7 @@ _RUN_KEYS = {
     "fp16", "fp16_opt_level", "log_path", "log_level", "log_file_level", "tensor_model_parallel_size",
     "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size", "use_lora", "lora_r", "lora_alpha",
     "lora_dropout", "lora_pretrained_model_path", "tgt_tokenizer", "tgt_vocab_path", "tgt_merges_path",
-    "tgt_spm_model_path", "tgt_do_lower_case"}
+    "tgt_spm_model_path", "tgt_do_lower_case", "crf_target", "label2id_path"}
 _VOCAB_KEYS = {"vocab_size", "vocab_path", "spm_model_path", "merges_path", "do_lower_case"}
 KNOWN_KEYS = _MODEL_KEYS | _DUAL_KEYS | _MEDIA_KEYS | _RUN_KEYS | _VOCAB_KEYS
 

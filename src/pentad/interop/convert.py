@@ -236,18 +236,24 @@ def _classifier_task(raw: dict[str, Any], hf_config: dict[str, Any], notes: list
         return {}
     n = int(targets[0]["num_labels"])
     id2label = hf_config.get("id2label")
-    names = [f"LABEL_{i}" for i in range(n)]
+    names = [str(i) for i in range(n)]
+    labels: dict[str, Any] = {"kind": "integer", "num_labels": n}  # no names known: ids 0..n-1
     if isinstance(id2label, dict) and {str(k) for k in id2label} == {str(i) for i in range(n)}:
         given = [str(id2label.get(str(i), id2label.get(i))) for i in range(n)]  # type: ignore[call-overload]
         if len(set(given)) == n:
             names = given
+            labels = {"kind": "string", "labels": names}
     task = "classification" if targets[0]["type"] == "cls" else "ner"
     raw["task"] = {"type": task}
     if task == "ner" and not is_chunk_tag_set(names):
         raw["task"]["metric"] = "accuracy"
-    notes.append(f"a {task} run: labels {names if n <= 12 else names[:12] + ['...']} in {LABELS} (from id2label); "
+    notes.append(f"a {task} run: labels {names if n <= 12 else names[:12] + ['...']} in {LABELS}; "
                  f"`pentad infer --model OUT data.test=FILE` predicts with it")
-    return {LABELS: {"kind": "string", "labels": names}}
+    return {LABELS: labels}
+
+
+LABEL2ID = "label2id.json"
+LABELS_FILE = "labels.json"  # pentad.tasks.runner.LABELS (not imported here: the runner imports training code)
 
 
 # ----------------------------------------------------------------------------------- pentad -> hf
@@ -343,7 +349,8 @@ def _tencentpretrain_to_pentad(in_dir: Path, out_dir: Path, verify: bool, tolera
                                        "config": str(config_path.resolve()), "finetuned_classifier": layout.finetuned,
                                        "layout": layout.record(), "tencentpretrain_config": raw},
                "synthesized": []}
-    cfg = _write_run(out_dir, run_raw, tensors, extras, interop, tok_cfg, None, notes)
+    files = _classifier_task(run_raw, {"id2label": _tencentpretrain_labels(in_dir)}, notes)
+    cfg = _write_run(out_dir, run_raw, tensors, extras, interop, tok_cfg, None, notes, files)
     targets = "+".join(t.type for t in cfg.model.targets)
     report = ConversionReport("tencentpretrain-to-pentad", in_dir, out_dir, "tencentpretrain", targets, notes,
                               tolerance=tolerance)
@@ -353,6 +360,18 @@ def _tencentpretrain_to_pentad(in_dir: Path, out_dir: Path, verify: bool, tolera
         rows.append(("pentad forward pass is finite", _finite_forward(cfg.model, tensors)))
         report.verification = rows
     return report
+
+
+def _tencentpretrain_labels(in_dir: Path) -> dict[str, str] | None:
+    """id -> label from the ``label2id.json`` next to a TencentPretrain checkpoint (run_ner.py's
+    ``--label2id_path`` file), when there is one."""
+    path = in_dir / LABEL2ID
+    if not path.is_file():
+        return None
+    data = hfio.read_json(path)
+    if not all(isinstance(v, int) for v in data.values()):
+        raise UserError(f"{path}: expected {{label: id}} with integer ids, found {str(data)[:80]!r}.")
+    return {str(i): label for label, i in data.items()}
 
 
 def _pentad_to_tencentpretrain(in_dir: Path, out_dir: Path, verify: bool, tolerance: float) -> ConversionReport:
@@ -375,6 +394,11 @@ def _pentad_to_tencentpretrain(in_dir: Path, out_dir: Path, verify: bool, tolera
         notes.append("the run has no tokenizer: no vocabulary file written")
     hfio.write_json(out_dir / tp.CONFIG_NAME, config)
     tp.write_state_dict(out_dir / tp.WEIGHTS_NAME, state)
+    if (in_dir / LABELS_FILE).is_file():
+        data = hfio.read_json(in_dir / LABELS_FILE)
+        if data.get("kind") == "string":
+            hfio.write_json(out_dir / LABEL2ID, {name: i for i, name in enumerate(data["labels"])})
+            notes.append(f"{LABEL2ID} written from the run's label names (run_ner.py's --label2id_path)")
     report = ConversionReport("pentad-to-tencentpretrain", in_dir, out_dir, "tencentpretrain",
                               "+".join(t.type for t in cfg.model.targets), notes, tolerance=tolerance)
     written = tp.read_state_dict(out_dir / tp.WEIGHTS_NAME)

@@ -37,6 +37,9 @@ TencentPretrain                                                 pentad
 ``target.cls.linear_1`` / ``linear_2``                          ``targets.cls.pooler`` / ``classifier``
 ``output_layer_1`` / ``output_layer_2`` (a classifier           ``targets.cls.pooler`` / ``classifier``
 fine-tuned with ``finetune/run_classifier.py``)
+``output_layer`` (a tagger fine-tuned with ``run_ner.py``)      ``targets.tagger.classifier``
+``crf.start_transitions`` / ``end_transitions`` /               ``targets.tagger.crf.*`` (the same names)
+``transitions`` (``run_ner.py --crf_target``)
 ==============================================================  ========================================
 
 LayerNorms are ``gamma`` / ``beta``; T5 and RMS norms ``weight``. Tied tensors appear under every
@@ -82,6 +85,8 @@ WEIGHTS_NAME = "model.bin"
 CONFIG_NAME = "config.json"
 WEIGHT_SUFFIXES = (".bin", ".pt", ".pth")
 FINETUNED_MARKER = "output_layer_2.weight"
+TAGGER_MARKER = "output_layer.weight"  # finetune/run_ner.py
+CRF_MARKER = "crf.transitions"
 # TencentPretrain tokenizer names -> pentad's (the vocabulary file decides the rest).
 TOKENIZERS = {"bert": "wordpiece", "char": "char", "space": "space", "bpe": "bpe"}
 RELATIVE_PER_LAYER = "encoder.transformer.0.relative_pos_emb.relative_attention_bias.weight"
@@ -153,6 +158,10 @@ FINETUNED_CLASSIFIER: list[RuleSpec] = [
     ("targets.{name}.pooler.{wb}", "output_layer_1.{wb}"),
     ("targets.{name}.classifier.{wb}", "output_layer_2.{wb}"),
 ]
+# run_ner.py's NerTagger: one output layer, and pytorch-crf's CRF with --crf_target.
+TAGGER: list[RuleSpec] = [("targets.{name}.classifier.{wb}", "output_layer.{wb}")]
+TAGGER_CRF: list[RuleSpec] = [("targets.{name}.crf.{p}", "crf.{p}")]
+CRF_PARAMETERS = ("start_transitions", "end_transitions", "transitions")
 
 
 @dataclass
@@ -257,7 +266,9 @@ def rules(model: Any, layout: Layout | bool | None = None) -> list[Rule]:
     target_rules: list[Rule] = []
     for target in model.targets:
         head = list(FINETUNED_CLASSIFIER if layout.finetuned and target.type == "cls" else TARGETS.get(target.type, []))
-        if target.type not in TARGETS:
+        if target.type == "tagger":
+            head = TAGGER + (TAGGER_CRF if target.crf else [])
+        elif target.type not in TARGETS:
             problems.append(f"target '{target.type}' has no TencentPretrain key map")
         if target.type in OUTPUT_TIED:
             if model.tie_word_embeddings and not tied_done:
@@ -267,7 +278,7 @@ def rules(model: Any, layout: Layout | bool | None = None) -> list[Rule]:
                 head += OUTPUT_UNTIED[target.type]
         if target.type in ("lm", "bilm") and target.bias:
             head += LM_BIAS
-        target_rules += expand(head, name=target.target_name, wb=WB, words=words, type=target.type)
+        target_rules += expand(head, name=target.target_name, wb=WB, words=words, type=target.type, p=CRF_PARAMETERS)
     if problems:
         raise UserError("cannot map this model to TencentPretrain's layout: " + "; ".join(problems) + ".")
     return out + target_rules
@@ -488,6 +499,14 @@ def plan(raw: dict[str, Any], state: dict[str, Tensor], label: str) -> tuple[dic
         model["tie_word_embeddings"] = False
         notes.append(f"output_layer_1/2 found: a classifier fine-tuned with run_classifier.py ({labels} labels); "
                      "it becomes pentad's cls target, replacing the config's pre-training targets")
+    elif TAGGER_MARKER in state:
+        labels = int(state[TAGGER_MARKER].shape[0])
+        crf = CRF_MARKER in state
+        model["targets"] = [{"type": "tagger", "num_labels": labels, "dropout": 0.0, "crf": crf}]
+        model["tie_word_embeddings"] = False
+        with_crf = ", with a CRF" if crf else ""
+        notes.append(f"output_layer found: a tagger fine-tuned with run_ner.py ({labels} tags{with_crf}); it becomes "
+                     "pentad's tagger target, replacing the config's pre-training targets")
     for target in model["targets"]:
         if target["type"] == "cls" and target.get("num_labels") is None and "target.cls.linear_2.weight" in state:
             target["num_labels"] = int(state["target.cls.linear_2.weight"].shape[0])
@@ -588,7 +607,18 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
     else:
         for key in ("decoder", "decoder_layers_num", "tgt_embedding", "share_embedding"):
             config.pop(key, None)
+    taggers = [t for t in model.targets if t.type == "tagger"]
+    if taggers:
+        # run_ner.py reads the embedding and encoder keys and takes its head from the command line.
+        config["target"] = [t for t in (base or {}).get("target", ["mlm"]) if t in _TARGETS.values()] or ["mlm"]
+        config["labels_num"] = taggers[0].num_labels
+        if taggers[0].crf:
+            config["crf_target"] = True
+        notes.append("a tagger is run_ner.py's output_layer (and crf): the config keeps a pre-training target, "
+                     "which run_ner.py does not read")
     for target in model.targets:
+        if target.type == "tagger":
+            continue
         if target.type not in _TARGETS:
             problems.append(f"target '{target.type}' has no TencentPretrain name")
         if target.type == "lm":

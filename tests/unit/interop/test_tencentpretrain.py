@@ -165,3 +165,40 @@ def test_unsupported_module_is_named(tmp_path):
     (tmp_path / "tp" / "config.json").write_text(json.dumps(config))
     with pytest.raises(UserError, match="encoder 'gatedcnn' has no TencentPretrain key map"):
         convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out")
+
+
+@pytest.mark.parametrize("crf", [False, True], ids=["softmax", "crf"])
+def test_run_ner_checkpoint_becomes_a_ner_run(tmp_path, crf):
+    """A checkpoint as TencentPretrain's run_ner.py saves it (embedding, encoder, output_layer and,
+    with --crf_target, pytorch-crf's crf.*) with its label2id.json: a pentad ner run and back, bitwise."""
+    _, _, pretrained = tp_checkpoint(tmp_path / "pre", BERT)
+    g = torch.Generator().manual_seed(5)
+    state = {k: v for k, v in pretrained.items() if not k.startswith("target.")}
+    state["output_layer.weight"] = torch.randn(5, 32, generator=g)
+    state["output_layer.bias"] = torch.randn(5, generator=g)
+    if crf:
+        state.update({"crf.start_transitions": torch.randn(5, generator=g),
+                      "crf.end_transitions": torch.randn(5, generator=g),
+                      "crf.transitions": torch.randn(5, 5, generator=g)})
+    (tmp_path / "tp").mkdir()
+    torch.save(state, tmp_path / "tp" / "model.bin")
+    (tmp_path / "tp" / "config.json").write_text(json.dumps(BERT))
+    tags = {"O": 0, "B-LOC": 1, "I-LOC": 2, "B-PER": 3, "I-PER": 4}
+    (tmp_path / "tp" / "label2id.json").write_text(json.dumps(tags))
+    report = convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out", verify=True)
+    assert report.ok and any("run_ner.py" in n for n in report.notes)
+    cfg, _ = load_run(tmp_path / "out")
+    (target,) = cfg.model.targets
+    assert (target.type, target.num_labels, target.crf) == ("tagger", 5, crf)
+    assert cfg.task.type == "ner" and cfg.task.metric == "f1"
+    assert json.loads((tmp_path / "out" / "labels.json").read_text())["labels"] == list(tags)
+    weights = read_weights(find_weights(tmp_path / "out"))
+    assert torch.equal(weights["targets.tagger.classifier.weight"], state["output_layer.weight"])
+    if crf:
+        assert torch.equal(weights["targets.tagger.crf.transitions"], state["crf.transitions"])
+    convert("pentad-to-tencentpretrain", tmp_path / "out", tmp_path / "back")
+    back = torch.load(tmp_path / "back" / "model.bin", weights_only=True)
+    assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state)
+    assert json.loads((tmp_path / "back" / "label2id.json").read_text()) == tags
+    exported = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert exported["labels_num"] == 5 and exported.get("crf_target", False) == crf
