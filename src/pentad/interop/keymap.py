@@ -359,6 +359,54 @@ class LeadingRows(Transform):
         return [torch.cat([extra.to(table.dtype), table], dim=0)]
 
 
+class GatedConvPair(Transform):
+    """TencentPretrain's gated CNN keeps a convolution and its gate as two ``Conv2d`` (and two extra
+    ``[1, H, 1, 1]`` biases); pentad keeps them as one ``Conv1d`` with rows [values; gates].
+
+    kind ``first``: weights [H, 1, k, E] (kernel k x E over the embedding) <-> [2H, E, k];
+    ``conv``: weights [H, H, k, 1] <-> [2H, H, k]; ``bias``: [H] twice <-> [2H];
+    ``extra``: [1, H, 1, 1] twice <-> [2H].
+    """
+
+    n_theirs = 2
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def _one(self, t: Tensor) -> Tensor:
+        if self.kind == "first":
+            if t.dim() != 4 or t.shape[1] != 1:
+                raise ValueError(f"expected a [H, 1, k, E] convolution, found shape {tuple(t.shape)}")
+            return t[:, 0].transpose(1, 2)
+        if self.kind == "conv":
+            if t.dim() != 4 or t.shape[3] != 1:
+                raise ValueError(f"expected a [H, H, k, 1] convolution, found shape {tuple(t.shape)}")
+            return t[..., 0]
+        if self.kind == "extra":
+            if t.dim() != 4 or t.shape[0] != 1 or t.shape[2:] != (1, 1):
+                raise ValueError(f"expected a [1, H, 1, 1] bias, found shape {tuple(t.shape)}")
+            return t.reshape(-1)
+        return t
+
+    def to_ours(self, theirs: list[Tensor]) -> tuple[list[Tensor], Tensor | None]:
+        value, gate = (self._one(t) for t in theirs)
+        if value.shape != gate.shape:
+            raise ValueError(f"convolution and gate shapes differ: {[tuple(t.shape) for t in theirs]}")
+        return [torch.cat([value, gate], dim=0).contiguous()], None
+
+    def to_theirs(self, ours: list[Tensor], extra: Tensor | None) -> list[Tensor]:
+        out = []
+        for part in ours[0].chunk(2, dim=0):
+            if self.kind == "first":
+                part = part.transpose(1, 2)[:, None]
+            elif self.kind == "conv":
+                part = part[..., None]
+            elif self.kind == "extra":
+                part = part.reshape(1, -1, 1, 1)
+            out.append(part.contiguous().clone())
+        return out
+
+
 def get_transform(name: str) -> Transform:
     """The transform a rule names; parameters follow colons (``leading_rows:2``, ``fuse_qkv:32:8``)."""
     base, *params = name.split(":")
@@ -379,12 +427,14 @@ def get_transform(name: str) -> Transform:
         if base == "sinusoidal":
             return Sinusoidal(n[0], n[1])
         return FuseQKV(n[0], n[1], meta=bool(flags))
+    if base == "gated_conv" and params in (["first"], ["conv"], ["bias"], ["extra"]):
+        return GatedConvPair(params[0])
     table: dict[str, Transform] = {"copy": Copy(), "tied": Tied(), "shadow": Shadow(), "ignore": Ignore(),
                                    "fuse_qkv": FuseQKV(), "fuse_kv": FuseKV(), "row_vector": RowVector(),
                                    "conv1d": Conv1D(), "seg_pad_row": LeadingRows(1)}
     if base not in table or params:
         raise ValueError(f"unknown key-map transform {name!r}; known: {', '.join(table)}, leading_rows:N, "
-                         "rotate_rows:N, heads_qkv:A, fuse_qkv:A:K[:meta], sinusoidal:P:D")
+                         "rotate_rows:N, heads_qkv:A, fuse_qkv:A:K[:meta], sinusoidal:P:D, gated_conv:first|conv|bias|extra")
     return table[base]
 
 

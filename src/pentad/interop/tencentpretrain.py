@@ -252,6 +252,8 @@ def rules(model: Any, layout: Layout | bool | None = None) -> list[Rule]:
         out += expand(PROJECTION, wb=WB)
     if enc.type in RECURRENT:
         out += _recurrent_rules(model)
+    elif enc.type == "gatedcnn":
+        out += _gatedcnn_rules(enc.num_layers)
     elif enc.type != "transformer":
         problems.append(f"encoder '{enc.type}' has no TencentPretrain key map here")
         raise UserError("cannot map this model to TencentPretrain's layout: " + "; ".join(problems) + ".")
@@ -290,6 +292,22 @@ def _recurrent_rules(model: Any) -> list[Rule]:
 
     names = [k for k in build_model(model, device="meta").state_dict() if k.startswith("encoder.")]
     return expand([(name, name) for name in names])
+
+
+def _gatedcnn_rules(num_layers: int) -> list[Rule]:
+    """The gated CNN: TencentPretrain's separate convolution / gate tensors <-> pentad's fused ones."""
+    specs: list[RuleSpec] = [
+        ("encoder.layers.0.conv.weight", ("encoder.conv_1.weight", "encoder.gate_1.weight"), "gated_conv:first"),
+        ("encoder.layers.0.conv.bias", ("encoder.conv_1.bias", "encoder.gate_1.bias"), "gated_conv:bias"),
+        ("encoder.layers.0.extra_bias", ("encoder.conv_b1", "encoder.gate_b1"), "gated_conv:extra")]
+    for i in range(num_layers - 1):
+        specs += [
+            (f"encoder.layers.{i + 1}.conv.weight", (f"encoder.conv.{i}.weight", f"encoder.gate.{i}.weight"),
+             "gated_conv:conv"),
+            (f"encoder.layers.{i + 1}.conv.bias", (f"encoder.conv.{i}.bias", f"encoder.gate.{i}.bias"),
+             "gated_conv:bias"),
+            (f"encoder.layers.{i + 1}.extra_bias", (f"encoder.conv_b.{i}", f"encoder.gate_b.{i}"), "gated_conv:extra")]
+    return expand(specs)
 
 
 def _transformer_rules(model: Any, layout: Layout, problems: list[str]) -> list[Rule]:
@@ -542,7 +560,7 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
     hidden = model.hidden_size
     parts = [p.type for p in model.embedding.parts]
     config: dict[str, Any] = dict(base or {})
-    if enc.type in RECURRENT:
+    if enc.type in RECURRENT or enc.type == "gatedcnn":
         return _recurrent_config(model, config, parts, objective), notes
     if enc.type != "transformer":
         raise UserError(f"cannot export {label} to TencentPretrain here: encoder '{enc.type}' (transformer and "
@@ -639,6 +657,7 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
 
 
 def _recurrent_config(model: Any, config: dict[str, Any], parts: list[str], objective: str | None) -> dict[str, Any]:
+    """The config of a recurrent or gated-CNN model (no attention keys)."""
     enc = model.encoder
     config.update({"emb_size": model.embedding_size or model.hidden_size, "hidden_size": model.hidden_size,
                    "layers_num": enc.num_layers, "dropout": float(enc.dropout), "max_seq_length": model.max_seq_length,
@@ -648,6 +667,8 @@ def _recurrent_config(model: Any, config: dict[str, Any], parts: list[str], obje
                    "target": [_TARGETS.get(t.type, t.type) for t in model.targets]})
     if getattr(enc, "bidirectional", None) is not None:
         config["bidirectional"] = bool(enc.bidirectional)
+    if enc.type == "gatedcnn":
+        config.update(kernel_size=enc.kernel_size, block_size=enc.block_size)
     for target in model.targets:
         if target.type in ("lm", "bilm"):
             config["has_lmtarget_bias"] = bool(target.bias)

@@ -18,10 +18,8 @@ from pentad.training.checkpoint import find_weights, read_weights
 
 DATA = Path(__file__).parents[2] / "data" / "tencentpretrain_state_keys.json"
 CONFIGS = Path(__file__).parents[4] / "shared" / "data" / "tencentpretrain" / "configs"
-# Families with a transformer or recurrent encoder (pentad's dual-stream SBERT and gated CNN layouts
-# have no TencentPretrain key map yet: see test_unmapped_families_are_refused).
 MAPPED = ("bert", "albert", "gpt2", "t5", "t5-v1_1", "bart", "pegasus", "llama", "llama2-70b", "bloom",
-          "transformer", "xlm-roberta", "rnn/lstm", "rnn/bilstm")
+          "transformer", "xlm-roberta", "rnn/lstm", "rnn/bilstm", "cnn/gatedcnn_9")
 
 
 def recorded() -> dict:
@@ -110,7 +108,7 @@ def test_llama_rotary_rows_are_permuted(tmp_path):
     assert torch.equal(qkv[-2 * head:], state["encoder.transformer.0.self_attn.linear_layers.2.weight"])
 
 
-@pytest.mark.parametrize("family", ["sbert", "cnn/gatedcnn_9"])
+@pytest.mark.parametrize("family", ["sbert"])
 def test_unmapped_families_are_refused(tmp_path, family):
     fake_checkpoint(tmp_path / "tp", family)
     with pytest.raises(UserError):
@@ -136,3 +134,55 @@ def test_export_refuses_what_tencentpretrain_cannot_express(tmp_path):
         convert("pentad-to-tencentpretrain", tmp_path / "run", tmp_path / "out")
     with pytest.raises(UserError, match="--family applies to Hugging Face"):
         convert("pentad-to-tencentpretrain", tmp_path / "run", tmp_path / "out", family="t5")
+
+
+def tencentpretrain_gatedcnn(state: dict[str, torch.Tensor], emb: torch.Tensor, layers: int, k: int,
+                             block: int) -> torch.Tensor:
+    """TencentPretrain's GatedcnnEncoder.forward (tencentpretrain/encoders/cnn_encoder.py), written out
+    with torch.nn.functional on its own tensors: Conv2d over [B, 1, S+k-1, E], then [B, H, S+k-1, 1]."""
+    import torch.nn.functional as F
+
+    B, S, E = emb.shape
+    x = torch.cat([emb.new_zeros(B, k - 1, E), emb], dim=1)[:, None]
+    hidden = F.conv2d(x, state["encoder.conv_1.weight"], state["encoder.conv_1.bias"]) + state["encoder.conv_b1"]
+    gate = F.conv2d(x, state["encoder.gate_1.weight"], state["encoder.gate_1.bias"]) + state["encoder.gate_b1"]
+    hidden = hidden * torch.sigmoid(gate)
+    residual = hidden
+    pad = hidden.new_zeros(B, hidden.shape[1], k - 1, 1)
+    hidden = torch.cat([pad, hidden], dim=2)
+    for i in range(layers - 1):
+        value = F.conv2d(hidden, state[f"encoder.conv.{i}.weight"], state[f"encoder.conv.{i}.bias"])
+        gate = F.conv2d(hidden, state[f"encoder.gate.{i}.weight"], state[f"encoder.gate.{i}.bias"])
+        hidden = (value + state[f"encoder.conv_b.{i}"]) * torch.sigmoid(gate + state[f"encoder.gate_b.{i}"])
+        if (i + 1) % block == 0:
+            hidden = hidden + residual
+            residual = hidden
+        hidden = torch.cat([pad, hidden], dim=2)
+    return hidden[:, :, k - 1:, 0].transpose(1, 2)
+
+
+def test_gated_cnn_computes_what_tencentpretrain_computes(tmp_path):
+    from pentad.builder import build_model
+    from pentad.components.base import Batch
+    from pentad.training.checkpoint import load_weights
+
+    state = fake_checkpoint(tmp_path / "tp", "cnn/gatedcnn_9")
+    for i in range(1, 3):  # more layers than the recorded two, so that a residual block is crossed
+        for name in ("conv", "gate"):
+            state[f"encoder.{name}.{i}.weight"] = 0.1 * torch.randn(64, 64, 4, 1)
+            state[f"encoder.{name}.{i}.bias"] = 0.1 * torch.randn(64)
+            state[f"encoder.{name}_b.{i}"] = 0.1 * torch.randn(1, 64, 1, 1)
+    torch.save(state, tmp_path / "tp" / "model.bin")
+    config = json.loads((tmp_path / "tp" / "config.json").read_text())
+    (tmp_path / "tp" / "config.json").write_text(json.dumps({**config, "layers_num": 4}))
+    convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "pentad")
+    cfg, _ = load_run(tmp_path / "pentad")
+    model = build_model(cfg.model)
+    load_weights(model, read_weights(find_weights(tmp_path / "pentad")), "converted")
+    model.eval()
+    tokens = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, _ = model.encode(Batch(tokens=tokens, padding_mask=torch.zeros(2, 9, dtype=torch.bool)))
+        emb = state["embedding.word.embedding.weight"][tokens]
+        theirs = tencentpretrain_gatedcnn(state, emb, layers=4, k=4, block=2)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
