@@ -434,7 +434,8 @@ def get_transform(name: str) -> Transform:
                                    "conv1d": Conv1D(), "seg_pad_row": LeadingRows(1)}
     if base not in table or params:
         raise ValueError(f"unknown key-map transform {name!r}; known: {', '.join(table)}, leading_rows:N, "
-                         "rotate_rows:N, heads_qkv:A, fuse_qkv:A:K[:meta], sinusoidal:P:D, gated_conv:first|conv|bias|extra")
+                         "rotate_rows:N, heads_qkv:A, fuse_qkv:A:K[:meta], sinusoidal:P:D, "
+                         "gated_conv:first|conv|bias|extra")
     return table[base]
 
 
