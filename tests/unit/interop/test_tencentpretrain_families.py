@@ -111,7 +111,7 @@ def test_llama_rotary_rows_are_permuted(tmp_path):
 @pytest.mark.parametrize("family", ["sbert"])
 def test_unmapped_families_are_refused(tmp_path, family):
     fake_checkpoint(tmp_path / "tp", family)
-    with pytest.raises(UserError):
+    with pytest.raises(UserError, match="dual-stream .* normalises each stream twice"):
         convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "pentad")
     assert not (tmp_path / "pentad").exists()
 
