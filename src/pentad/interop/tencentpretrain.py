@@ -503,8 +503,8 @@ def plan(raw: dict[str, Any], state: dict[str, Tensor], label: str) -> tuple[dic
 
     word = state.get("embedding.word.embedding.weight")
     if word is None and "embedding.dual.embedding_0.word.embedding.weight" in state:
-        raise UserError(f"{label}: a dual-stream (SBERT / siamese) checkpoint, which is not converted: TencentPretrain's "
-                        "DualEmbedding normalises each stream twice (the embedding's LayerNorm, then "
+        raise UserError(f"{label}: a dual-stream (SBERT / siamese) checkpoint, which is not converted: "
+                        "TencentPretrain's DualEmbedding normalises each stream twice (the embedding's LayerNorm, then "
                         "stream_i_layer_norm), and pentad's dual model has one LayerNorm per stream, so no pentad "
                         "model computes what this checkpoint computes. Convert the original sentence-transformers "
                         "model from Hugging Face instead (pentad convert hf-to-pentad), or fine-tune pentad's "
