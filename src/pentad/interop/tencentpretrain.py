@@ -570,8 +570,8 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
     if enc.type in RECURRENT or enc.type == "gatedcnn":
         return _recurrent_config(model, config, parts, objective), notes
     if enc.type != "transformer":
-        raise UserError(f"cannot export {label} to TencentPretrain here: encoder '{enc.type}' (transformer and "
-                        "recurrent encoders only).")
+        raise UserError(f"cannot export {label} to TencentPretrain here: encoder '{enc.type}' (TencentPretrain has "
+                        "transformer, recurrent and gated-CNN encoders).")
     act = _ACTIVATIONS.get(enc.activation)
     if act is None:
         problems.append(f"activation '{enc.activation}' has no TencentPretrain name")

@@ -159,12 +159,20 @@ def test_errors(tmp_path):
 
 
 def test_unsupported_module_is_named(tmp_path):
+    """A config that says gatedcnn beside a transformer's tensors: the mismatch is listed; and pentad's
+    own cnn encoder (TencentPretrain has none) is named on export."""
+    from .helpers import make_run
+
     tp_checkpoint(tmp_path / "tp", BERT)
     config = json.loads((tmp_path / "tp" / "config.json").read_text())
     config.update(encoder="gatedcnn", kernel_size=4, block_size=2)
     (tmp_path / "tp" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UserError, match="encoder 'gatedcnn' has no TencentPretrain key map"):
+    with pytest.raises(UserError, match=r"missing: encoder.conv.0.bias.*no place in the pentad model"):
         convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out")
+    make_run(tmp_path / "run", {"hidden_size": 16, "vocab_size": 30, "max_seq_length": 8, "embedding": {
+        "parts": ["word"]}, "encoder": {"type": "cnn", "num_layers": 1}, "targets": [{"type": "lm"}]})
+    with pytest.raises(UserError, match="encoder 'cnn'"):
+        convert("pentad-to-tencentpretrain", tmp_path / "run", tmp_path / "back")
 
 
 @pytest.mark.parametrize("crf", [False, True], ids=["softmax", "crf"])
