@@ -43,6 +43,9 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--seq-length", type=int, default=128)
     parser.add_argument("--train-rows", type=int, default=0, help="use only the first N training sentences (0: all)")
+    parser.add_argument("--lr", type=float, default=5e-4, help="fine-tuning learning rate (both runs)")
+    parser.add_argument("--pretrained", type=Path, help="a pre-training run directory of this script to reuse "
+                        "(skips steps 1)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--output", type=Path, help="keep the runs here (default: a temporary directory)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
@@ -70,23 +73,25 @@ def main() -> int:
              f"data.objective.seq_length={args.seq_length}", f"train.threads={args.threads}", "train.progress=false"]
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    assert pentad(["preprocess", *model, f"data.corpus={corpus}", f"data.output={work / 'dataset'}"]) == 0
-    assert pentad(["pretrain", *model, f"data.dataset={work / 'dataset'}", f"output={work / 'pretrain'}",
-                   f"train.steps={args.pretrain_steps}", "train.lr=5e-4", "train.log_every=100"]) == 0
+    pretrained = args.pretrained or work / "pretrain"
+    if args.pretrained is None:
+        assert pentad(["preprocess", *model, f"data.corpus={corpus}", f"data.output={work / 'dataset'}"]) == 0
+        assert pentad(["pretrain", *model, f"data.dataset={work / 'dataset'}", f"output={pretrained}",
+                       f"train.steps={args.pretrain_steps}", "train.lr=5e-4", "train.log_every=100"]) == 0
     timings["pretrain"] = time.perf_counter() - start
     results = {}
-    for name, init in (("pre-trained", [f"init={work / 'pretrain'}"]), ("random init", [])):
+    for name, init in (("pre-trained", [f"init={pretrained}"]), ("random init", [])):
         start = time.perf_counter()
         assert pentad(["finetune", "--task", "ner", *model, *init, f"data.train={train}", f"data.dev={ner / 'dev.tsv'}",
                        f"output={work / name.replace(' ', '_')}", f"task.labels_file={ner / 'label2id.json'}",
-                       f"train.epochs={args.epochs}", "train.batch_size=32", "train.lr=1e-4" if init else "train.lr=5e-4",
+                       f"train.epochs={args.epochs}", "train.batch_size=32", f"train.lr={args.lr}",
                        "train.log_every=50"]) == 0
         timings[name] = time.perf_counter() - start
         results[name] = json.loads((work / name.replace(" ", "_") / "results.json").read_text())["dev"]
     rows = sum(1 for _ in open(train, encoding="utf-8")) - 1
-    print(f"\nMSRA NER: train {rows:,} sentences (test.tsv), dev 2,318 (dev.tsv); BERT L={args.layers} H={args.hidden}, "
-          f"seq_length {args.seq_length}; pre-training {args.pretrain_steps} steps ({timings['pretrain'] / 60:.1f} min), "
-          f"fine-tuning {args.epochs} epochs")
+    print(f"\nMSRA NER: train {rows:,} sentences (test.tsv), dev 2,318 (dev.tsv); BERT L={args.layers} "
+          f"H={args.hidden}, seq_length {args.seq_length}; pre-training {args.pretrain_steps} steps "
+          f"({timings['pretrain'] / 60:.1f} min), fine-tuning {args.epochs} epochs at lr {args.lr}")
     print("| model | dev entity F1 | precision | recall | char accuracy | fine-tune min |")
     print("|---|---:|---:|---:|---:|---:|")
     print("| all 'O' (baseline) | 0.000 | 0.000 | 0.000 | — | — |")
