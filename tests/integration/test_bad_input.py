@@ -109,3 +109,12 @@ def test_truncated_checkpoint(capsys, english, tmp_path, pretrained):
     fails(capsys, "finetune", "--task", "classification", "--config", "bert/tiny", *tiny(english["vocab"]),
           f"init={copy}", f"data.train={english['train']}", f"output={tmp_path / 'ft'}",
           match="truncated or corrupt")
+
+
+def test_vocab_build_refuses_an_existing_vocabulary(capsys, english, tmp_path):
+    out = tmp_path / "vocab"
+    out.mkdir()
+    (out / "vocab.txt").write_text("[PAD]\n")
+    fails(capsys, "vocab", "build", "--corpus", english["docs"], "--vocab-size", "100", "--output", out,
+          match=f"vocabulary output directory {out} already exists and is not empty")
+    assert (out / "vocab.txt").read_text() == "[PAD]\n"

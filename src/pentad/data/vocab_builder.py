@@ -46,6 +46,19 @@ def _check_corpus(corpus_paths: Sequence[Path | str]) -> list[Path]:
     return paths
 
 
+def _check_output(output_dir: Path) -> None:
+    """Checked before training: a vocabulary is never written over another one (or anything else)."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise UserError(f"vocabulary output {output_dir} exists and is not a directory; --output must name a new "
+                        "or empty directory.")
+    if output_dir.is_dir() and any(output_dir.iterdir()):
+        held = sorted(p.name for p in output_dir.iterdir())
+        shown = ", ".join(held[:5]) + (f", ... ({len(held)} entries)" if len(held) > 5 else "")
+        raise UserError(f"vocabulary output directory {output_dir} already exists and is not empty ({shown}); "
+                        "choose a new --output or remove it first (a vocabulary is never overwritten: the "
+                        "datasets and runs built on it depend on its token ids).")
+
+
 def _wordpiece_setup(
     vocab_size: int, lowercase: bool, min_frequency: int, show_progress: bool
 ) -> tuple[hf_tokenizers.Tokenizer, trainers.Trainer]:
@@ -113,7 +126,8 @@ def build_vocab(
         kind: ``wordpiece`` (writes ``vocab.txt``) or ``bpe`` (writes ``vocab.json`` + ``merges.txt``).
         vocab_size: the size to aim for, special tokens included. WordPiece keeps every character
             of the corpus, so a very small size can be exceeded.
-        output_dir: created if needed; existing files of the same names are replaced.
+        output_dir: a new or empty directory (created if needed). A non-empty one is refused, as
+            ``preprocess`` refuses one: datasets and runs built on a vocabulary depend on its ids.
         lowercase: lower-case the text before learning (and when tokenizing later).
         min_frequency: pairs seen fewer times are not merged.
         show_progress: show the trainer's progress bars.
@@ -134,6 +148,8 @@ def build_vocab(
     if min_frequency < 0:
         raise UserError(f"build_vocab: min_frequency must be >= 0, found {min_frequency}.")
     paths = _check_corpus(corpus_paths)
+    output_dir = Path(output_dir)
+    _check_output(output_dir)
     setup = _wordpiece_setup if kind == "wordpiece" else _bpe_setup
     backend, trainer = setup(vocab_size, lowercase, min_frequency, show_progress)
     try:
@@ -142,7 +158,6 @@ def build_vocab(
         names = ", ".join(str(p) for p in paths)
         raise UserError(f"training a {kind} vocabulary on {names} failed: {exc}") from None
 
-    output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     if kind == "wordpiece":
         _write_vocab_txt(backend, output_dir / "vocab.txt")

@@ -106,3 +106,21 @@ def test_build_vocab_errors(tmp_path: Path):
     with pytest.raises(UserError, match=r"latin1\.txt failed"):
         build_vocab([tmp_path / "latin1.txt"], "wordpiece", 100, tmp_path / "o", show_progress=False)
     assert not (tmp_path / "o").exists()
+
+
+def test_existing_vocabulary_is_never_overwritten(tmp_path: Path):
+    corpus = _english_corpus(tmp_path / "c.txt", 50)
+    out = tmp_path / "vocab"
+    build_vocab([corpus], "wordpiece", 100, out, show_progress=False)
+    before = (out / "vocab.txt").read_bytes()
+    other = _english_corpus(tmp_path / "other.txt", 80, seed=1)
+    with pytest.raises(UserError, match=r"already exists and is not empty \(vocab\.txt\)"):
+        build_vocab([other], "wordpiece", 120, out, show_progress=False)
+    with pytest.raises(UserError, match="already exists and is not empty"):
+        build_vocab([other], "bpe", 300, out, show_progress=False)
+    assert (out / "vocab.txt").read_bytes() == before and sorted(p.name for p in out.iterdir()) == ["vocab.txt"]
+    with pytest.raises(UserError, match="exists and is not a directory"):
+        build_vocab([other], "wordpiece", 100, corpus, show_progress=False)
+    (tmp_path / "empty").mkdir()  # an empty directory is a fine place for a new vocabulary
+    build_vocab([other], "wordpiece", 100, tmp_path / "empty", show_progress=False)
+    assert (tmp_path / "empty" / "vocab.txt").is_file()
