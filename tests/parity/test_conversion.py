@@ -239,6 +239,29 @@ def test_verify_above_tolerance_exits_1(tmp_path, capsys):
     assert "layer 1" in out and "ABOVE TOLERANCE" in out
 
 
+def test_verify_tolerance_is_relative_to_the_reference(tmp_path):
+    """Logits in the hundreds: fp32 rounding gives absolute differences far above 1e-5 while the
+    conversion is exact to ~1e-7 of their magnitude; the report prints both and accepts it."""
+    torch.manual_seed(0)
+    model = transformers.BertForMaskedLM(bert_config())
+    perturb(model)
+    with torch.no_grad():
+        model.bert.embeddings.word_embeddings.weight.mul_(300)  # the tied decoder scales the logits
+    model.save_pretrained(tmp_path / "hf")
+    report = convert("hf-to-pentad", tmp_path / "hf", tmp_path / "pentad", verify=True)
+    logits = report.checks()["mlm logits"]
+    assert logits.scale > 100 and logits.absolute > 1e-5  # an absolute 1e-5 would fail this exact conversion
+    assert logits.relative < 1e-6 and report.ok, report.render()
+    assert report.max_difference() == logits.absolute and report.max_relative() < 1e-6
+    text = report.render()
+    assert "max |Δ|" in text and "max |ref|" in text and "relative" in text
+    assert f"{logits.absolute:9.3e}  {logits.scale:9.3e}  {logits.relative:9.3e}  ok" in text
+    # The same tolerance, below the relative error, fails it.
+    strict = convert("hf-to-pentad", tmp_path / "hf", tmp_path / "strict", verify=True,
+                     tolerance=logits.relative / 2)
+    assert not strict.ok and "ABOVE TOLERANCE" in strict.render()
+
+
 # ------------------------------------------------------------------------------- TencentPretrain
 def test_tencentpretrain_checkpoint_written_by_hand_matches_hf(tmp_path):
     """A TencentPretrain BERT laid out as TencentPretrain's own HF converter writes it

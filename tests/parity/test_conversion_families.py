@@ -399,9 +399,9 @@ def test_sentence_transformers_directory(tmp_path):
     (tmp_path / "st" / "2_Normalize").mkdir()
     report = convert("hf-to-pentad", tmp_path / "st", tmp_path / "pentad", verify=True)
     assert report.ok, report.render()
-    assert ("sentence embedding (mean pooling, normalised)" in dict(report.verification))
+    assert ("sentence embedding (mean pooling, normalised)" in report.checks())
     back = convert("pentad-to-hf", tmp_path / "pentad", tmp_path / "back", verify=True)
-    assert back.ok and any(name.startswith("sentence embedding") for name, _ in back.verification)
+    assert back.ok and any(name.startswith("sentence embedding") for name in back.checks())
     assert json.loads((tmp_path / "back" / "modules.json").read_text()) == modules
     assert json.loads((tmp_path / "back" / "1_Pooling" / "config.json").read_text()) == pooling
     assert (tmp_path / "back" / "2_Normalize").is_dir()

@@ -5,8 +5,9 @@
     pentad convert tencentpretrain-to-pentad IN OUT [--verify]
     pentad convert pentad-to-tencentpretrain IN OUT [--verify]
 
-Exit status: 0 on success, 1 when ``--verify`` finds a difference above the tolerance (the output
-is still written, to inspect), 2 for a user error (raised as ``UserError`` to the entry point).
+Exit status: 0 on success, 1 when ``--verify`` finds a relative difference above the tolerance or a
+failed exact check (the output is still written, to inspect), 2 for a user error (raised as
+``UserError`` to the entry point).
 """
 
 from __future__ import annotations
@@ -32,8 +33,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--family", help="HF model family: bert, roberta, xlm-roberta, gpt2, albert, t5, bart, pegasus, "
                                     "llama, bloom (default: from config.json, or recorded/guessed for pentad-to-hf)")
     p.add_argument("--verify", action="store_true",
-                   help="run both models on a sample batch and report max |difference| per layer and output")
-    p.add_argument("--tolerance", type=float, default=1e-5, help="largest accepted difference with --verify")
+                   help="Hugging Face: run both models on a sample batch and report max |difference| (absolute and "
+                        "relative) per layer and output; TencentPretrain: check bitwise that the output maps back "
+                        "to the input, and that the pentad model runs")
+    p.add_argument("--tolerance", type=float, default=1e-5,
+                   help="largest accepted relative difference with --verify: max |Δ| / max |reference| of each "
+                        "compared output (default 1e-5)")
     return p
 
 

@@ -14,10 +14,11 @@
   flat JSON config) and the vocabulary file.
 
 ``verify=True`` runs both models on the same sample batch (padded rows included; encoder-decoder
-models get a padded decoder batch too) and reports the largest absolute difference per layer of
-each stack and per output; the report is not ``ok`` above ``tolerance``. TencentPretrain cannot
-run here, so its check is that the key map reproduces the checkpoint exactly (both ways) and that
-the pentad model runs.
+models get a padded decoder batch too) and reports, per layer of each stack and per output, the
+largest absolute difference, the reference's largest magnitude and their ratio; the report is not
+``ok`` when a ratio exceeds ``tolerance`` (a relative tolerance: see :class:`Check`). TencentPretrain
+cannot run here, so its checks are exact: the written output, read back and mapped to the other
+layout, equals the input bit for bit (names, shapes, dtypes, values), and the pentad model runs.
 """
 
 from __future__ import annotations
@@ -56,9 +57,48 @@ EXTRA_WEIGHTS = "interop_extra.safetensors"
 WEIGHTS = "model.safetensors"
 
 
+@dataclass(frozen=True)
+class Check:
+    """One row of a ``--verify`` report.
+
+    A *numeric* check compares an output of the converted model with the reference's:
+    ``absolute`` is max |Δ| over the compared positions and ``scale`` max |reference| there; it
+    passes when ``relative`` = absolute / scale is within the tolerance. Floating-point error in a
+    layer's output grows with the size of the values it sums, and the largest values of a tensor set
+    that size, so the error of every element is measured against the tensor's largest magnitude:
+    an absolute tolerance fails exact conversions of models with large logits, and an element-wise
+    relative one fails near-zero elements that carry the rounding of their large neighbours.
+
+    An *exact* check (``exact=True``) passes only when ``problem`` is empty: bitwise comparisons of
+    weights (keys, shapes, dtypes, values), finiteness. ``detail`` says what was compared.
+    """
+
+    name: str
+    absolute: float = 0.0
+    scale: float = 0.0
+    exact: bool = False
+    problem: str = ""
+    detail: str = ""
+
+    @property
+    def relative(self) -> float:
+        if self.absolute == 0.0:
+            return 0.0
+        if not math.isfinite(self.absolute) or self.scale == 0.0 or not math.isfinite(self.scale):
+            return math.inf
+        return self.absolute / self.scale
+
+    def passed(self, tolerance: float) -> bool:
+        if self.exact:
+            return not self.problem
+        return self.relative <= tolerance
+
+
 @dataclass
 class ConversionReport:
-    """What a conversion did: notes for the user, and with ``verify`` the max |Δ| per check."""
+    """What a conversion did: notes for the user, and with ``verify`` one :class:`Check` per row.
+
+    ``scope``: one sentence saying what the verification compared (and what it could not)."""
 
     direction: str
     source: Path
@@ -66,26 +106,63 @@ class ConversionReport:
     family: str
     architecture: str
     notes: list[str] = field(default_factory=list)
-    verification: list[tuple[str, float]] | None = None
+    verification: list[Check] | None = None
     tolerance: float = 1e-5
+    scope: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.verification is None or all(d <= self.tolerance for _, d in self.verification)
+        return self.verification is None or all(c.passed(self.tolerance) for c in self.verification)
+
+    def checks(self) -> dict[str, Check]:
+        """The verification rows by name ({} without ``verify``)."""
+        return {c.name: c for c in self.verification or []}
 
     def max_difference(self) -> float | None:
-        return max((d for _, d in self.verification), default=0.0) if self.verification is not None else None
+        """The largest absolute difference of the numeric rows (0.0 when every row is exact)."""
+        if self.verification is None:
+            return None
+        return max((c.absolute for c in self.verification if not c.exact), default=0.0)
+
+    def max_relative(self) -> float | None:
+        """The largest relative difference (max |Δ| / max |reference|) of the numeric rows."""
+        if self.verification is None:
+            return None
+        return max((c.relative for c in self.verification if not c.exact), default=0.0)
 
     def render(self) -> str:
         lines = [f"{self.direction}: {self.source} -> {self.output} ({self.family}, {self.architecture})"]
         lines += [f"  note: {n}" for n in self.notes]
-        if self.verification is not None:
-            lines.append(f"  verification (max |Δ|, tolerance {self.tolerance:g}):")
-            width = max((len(name) for name, _ in self.verification), default=0)
-            for name, diff in self.verification:
-                flag = "ok" if diff <= self.tolerance else "ABOVE TOLERANCE"
-                lines.append(f"    {name:<{width}}  {diff:.3e}  {flag}")
-            lines.append("  verified: " + ("yes" if self.ok else "NO, differences above the tolerance"))
+        if self.verification is None:
+            return "\n".join(lines)
+        if self.scope:
+            lines.append(f"  verification: {self.scope}")
+        numeric = [c for c in self.verification if not c.exact]
+        exact = [c for c in self.verification if c.exact]
+        width = max((len(c.name) for c in self.verification), default=0)
+        if numeric:
+            lines.append(f"  outputs (relative = max |Δ| / max |reference|, tolerance {self.tolerance:g}):")
+            lines.append(f"    {'':<{width}}  {'max |Δ|':>9}  {'max |ref|':>9}  {'relative':>9}")
+            for c in numeric:
+                flag = "ok" if c.passed(self.tolerance) else "ABOVE TOLERANCE"
+                lines.append(f"    {c.name:<{width}}  {c.absolute:9.3e}  {c.scale:9.3e}  {c.relative:9.3e}  {flag}")
+        if exact:
+            lines.append("  exact checks:")
+            for c in exact:
+                result = "ok" if not c.problem else f"FAILED: {c.problem}"
+                detail = f" ({c.detail})" if c.detail else ""
+                lines.append(f"    {c.name}{detail}: {result}")
+        failed = [c.name for c in self.verification if not c.passed(self.tolerance)]
+        if not failed:
+            parts = []
+            if numeric:
+                parts.append(f"{len(numeric)} output comparison(s) within relative tolerance {self.tolerance:g} "
+                             f"(largest relative {self.max_relative():.2e}, absolute {self.max_difference():.2e})")
+            if exact:
+                parts.append(f"{len(exact)} exact check(s) passed")
+            lines.append("  verified: yes, " + "; ".join(parts))
+        else:
+            lines.append(f"  verified: NO, {len(failed)} check(s) failed: {', '.join(failed)}")
         return "\n".join(lines)
 
 
@@ -219,6 +296,7 @@ def _hf_to_pentad(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
     report = ConversionReport("hf-to-pentad", in_dir, out_dir, family.name, plan.architecture, notes,
                               tolerance=tolerance)
     if verify:
+        report.scope = _hf_scope(plan.architecture)
         report.verification = verify_hf(in_dir, plan.architecture, family, config, cfg.model, tensors,
                                         set(plan.synthesized), sentence)
     return report
@@ -320,6 +398,7 @@ def _pentad_to_hf(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
     report = ConversionReport("pentad-to-hf", in_dir, out_dir, family.name, plan.architecture, notes,
                               tolerance=tolerance)
     if verify:
+        report.scope = _hf_scope(plan.architecture)
         report.verification = verify_hf(out_dir, plan.architecture, family, plan.config, cfg.model, tensors,
                                         set(plan.omit), sentence)
     return report
@@ -355,10 +434,16 @@ def _tencentpretrain_to_pentad(in_dir: Path, out_dir: Path, verify: bool, tolera
     report = ConversionReport("tencentpretrain-to-pentad", in_dir, out_dir, "tencentpretrain", targets, notes,
                               tolerance=tolerance)
     if verify:
-        back = tp.to_tencentpretrain(cfg.model, tensors, extras, layout=layout)
-        rows = [("inverse key map reproduces the checkpoint", _state_difference(state, back))]
-        rows.append(("pentad forward pass is finite", _finite_forward(cfg.model, tensors)))
-        report.verification = rows
+        report.scope = ("TencentPretrain's code does not run here, so its outputs are not compared: the written run "
+                        "directory is read back (config and weights), mapped to TencentPretrain's layout and compared "
+                        "bitwise with the input checkpoint, and the pentad model is run")
+        written_cfg, _, written, written_interop, written_extras = _read_run(out_dir)
+        written_layout = tp.Layout.from_record(written_interop.get("source", {}).get("layout"))
+        back = tp.to_tencentpretrain(written_cfg.model, written, written_extras, layout=written_layout,
+                                     source=str(out_dir))
+        tied = sum(r.transform == "tied" for r in tp.rules(written_cfg.model, written_layout))
+        report.verification = bitwise_checks(state, back, "the input checkpoint", tied) + \
+            [_finite_forward(written_cfg.model, written)]
     return report
 
 
@@ -409,10 +494,12 @@ def _pentad_to_tencentpretrain(in_dir: Path, out_dir: Path, verify: bool, tolera
         notes.append("TencentPretrain builds this config slightly differently (" + "; ".join(differences)
                      + "): the weights are exact, the activations differ accordingly")
     if verify:
+        report.scope = ("TencentPretrain's code does not run here, so its outputs are not compared: the written "
+                        "model.bin and config.json are read back as a TencentPretrain checkpoint and compared bitwise "
+                        "with the run's weights")
         back, _ = keymap.to_pentad(written, tp.rules(back_cfg, back_layout), expected_shapes(back_cfg),
                                    source=str(out_dir / tp.WEIGHTS_NAME), layout="TencentPretrain")
-        report.verification = [("checkpoint and config read back to the same weights",
-                                _state_difference(tensors, _two_segment_rows(back, tensors)))]
+        report.verification = bitwise_checks(tensors, _two_segment_rows(back, tensors), "the run's weights")
     return report
 
 
@@ -454,26 +541,63 @@ def _model_facts(model_cfg: Any) -> dict[str, Any]:
     return facts
 
 
-def _finite_forward(model_cfg: Any, tensors: dict[str, Tensor]) -> float:
+def _finite_forward(model_cfg: Any, tensors: dict[str, Tensor]) -> Check:
+    name = "pentad forward pass is finite"
     model = _pentad_model(model_cfg, tensors)
     batch, _ = _sample_batch(model_cfg, pad=0)
     with torch.no_grad():
         hidden, mask = model.encode(batch)
+        stacks = "embedding and encoder"
         if model.decoder is not None:
             hidden = model.decode(batch, hidden, mask)
-    return 0.0 if bool(torch.isfinite(hidden).all()) else math.inf
+            stacks += " and decoder"
+    bad = int((~torch.isfinite(hidden)).sum())
+    return Check(name, exact=True, detail=f"{stacks} on a seeded batch of {batch.tokens.shape[0]} rows, two padded",
+                 problem=f"{bad} non-finite values in the last hidden state" if bad else "")
 
 
-def _state_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
-    if set(a) != set(b):
-        return math.inf
-    worst = 0.0
-    for key in a:
-        if a[key].shape != b[key].shape:
-            return math.inf
-        if a[key].numel():
-            worst = max(worst, float((a[key].double() - b[key].double()).abs().max()))
-    return worst
+def _bits(t: Tensor) -> Tensor:
+    """The bytes of a tensor (NaN payloads and the sign of zero included)."""
+    return t.detach().reshape(-1).contiguous().view(torch.uint8)
+
+
+def _shown_keys(keys: list[str], limit: int = 4) -> str:
+    return ", ".join(keys[:limit]) + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def bitwise_checks(reference: dict[str, Tensor], candidate: dict[str, Tensor], what: str,
+                   tied: int = 0) -> list[Check]:
+    """Exact checks that ``candidate`` is ``reference`` bit for bit: the same keys, then per key the
+    same shape, dtype and bytes (``tied``: how many of the keys are tied copies of another)."""
+    missing = sorted(set(reference) - set(candidate))
+    extra = sorted(set(candidate) - set(reference))
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} missing ({_shown_keys(missing)})")
+    if extra:
+        problems.append(f"{len(extra)} not in {what} ({_shown_keys(extra)})")
+    common = [k for k in reference if k in candidate]
+    shapes = [f"{k} {tuple(candidate[k].shape)} instead of {tuple(reference[k].shape)}" for k in common
+              if candidate[k].shape != reference[k].shape]
+    dtypes = [f"{k} {candidate[k].dtype} instead of {reference[k].dtype}" for k in common
+              if candidate[k].dtype != reference[k].dtype]
+    differ = []
+    for k in common:
+        a, b = reference[k], candidate[k]
+        if a.shape == b.shape and a.dtype == b.dtype and not torch.equal(_bits(a), _bits(b)):
+            gap = float((a.double() - b.double()).abs().max()) if a.is_floating_point() else math.nan
+            differ.append(f"{k} (max |Δ| {gap:.3e})")
+    copies = f", {tied} tied cop{'y' if tied == 1 else 'ies'} among them" if tied else ""
+    return [
+        Check("same tensor names", exact=True, detail=f"{len(reference)} names of {what}",
+              problem="; ".join(problems)),
+        Check("same shapes", exact=True, detail=f"{len(common)} tensors",
+              problem=f"{len(shapes)} differ: {_shown_keys(shapes)}" if shapes else ""),
+        Check("same dtypes", exact=True, detail=f"{len(common)} tensors",
+              problem=f"{len(dtypes)} differ: {_shown_keys(dtypes)}" if dtypes else ""),
+        Check("bitwise-identical values", exact=True, detail=f"{len(common)} tensors{copies}",
+              problem=f"{len(differ)} differ: {_shown_keys(differ)}" if differ else ""),
+    ]
 
 
 # ------------------------------------------------------------------------------------ verification
@@ -529,12 +653,17 @@ def _sample_batch(model_cfg: Any, pad: int, seq: int = 12, batch: int = 3) -> tu
     return out, hf_inputs
 
 
-def _max_diff(a: Tensor, b: Tensor, keep: Tensor | None = None) -> float:
-    if tuple(a.shape) != tuple(b.shape):
-        return math.inf
+def _compare(name: str, ours: Tensor, reference: Tensor, keep: Tensor | None = None) -> Check:
+    """A numeric :class:`Check` of ``ours`` against ``reference`` at the positions ``keep`` selects."""
+    if tuple(ours.shape) != tuple(reference.shape):
+        return Check(name, math.inf, math.inf,
+                     problem=f"shape {tuple(ours.shape)} instead of {tuple(reference.shape)}")
     if keep is not None:
-        a, b = a[keep], b[keep]
-    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+        ours, reference = ours[keep], reference[keep]
+    if not ours.numel():
+        return Check(name)
+    ours, reference = ours.double(), reference.double()
+    return Check(name, float((ours - reference).abs().max()), float(reference.abs().max()))
 
 
 def _capture(stack_input: Any, layers: Any, captured: list[Tensor]) -> list[Any]:
@@ -546,11 +675,17 @@ def _capture(stack_input: Any, layers: Any, captured: list[Tensor]) -> list[Any]
     return hooks
 
 
+def _hf_scope(architecture: str) -> str:
+    return (f"transformers' {architecture} and the pentad model run in fp32 on one seeded batch with padded rows; "
+            "the embeddings, every layer's output and every head's output are compared at real positions")
+
+
 def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config: dict[str, Any], model_cfg: Any,
               tensors: dict[str, Tensor], synthesized: set[str],
-              sentence: dict[str, Any] | None = None) -> list[tuple[str, float]]:
-    """Run the HF model in ``hf_dir`` and the pentad model on one batch; max |Δ| per layer of each
-    stack (encoder; decoder for encoder-decoder models) and per output.
+              sentence: dict[str, Any] | None = None) -> list[Check]:
+    """Run the HF model in ``hf_dir`` and the pentad model on one batch; one :class:`Check` (max |Δ|
+    and max |reference|) per layer of each stack (encoder; decoder for encoder-decoder models) and
+    per output.
 
     Only real (non-padding) positions are compared: padding positions hold meaningless values
     that differ between the libraries by design. ``sentence``: a sentence-transformers pooling
@@ -585,7 +720,7 @@ def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config:
     finally:
         for hook in hooks:
             hook.remove()
-    rows: list[tuple[str, float]] = []
+    rows: list[Check] = []
     for name, _, stack, keep in stacks:
         states = reference.hidden_states if not encoder_decoder else getattr(reference, f"{name}_hidden_states")
         layers = stack.num_layers
@@ -599,7 +734,7 @@ def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config:
             if i == layers:  # HF's last hidden state is after the final norm (GPT-2's ln_f)
                 ours_state = finals[name]
                 label += " + final norm" if stack.final_norm is not None else ""
-            rows.append((prefix + label, _max_diff(ours_state, state, keep)))
+            rows.append(_compare(prefix + label, ours_state, state, keep))
     fields = family.outputs(architecture)
     head_keep = stacks[-1][3]
     for target in model_cfg.targets:
@@ -607,13 +742,13 @@ def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config:
         if target.type in fields and getattr(reference, fields[target.type], None) is not None:
             logits = outputs[name].logits
             theirs = getattr(reference, fields[target.type])
-            rows.append((f"{name} logits", _max_diff(logits, theirs, head_keep if logits.dim() == 3 else None)))
+            rows.append(_compare(f"{name} logits", logits, theirs, head_keep if logits.dim() == 3 else None))
         pooled_field = fields.get(f"{target.type}:pooled")
         if pooled_field and getattr(reference, pooled_field, None) is not None \
                 and f"targets.{name}.pooler.weight" not in synthesized:
             with torch.no_grad():
                 pooled = ours.targets[name].pooler(finals["encoder"][:, 0]).tanh()
-            rows.append((f"{name} pooler output", _max_diff(pooled, getattr(reference, pooled_field))))
+            rows.append(_compare(f"{name} pooler output", pooled, getattr(reference, pooled_field)))
     if sentence and sentence.get("pooling") and not encoder_decoder:
         kind = sentence["pooling"]
         states = reference.hidden_states[-1]
@@ -621,8 +756,8 @@ def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config:
             mine, theirs = pool(finals["encoder"], batch.padding_mask, kind), pool(states, batch.padding_mask, kind)
             if sentence.get("normalize"):
                 mine, theirs = F.normalize(mine, dim=-1), F.normalize(theirs, dim=-1)
-        rows.append((f"sentence embedding ({kind} pooling{', normalised' if sentence.get('normalize') else ''})",
-                     _max_diff(mine, theirs)))
+        normalised = ", normalised" if sentence.get("normalize") else ""
+        rows.append(_compare(f"sentence embedding ({kind} pooling{normalised})", mine, theirs))
     return rows
 
 

@@ -81,6 +81,59 @@ def test_converts_bitwise_and_runs_the_same(tmp_path, tp_config):
         assert torch.equal(other.encode(batch)[0], model.encode(batch)[0])
 
 
+def test_verify_says_what_it_checked_and_compares_the_round_trip_bitwise(tmp_path):
+    _, _, state = tp_checkpoint(tmp_path / "tp", BERT)
+    half = {k: v.half() for k, v in state.items()}  # dtypes must survive the round trip too
+    half["target.mlm.linear_2.weight"] = half["embedding.word.embedding.weight"]
+    torch.save(half, tmp_path / "tp" / "model.bin")
+    report = convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out", verify=True)
+    assert report.ok, report.render()
+    checks = report.checks()
+    assert list(checks) == ["same tensor names", "same shapes", "same dtypes", "bitwise-identical values",
+                            "pentad forward pass is finite"]
+    assert all(c.exact and not c.problem for c in checks.values())
+    assert f"{len(state)} names of the input checkpoint" in checks["same tensor names"].detail
+    assert "1 tied copy" in checks["bitwise-identical values"].detail  # target.mlm.linear_2.weight
+    text = report.render()
+    assert "outputs are not compared" in text and "compared bitwise with the input checkpoint" in text
+    assert "verified: yes, 5 exact check(s) passed" in text
+    assert read_weights(find_weights(tmp_path / "out"))["embedding.word.weight"].dtype == torch.float16
+
+
+def test_verify_reports_each_failed_exact_check(tmp_path, monkeypatch):
+    """A round trip that changes one value, one dtype and drops one name fails three checks, named."""
+    from pentad.interop import tencentpretrain
+
+    tp_checkpoint(tmp_path / "tp", BERT)
+    original = tencentpretrain.to_tencentpretrain
+
+    def lossy(*args, **kwargs):
+        state = dict(original(*args, **kwargs))
+        state["encoder.transformer.0.layer_norm_1.gamma"] = state["encoder.transformer.0.layer_norm_1.gamma"] * 1.0001
+        state["target.sp.linear_2.bias"] = state["target.sp.linear_2.bias"].double()
+        del state["embedding.pos.embedding.weight"]
+        return state
+
+    monkeypatch.setattr(tencentpretrain, "to_tencentpretrain", lossy)
+    report = convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out", verify=True)
+    assert not report.ok
+    checks = report.checks()
+    assert "1 missing (embedding.pos.embedding.weight)" in checks["same tensor names"].problem
+    assert "target.sp.linear_2.bias torch.float64 instead of torch.float32" in checks["same dtypes"].problem
+    assert "encoder.transformer.0.layer_norm_1.gamma (max |Δ|" in checks["bitwise-identical values"].problem
+    assert not checks["same shapes"].problem and not checks["pentad forward pass is finite"].problem
+    assert "verified: NO, 3 check(s) failed: same tensor names, same dtypes, bitwise-identical values" in \
+        report.render()
+
+
+def test_bitwise_checks_see_the_sign_of_zero():
+    from pentad.interop.convert import bitwise_checks
+
+    a = {"x": torch.tensor([0.0, 1.0])}
+    assert not bitwise_checks(a, {"x": torch.tensor([0.0, 1.0])}, "a")[3].problem
+    assert bitwise_checks(a, {"x": torch.tensor([-0.0, 1.0])}, "a")[3].problem  # torch.equal says equal
+
+
 def test_padding_segment_row_is_kept(tmp_path):
     _, _, state = tp_checkpoint(tmp_path / "tp", BERT)
     state["embedding.seg.embedding.weight"][0] = torch.randn(32)
