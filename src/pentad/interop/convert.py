@@ -10,7 +10,7 @@
 * ``tencentpretrain-to-pentad IN OUT``: IN holds one ``.bin`` checkpoint, its JSON config and
   (optionally) its vocabulary file.
 * ``pentad-to-tencentpretrain IN OUT``: OUT gets ``model.bin`` (``torch.save`` of TencentPretrain's
-  state dict, tied tensors under every name as TencentPretrain saves them), ``config.json`` (its
+  state dict, tied tensors under every name, one storage, as TencentPretrain saves them), ``config.json`` (its
   flat JSON config) and the vocabulary file.
 
 ``verify=True`` runs both models on the same sample batch (padded rows included; encoder-decoder

@@ -44,7 +44,9 @@ fine-tuned with ``finetune/run_classifier.py``)
 
 LayerNorms are ``gamma`` / ``beta``; T5 and RMS norms ``weight``. Tied tensors appear under every
 name (``tie_weights``: the output layer; ``share_embedding``: ``tgt_embedding.word``; T5's relative
-bias in every encoder layer): the import checks the copies are equal, the export writes each.
+bias in every encoder layer): the import checks the copies are equal (one shared tensor or separate
+equal copies), the export writes one tensor under every name, sharing its storage as TencentPretrain's
+own files do (``torch.save`` stores it once).
 T5's encoder also holds ``encoder.relative_pos_emb``, a second table its layers never read (kept in
 ``interop_extra.safetensors`` when it differs, else written back as a copy). A checkpoint written
 by TencentPretrain's own T5 converter has only that table (no per-layer one); it is then what
@@ -375,9 +377,29 @@ def _decoder_rules(model: Any, problems: list[str]) -> list[Rule]:
 def to_tencentpretrain(model: Any, ours: dict[str, Tensor], extras: dict[str, Tensor] | None = None,
                        finetuned: bool = False, source: str = "pentad weights",
                        layout: Layout | None = None) -> dict[str, Tensor]:
-    """A TencentPretrain state dict of pentad weights: the key map run backwards."""
+    """A TencentPretrain state dict of pentad weights: the key map run backwards.
+
+    Tensors TencentPretrain ties (the output layer with ``tie_weights``, ``tgt_embedding.word``
+    with ``share_embedding``, the relative-position bias every encoder layer shares) are one tensor
+    under several names, as in TencentPretrain's own state dicts, so ``torch.save`` stores them once."""
     layout = layout or Layout(finetuned=finetuned)
-    return to_foreign(ours, rules(model, layout), source=source, layout="TencentPretrain", extras=extras)
+    key_map = rules(model, layout)
+    state = to_foreign(ours, key_map, source=source, layout="TencentPretrain", extras=extras)
+    return alias_tied(state, key_map)
+
+
+def alias_tied(state: dict[str, Tensor], key_map: list[Rule]) -> dict[str, Tensor]:
+    """``state`` with each ``tied`` rule's key pointing at the tensor the plain copy of the same
+    pentad weight produced (the export writes tied keys as separate copies)."""
+    owner = {r.ours[0]: r.theirs[0] for r in key_map if r.transform == "copy" and len(r.ours) == len(r.theirs) == 1}
+    out = dict(state)
+    for rule in key_map:
+        if rule.transform != "tied" or rule.theirs[0] not in out:
+            continue
+        source = owner.get(rule.ours[0])
+        if source in out and torch.equal(out[source], out[rule.theirs[0]]):
+            out[rule.theirs[0]] = out[source]
+    return out
 
 
 # ------------------------------------------------------------------------------------------ files
@@ -394,7 +416,13 @@ def write_state_dict(path: Path, state: dict[str, Tensor]) -> None:
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:
         tmp = Path(handle.name)
     try:
-        torch.save(collections.OrderedDict((k, v.contiguous()) for k, v in state.items()), tmp)
+        # One contiguous tensor per distinct input tensor: names that share a tensor still share it
+        # in the file (torch.save stores each storage once).
+        contiguous: dict[int, Tensor] = {}
+        ordered = collections.OrderedDict(
+            (k, contiguous.setdefault(id(v), v.contiguous())) for k, v in state.items())
+        with tmp.open("wb") as out:  # a file object: records named archive/..., not after the temporary name
+            torch.save(ordered, out)
         tmp.replace(path)
     except BaseException:
         tmp.unlink(missing_ok=True)

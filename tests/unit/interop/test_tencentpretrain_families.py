@@ -47,6 +47,21 @@ def fake_checkpoint(directory: Path, family: str) -> dict[str, torch.Tensor]:
     return state
 
 
+def shared_names(state: dict[str, torch.Tensor]) -> set[frozenset[str]]:
+    """The groups of names whose tensors share storage (two or more names)."""
+    groups: dict[int, set[str]] = {}
+    for key, tensor in state.items():
+        groups.setdefault(tensor.untyped_storage().data_ptr(), set()).add(key)
+    return {frozenset(g) for g in groups.values() if len(g) > 1}
+
+
+def alias_groups(aliases: dict[str, str]) -> set[frozenset[str]]:
+    groups: dict[str, set[str]] = {}
+    for key, target in aliases.items():
+        groups.setdefault(target, {target}).add(key)
+    return {frozenset(g) for g in groups.values()}
+
+
 @pytest.mark.parametrize("family", MAPPED)
 def test_recorded_layout_converts_both_ways_bitwise(tmp_path, family):
     state = fake_checkpoint(tmp_path / "tp", family)
@@ -59,6 +74,8 @@ def test_recorded_layout_converts_both_ways_bitwise(tmp_path, family):
     assert set(written) == set(state)
     for key in state:
         assert written[key].shape == state[key].shape and torch.equal(written[key], state[key]), key
+    # The names TencentPretrain ties share one storage in the file, as in TencentPretrain's own, and no others.
+    assert shared_names(written) == shared_names(state) == alias_groups(recorded()[family]["aliases"])
     # The written config imports to the same architecture.
     again = convert("tencentpretrain-to-pentad", tmp_path / "back", tmp_path / "again")
     assert again.architecture == report.architecture
@@ -77,6 +94,30 @@ def test_segment_rows_and_aliases(tmp_path):
     assert "targets.mlm.output.weight" not in weights
     cfg, _ = load_run(tmp_path / "pentad")
     assert cfg.model.tie_word_embeddings
+
+
+def test_export_stores_tied_tensors_once_and_import_takes_both_forms(tmp_path):
+    """pentad-to-tencentpretrain keeps TencentPretrain's aliasing (a BERT's word table and tied MLM
+    output layer are stored once); the import accepts an aliased file and one with separate copies."""
+    state = fake_checkpoint(tmp_path / "tp", "bert")
+    separate = {k: v.clone() for k, v in state.items()}
+    assert not shared_names(separate)
+    (tmp_path / "copies").mkdir()
+    torch.save(separate, tmp_path / "copies" / "model.bin")
+    (tmp_path / "copies" / "config.json").write_bytes((tmp_path / "tp" / "config.json").read_bytes())
+    convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "aliased_run", verify=True)
+    convert("tencentpretrain-to-pentad", tmp_path / "copies", tmp_path / "copies_run", verify=True)
+    a, b = (read_weights(find_weights(tmp_path / d)) for d in ("aliased_run", "copies_run"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    back = convert("pentad-to-tencentpretrain", tmp_path / "copies_run", tmp_path / "back", verify=True)
+    assert back.ok, back.render()
+    written = torch.load(tmp_path / "back" / "model.bin", weights_only=True)
+    word, output = written["embedding.word.embedding.weight"], written["target.mlm.linear_2.weight"]
+    assert word.data_ptr() == output.data_ptr()
+    size = (tmp_path / "back" / "model.bin").stat().st_size
+    unique = sum(t.numel() * t.element_size() for k, t in written.items() if k != "target.mlm.linear_2.weight")
+    assert unique < size < unique + 20_000  # the table once, plus torch.save's small per-key overhead
+    assert (tmp_path / "copies" / "model.bin").stat().st_size - size > 0.9 * word.numel() * word.element_size()
 
 
 def test_t5_relative_bias_and_its_unused_copy(tmp_path):
