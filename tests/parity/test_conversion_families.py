@@ -23,6 +23,7 @@ from tests.unit.interop.helpers import ALBERT, BART, BLOOM, LLAMA, PEGASUS, T5, 
 
 from pentad.builder import build_model
 from pentad.components.base import Batch
+from pentad.errors import UserError
 from pentad.interop import convert
 from pentad.runs import load_run
 from pentad.training.checkpoint import find_weights, load_weights, read_weights
@@ -218,6 +219,39 @@ def test_pentad_to_hf_loads_with_auto_classes(tmp_path, family, model, auto):
 
 
 # ------------------------------------------------------------------------------- TencentPretrain
+def test_bloom_slow_but_exact_is_refused(tmp_path):
+    """transformers' BLOOM with pretraining_tp > 1 and slow_but_exact leaves out the biases of
+    self_attention.dense and mlp.dense_4h_to_h: it computes what the same weights compute with those
+    biases zeroed, not the model they describe. pentad refuses it and says how to convert."""
+    def config(**over):
+        return transformers.BloomConfig(vocab_size=VOCAB, hidden_size=HIDDEN, n_layer=LAYERS, n_head=HEADS, **over)
+
+    hf = save_hf(tmp_path / "hf", "BloomForCausalLM", lambda: config(pretraining_tp=2, slow_but_exact=True))
+    tokens = torch.randint(1, VOCAB, (2, 7), generator=torch.Generator().manual_seed(0))
+    plain = transformers.BloomForCausalLM(config()).eval()
+    plain.load_state_dict(hf.state_dict())
+    no_bias = transformers.BloomForCausalLM(config()).eval()
+    no_bias.load_state_dict(hf.state_dict())
+    with torch.no_grad():
+        for layer in no_bias.transformer.h:
+            layer.self_attention.dense.bias.zero_()
+            layer.mlp.dense_4h_to_h.bias.zero_()
+        exact, full, dropped = (m(tokens).logits for m in (hf, plain, no_bias))
+    # The fact the refusal rests on (if transformers changes it, this fails and the refusal is revisited).
+    assert torch.allclose(exact, dropped, rtol=0, atol=1e-5 * float(dropped.abs().max()))
+    assert float((exact - full).abs().max()) > 1e-2 * float(full.abs().max())
+    with pytest.raises(UserError, match=r'"pretraining_tp": 2 with "slow_but_exact": true.*leaves out both '
+                                        r'layers\' biases.*set "slow_but_exact": false in config.json'):
+        convert("hf-to-pentad", tmp_path / "hf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    # pretraining_tp alone changes nothing in transformers (without slow_but_exact it is ignored): converted.
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    cfg["slow_but_exact"] = False
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    report = convert("hf-to-pentad", tmp_path / "hf", tmp_path / "out", verify=True)
+    assert report.ok, report.render()
+
+
 def _tp_directory(directory, state, config):
     directory.mkdir()
     torch.save({k: v.clone() for k, v in state.items()}, directory / "model.bin")

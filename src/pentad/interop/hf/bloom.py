@@ -84,6 +84,15 @@ class BloomFamily(HFFamily):
         if c.get("apply_residual_connection_post_layernorm"):
             problems.append("apply_residual_connection_post_layernorm (the residual taken after the norm) is not a "
                             "pentad layer")
+        tp = int(c.get("pretraining_tp") or 1)
+        if tp > 1 and c.get("slow_but_exact"):
+            problems.append(
+                f"\"pretraining_tp\": {tp} with \"slow_but_exact\": true, a mode in which transformers' BLOOM "
+                f"computes self_attention.dense and mlp.dense_4h_to_h as sums of {tp} sliced products and leaves out "
+                "both layers' biases, so it runs a different model from these weights (the biases are trained and "
+                "stored; slow_but_exact false, as BLOOM checkpoints ship, adds them and ignores pretraining_tp). "
+                "pentad does not reproduce the dropped biases: set \"slow_but_exact\": false in config.json to "
+                "convert the model with its biases")
         if problems:
             raise UserError(f"cannot convert {label} (bloom): " + "; ".join(problems) + ".")
         hidden = int(c.get("n_embed", c["hidden_size"]))
