@@ -124,7 +124,7 @@ def init_weights(model: nn.Module, std: float) -> None:
     """Normal(0, std) weights, zero biases, unit norms (BERT / GPT-2 initialisation); RMSNorm
     scales start at one (never random, unlike TencentPretrain)."""
     from pentad.components.base import EmbeddingPart
-    from pentad.layers.norms import RMSNorm
+    from pentad.layers.norms import RMSNorm, UnbiasedLayerNorm
     from pentad.layers.positions import RelativePositionBias
 
     for module in model.modules():
@@ -137,8 +137,8 @@ def init_weights(model: nn.Module, std: float) -> None:
                 nn.init.ones_(module.weight)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, RMSNorm):
-            nn.init.ones_(module.weight)
+        elif isinstance(module, (RMSNorm, UnbiasedLayerNorm)):
+            module.reset_parameters()
         elif isinstance(module, RelativePositionBias):
             nn.init.normal_(module.weight, std=std)
         elif isinstance(module, EmbeddingPart) and isinstance(getattr(module, "weight", None), nn.Parameter):
@@ -240,7 +240,7 @@ def build_model(cfg: Any, provided: Iterable[str] | None = None, device: str | t
 def _embedding_slot(slot_cfg: Any, cfg: Any, sizes: SlotSizes, project: bool = True) -> EmbeddingSlot:
     parts = {p.type: EMBEDDINGS.get(p.type).from_config(p, sizes) for p in slot_cfg.parts}
     return EmbeddingSlot(parts, cfg.hidden_size, slot_cfg.norm, slot_cfg.layer_norm_eps, slot_cfg.dropout,
-                         sizes.hidden_size, project)
+                         sizes.hidden_size, project, norm_kind=slot_cfg.norm_kind)
 
 
 def check_requirements(model: Model, provided: set[str], training: bool = True) -> None:

@@ -7,11 +7,13 @@ from torch import Tensor, nn
 
 from pentad.components.base import Batch, Embedded, EmbeddingPart, Encoder, PooledPair, Target, TargetOutput
 from pentad.layers.cache import KVCache
+from pentad.layers.norms import make_norm
 
 
 class EmbeddingSlot(nn.Module):
-    """Sums its parts ([B,S,E] each), then LayerNorm (optional), dropout, and a projection E -> H
-    when the embedding width E differs from the hidden size (ALBERT's factorised embedding).
+    """Sums its parts ([B,S,E] each), then a norm (optional; ``norm_kind`` as in ``make_norm``),
+    dropout, and a projection E -> H when the embedding width E differs from the hidden size
+    (ALBERT's factorised embedding).
 
     Parts are registered under their names, so parameters read ``embedding.word.weight``.
     The padding mask passes through from the Batch.
@@ -19,13 +21,13 @@ class EmbeddingSlot(nn.Module):
 
     def __init__(self, parts: dict[str, EmbeddingPart], hidden_size: int, norm: bool = True,
                  layer_norm_eps: float = 1e-12, dropout: float = 0.1, embedding_size: int | None = None,
-                 project: bool = True):
+                 project: bool = True, norm_kind: str = "layernorm"):
         super().__init__()
         self.part_names = list(parts)
         for name, part in parts.items():
             self.add_module(name, part)
         width = embedding_size or hidden_size
-        self.norm = nn.LayerNorm(width, eps=layer_norm_eps) if norm else None
+        self.norm = make_norm(norm_kind, width, layer_norm_eps) if norm else None
         self.dropout = nn.Dropout(dropout)
         # Recurrent/convolutional encoders read the embedding width directly (TencentPretrain layout).
         self.project = nn.Linear(width, hidden_size) if project and width != hidden_size else None

@@ -24,6 +24,7 @@ from tests.unit.interop.helpers import BERT, GPT2, ROBERTA, make_run, variant, w
 from pentad.builder import build_model
 from pentad.components.base import Batch
 from pentad.interop import convert
+from pentad.interop.numerics import swap_norm_kinds
 from pentad.runs import load_run
 from pentad.training.checkpoint import find_weights, load_weights, read_weights
 
@@ -267,7 +268,9 @@ def test_tencentpretrain_checkpoint_written_by_hand_matches_hf(tmp_path):
     """A TencentPretrain BERT laid out as TencentPretrain's own HF converter writes it
     (scripts/convert_bert_from_huggingface_to_tencentpretrain.py): q/k/v to linear_layers.0/1/2, a
     zero padding row before the segment table, LayerNorm as gamma/beta, the tied MLM decoder saved
-    under target.mlm.linear_2.weight."""
+    under target.mlm.linear_2.weight. TencentPretrain runs such a checkpoint with its own LayerNorm
+    (unbiased std), so pentad imports that; with torch's LayerNorm in its place it is the HF model
+    exactly, which checks the layout."""
     # TencentPretrain's embedding and MLM-head LayerNorms have eps 1e-6 whatever the config says.
     hf = save_hf(tmp_path / "hf", "BertForPreTraining", lambda: bert_config(layer_norm_eps=1e-6))
     s = hf.state_dict()
@@ -310,14 +313,20 @@ def test_tencentpretrain_checkpoint_written_by_hand_matches_hf(tmp_path):
         "target": ["mlm", "sp"], "tie_weights": True, "layernorm_eps": 1e-12}))
     report = convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "pentad", verify=True)
     assert report.ok
-    _, ours = pentad_model(tmp_path / "pentad")
+    cfg, tencentpretrain_like = pentad_model(tmp_path / "pentad")
+    assert cfg.model.encoder.norm == cfg.model.embedding.norm_kind == cfg.model.targets[0].norm == "layernorm_unbiased"
+    ours = build_model(swap_norm_kinds(cfg.model, "layernorm_unbiased", "layernorm"))
+    load_weights(ours, read_weights(find_weights(tmp_path / "pentad")), "converted")
+    ours.eval()
     tokens, padding, segments = inputs(0, two_segments=True)
     keep = ~padding
     with torch.no_grad():
         ref = hf(input_ids=tokens, attention_mask=keep.long(), token_type_ids=segments)
         out = ours(Batch(tokens=tokens, segments=segments, padding_mask=padding))
+        unbiased = tencentpretrain_like(Batch(tokens=tokens, segments=segments, padding_mask=padding))
     torch.testing.assert_close(out["mlm"].logits[keep], ref.prediction_logits[keep], atol=TOL, rtol=0)
     torch.testing.assert_close(out["sp"].logits, ref.seq_relationship_logits, atol=TOL, rtol=0)
+    assert float((unbiased["mlm"].logits - out["mlm"].logits).abs().max()) > 100 * TOL
 
 
 # ------------------------------------------------------------------------------------ real weights

@@ -1,7 +1,7 @@
 """``pentad convert``: weights and configs between pentad, Hugging Face and TencentPretrain.
 
     pentad convert hf-to-pentad IN OUT [--family F] [--verify] [--tolerance T]
-    pentad convert pentad-to-hf IN OUT [--family F] [--verify] [--tolerance T]
+    pentad convert pentad-to-hf IN OUT [--family F] [--verify] [--tolerance T] [--allow-norm-change]
     pentad convert tencentpretrain-to-pentad IN OUT [--verify]
     pentad convert pentad-to-tencentpretrain IN OUT [--verify]
 
@@ -39,6 +39,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=1e-5,
                    help="largest accepted relative difference with --verify: max |Δ| / max |reference| of each "
                         "compared output (default 1e-5)")
+    p.add_argument("--allow-norm-change", action="store_true",
+                   help="pentad-to-hf of a model with TencentPretrain's LayerNorm (layernorm_unbiased), which HF "
+                        "lacks: write torch's LayerNorm instead and report the measured difference (refused "
+                        "without this flag)")
     return p
 
 
@@ -47,6 +51,6 @@ def run(args: argparse.Namespace) -> int:
     from pentad.interop.convert import convert
 
     report = convert(args.direction, args.input, args.output, family=args.family, verify=args.verify,
-                     tolerance=args.tolerance)
+                     tolerance=args.tolerance, allow_norm_change=args.allow_norm_change)
     print(report.render(), flush=True)
     return 0 if report.ok else 1

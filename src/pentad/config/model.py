@@ -9,6 +9,7 @@ from pydantic import Field, create_model
 
 from pentad.config.base import StrictModel
 from pentad.config.unions import registry_union
+from pentad.layers.norms import NORM_DESCRIPTION, NORM_KINDS
 from pentad.registry import DECODERS, EMBEDDINGS, ENCODERS, TARGETS
 
 
@@ -16,6 +17,8 @@ class EmbeddingConfigBase(StrictModel):
     """An embedding slot: parts are summed, then optional LayerNorm, then dropout."""
 
     norm: bool = Field(True, description="LayerNorm after summing the parts (off for GPT-2)")
+    norm_kind: Literal[NORM_KINDS] = Field(  # type: ignore[valid-type]
+        "layernorm", description=f"kind of that norm: {NORM_DESCRIPTION}")
     layer_norm_eps: float = Field(1e-12, gt=0.0)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
 

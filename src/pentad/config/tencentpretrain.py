@@ -54,7 +54,11 @@ TARGETS = {"mlm": "mlm", "sp": "sp", "lm": "lm", "cls": "cls", "bilm": "bilm"}
 # causal_with_prefix and shipped configs use it; any other unknown name is refused here (a typo).
 MASKS = {"fully_visible": "bidirectional", "causal": "causal", "causal_with_prefix": "prefix", "prefix": "prefix"}
 ACTIVATIONS = {"gelu": "gelu", "gelu_fast": "gelu_tanh", "relu": "relu", "silu": "silu", "linear": "linear"}
-NORMS = {"normal": "layernorm", "t5": "t5", "rms": "rmsnorm"}
+# TencentPretrain's "normal" LayerNorm divides by (unbiased std + eps): pentad's layernorm_unbiased.
+NORMS = {"normal": "layernorm_unbiased", "t5": "t5", "rms": "rmsnorm"}
+# The kind of the norms TencentPretrain builds as its own LayerNorm whatever "layernorm" says: the
+# embedding's, the mlm head's, and a decoder's final norm unless "layernorm" is "t5".
+TP_LAYERNORM = "layernorm_unbiased"
 FEED_FORWARDS = {"dense": "dense", "gated": "gated"}
 POSITIONING = {"pre": "pre", "post": "post"}
 POOLINGS = {"first": "first", "last": "last", "mean": "mean", "max": "max"}
@@ -478,7 +482,8 @@ class _Importer:
     # ------------------------------------------------------------------------- embeddings
     def embedding_slot(self, key: str, names: list[Any], scale_words: bool, norm: bool,
                        dropout: float) -> dict[str, Any]:
-        """An embedding slot. TencentPretrain's embedding LayerNorm always has eps 1e-6."""
+        """An embedding slot. TencentPretrain's embedding LayerNorm is always its own "normal" one
+        with eps 1e-6 (``Embedding`` builds it directly, not from ``layernorm``)."""
         parts: list[dict[str, Any]] = []
         for name in names:
             kind = self.name(key, EMBEDDINGS, name, "embedding")
@@ -497,7 +502,7 @@ class _Importer:
                 parts.append({"type": "sinusoidal", "interleave": True, "spacing": "tensor2tensor", "offset": 2})
             elif kind is not None:
                 parts.append({"type": kind})
-        return {"parts": parts, "norm": norm, "layer_norm_eps": TP_EPS, "dropout": dropout}
+        return {"parts": parts, "norm": norm, "norm_kind": TP_LAYERNORM, "layer_norm_eps": TP_EPS, "dropout": dropout}
 
     # ---------------------------------------------------------------------------- stacks
     def transformer(self, hidden: int, activation: str | None, dropout: float, decoder: bool) -> dict[str, Any]:
@@ -534,10 +539,11 @@ class _Importer:
             stack["relative_buckets"] = int(flat.get("relative_attention_buckets_num", 32))
             stack["relative_max_distance"] = 128  # fixed in TencentPretrain's RelativePositionEmbedding
         if decoder:
-            if norm == "rmsnorm" and norm_position == "pre":
-                self.notices.append("TencentPretrain gives an 'rms' decoder a normal LayerNorm (with a bias) as its "
-                                    "final norm; pentad uses RMSNorm there too, so the decoder has hidden_size "
-                                    "fewer parameters")
+            if norm_position == "pre":
+                # TransformerDecoder builds its final norm itself: T5LayerNorm for "t5", else its
+                # normal LayerNorm, with the default eps 1e-6 either way (layernorm_eps is not read).
+                stack["final_norm_kind"] = "t5" if norm == "t5" else TP_LAYERNORM
+                stack["final_norm_eps"] = TP_EPS
         else:
             stack["mask"] = self.name("mask", MASKS, flat.get("mask", "fully_visible"), "mask")
             if flat.get("mask") == "prefix":
@@ -580,8 +586,9 @@ class _Importer:
         flat = self.flat
         out: dict[str, Any] = {"type": name}
         if name == "mlm":
-            # TencentPretrain's mlm head LayerNorm has eps 1e-6 whatever layernorm_eps says.
-            out.update(activation=activation, layer_norm_eps=TP_EPS)
+            # TencentPretrain's mlm head LayerNorm is its normal one with eps 1e-6, whatever
+            # layernorm and layernorm_eps say.
+            out.update(activation=activation, norm=TP_LAYERNORM, layer_norm_eps=TP_EPS)
         elif name == "sp" and flat.get("data_processor") == "albert":
             # Same head (pooler + 2-way classifier); pentad's albert objective labels it "sop".
             out["type"] = "sop"

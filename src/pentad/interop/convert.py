@@ -43,9 +43,10 @@ from pentad.config.model import model_config_class
 from pentad.data.tokenizers import load_tokenizer
 from pentad.errors import ConfigError, UserError
 from pentad.interop import hf as hfio
-from pentad.interop import keymap
+from pentad.interop import keymap, numerics
 from pentad.interop import tencentpretrain as tp
 from pentad.interop.hf import sbert
+from pentad.layers.norms import norm_kind_of
 from pentad.layers.pooling import pool
 from pentad.runs import load_run, prepare_run_dir
 from pentad.training.checkpoint import find_weights, load_weights, read_weights, weights_to_save
@@ -167,12 +168,16 @@ class ConversionReport:
 
 
 def convert(direction: str, in_dir: str | Path, out_dir: str | Path, family: str | None = None,
-            verify: bool = False, tolerance: float = 1e-5) -> ConversionReport:
+            verify: bool = False, tolerance: float = 1e-5, allow_norm_change: bool = False) -> ConversionReport:
     """Convert the model in ``in_dir`` into ``out_dir`` (created; must not hold files yet).
 
     family: HF family (``bert``, ``roberta``, ``xlm-roberta``, ``gpt2``, ``albert``, ``t5``, ``bart``,
     ``pegasus``, ``llama``, ``bloom``); by default the one ``config.json`` names (import) or the one
     recorded / guessed from the pentad config (export).
+    allow_norm_change: ``pentad-to-hf`` of a model with TencentPretrain's LayerNorm
+    (``layernorm_unbiased``), which Hugging Face has no equivalent of, is refused with the measured
+    difference of the outputs; with this set it writes torch's LayerNorm in its place and notes
+    that difference.
     """
     in_path, out_path = Path(in_dir), Path(out_dir)
     if direction not in DIRECTIONS:
@@ -190,7 +195,7 @@ def convert(direction: str, in_dir: str | Path, out_dir: str | Path, family: str
         if direction == "hf-to-pentad":
             return _hf_to_pentad(in_path, out_path, family, verify, tolerance)
         if direction == "pentad-to-hf":
-            return _pentad_to_hf(in_path, out_path, family, verify, tolerance)
+            return _pentad_to_hf(in_path, out_path, family, verify, tolerance, allow_norm_change)
         if direction == "pentad-to-tencentpretrain":
             return _pentad_to_tencentpretrain(in_path, out_path, verify, tolerance)
         return _tencentpretrain_to_pentad(in_path, out_path, verify, tolerance)
@@ -356,10 +361,11 @@ def guess_family(model_cfg: Any) -> str:
 
 
 def _pentad_to_hf(in_dir: Path, out_dir: Path, family_name: str | None, verify: bool,
-                  tolerance: float) -> ConversionReport:
+                  tolerance: float, allow_norm_change: bool = False) -> ConversionReport:
     cfg, tokenizer, tensors, interop, extras = _read_run(in_dir)
     source = interop.get("source", {}) if interop.get("source", {}).get("kind") == "hf" else {}
     notes: list[str] = []
+    cfg = _hf_norms(cfg, tensors, in_dir, allow_norm_change, notes)
     if family_name is None and source:
         family_name = source.get("model_type")
     if family_name is None:
@@ -402,6 +408,26 @@ def _pentad_to_hf(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
         report.verification = verify_hf(out_dir, plan.architecture, family, plan.config, cfg.model, tensors,
                                         set(plan.omit), sentence)
     return report
+
+
+def _hf_norms(cfg: Any, tensors: dict[str, Tensor], in_dir: Path, allow: bool, notes: list[str]) -> Any:
+    """Hugging Face has no TencentPretrain LayerNorm (``layernorm_unbiased``): refuse with the
+    measured difference, or with ``allow`` put torch's LayerNorm in its place and note it."""
+    places = numerics.norm_places(cfg.model, "layernorm_unbiased")
+    if not places:
+        return cfg
+    swapped = numerics.swap_norm_kinds(cfg.model, "layernorm_unbiased", "layernorm")
+    measured = numerics.relative_output_difference(cfg.model, tensors, swapped, tensors,
+                                                   _sample_batch(cfg.model, pad=0)[0])
+    what = (f"{', '.join(places)} {'is' if len(places) == 1 else 'are'} TencentPretrain's LayerNorm "
+            "(layernorm_unbiased: divides by the unbiased std + eps), which Hugging Face Transformers has no "
+            "equivalent of; written as torch's LayerNorm (biased variance, sqrt(var + eps)) the model's outputs "
+            f"change by {numerics.describe(measured)} (relative to the largest value, measured on a sample batch)")
+    if not allow:
+        raise UserError(f"cannot export {in_dir} to Hugging Face exactly: {what}. Pass --allow-norm-change to "
+                        "export it anyway with that difference (pentad-to-tencentpretrain keeps the model exact).")
+    notes.append(what + " (--allow-norm-change)")
+    return cfg.model_copy(update={"model": swapped})
 
 
 # ------------------------------------------------------------------------ tencentpretrain <-> pentad
@@ -491,8 +517,13 @@ def _pentad_to_tencentpretrain(in_dir: Path, out_dir: Path, verify: bool, tolera
     back_cfg = model_config_class().model_validate(run_raw["model"])
     differences = model_differences(cfg.model, back_cfg)
     if differences:
+        back, _ = keymap.to_pentad(written, tp.rules(back_cfg, back_layout), expected_shapes(back_cfg),
+                                   source=str(out_dir / tp.WEIGHTS_NAME), layout="TencentPretrain")
+        measured = numerics.relative_output_difference(
+            cfg.model, tensors, back_cfg, back, _sample_batch(cfg.model, pad=0)[0])
         notes.append("TencentPretrain builds this config slightly differently (" + "; ".join(differences)
-                     + "): the weights are exact, the activations differ accordingly")
+                     + "): the weights are exact, the activations differ accordingly (measured on a sample batch, "
+                     f"relative to the largest value: {numerics.describe(measured)})")
     if verify:
         report.scope = ("TencentPretrain's code does not run here, so its outputs are not compared: the written "
                         "model.bin and config.json are read back as a TencentPretrain checkpoint and compared bitwise "
@@ -536,6 +567,8 @@ def _model_facts(model_cfg: Any) -> dict[str, Any]:
             value = getattr(module, attr, None)
             if isinstance(value, (int, float, str, bool)):
                 facts[f"{name}.{attr}"] = value
+        if norm_kind_of(module) is not None:
+            facts[f"{name}.kind"] = norm_kind_of(module)
         if isinstance(getattr(module, "layout", None), dict):  # the sinusoidal table's
             facts[f"{name}.layout"] = dict(module.layout)
     return facts

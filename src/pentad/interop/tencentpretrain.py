@@ -62,11 +62,13 @@ Hugging Face, pairs i with i + D/2. The query and key rows of each head are perm
 (``fuse_qkv:A:K:meta``), as TencentPretrain's LLaMA converters do.
 
 **Numerics.** TencentPretrain's ``normal`` LayerNorm divides by ``std + eps`` with the *unbiased*
-standard deviation; pentad (like Hugging Face, whose weights TencentPretrain's own converters copy
-unchanged) uses ``sqrt(var + eps)`` with the biased variance. The weights carry over exactly; the
-activations differ from TencentPretrain's by a relative ~1/(2H) (about 6.5e-4 at H = 768). The
-other differences of behaviour (T5 without output rescaling, ALiBi, sinusoidal positions) are the
-config import's, and it reports them.
+standard deviation, unlike torch's (``sqrt(var + eps)``, biased variance): its checkpoints import with
+pentad's ``layernorm_unbiased`` norm wherever TencentPretrain builds that LayerNorm (the import of the
+config decides, see :mod:`pentad.config.tencentpretrain`), so they reproduce TencentPretrain's forward
+pass, and export back as ``normal``. A pentad model with torch's LayerNorm exports as ``normal`` too,
+which TencentPretrain computes slightly differently (a note says where, and the conversion measures by
+how much). The other differences of behaviour (T5 without output rescaling, ALiBi, sinusoidal
+positions) are the config import's, and it reports them.
 """
 
 from __future__ import annotations
@@ -128,7 +130,8 @@ FEED_FORWARD: dict[str, list[RuleSpec]] = {
               ("{L}.ffn.down.{lwb}", "{T}.feed_forward.linear_2.{lwb}")],
 }
 # pentad norm -> TencentPretrain parameter names (weight, bias).
-NORM_NAMES = {"layernorm": ("gamma", "beta"), "t5": ("weight", None), "rmsnorm": ("weight", None)}
+NORM_NAMES = {"layernorm": ("gamma", "beta"), "layernorm_unbiased": ("gamma", "beta"), "t5": ("weight", None),
+              "rmsnorm": ("weight", None)}
 TARGETS: dict[str, list[RuleSpec]] = {
     "mlm": [("targets.{name}.dense.{wb}", "target.mlm.linear_1.{wb}"),
             ("targets.{name}.norm.weight", "target.mlm.layer_norm.gamma"),
@@ -365,11 +368,13 @@ def _decoder_rules(model: Any, problems: list[str]) -> list[Rule]:
                         "or none")
     final = dec.final_norm if dec.final_norm is not None else dec.norm_position == "pre"
     if final:
-        # TencentPretrain's decoder ends with a T5 norm for layernorm "t5", else a normal LayerNorm.
-        kind = "t5" if dec.norm == "t5" else "layernorm"
-        if dec.norm == "rmsnorm":
-            problems.append("an RMSNorm decoder: TencentPretrain ends its decoder with a LayerNorm (with a bias) "
-                            "there, which pentad does not build")
+        # TencentPretrain's decoder ends with a T5 norm for layernorm "t5", else its normal LayerNorm
+        # (gamma and beta), also after "rms" layers.
+        kind = dec.final_norm_kind or dec.norm
+        if kind == "rmsnorm" or (kind == "t5") != (dec.norm == "t5"):
+            problems.append(f"a decoder whose final norm is '{kind}' after '{dec.norm}' layers: TencentPretrain ends "
+                            "its decoder with a t5 norm after t5 layers and with its LayerNorm (with a bias) "
+                            "otherwise (set model.decoder.final_norm_kind to layernorm_unbiased)")
         out += expand(_norm("decoder.final_norm", "decoder.layer_norm", kind))
     return out
 
@@ -569,16 +574,14 @@ def plan(raw: dict[str, Any], state: dict[str, Tensor], label: str) -> tuple[dic
         notes.append("T5's relative position bias is only in encoder.relative_pos_emb (as TencentPretrain's T5 "
                      "converter writes it): pentad reads it there, while TencentPretrain itself reads a per-layer "
                      "copy and would run this checkpoint without the converted bias")
-    if raw.get("layernorm", "normal") == "normal":
-        notes.append("TencentPretrain's LayerNorm divides by (unbiased std + eps), pentad's by sqrt(biased var + "
-                     "eps): the weights are exact, the activations differ from TencentPretrain's by a relative ~1/(2H)")
     return out, layout, notes
 
 
 # TencentPretrain's names for pentad's (the inverse of pentad.config.tencentpretrain's tables).
 _ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_fast", "relu": "relu", "silu": "silu", "linear": "linear"}
 _MASKS = {"bidirectional": "fully_visible", "causal": "causal", "prefix": "causal_with_prefix"}
-_NORMS = {"layernorm": "normal", "t5": "t5", "rmsnorm": "rms"}
+# TencentPretrain has no option for torch's LayerNorm: "layernorm" exports as "normal", with a note.
+_NORMS = {"layernorm_unbiased": "normal", "layernorm": "normal", "t5": "t5", "rmsnorm": "rms"}
 _EMBEDDINGS = {"word": "word", "pos": "pos", "seg": "seg", "sinusoidal": "sinusoidalpos"}
 _TARGETS = {"mlm": "mlm", "sp": "sp", "sop": "sp", "lm": "lm", "bilm": "bilm", "cls": "cls"}
 TP_EPS = 1e-6
@@ -595,7 +598,10 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
     hidden = model.hidden_size
     parts = [p.type for p in model.embedding.parts]
     config: dict[str, Any] = dict(base or {})
+    _norm_kinds(model, problems, notes)
     if enc.type in RECURRENT or enc.type == "gatedcnn":
+        if problems:
+            raise UserError(f"cannot export {label} to TencentPretrain: " + "; ".join(problems) + ".")
         return _recurrent_config(model, config, parts, objective), notes
     if enc.type != "transformer":
         raise UserError(f"cannot export {label} to TencentPretrain here: encoder '{enc.type}' (TencentPretrain has "
@@ -689,6 +695,40 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
     if problems:
         raise UserError(f"cannot export {label} to TencentPretrain: " + "; ".join(problems) + ".")
     return config, notes
+
+
+def _norm_kinds(model: Any, problems: list[str], notes: list[str]) -> None:
+    """Norms TencentPretrain builds differently from the pentad model. Its embedding norms, its mlm
+    head's norm and (unless the layers are "t5") its decoder's final norm are always its own
+    LayerNorm (pentad's ``layernorm_unbiased``); its layers and encoder final norm follow
+    ``layernorm``, which has no value for torch's LayerNorm (pentad's ``layernorm``)."""
+    fixed: list[tuple[str, str]] = []  # (config path, pentad kind) where TencentPretrain builds its LayerNorm
+    for slot in ("embedding", "target_embedding"):
+        cfg = getattr(model, slot, None)
+        if cfg is not None and cfg.norm:
+            fixed.append((f"model.{slot}.norm_kind", cfg.norm_kind))
+    for i, target in enumerate(model.targets):
+        if target.type == "mlm":
+            fixed.append((f"model.targets.{i}.norm", target.norm))
+    enc, dec = model.encoder, model.decoder
+    torch_norms = [path for path, kind in fixed if kind == "layernorm"]
+    for path, kind in fixed:
+        if kind not in ("layernorm", "layernorm_unbiased"):
+            problems.append(f"{path} is '{kind}': TencentPretrain always builds a LayerNorm (with a bias) there")
+    stacks = [("model.encoder", enc)] + ([("model.decoder", dec)] if dec is not None else [])
+    for path, stack in stacks:
+        if getattr(stack, "norm", None) == "layernorm":
+            torch_norms.append(f"{path}.norm")
+    if enc.type == "transformer" and enc.final_norm_kind not in (None, enc.norm):
+        problems.append(f"model.encoder.final_norm_kind '{enc.final_norm_kind}' differs from its layers' "
+                        f"'{enc.norm}': TencentPretrain's encoder ends with a norm of its layers' kind")
+    if dec is not None and (dec.final_norm if dec.final_norm is not None else dec.norm_position == "pre") and \
+            (dec.final_norm_kind or dec.norm) == "layernorm":
+        torch_norms.append("model.decoder.final_norm_kind")
+    if torch_norms:
+        notes.append(f"{', '.join(dict.fromkeys(torch_norms))}: torch's LayerNorm (pentad 'layernorm'), which "
+                     "TencentPretrain cannot express: its 'normal' LayerNorm (written here) divides by the unbiased "
+                     "std + eps, so TencentPretrain's outputs differ slightly from this model's")
 
 
 def _recurrent_config(model: Any, config: dict[str, Any], parts: list[str], objective: str | None) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Normalisation layers: LayerNorm and RMSNorm (LLaMA, and T5's "layer norm", the same formula)."""
+"""Normalisation layers: LayerNorm, TencentPretrain's LayerNorm, and RMSNorm (LLaMA, and T5's
+"layer norm", the same formula)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-NormKind = Literal["layernorm", "rmsnorm", "t5"]
-NORM_KINDS = ("layernorm", "rmsnorm", "t5")
+NormKind = Literal["layernorm", "layernorm_unbiased", "rmsnorm", "t5"]
+NORM_KINDS = ("layernorm", "layernorm_unbiased", "rmsnorm", "t5")
+# What each kind computes, for config descriptions and messages.
+NORM_DESCRIPTION = ("layernorm: (x - mean) / sqrt(biased var + eps) * weight + bias (torch, Hugging Face); "
+                    "layernorm_unbiased: (x - mean) / (unbiased std + eps) * weight + bias (TencentPretrain's "
+                    "'normal' LayerNorm); rmsnorm / t5: x / sqrt(mean(x^2) + eps) * weight")
 
 
 class RMSNorm(nn.Module):
@@ -34,10 +39,60 @@ class RMSNorm(nn.Module):
         return self.weight * normed.to(x.dtype)
 
 
+class UnbiasedLayerNorm(nn.Module):
+    """``weight * (x - mean) / (std + eps) + bias`` over the last dimension, where ``std`` is the
+    *unbiased* standard deviation (divisor H - 1) and ``eps`` is added outside the square root.
+
+    This is TencentPretrain's (and UER-py's) default LayerNorm, its ``"layernorm": "normal"``; it
+    differs from torch's ``nn.LayerNorm`` (biased variance, ``sqrt(var + eps)``) by a relative
+    ~1/(2H) per norm, which compounds through a stack (about 1e-2 relative on the logits of a small
+    model). Parameters are named ``weight`` and ``bias`` like ``nn.LayerNorm``'s, so a checkpoint
+    keeps its keys whichever of the two kinds reads it. The statistics and the normalisation are
+    computed in fp32 (bf16 and fp16 inputs too); the normalised value is cast back to the input
+    dtype before the affine map, as in :class:`RMSNorm`. ``size`` must be at least 2.
+    """
+
+    def __init__(self, size: int, eps: float = 1e-6):
+        super().__init__()
+        if size < 2:
+            raise ValueError(f"an unbiased LayerNorm needs at least 2 features, got {size}")
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size))
+        self.bias = nn.Parameter(torch.zeros(size))
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+        nn.init.zeros_(self.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        centred = x32 - x32.mean(-1, keepdim=True)
+        std = x32.std(-1, keepdim=True)  # unbiased (correction 1)
+        normed = (centred / (std + self.eps)).to(x.dtype)
+        return self.weight * normed + self.bias
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
 def make_norm(kind: str, size: int, eps: float) -> nn.Module:
-    """``layernorm`` -> nn.LayerNorm (weight and bias); ``rmsnorm`` / ``t5`` -> RMSNorm (weight)."""
+    """``layernorm`` -> nn.LayerNorm (weight and bias); ``layernorm_unbiased`` -> UnbiasedLayerNorm
+    (weight and bias); ``rmsnorm`` / ``t5`` -> RMSNorm (weight)."""
     if kind == "layernorm":
         return nn.LayerNorm(size, eps=eps)
+    if kind == "layernorm_unbiased":
+        return UnbiasedLayerNorm(size, eps=eps)
     if kind in ("rmsnorm", "t5"):
         return RMSNorm(size, eps=eps)
     raise ValueError(f"unknown norm {kind!r}; expected one of {', '.join(NORM_KINDS)}")
+
+
+def norm_kind_of(module: nn.Module) -> str | None:
+    """The kind ``make_norm`` builds ``module`` for (``rmsnorm`` for RMSNorm), or None for other modules."""
+    if isinstance(module, nn.LayerNorm):
+        return "layernorm"
+    if isinstance(module, UnbiasedLayerNorm):
+        return "layernorm_unbiased"
+    if isinstance(module, RMSNorm):
+        return "rmsnorm"
+    return None

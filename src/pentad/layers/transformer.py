@@ -70,7 +70,9 @@ class TransformerStack(nn.Module):
 
     Owns what every layer reads: the attention mask (``mask_kind``), the in-attention position
     signal (``positions``: rotary, T5 relative bias held once in ``relative_bias``, or ALiBi), and
-    an optional final norm. ``share_layers`` applies one layer ``num_layers`` times (ALBERT).
+    an optional final norm (of the layers' kind and eps unless ``final_norm_kind`` /
+    ``final_norm_eps`` say otherwise: TencentPretrain's decoder ends with its own).
+    ``share_layers`` applies one layer ``num_layers`` times (ALBERT).
     """
 
     def __init__(self, hidden_size: int, num_layers: int, num_heads: int, ffn_size: int, *,
@@ -81,7 +83,8 @@ class TransformerStack(nn.Module):
                  gated: bool = False, scale: bool = True, positions: PositionKind = "none",
                  rotary_base: float = 10000.0, rotary_dim: int | None = None, relative_buckets: int = 32,
                  relative_max_distance: int = 128, share_layers: bool = False,
-                 residual_attention: bool = False, cross_attention: bool = False):
+                 residual_attention: bool = False, cross_attention: bool = False,
+                 final_norm_kind: str | None = None, final_norm_eps: float | None = None):
         super().__init__()
         self.mask_kind = mask
         self.num_layers = num_layers
@@ -100,7 +103,9 @@ class TransformerStack(nn.Module):
         self.relative_bias = (RelativePositionBias(num_heads, relative_buckets, relative_max_distance,
                                                    bidirectional=mask == "bidirectional")
                               if positions == "relative" else None)
-        self.final_norm = make_norm(norm, hidden_size, layer_norm_eps) if final_norm else None
+        self.final_norm = (make_norm(final_norm_kind or norm, hidden_size,
+                                     layer_norm_eps if final_norm_eps is None else final_norm_eps)
+                           if final_norm else None)
 
     def attention_inputs(self, q_len: int, padding_mask: Tensor | None, prefix_lengths: Tensor | None,
                          positions: Tensor | None, offset: int, device: torch.device) -> AttentionInputs:

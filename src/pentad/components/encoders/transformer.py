@@ -16,7 +16,7 @@ from pentad.components.base import Encoder
 from pentad.config.base import StrictModel
 from pentad.layers.activations import ACTIVATION_NAMES
 from pentad.layers.cache import KVCache
-from pentad.layers.norms import NORM_KINDS
+from pentad.layers.norms import NORM_DESCRIPTION, NORM_KINDS
 from pentad.layers.transformer import TransformerStack
 from pentad.registry import ENCODERS
 
@@ -36,9 +36,13 @@ class TransformerStackConfig(StrictModel):
     ffn: Literal["dense", "gated"] = Field("dense", description="gated: down(act(gate x) * up x), i.e. "
                                            "SwiGLU with silu, GeGLU with gelu")
     activation: Activation = "gelu"
-    norm: Norm = Field("layernorm", description="layernorm, or rmsnorm (t5 is the same formula)")
+    norm: Norm = Field("layernorm", description=f"the layers' norms: {NORM_DESCRIPTION}")
     norm_position: Literal["post", "pre"] = "post"
     final_norm: bool | None = Field(None, description="norm after the last layer; default: True for pre-norm")
+    final_norm_kind: Norm | None = Field(None, description="kind of the final norm; default: norm (TencentPretrain's "
+                                         "decoder ends with a layernorm_unbiased whatever its layers use, t5 "
+                                         "excepted)")
+    final_norm_eps: float | None = Field(None, gt=0.0, description="eps of the final norm; default: layer_norm_eps")
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     attention_dropout: float | None = Field(None, ge=0.0, lt=1.0, description="default: dropout")
     bias: bool = Field(True, description="biases in the attention and feed-forward projections")
@@ -87,7 +91,8 @@ class TransformerStackConfig(StrictModel):
             head_size=self.head_size, norm=self.norm, gated=self.ffn == "gated", scale=self.attention_scale,
             positions=self.positions, rotary_base=self.rotary_base, rotary_dim=self.rotary_dim,
             relative_buckets=self.relative_buckets, relative_max_distance=self.relative_max_distance,
-            share_layers=self.share_layers, residual_attention=self.residual_attention)
+            share_layers=self.share_layers, residual_attention=self.residual_attention,
+            final_norm_kind=self.final_norm_kind, final_norm_eps=self.final_norm_eps)
 
 
 class TransformerEncoderConfig(TransformerStackConfig):

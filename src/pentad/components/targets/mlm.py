@@ -11,12 +11,15 @@ from pentad.components.base import IGNORE_INDEX, Batch, Target, TargetOutput
 from pentad.components.targets.common import TargetConfigBase
 from pentad.layers.activations import ACTIVATION_NAMES, get_activation
 from pentad.layers.cross_entropy import linear_cross_entropy
+from pentad.layers.norms import NORM_DESCRIPTION, NORM_KINDS, make_norm
 from pentad.registry import TARGETS
 
 
 class MlmTargetConfig(TargetConfigBase):
     type: Literal["mlm"] = "mlm"
     activation: Literal[ACTIVATION_NAMES] = "gelu"  # type: ignore[valid-type]
+    norm: Literal[NORM_KINDS] = Field(  # type: ignore[valid-type]
+        "layernorm", description=f"the head's norm: {NORM_DESCRIPTION}")
     layer_norm_eps: float = Field(1e-12, gt=0.0)
 
 
@@ -31,18 +34,18 @@ class MlmTarget(Target):
     Config = MlmTargetConfig
 
     def __init__(self, name: str, hidden_size: int, vocab_size: int, activation: str = "gelu",
-                 layer_norm_eps: float = 1e-12, embedding_size: int | None = None):
+                 layer_norm_eps: float = 1e-12, embedding_size: int | None = None, norm: str = "layernorm"):
         super().__init__(name)
         width = embedding_size or hidden_size  # ALBERT: the head maps back to the embedding width
         self.dense = nn.Linear(hidden_size, width)
         self.act = get_activation(activation)
-        self.norm = nn.LayerNorm(width, eps=layer_norm_eps)
+        self.norm = make_norm(norm, width, layer_norm_eps)
         self.output = nn.Linear(width, vocab_size)
 
     @classmethod
     def from_config(cls, cfg: MlmTargetConfig, model) -> MlmTarget:
         return cls(cfg.target_name, model.hidden_size, model.vocab_size, cfg.activation, cfg.layer_norm_eps,
-                   getattr(model, "embedding_size", None))
+                   getattr(model, "embedding_size", None), norm=cfg.norm)
 
     def tie_to(self, weight: nn.Parameter) -> bool:
         self.output.weight = weight
