@@ -31,6 +31,44 @@ def test_heads_not_dividing_hidden_size(capsys):
     fails(capsys, "validate", "bert/tiny", "model.encoder.num_heads=3", match="not divisible by num_heads 3")
 
 
+DEEPSPEED = {"gradient_accumulation_steps": 1, "train_micro_batch_size_per_gpu": 4, "steps_per_print": 100,
+             "optimizer": {"type": "Adam", "params": {"lr": 2e-5, "weight_decay": 1e-2}},
+             "fp16": {"enabled": True, "loss_scale": 0}, "zero_optimization": {"stage": 2},
+             "wall_clock_breakdown": False}
+
+
+@pytest.mark.parametrize("command", ["validate", "validate --config", "pretrain --config", "preprocess --config"])
+def test_deepspeed_config_given_as_model_config(capsys, tmp_path, command):
+    """TencentPretrain's --deepspeed_config JSON where the model config belongs: one paragraph that
+    says what it is and what to give, not one "unknown key" line per DeepSpeed key."""
+    import json
+
+    path = tmp_path / "deepspeed_config.json"
+    path.write_text(json.dumps(DEEPSPEED))
+    if command == "validate --config":
+        from pentad.cli.main import build_parser
+
+        try:
+            build_parser().parse_args(["validate", "--config", str(path)])
+        except SystemExit:
+            pytest.skip("validate takes its config positionally here")
+    err = fails(capsys, *command.split(), path, match=f"{path} is a DeepSpeed config")
+    assert "unknown key" not in err and len(err.strip().splitlines()) == 1
+    assert "not a model config" in err and "DeepSpeed support is planned: train.strategy" in err
+    assert "models/bert/base_config.json" in err  # what to give instead
+    assert "train_micro_batch_size_per_gpu 4 -> train.batch_size=4" in err and "train.lr=2e-05" in err
+
+
+def test_deepspeed_detection_leaves_model_configs_alone():
+    from pentad.config.loader import is_deepspeed_config
+
+    assert is_deepspeed_config(DEEPSPEED) and is_deepspeed_config({"zero_optimization": {"stage": 3}})
+    assert is_deepspeed_config({"fp16": {"enabled": True}, "optimizer": {"type": "Adam"}})
+    assert not is_deepspeed_config({"fp16": {"enabled": True}})  # one key shared with other formats: not enough
+    assert not is_deepspeed_config({"model": {}, "train_batch_size": 8})  # a pentad run config (its own error)
+    assert not is_deepspeed_config({"layers_num": 2, "encoder": "transformer", "fp16": True, "optimizer": "adamw"})
+
+
 def _preprocess(english, tmp_path, corpus, *extra):
     return ("preprocess", "--config", "bert/tiny", *tiny(english["vocab"]), f"data.corpus={corpus}",
             f"data.output={tmp_path / 'ds'}", *extra)

@@ -238,6 +238,57 @@ def problems_from_validation(error: ValidationError, raw: dict[str, Any], root: 
     return problems
 
 
+# ----------------------------------------------------------------------------- DeepSpeed configs
+# Top-level keys of a DeepSpeed JSON config (TencentPretrain's --deepspeed_config file): the first set
+# occurs only there; the second in DeepSpeed configs and elsewhere, so two of them are needed.
+DEEPSPEED_ONLY = frozenset({
+    "train_batch_size", "train_micro_batch_size_per_gpu", "zero_optimization", "steps_per_print",
+    "wall_clock_breakdown", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimization", "flops_profiler",
+    "prescale_gradients", "gradient_predivide_factor", "sparse_gradients", "communication_data_type",
+    "elasticity", "pipeline", "data_efficiency", "compression_training", "autotuning", "aio",
+    "zero_optimization_stage", "dump_state", "comms_logger"})
+DEEPSPEED_SHARED = frozenset({"gradient_accumulation_steps", "optimizer", "scheduler", "fp16", "bf16", "amp",
+                              "gradient_clipping", "activation_checkpointing", "tensorboard", "wandb"})
+# A DeepSpeed setting -> the pentad train key that does the same, for the message.
+DEEPSPEED_EQUIVALENTS = {"train_micro_batch_size_per_gpu": "train.batch_size",
+                         "gradient_accumulation_steps": "train.grad_accum", "optimizer.params.lr": "train.lr",
+                         "optimizer.params.weight_decay": "train.weight_decay", "gradient_clipping":
+                         "train.clip_grad_norm", "bf16.enabled": "train.precision=bf16"}
+
+
+def is_deepspeed_config(raw: dict[str, Any]) -> bool:
+    """Whether a config file's top level is a DeepSpeed config rather than a model or run config."""
+    keys = set(raw)
+    if "model" in keys or keys & {"layers_num", "encoder", "embedding", "target"}:
+        return False
+    return bool(keys & DEEPSPEED_ONLY) or len(keys & DEEPSPEED_SHARED) >= 2
+
+
+def refuse_deepspeed_config(raw: dict[str, Any], label: str) -> None:
+    """One clear error (exit 2) for a DeepSpeed JSON given where a model or run config belongs."""
+    if not is_deepspeed_config(raw):
+        return
+    found = sorted(set(raw) & (DEEPSPEED_ONLY | DEEPSPEED_SHARED))
+    present = []
+    for path, ours in DEEPSPEED_EQUIVALENTS.items():
+        node: Any = raw
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if path.endswith(".enabled"):
+            if node is True:
+                present.append(f"{path.split('.')[0]} -> {ours}")
+        elif isinstance(node, (int, float)) and not isinstance(node, bool):
+            present.append(f"{path} {node} -> {ours}={node}")
+    mapping = f" Its settings that pentad has: {', '.join(present)}." if present else ""
+    raise UserError(
+        f"{label} is a DeepSpeed config (keys {', '.join(found[:6])}{', ...' if len(found) > 6 else ''}), not a "
+        "model config. Give the model config instead: a pentad YAML (a zoo recipe such as bert/base) or "
+        "TencentPretrain's model JSON (the file its pretrain.py takes as --config_path, e.g. "
+        "models/bert/base_config.json), with training settings as train.* overrides." + mapping +
+        " pentad does not run DeepSpeed yet (DeepSpeed support is planned: train.strategy), so the file's ZeRO, "
+        "offload and fp16 settings have no equivalent here.")
+
+
 # ------------------------------------------------------------------------------------ entry point
 def load_raw(config: str | Path | None, overrides: list[str] | tuple[str, ...] = ()
              ) -> tuple[dict[str, Any], dict[str, str], str]:
@@ -250,6 +301,7 @@ def load_raw(config: str | Path | None, overrides: list[str] | tuple[str, ...] =
         path = resolve_config_path(config)
         label = str(config)
         raw = read_config_file(path)
+        refuse_deepspeed_config(raw, label)
         if tencentpretrain.is_tencentpretrain_config(raw):
             raw, overrides = tencentpretrain.import_config(raw, list(overrides), label)
     applied: dict[str, str] = {}
