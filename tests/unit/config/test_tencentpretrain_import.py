@@ -52,6 +52,20 @@ def state_keys() -> dict:
     return json.loads((DATA / "tencentpretrain_state_keys.json").read_text(encoding="utf-8"))
 
 
+DOC = Path(__file__).resolve().parents[3] / "docs" / "tencentpretrain_import.md"
+
+
+@cache
+def documented() -> dict[str, tuple[int, int]]:
+    """{config: (pentad count, TencentPretrain count)} from the table in docs/tencentpretrain_import.md."""
+    out = {}
+    for line in DOC.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0].startswith("`") and cells[2].replace(",", "").isdigit():
+            out[cells[0].strip("`")] = (int(cells[2].replace(",", "")), int(cells[3].replace(",", "")))
+    return out
+
+
 def dual_available() -> bool:
     import pentad.components  # noqa: F401
 
@@ -101,14 +115,29 @@ def test_text_config_builds_tencentpretrains_model(shared_data, name, vocab, tp_
     ours = count_parameters(model)
     entry = counts()[name]
     expected = tp_params - defect_size(entry["non_layer_params"])
+    head = 0
     if name in DUAL:
         # TencentPretrain's count leaves out run_classifier_siamese.py's classifier head (2 labels
         # measured separately); pentad's model holds it as its pair_cls target.
         head = sum(p.numel() for p in model.targets.parameters())
         assert head == entry["classifier_head_params_labels_2"]
-        ours -= head
-    assert ours == expected, (f"{name}: pentad {ours:,} vs TencentPretrain {tp_params:,} "
-                              f"(defect-only {tp_params - expected:,})")
+    assert ours - head == expected, (f"{name}: pentad {ours - head:,} vs TencentPretrain {tp_params:,} "
+                                     f"(defect-only {tp_params - expected:,})")
+    if vocab == entry["vocab_size"]:
+        # The docs table shows what `pentad validate` prints (the pair head included) beside
+        # TencentPretrain's count of the same model (its head of 2 labels added).
+        assert documented().get(name) == (ours, tp_params + head), \
+            f"docs/tencentpretrain_import.md: the row of {name} should read {ours:,} | {tp_params + head:,}"
+
+
+def test_docs_table_has_a_row_for_every_text_config():
+    assert set(documented()) == {name for name, vocab, _ in TEXT if vocab == counts()[name]["vocab_size"]}
+
+
+def test_docs_counts_are_what_validate_prints(shared_data, capsys):
+    for name in ("sbert/base_config.json", "bert/base_config.json"):
+        assert main(["validate", str(shared_data / "configs" / name), "vocab_size=1000"]) == 0
+        assert f"parameters: {documented()[name][0]:,}" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("name", "difference"), [
