@@ -15,6 +15,20 @@ class UserError(Exception):
     exit_code = 2
 
 
+class Interrupted(Exception):
+    """Training stopped by a signal after saving a checkpoint; the message says how to resume.
+
+    The exit status is the shell's convention for a process ended by that signal (128 + its
+    number: 130 for SIGINT/Ctrl-C, 143 for SIGTERM), so schedulers and scripts see that the run
+    did not finish, while the checkpoint makes running the same command again continue it.
+    """
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
 @dataclass(frozen=True)
 class ConfigProblem:
     """One problem in a config: where it is, what was expected and what was found."""

@@ -8,7 +8,10 @@ A run directory holds ``config.yaml`` (the resolved config), ``tokenizer/`` (its
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +19,72 @@ import yaml
 
 from pentad.config.loader import dump_config, validate_raw
 from pentad.errors import UserError
-from pentad.training.checkpoint import atomic_write_text, write_json
+from pentad.training.checkpoint import atomic_write_text, remove_temporaries, write_json
 
 CONFIG = "config.yaml"
 TOKENIZER_DIR = "tokenizer"
 TOKENIZER_CONFIG = "tokenizer.json"
 TARGET_TOKENIZER_DIR = "target_tokenizer"
+LOCK = ".lock"
 
 
 def info(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+class RunLock:
+    """An exclusive lock on a run directory, held while a command writes into it.
+
+    ``flock`` on ``RUN/.lock``: the kernel releases it when the holder exits or is killed (even
+    by kill -9), so there are no stale locks to clear by hand; the file itself stays and holds the
+    last holder's pid, host and command for the message a second process gets. Taking the lock
+    also clears what an interrupted earlier run left half-written (safe only under the lock).
+    On a system without ``fcntl`` the directory is not locked.
+    """
+
+    def __init__(self, run_dir: Path, command: str):
+        self.run_dir = Path(run_dir)
+        self.command = command
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunLock:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            return self
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / LOCK
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _describe_holder(os.pread(fd, 4096, 0))
+            os.close(fd)
+            raise UserError(f"run directory {self.run_dir} is in use by another pentad process ({holder}); "
+                            "two runs writing one directory would mix their checkpoints and metrics. Wait for "
+                            "it to finish or stop it, or choose another output directory.") from None
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
+                  "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        self._fd = fd
+        for path in remove_temporaries(self.run_dir, keep=(LOCK,)):
+            info(f"removed {path}, left by an interrupted earlier run")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the last descriptor releases the flock
+            self._fd = None
+
+
+def _describe_holder(raw: bytes) -> str:
+    try:
+        holder = json.loads(raw.decode())
+        return (f"pid {holder['pid']} on host {holder['host']}, `pentad {holder['command']}` "
+                f"started {holder['started']}")
+    except (ValueError, KeyError, TypeError):
+        return "pid unknown: it has only just started"
 
 
 def load_tokenizer(cfg: Any):
@@ -48,19 +107,119 @@ def complete_vocab(cfg: Any, tokenizer) -> Any:
     return cfg
 
 
+# train.* keys that do not change the course of training: they may differ when a run is resumed
+FREE_TRAIN_KEYS = frozenset({"progress", "log_every", "threads", "device", "save_every", "save_minutes",
+                             "keep_checkpoints", "stop_at", "resume_from", "allow_changes", "eval_every",
+                             "tensorboard"})
+# data.* keys that do
+GUARDED_DATA_KEYS = ("dataset", "train", "dev", "objective")
+
+
+def absolute_paths(cfg: Any) -> Any:
+    """Make every path of a config absolute (in place), so that the ``config.yaml`` of a run works
+    from any directory. Symbolic links are kept as given."""
+    from pydantic import BaseModel
+
+    def visit(node: Any) -> Any:
+        if isinstance(node, Path):
+            return Path(os.path.abspath(node.expanduser()))
+        if isinstance(node, BaseModel):
+            for name in type(node).model_fields:
+                value = getattr(node, name)
+                new = visit(value)
+                if new is not value:
+                    setattr(node, name, new)
+            return node
+        if isinstance(node, list):
+            for i, item in enumerate(node):
+                node[i] = visit(item)
+        return node
+
+    return visit(cfg)
+
+
+def _flatten(data: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(data, dict) and data:
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out.update(_flatten(value, f"{prefix}.{key}"))
+        return out
+    return {prefix: data}
+
+
+def _guarded(raw: dict[str, Any]) -> dict[str, Any]:
+    """The settings that decide a run's course, flattened to dotted keys."""
+    out: dict[str, Any] = {}
+    for key, value in (raw.get("train") or {}).items():
+        if key not in FREE_TRAIN_KEYS:
+            out.update(_flatten(value, f"train.{key}"))
+    data = raw.get("data") or {}
+    for key in GUARDED_DATA_KEYS:
+        out.update(_flatten(data.get(key), f"data.{key}"))
+    for key in ("init", "task", "tokenizer"):
+        out.update(_flatten(raw.get(key), key))
+    return out
+
+
+def _same(old: Any, new: Any) -> bool:
+    if old == new:
+        return True
+    # a path that an older run stored relative to where it ran
+    return (isinstance(old, str) and isinstance(new, str) and os.path.isabs(new)
+            and os.path.abspath(os.path.expanduser(old)) == new)
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``key: (old, new)`` for each setting that changes the course of training."""
+    a, b = _guarded(old), _guarded(new)
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if not _same(a.get(k), b.get(k))}
+
+
+def _resumable(run_dir: Path, cfg: Any) -> bool:
+    from pentad.training.checkpoint import latest_checkpoint
+
+    return cfg.train.resume_from is not None or latest_checkpoint(run_dir) is not None
+
+
 def prepare_run_dir(run_dir: Path, cfg: Any, tokenizer, extra: dict[str, Any] | None = None,
-                    target_tokenizer: Any = None) -> None:
+                    target_tokenizer: Any = None) -> dict[str, tuple[Any, Any]]:
     """Create the run directory (or check a resumed one was made by the same config) and write
-    ``config.yaml`` and the tokenizer files (and the target side's, for translation models with a
-    separate target vocabulary: ``target_tokenizer/``)."""
+    ``config.yaml`` (paths made absolute) and the tokenizer files (and the target side's, for
+    translation models with a separate target vocabulary: ``target_tokenizer/``).
+
+    When the directory holds a checkpoint to resume, settings that change the course of training
+    (``train.*`` but progress, logging, saving and device keys; ``data`` files and objective;
+    ``init``, ``task``, ``tokenizer``) must be the run's: a change is an error listing each one, unless
+    ``train.allow_changes`` accepts them. Returns the accepted changes (``key: (old, new)``).
+    """
+    absolute_paths(cfg)
     saved = run_dir / CONFIG
-    text = dump_config(cfg)
+    # resume_from is a one-off instruction, not a setting of the run: a later command reusing this
+    # config.yaml must not go back to that step again (discarding the checkpoints made since)
+    recorded = cfg.model_copy(deep=True)
+    recorded.train.resume_from = None
+    text = dump_config(recorded)
+    changes: dict[str, tuple[Any, Any]] = {}
     if saved.is_file():
         old = yaml.safe_load(saved.read_text(encoding="utf-8")) or {}
         new = yaml.safe_load(text)
         if old.get("model") != new.get("model"):
             raise UserError(f"run directory {run_dir} was made with a different model config; "
                             "choose another output directory, or delete it to start over")
+        if _resumable(run_dir, cfg):
+            changes = config_changes(old, new)
+        if changes and not cfg.train.allow_changes:
+            listed = "; ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items())
+            hint = ""
+            if any(k in changes for k in ("train.steps", "train.epochs")):
+                hint = (" To train a finished run further, train.allow_changes=true re-sizes the learning-rate "
+                        "schedule to the new length (with warmup or decay the rate jumps); init=RUN in a new "
+                        "output directory starts a fresh schedule from its weights instead.")
+            raise UserError(f"run directory {run_dir} has a checkpoint to resume, made with other settings, and "
+                            f"resuming would silently change its course: {listed}. Resume with the run's "
+                            f"settings (they are in {saved}), choose another output directory, or add "
+                            f"train.allow_changes=true to resume with the new values (recorded in "
+                            f"metrics.jsonl).{hint}")
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(saved, text)
     if tokenizer is not None:
@@ -73,6 +232,11 @@ def prepare_run_dir(run_dir: Path, cfg: Any, tokenizer, extra: dict[str, Any] | 
         write_json(tok_dir / TOKENIZER_CONFIG, target_tokenizer.save(tok_dir))
     for name, data in (extra or {}).items():
         write_json(run_dir / name, data)
+    return changes
+
+
+def _show(value: Any) -> str:
+    return "(unset)" if value is None else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
 
 
 def load_run(run_dir: Path) -> tuple[Any, Any]:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pentad import __version__
-from pentad.errors import UserError
+from pentad.errors import Interrupted, UserError
 
 KINDS = ("embeddings", "encoders", "decoders", "targets", "objectives", "tasks", "tokenizers", "zoo")
 
@@ -189,6 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     except UserError as e:
         print(f"pentad {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except Interrupted as e:
+        print(f"pentad {args.command}: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

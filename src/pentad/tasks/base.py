@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -56,9 +57,15 @@ class EpochBatches:
             i += 1
 
 
-def in_order(n: int, batch_size: int) -> Iterator[np.ndarray]:
-    for begin in range(0, n, batch_size):
-        yield np.arange(begin, min(n, begin + batch_size))
+def in_order(n: int, batch_size: int, progress: str | None = None) -> Iterator[np.ndarray]:
+    """Index batches ``0..n-1`` in order; ``progress``: show a bar (examples) on stderr with this label."""
+    from tqdm import tqdm
+
+    with tqdm(total=n, desc=progress, unit="ex", disable=progress is None, leave=False, file=sys.stderr,
+              dynamic_ncols=True) as bar:
+        for begin in range(0, n, batch_size):
+            yield np.arange(begin, min(n, begin + batch_size))
+            bar.update(min(n, begin + batch_size) - begin)
 
 
 def classification_metrics(predictions: np.ndarray, labels: np.ndarray, num_labels: int) -> dict[str, float]:

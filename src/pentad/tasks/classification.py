@@ -110,14 +110,15 @@ class ClassificationTask(Task):
                  "dropout": self.cfg.head_dropout}]
 
     # ---------------------------------------------------------------- evaluation and output
-    def evaluate(self, model, instances, labels: np.ndarray, batch_size: int, device) -> dict[str, float]:
-        logits = self.logits(model, instances, batch_size, device)
+    def evaluate(self, model, instances, labels: np.ndarray, batch_size: int, device,
+                 progress: str | None = None) -> dict[str, float]:
+        logits = self.logits(model, instances, batch_size, device, progress)
         return classification_metrics(logits.argmax(-1).numpy(), labels, self.num_labels)
 
-    def logits(self, model, instances, batch_size: int, device) -> torch.Tensor:
+    def logits(self, model, instances, batch_size: int, device, progress: str | None = None) -> torch.Tensor:
         rng = np.random.default_rng(0)
         n = len(instances)
-        batches = (self.collate(instances, idx, rng) for idx in in_order(n, batch_size))
+        batches = (self.collate(instances, idx, rng) for idx in in_order(n, batch_size, progress))
         return predict_logits(model, batches, self.head, device)
 
     def write_predictions(self, path: Path, logits: torch.Tensor, probabilities: bool, instances=None) -> None:

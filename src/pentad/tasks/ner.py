@@ -344,7 +344,8 @@ class NerTask(Task):
 
     # ---------------------------------------------------------------- evaluation and output
     @torch.no_grad()
-    def logits(self, model, instances: TaggedSequences, batch_size: int, device) -> TagPredictions:
+    def logits(self, model, instances: TaggedSequences, batch_size: int, device,
+               progress: str | None = None) -> TagPredictions:
         """Predicted tags (argmax, or Viterbi with a CRF head) of each row's words that fit."""
         from pentad.layers.crf import compact
 
@@ -353,7 +354,7 @@ class NerTask(Task):
         model.eval()
         out = TagPredictions([], [])
         try:
-            for idx in in_order(len(instances), batch_size):
+            for idx in in_order(len(instances), batch_size, progress):
                 batch = self.collate(instances, idx, np.random.default_rng(0)).to(device)
                 batch.labels = {}
                 logits = model(batch)[self.head].logits.float()
@@ -382,8 +383,9 @@ class NerTask(Task):
         return [[names[j] for j in row] + [filler] * (int(n) - len(row))
                 for row, n in zip(predictions.tags, instances.words)]
 
-    def evaluate(self, model, instances: TaggedSequences, gold, batch_size: int, device) -> dict[str, float]:
-        predicted = self.decode(instances, self.logits(model, instances, batch_size, device))
+    def evaluate(self, model, instances: TaggedSequences, gold, batch_size: int, device,
+                 progress: str | None = None) -> dict[str, float]:
+        predicted = self.decode(instances, self.logits(model, instances, batch_size, device, progress))
         return tagging_metrics(gold, predicted, entity_level=self.entity_level)
 
     def write_predictions(self, path: Path, logits: TagPredictions, probabilities: bool,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -13,13 +14,14 @@ import torch
 from pentad.builder import build_model, summarize
 from pentad.errors import UserError
 from pentad.registry import TASKS
-from pentad.runs import complete_vocab, info, load_run, load_tokenizer, prepare_run_dir
+from pentad.runs import RunLock, absolute_paths, complete_vocab, info, load_run, load_tokenizer, prepare_run_dir
 from pentad.tasks.base import EpochBatches
 from pentad.training import checkpoint as ckpt
 from pentad.training.trainer import Trainer, pick_device, plot_losses
 
 LABELS = "labels.json"
 RESULTS = "results.json"
+BEST = "best"
 
 
 def _init_source(cfg: Any) -> tuple[Any, Any]:
@@ -44,6 +46,12 @@ def finetune(cfg: Any) -> dict[str, Any]:
         raise UserError("data.train is not set: give the training TSV file")
     if cfg.output is None:
         raise UserError("output is not set: give the run directory, e.g. output=runs/finetune")
+    absolute_paths(cfg)
+    with RunLock(Path(cfg.output), "finetune"):
+        return _finetune(cfg)
+
+
+def _finetune(cfg: Any) -> dict[str, Any]:
     _, tokenizer = _init_source(cfg)
     complete_vocab(cfg, tokenizer)
     if cfg.train.threads:
@@ -69,7 +77,7 @@ def finetune(cfg: Any) -> dict[str, Any]:
     else:
         info("no init: training from randomly initialised weights")
     run_dir = Path(cfg.output)
-    prepare_run_dir(run_dir, cfg, tokenizer, extra={LABELS: task.label_map.to_dict()})
+    changes = prepare_run_dir(run_dir, cfg, tokenizer, extra={LABELS: task.label_map.to_dict()})
     device = pick_device(cfg.train.device)
     batches = EpochBatches(len(train), cfg.train.batch_size, cfg.train.seed,
                            lambda idx, rng: task.collate(train, idx, rng))
@@ -78,33 +86,85 @@ def finetune(cfg: Any) -> dict[str, Any]:
     every = cfg.train.eval_every or steps_per_epoch
     eval_steps = set(range(every, total + 1, every)) | {total}
     labels = {name: task.gold(inst) for name, (_, inst) in evaluation.items()}
-    best: dict[str, Any] = {"metric": -1.0}
+    best = BestModel(run_dir / BEST)
 
     def evaluate(step: int) -> dict[str, float]:
         if "dev" not in evaluation:
             return {}
-        return task.evaluate(trainer.model, evaluation["dev"][1], labels["dev"], cfg.train.batch_size * 2, device)
+        return task.evaluate(trainer.model, evaluation["dev"][1], labels["dev"], cfg.train.batch_size * 2, device,
+                             progress="evaluate dev" if cfg.train.progress else None)
 
     def keep_best(step: int, metrics: dict[str, float]) -> None:
         score = metrics.get(cfg.task.metric, 0.0) if metrics else float(step)
-        if score > best["metric"]:
-            best.update(metric=score, step=step)
-            ckpt.save_weights(trainer.model, run_dir / "best" / ckpt.WEIGHTS)
-            ckpt.write_json(run_dir / "best" / "best.json", {"step": step, **metrics})
+        best.offer(trainer.model, step, score, metrics)
 
     info(f"train {len(train):,} examples, {total:,} steps ({cfg.train.epochs} epochs) on {device}")
     trainer = Trainer(model, cfg.train, run_dir, total, device, description="finetune")
-    trainer.resume()
+    if trainer.resume(changes):
+        best.restore()
+    else:
+        best.clear()  # an earlier attempt's best model belongs to a trajectory that is being redone
     start = time.perf_counter()
     trainer.train(batches.iterate, evaluate=evaluate, eval_steps=eval_steps, on_eval=keep_best)
     plot_losses(run_dir / "metrics.jsonl", run_dir / "loss.png")
-    ckpt.load_weights(trainer.model, ckpt.read_weights(run_dir / "best" / ckpt.WEIGHTS), str(run_dir / "best"))
-    results: dict[str, Any] = {"best_step": best.get("step"), "seconds": round(time.perf_counter() - start, 1)}
+    if trainer.step < total:
+        info(f"stopped at step {trainer.step} of {total} (train.stop_at); run the same command again to resume")
+        return {"stopped_at": trainer.step}
+    results: dict[str, Any] = {"best_step": best.step, "seconds": round(time.perf_counter() - start, 1)}
+    if best.step != trainer.step:  # the model in memory is the last step's; evaluate the best one
+        ckpt.load_weights(trainer.model, ckpt.read_weights(best.weights), str(best.directory))
     for name, (_, inst) in evaluation.items():
-        results[name] = task.evaluate(trainer.model, inst, labels[name], cfg.train.batch_size * 2, device)
+        if name == "dev" and best.metrics:  # scored when it was chosen; evaluation is deterministic
+            results[name] = best.metrics
+        else:
+            results[name] = task.evaluate(trainer.model, inst, labels[name], cfg.train.batch_size * 2, device,
+                                          progress=f"evaluate {name}" if cfg.train.progress else None)
         info(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in results[name].items()))
     ckpt.write_json(run_dir / RESULTS, results)
     return results
+
+
+class BestModel:
+    """The best model on dev so far, in ``RUN/best``: weights, and ``best.json`` (step and metrics).
+
+    Its record (step, score, dev metrics) also travels in the weights file's metadata, written in
+    one atomic rename with the weights, and is read back when a run resumes, so a resumed run keeps
+    comparing against the best model it already has instead of overwriting it with a worse one.
+    """
+
+    KEY = "pentad_best"
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.weights = directory / ckpt.WEIGHTS
+        self.step: int | None = None
+        self.score = -math.inf
+        self.metrics: dict[str, float] = {}
+
+    def offer(self, model: torch.nn.Module, step: int, score: float, metrics: dict[str, float]) -> bool:
+        """Keep ``model`` if ``score`` beats the best so far."""
+        if score <= self.score:
+            return False
+        record = {"step": step, "score": score, "metrics": metrics}
+        ckpt.save_weights(model, self.weights, {self.KEY: json.dumps(record)})
+        ckpt.write_json(self.directory / "best.json", {"step": step, **metrics})
+        self.step, self.score, self.metrics = step, score, dict(metrics)
+        return True
+
+    def restore(self) -> None:
+        """Read the record of the best model a resumed run already has (none: keep the defaults)."""
+        if not self.weights.is_file():
+            return
+        raw = ckpt.read_metadata(self.weights).get(self.KEY)
+        if raw is None:  # written before the record was kept in the weights file
+            info(f"{self.weights} has no record of its step and score; the next evaluation replaces it")
+            return
+        record = json.loads(raw)
+        self.step, self.score, self.metrics = int(record["step"]), float(record["score"]), record["metrics"]
+        info(f"best model so far: step {self.step}, score {self.score:.4f}")
+
+    def clear(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: bool | None = None,
@@ -126,7 +186,7 @@ def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: 
     device = pick_device(device_choice)
     model.to(device)
     _, instances = task.read(test_path, with_labels=False)
-    logits = task.logits(model, instances, batch_size, device)
+    logits = task.logits(model, instances, batch_size, device, "infer" if cfg.train.progress else None)
     output = output or model_dir / "predictions.tsv"
     want_probs = cfg.task.probabilities if probabilities is None else probabilities
     task.write_predictions(output, logits, want_probs, instances)

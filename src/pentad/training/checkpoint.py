@@ -67,6 +67,17 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
                         "use an earlier checkpoint") from None
 
 
+def read_metadata(path: Path) -> dict[str, str]:
+    """The string metadata of a safetensors file (without reading its tensors)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UserError(f"weights file {path} is truncated or corrupt and cannot be read ({e})") from None
+
+
 def read_torch_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """A ``torch.save``d state dict (``.bin``), loaded with ``weights_only=True``: never unpickles
     arbitrary objects. Accepts a ``{"state_dict": ...}`` wrapper and DDP's ``module.`` key prefix."""
@@ -173,6 +184,41 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, state: dict[str,
     for old in existing[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """Steps of the complete checkpoints kept in a run directory, oldest first."""
+    steps = []
+    for path in (run_dir / CHECKPOINTS).glob("step-*"):
+        suffix = path.name[len("step-"):]
+        if path.is_dir() and suffix.isdigit() and (path / STATE).is_file():
+            steps.append(int(suffix))
+    return sorted(steps)
+
+
+def remove_temporaries(run_dir: Path, keep: tuple[str, ...] = ()) -> list[Path]:
+    """Delete what an interrupted atomic write left behind in a run directory (``checkpoints/.step-*``
+    directories, ``.NAME.XXXX`` temporary files); returns what was removed.
+
+    Every temporary pentad writes is named ``.`` + the final name + ``.`` + a random part, so a
+    hidden name with a second dot is one; ``keep`` lists hidden names that are not (the run lock).
+    Call it only while holding the run directory's lock: a running writer's files look the same.
+    """
+    removed = []
+    for directory in (run_dir, run_dir / CHECKPOINTS, run_dir / "best", run_dir / "tokenizer",
+                      run_dir / "target_tokenizer"):
+        if not directory.is_dir():
+            continue
+        for entry in directory.iterdir():
+            name = entry.name
+            if not name.startswith(".") or "." not in name[1:] or name in keep:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

@@ -27,8 +27,14 @@ class TrainConfig(StrictModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     seed: int = 7
     log_every: int = Field(10, ge=1)
-    save_every: int | None = Field(None, ge=1, description="checkpoint interval in steps; default: at the end")
-    keep_checkpoints: int = Field(2, ge=1)
+    save_every: int | None = Field(None, ge=1, description="also save a checkpoint every N steps")
+    save_minutes: float | None = Field(10.0, gt=0.0, description="save a checkpoint when this many minutes "
+                                                                 "have passed since the last one; null: off")
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept in RUN/checkpoints (oldest removed)")
+    resume_from: int | None = Field(None, ge=1, description="resume from this kept checkpoint step instead of "
+                                                            "the latest (later checkpoints are discarded)")
+    allow_changes: bool = Field(False, description="resume even though train/data/task settings that "
+                                                   "change the course of training differ from the run's")
     eval_every: int | None = Field(None, ge=1, description="fine-tuning: evaluate on dev every N steps; "
                                                            "default: once per epoch")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: torch's choice")

@@ -11,21 +11,27 @@ import torch
 from pentad.builder import build_model, summarize
 from pentad.errors import UserError
 from pentad.registry import OBJECTIVES
-from pentad.runs import complete_vocab, info, load_tokenizer, prepare_run_dir
+from pentad.runs import RunLock, absolute_paths, complete_vocab, info, load_tokenizer, prepare_run_dir
 from pentad.training.checkpoint import find_weights, load_weights, read_weights
 from pentad.training.trainer import Trainer, pick_device, plot_losses
 
 
 def pretrain(cfg: Any) -> dict[str, Any]:
     """Run pre-training as configured; returns the last logged metrics."""
-    from pentad.data.loader import PretrainBatches, open_dataset
-
     if cfg.data.dataset is None:
         raise UserError("data.dataset is not set: give the directory written by `pentad preprocess`")
     if cfg.data.objective is None:
         raise UserError("data.objective is not set (e.g. data.objective=bert)")
     if cfg.output is None:
         raise UserError("output is not set: give the run directory, e.g. output=runs/pretrain")
+    absolute_paths(cfg)
+    with RunLock(Path(cfg.output), "pretrain"):
+        return _pretrain(cfg)
+
+
+def _pretrain(cfg: Any) -> dict[str, Any]:
+    from pentad.data.loader import PretrainBatches, open_dataset
+
     tokenizer = load_tokenizer(cfg)
     if tokenizer is None:
         raise UserError("tokenizer is not set: pre-training needs the tokenizer the dataset was made with")
@@ -46,14 +52,14 @@ def pretrain(cfg: Any) -> dict[str, Any]:
         for note in load_weights(model, read_weights(find_weights(cfg.init)), str(cfg.init)):
             info(note)
     run_dir = Path(cfg.output)
-    prepare_run_dir(run_dir, cfg, tokenizer, target_tokenizer=target_tokenizer)
+    changes = prepare_run_dir(run_dir, cfg, tokenizer, target_tokenizer=target_tokenizer)
     device = pick_device(cfg.train.device)
     batches = PretrainBatches(dataset, objective, cfg.train.batch_size, cfg.train.seed,
                               num_workers=cfg.data.loader_workers)
     info(f"dataset {cfg.data.dataset}: {len(dataset):,} instances, {batches.batches_per_epoch:,} batches per "
          f"epoch; training {cfg.train.steps:,} steps on {device}")
     trainer = Trainer(model, cfg.train, run_dir, cfg.train.steps, device, description="pretrain")
-    trainer.resume()
+    trainer.resume(changes)
     start = time.perf_counter()
     last = trainer.train(batches.iterate)
     plot_losses(run_dir / "metrics.jsonl", run_dir / "loss.png")

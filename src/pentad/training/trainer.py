@@ -7,7 +7,11 @@ trainer only sums target losses, accumulates gradients, clips, steps, logs and c
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
@@ -18,7 +22,7 @@ import torch
 from torch import nn
 
 from pentad.components.base import Batch
-from pentad.errors import UserError
+from pentad.errors import Interrupted, UserError
 from pentad.model import total_loss
 from pentad.training import checkpoint as ckpt
 from pentad.training.config import TrainConfig
@@ -61,10 +65,56 @@ class MetricsLog:
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
+    def reset(self) -> None:
+        """A run starting at step 0: forget the records of an earlier attempt that never saved."""
+        if self.path.is_file():
+            ckpt.atomic_write_text(self.path, "")
+
     def truncate_after(self, step: int) -> None:
         """On resume, forget intervals logged after the checkpoint (they will be redone)."""
         kept = [r for r in self.read() if r.get("step", 0) <= step]
         ckpt.atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+def _plain(value: Any) -> Any:
+    """A config value as JSON-friendly data (tuples as lists, paths as strings)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+class StopRequest:
+    """Turns SIGINT and SIGTERM into a request to stop at the next step boundary.
+
+    The first signal only sets ``signum`` (the loop saves a checkpoint and stops); a second SIGINT
+    raises KeyboardInterrupt at once, without saving. Handlers are installed only in the main thread
+    (Python delivers signals there) and put back by ``restore``.
+    """
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self.previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.previous[signum] = signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+        # os.write, not print: a handler that prints while the interrupted code prints can raise
+        # "reentrant call" in the buffered stderr
+        os.write(2, f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint "
+                    "(Ctrl-C again stops at once, without saving)\n".encode())
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        self.previous = {}
 
 
 class Trainer:
@@ -86,14 +136,18 @@ class Trainer:
         self.metadata = weights_metadata or {}
         self.optimizer = build_optimizer(self.model, cfg)
         self.schedule = build_schedule(self.optimizer, cfg, total_steps)
+        # the configured hyper-parameters of each group, re-applied over a loaded checkpoint's
+        self._configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         self.log = MetricsLog(run_dir / "metrics.jsonl")
         self.step = 0
+        self.micro_batches = 0  # the data position: micro-batches consumed
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict[str, Any]:
         state: dict[str, Any] = {
             "step": self.step,
-            "micro_batches": self.step * self.cfg.grad_accum,
+            "micro_batches": self.micro_batches,
+            "batch_size": self.cfg.batch_size,
             "optimizer": self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict(),
             "rng_cpu": torch.get_rng_state(),
@@ -106,22 +160,63 @@ class Trainer:
         return ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.state(), self.cfg.keep_checkpoints,
                                     self.metadata)
 
-    def resume(self) -> bool:
-        """Continue from the latest checkpoint of the run directory, if there is one."""
-        latest = ckpt.latest_checkpoint(self.run_dir)
-        if latest is None:
+    def resume(self, config_changes: dict[str, tuple[Any, Any]] | None = None) -> bool:
+        """Continue from the latest checkpoint of the run directory (or from ``train.resume_from``).
+
+        Without a checkpoint the run starts at step 0 and ``metrics.jsonl`` is emptied (records of an
+        earlier attempt that never saved would otherwise be repeated). ``config_changes``: settings
+        accepted with ``train.allow_changes`` (``key: (old, new)``), recorded in ``metrics.jsonl``.
+        """
+        wanted = self.cfg.resume_from
+        if wanted is not None:
+            available = ckpt.checkpoint_steps(self.run_dir)
+            if wanted not in available:
+                kept = ", ".join(map(str, available)) if available else "none"
+                raise UserError(f"train.resume_from={wanted}: {self.run_dir} has no checkpoint of step {wanted} "
+                                f"(kept checkpoints: {kept}; train.keep_checkpoints sets how many are kept)")
+            path: Path | None = ckpt.checkpoint_dir(self.run_dir, wanted)
+            for later in available:
+                if later > wanted:
+                    shutil.rmtree(ckpt.checkpoint_dir(self.run_dir, later))
+                    print(f"train.resume_from={wanted}: removed the later checkpoint of step {later}", file=sys.stderr)
+            ckpt.atomic_write_text(self.run_dir / ckpt.CHECKPOINTS / ckpt.LATEST, ckpt.checkpoint_dir(
+                self.run_dir, wanted).name + "\n")
+        else:
+            path = ckpt.latest_checkpoint(self.run_dir)
+        if path is None:
+            self.log.reset()
             return False
-        ckpt.load_weights(self.model, ckpt.read_weights(latest / ckpt.WEIGHTS), str(latest))
-        state = ckpt.load_state(latest)
+        ckpt.load_weights(self.model, ckpt.read_weights(path / ckpt.WEIGHTS), str(path))
+        state = ckpt.load_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
+        self._apply_hyperparameters()
         torch.set_rng_state(state["rng_cpu"])
         if "rng_cuda" in state and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["rng_cuda"], self.device)
         self.step = int(state["step"])
+        micro = int(state.get("micro_batches", self.step * self.cfg.grad_accum))
+        # the data position counts micro-batches; after an accepted batch-size change, continue
+        # after the same number of examples
+        self.micro_batches = micro * int(state.get("batch_size", self.cfg.batch_size)) // self.cfg.batch_size
         self.log.truncate_after(self.step)
-        print(f"resuming from {latest} (step {self.step})", file=sys.stderr)
+        print(f"resuming from {path} (step {self.step})", file=sys.stderr)
+        if config_changes:
+            changed = {k: [_plain(old), _plain(new)] for k, (old, new) in config_changes.items()}
+            self.log.write({"step": self.step, "config_changes": changed})
+            print("train.allow_changes=true: resuming with changed settings: "
+                  + "; ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()), file=sys.stderr)
         return True
+
+    def _apply_hyperparameters(self) -> None:
+        """After loading a checkpoint, make the optimizer and schedule follow the config (they are the
+        checkpoint's values unless a change was accepted; the same values give the same numbers)."""
+        for group, configured in zip(self.optimizer.param_groups, self._configured):
+            group.update({k: v for k, v in configured.items() if k != "lr"})
+        self.schedule.base_lrs = [g["initial_lr"] for g in self._configured]
+        for group, base, factor in zip(self.optimizer.param_groups, self.schedule.base_lrs, self.schedule.lr_lambdas):
+            group["lr"] = base * factor(self.schedule.last_epoch)
+        self.schedule._last_lr = [g["lr"] for g in self.optimizer.param_groups]  # noqa: SLF001 - get_last_lr
 
     # ------------------------------------------------------------------ loop
     def autocast(self):
@@ -132,17 +227,22 @@ class Trainer:
     def train(self, stream: BatchStream, evaluate: Callable[[int], dict[str, float]] | None = None,
               eval_steps: set[int] | None = None,
               on_eval: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+        """Train to ``total_steps`` (or ``train.stop_at``), saving a checkpoint every ``save_every`` steps,
+        every ``save_minutes`` minutes and at the end. SIGINT (Ctrl-C) or SIGTERM stops at the next step
+        boundary with a checkpoint and raises :class:`Interrupted`; a second Ctrl-C stops at once."""
         from tqdm import tqdm
 
         cfg = self.cfg
-        batches = stream(self.step * cfg.grad_accum)
+        batches = stream(self.micro_batches)
         self.model.train()
         sums: dict[str, torch.Tensor] = {}
         tokens = torch.zeros((), dtype=torch.long, device=self.device)
         interval_start, interval_steps = time.perf_counter(), 0
+        last_save = time.monotonic()
         last: dict[str, Any] = {}
         bar = tqdm(total=self.total_steps, initial=self.step, desc=self.description, unit="step",
                    disable=not cfg.progress, dynamic_ncols=True, file=sys.stderr)
+        stop = StopRequest()
         try:
             end = min(self.total_steps, cfg.stop_at or self.total_steps)
             while self.step < end:
@@ -151,6 +251,7 @@ class Trainer:
                         batch = next(batches).to(self.device, non_blocking=True)
                     except StopIteration:
                         raise UserError("the data ran out before the last step") from None
+                    self.micro_batches += 1
                     with self.autocast():
                         outputs = self.model(batch)
                         loss = total_loss(outputs)
@@ -169,7 +270,7 @@ class Trainer:
                 interval_steps += 1
                 bar.update(1)
                 done = self.step == end
-                if self.step % cfg.log_every == 0 or done:
+                if self.step % cfg.log_every == 0 or done or stop.signum:
                     elapsed = time.perf_counter() - interval_start
                     last = self._record(sums, interval_steps, tokens, elapsed, lr)
                     self.log.write(last)
@@ -184,9 +285,17 @@ class Trainer:
                     bar.write(f"step {self.step}: " + ", ".join(f"dev {k} {v:.4f}" for k, v in metrics.items()))
                     if on_eval is not None:
                         on_eval(self.step, metrics)
-                if (cfg.save_every and self.step % cfg.save_every == 0) or done:
-                    self.save()
+                timed = cfg.save_minutes is not None and time.monotonic() - last_save >= 60 * cfg.save_minutes
+                if (cfg.save_every and self.step % cfg.save_every == 0) or done or timed or stop.signum:
+                    saved = self.save()
+                    last_save = time.monotonic()
+                    if stop.signum and not done:
+                        raise Interrupted(
+                            f"stopped by {signal.Signals(stop.signum).name} after step {self.step} of "
+                            f"{self.total_steps}; saved {saved}. Run the same command again to resume from "
+                            f"there.", stop.signum)
         finally:
+            stop.restore()
             bar.close()
         return last
 

@@ -1,0 +1,230 @@
+"""Run directories: lock, interruption and resume, changed settings, best model, clean restarts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load_file, save_file
+from tests.integration.conftest import tiny
+
+from pentad.cli.main import main
+from pentad.training.checkpoint import checkpoint_steps
+from pentad.training.trainer import MetricsLog
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(*argv) -> int:
+    return main([str(a) for a in argv])
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [r["loss"] for r in MetricsLog(run_dir / "metrics.jsonl").read() if "loss" in r]
+
+
+@pytest.fixture(scope="module")
+def dataset(english, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "ds"
+    assert run("preprocess", "--config", "bert/tiny", *tiny(english["vocab"]), f"data.corpus={english['bert']}",
+               f"data.output={out}") == 0
+    return out
+
+
+def pretrain_args(english, dataset, output, *extra) -> list[str]:
+    return ["pretrain", "--config", "bert/tiny", *tiny(english["vocab"]), f"data.dataset={dataset}",
+            f"output={output}", "train.threads=1", *extra]
+
+
+def subprocess_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+
+
+# ---------------------------------------------------------------------------------------- lock
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from pentad.runs import RunLock
+with RunLock(Path(sys.argv[1]), "pretrain"):
+    print("locked", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_second_process_is_refused_and_a_killed_holder_does_not_block(english, dataset, tmp_path, capsys):
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(out)], stdout=subprocess.PIPE, text=True,
+                              env=subprocess_env())
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert run(*pretrain_args(english, dataset, out, "train.steps=2")) == 2
+        err = capsys.readouterr().err
+        assert f"pid {holder.pid} on host {socket.gethostname()}" in err and "in use" in err
+        assert "Traceback" not in err and not (out / "config.yaml").exists()
+    finally:
+        holder.send_signal(signal.SIGKILL)  # a holder killed with -9 leaves the lock file behind
+        holder.wait()
+    assert (out / ".lock").is_file()
+    assert run(*pretrain_args(english, dataset, out, "train.steps=2")) == 0
+    assert len(losses(out)) == 2
+
+
+# ------------------------------------------------------------------------------ interruption
+def test_sigint_and_sigterm_save_and_resume_exactly(english, dataset, tmp_path, capsys):
+    # long enough not to finish before the signal; both runs stop at the same step with stop_at
+    common = ["train.steps=5000", "train.save_minutes=null"]
+    split = tmp_path / "split"
+    # Ctrl-C to a real process
+    proc = subprocess.Popen([sys.executable, "-m", "pentad", *pretrain_args(english, dataset, split, *common)],
+                            stderr=subprocess.PIPE, text=True, env=subprocess_env())
+    deadline = time.monotonic() + 60
+    while len(losses(split)) < 3 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Run the same command again to resume" in err and "Traceback" not in err
+    first = checkpoint_steps(split)[-1]
+    assert first == len(losses(split)) >= 3
+
+    # SIGTERM (what schedulers send) to this process, from another thread, in the resumed run
+    def terminate_later() -> None:
+        while len(losses(split)) < first + 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    handler = signal.getsignal(signal.SIGTERM)
+    watcher = threading.Thread(target=terminate_later)
+    watcher.start()
+    assert run(*pretrain_args(english, dataset, split, *common)) == 143
+    watcher.join()
+    assert "stopped by SIGTERM" in capsys.readouterr().err
+    second = checkpoint_steps(split)[-1]
+    assert second == len(losses(split)) >= first + 3
+    assert signal.getsignal(signal.SIGTERM) == handler  # handlers are put back
+
+    target = second + 2
+    assert run(*pretrain_args(english, dataset, split, *common, f"train.stop_at={target}")) == 0
+    straight = tmp_path / "straight"
+    assert run(*pretrain_args(english, dataset, straight, *common, f"train.stop_at={target}")) == 0
+    assert len(losses(split)) == target and losses(split) == losses(straight)  # bitwise on CPU
+
+
+def test_resume_from_an_earlier_checkpoint(english, dataset, tmp_path, capsys):
+    out = tmp_path / "run"
+    common = ["train.steps=6", "train.save_every=2", "train.keep_checkpoints=3"]
+    assert run(*pretrain_args(english, dataset, out, *common)) == 0
+    first = losses(out)
+    assert checkpoint_steps(out) == [2, 4, 6]
+    assert run(*pretrain_args(english, dataset, out, *common, "train.resume_from=3")) == 2
+    assert "no checkpoint of step 3 (kept checkpoints: 2, 4, 6" in capsys.readouterr().err
+    assert run(*pretrain_args(english, dataset, out, *common, "train.resume_from=2")) == 0
+    assert "removed the later checkpoint of step 6" in capsys.readouterr().err
+    assert losses(out) == first and checkpoint_steps(out) == [2, 4, 6]
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["train"]["resume_from"] is None  # a one-off instruction, not recorded
+
+
+# --------------------------------------------------------------------------- changed settings
+def test_changed_settings_are_refused_unless_allowed(english, dataset, tmp_path, capsys):
+    out = tmp_path / "run"
+    common = ["train.steps=6", "train.schedule=constant", "train.warmup=0"]
+    assert run(*pretrain_args(english, dataset, out, *common, "train.stop_at=2")) == 0
+    capsys.readouterr()
+    changed = [*common, "train.lr=0.5", "train.batch_size=4"]
+    assert run(*pretrain_args(english, dataset, out, *changed)) == 2
+    err = capsys.readouterr().err
+    assert "train.batch_size 8 -> 4" in err and "train.lr 0.001 -> 0.5" in err and "allow_changes" in err
+    assert yaml.safe_load((out / "config.yaml").read_text())["train"]["lr"] == 0.001  # untouched
+    # a longer run is a change too, with a hint on how to train a finished run further
+    assert run(*pretrain_args(english, dataset, out, "train.steps=8", "train.schedule=constant",
+                              "train.warmup=0")) == 2
+    assert "train.steps 6 -> 8" in capsys.readouterr().err
+    # keys that do not change the course of training may differ
+    assert run(*pretrain_args(english, dataset, out, *common, "train.stop_at=3", "train.log_every=2",
+                              "train.keep_checkpoints=1")) == 0
+    assert run(*pretrain_args(english, dataset, out, *changed, "train.allow_changes=true")) == 0
+    records = MetricsLog(out / "metrics.jsonl").read()
+    change = [r for r in records if "config_changes" in r]
+    assert change == [{"step": 3, "config_changes": {"train.batch_size": [8, 4], "train.lr": [0.001, 0.5]}}]
+    assert [r["lr"] for r in records if "lr" in r] == [0.001, 0.001, 0.001, 0.5, 0.5, 0.5]  # the new lr is used
+    assert yaml.safe_load((out / "config.yaml").read_text())["train"]["lr"] == 0.5
+
+
+# ----------------------------------------------------------------------------- clean restarts
+def test_restart_without_checkpoint_resets_metrics_and_removes_temporaries(english, dataset, tmp_path, capsys):
+    out = tmp_path / "run"
+    (out / "checkpoints" / ".step-00000004.x1y2").mkdir(parents=True)  # an interrupted checkpoint write
+    (out / "checkpoints" / ".step-00000004.x1y2" / "model.safetensors").write_bytes(b"half")
+    (out / ".config.yaml.abc123").write_text("half")
+    (out / ".gitignore").write_text("*\n")  # not pentad's: kept
+    (out / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 9.0}) + "\n" for s in (1, 2, 3)))
+    assert run(*pretrain_args(english, dataset, out, "train.steps=2")) == 0
+    assert len(losses(out)) == 2 and 9.0 not in losses(out)
+    assert not (out / "checkpoints" / ".step-00000004.x1y2").exists() and not (out / ".config.yaml.abc123").exists()
+    assert (out / ".gitignore").is_file()
+    assert "left by an interrupted earlier run" in capsys.readouterr().err
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert Path(saved["data"]["dataset"]).is_absolute() and Path(saved["tokenizer"]["vocab"]).is_absolute()
+
+
+# ------------------------------------------------------------------------------- fine-tuning
+def finetune_args(english, output, *extra) -> list[str]:
+    return ["finetune", "--task", "classification", "--config", "bert/tiny", *tiny(english["vocab"]),
+            f"data.train={english['train']}", f"data.dev={english['dev']}", f"data.test={english['test']}",
+            f"output={output}", "train.epochs=2", "train.eval_every=1", "train.threads=1", *extra]
+
+
+def test_resumed_finetune_keeps_its_best_model(english, tmp_path, capsys):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert run(*finetune_args(english, straight)) == 0
+    assert run(*finetune_args(english, split, "train.stop_at=4")) == 0
+    assert not (split / "results.json").exists()
+    assert run(*finetune_args(english, split)) == 0
+    a, b = (json.loads((d / "results.json").read_text()) for d in (straight, split))
+    assert a["best_step"] == b["best_step"] and a["dev"] == b["dev"] and a["test"] == b["test"]
+    best_a, best_b = (load_file(d / "best" / "model.safetensors") for d in (straight, split))
+    assert best_a.keys() == best_b.keys() and all(best_a[k].equal(best_b[k]) for k in best_a)
+
+    # a best model that no later step can beat survives a resume (its record is in the weights file)
+    tampered = tmp_path / "tampered"
+    assert run(*finetune_args(english, tampered, "train.stop_at=2")) == 0
+    weights = tampered / "best" / "model.safetensors"
+    record = {"step": 2, "score": 2.0, "metrics": {"accuracy": 2.0, "macro_f1": 2.0}}
+    save_file(load_file(weights), weights, metadata={"format": "pt", "pentad_best": json.dumps(record)})
+    capsys.readouterr()
+    assert run(*finetune_args(english, tampered)) == 0
+    assert "best model so far: step 2" in capsys.readouterr().err
+    results = json.loads((tampered / "results.json").read_text())
+    assert results["best_step"] == 2 and results["dev"] == record["metrics"]
+
+
+def test_run_config_works_from_another_directory(english, tmp_path, monkeypatch, capsys):
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("train", "dev", "nolabel"):
+        (work / f"{name}.tsv").write_bytes(english[name].read_bytes())
+    (work / "vocab.txt").write_bytes(english["vocab"].read_bytes())
+    monkeypatch.chdir(work)
+    args = ["finetune", "--task", "classification", "--config", "bert/tiny", *tiny(Path("vocab.txt")),
+            "data.train=train.tsv", "data.dev=dev.tsv", "output=ft", "train.epochs=1", "train.threads=1",
+            "train.progress=true"]
+    assert run(*args) == 0
+    assert "evaluate dev" in capsys.readouterr().err  # the dev pass has a progress bar
+    saved = yaml.safe_load((work / "ft" / "config.yaml").read_text())
+    assert saved["data"]["train"] == str(work / "train.tsv") and saved["output"] == str(work / "ft")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert run("infer", "--model", work / "ft", f"data.test={work / 'nolabel.tsv'}", "--output", "pred.tsv") == 0
+    assert "infer" in capsys.readouterr().err
+    assert len((elsewhere / "pred.tsv").read_text().splitlines()) == 11
