@@ -645,15 +645,21 @@ class _Importer:
                                 f"and data.* instead): {', '.join(ignored)}")
 
 
+# TencentPretrain's bert, bpe, char and space tokenizers have no special-token matching: a literal
+# "[CLS]" in the text is tokenized like any other text ('[', 'cls', ']'), hence "split".
+SPECIAL_TOKENS_IN_TEXT = "split"
+
+
 def _tokenizer(flat: dict[str, Any]) -> dict[str, Any] | None:
     lower = str(flat.get("do_lower_case", "true")).lower() in ("true", "1", "yes")
+    split = {"special_tokens_in_text": SPECIAL_TOKENS_IN_TEXT}
     if flat.get("spm_model_path"):
         return {"type": "sentencepiece", "model": flat["spm_model_path"]}
     if flat.get("vocab_path") and flat.get("merges_path"):
-        return {"type": "bpe", "vocab": flat["vocab_path"], "merges": flat["merges_path"]}
+        return {"type": "bpe", "vocab": flat["vocab_path"], "merges": flat["merges_path"], **split}
     if flat.get("vocab_path"):
         kind = flat.get("tokenizer", "bert")
         if kind in ("char", "space"):
-            return {"type": kind, "vocab": flat["vocab_path"]}
-        return {"type": "wordpiece", "vocab": flat["vocab_path"], "lowercase": lower}
+            return {"type": kind, "vocab": flat["vocab_path"], **split}
+        return {"type": "wordpiece", "vocab": flat["vocab_path"], "lowercase": lower, **split}
     return None

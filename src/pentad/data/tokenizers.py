@@ -17,7 +17,9 @@ usual token of each role in its vocabulary (``[PAD] [UNK] [CLS] [SEP] [MASK]`` f
 vocabularies, ``<|endoftext|>`` for GPT-2, the model's own ids for SentencePiece); a role with no
 token of its own borrows its counterpart's (``cls`` <-> ``bos``, ``sep`` <-> ``eos``), and a
 ``special_tokens`` mapping in the config overrides any of them. As in Hugging Face tokenizers, the
-special tokens of a Rust-backed tokenizer are recognised when they appear literally in the text.
+special tokens of a Rust-backed tokenizer are recognised when they appear literally in the text
+(``special_tokens_in_text: parse``, the default); ``split`` tokenizes such text like any other, as
+TencentPretrain's tokenizers and Hugging Face's ``split_special_tokens=True`` do.
 
 ``encode`` never adds special tokens: objectives and tasks decide where ``[CLS]``/``[SEP]`` go.
 """
@@ -85,6 +87,14 @@ SpecialTokens = Annotated[
     dict[str, str] | None,
     AfterValidator(_check_roles),
     Field(description="Override role -> token string, e.g. {mask: '<mask>'}; roles: " + ", ".join(ROLES)),
+]
+
+PARSE, SPLIT = "parse", "split"
+SpecialTokensInText = Annotated[
+    Literal["parse", "split"],
+    Field(description="a special token typed literally in the text ('[CLS]', '<|endoftext|>'): 'parse' makes it "
+                      "the special id (Hugging Face's default); 'split' tokenizes it like any other text, as "
+                      "TencentPretrain's tokenizers do (Hugging Face's split_special_tokens=True)"),
 ]
 
 
@@ -466,6 +476,8 @@ class Tokenizer(abc.ABC):
         Paths do not enter it, so the same files give the same fingerprint on every machine.
         """
         options = self.config().model_dump(mode="json", exclude=set(self._path_fields))
+        if options.get("special_tokens_in_text") == PARSE:  # the default: fingerprints from before the option
+            del options["special_tokens_in_text"]
         payload = {
             "format": _FINGERPRINT_FORMAT,
             "options": options,
@@ -514,11 +526,19 @@ class _RustTokenizer(Tokenizer):
         self._backend = backend
         self._size = max(vocab.values()) + 1
 
-    def _register_special_tokens(self) -> None:
+    def _register_special_tokens(self, in_text: str = PARSE) -> None:
         """Make the chosen special tokens atomic: matched in raw text before normalisation and
-        splitting (as Hugging Face does), skippable in ``decode``."""
+        splitting (as Hugging Face does), skippable in ``decode``. ``in_text`` "split": literal
+        special tokens in the text are not matched but tokenized like the text around them."""
         tokens = sorted({tok for tok in self._special_tokens.values() if tok is not None})
         self._backend.add_special_tokens([AddedToken(tok, special=True, normalized=False) for tok in tokens])
+        self._backend.encode_special_tokens = in_text == SPLIT
+        self._options["special_tokens_in_text"] = in_text
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # The backend pickles as its JSON form, which does not hold encode_special_tokens.
+        self.__dict__.update(state)
+        self._backend.encode_special_tokens = self._options.get("special_tokens_in_text") == SPLIT
 
     @property
     def vocab_size(self) -> int:
@@ -573,6 +593,7 @@ class WordPieceConfig(StrictModel):
     strip_accents: bool | None = Field(None, description="strip accents; None follows lowercase")
     max_input_chars_per_word: int = Field(100, gt=0, description="longer words become unk")
     special_tokens: SpecialTokens = None
+    special_tokens_in_text: SpecialTokensInText = PARSE
 
 
 @TOKENIZERS.register("wordpiece")
@@ -594,6 +615,7 @@ class WordPieceTokenizer(_RustTokenizer):
         strip_accents: bool | None = None,
         max_input_chars_per_word: int = 100,
         special_tokens: Mapping[str, str] | None = None,
+        special_tokens_in_text: str = PARSE,
     ) -> None:
         super().__init__()
         source = _read_source(Path(vocab), "vocabulary")
@@ -615,7 +637,7 @@ class WordPieceTokenizer(_RustTokenizer):
         backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         backend.decoder = decoders.WordPiece(prefix="##")
         self._attach(backend, table)
-        self._register_special_tokens()
+        self._register_special_tokens(special_tokens_in_text)
 
     def _begins_word(self, i: int, token: str) -> bool:
         return not token.startswith("##")
@@ -647,6 +669,7 @@ class BPEConfig(StrictModel):
     lowercase: bool = Field(False, description="lower-case the text first (vocabularies trained lower-cased)")
     add_prefix_space: bool = Field(False, description="treat the text as if it began with a space")
     special_tokens: SpecialTokens = None
+    special_tokens_in_text: SpecialTokensInText = PARSE
 
 
 @TOKENIZERS.register("bpe")
@@ -676,6 +699,7 @@ class ByteLevelBPETokenizer(_RustTokenizer):
         lowercase: bool = False,
         add_prefix_space: bool = False,
         special_tokens: Mapping[str, str] | None = None,
+        special_tokens_in_text: str = PARSE,
     ) -> None:
         super().__init__()
         vocab_source = _read_source(Path(vocab), "vocabulary")
@@ -695,7 +719,7 @@ class ByteLevelBPETokenizer(_RustTokenizer):
         backend.decoder = decoders.ByteLevel()
         self._attach(backend, table)
         self._set_special_tokens(self._candidates, special_tokens, table.get, vocab_source.path)
-        self._register_special_tokens()
+        self._register_special_tokens(special_tokens_in_text)
 
     def _begins_word(self, i: int, token: str) -> bool:
         return token[:1] in _BYTE_LEVEL_SPACES
@@ -710,7 +734,8 @@ class _WordLevelTokenizer(_RustTokenizer):
 
     _path_fields = ("vocab",)
 
-    def __init__(self, vocab: Path, special_tokens: Mapping[str, str] | None = None) -> None:
+    def __init__(self, vocab: Path, special_tokens: Mapping[str, str] | None = None,
+                 special_tokens_in_text: str = PARSE) -> None:
         super().__init__()
         source = _read_source(Path(vocab), "vocabulary")
         table = _parse_vocab(source)
@@ -721,7 +746,7 @@ class _WordLevelTokenizer(_RustTokenizer):
         backend = hf_tokenizers.Tokenizer(models.WordLevel(vocab=dict(table), unk_token=unk))
         self._configure(backend)
         self._attach(backend, table)
-        self._register_special_tokens()
+        self._register_special_tokens(special_tokens_in_text)
 
     @abc.abstractmethod
     def _configure(self, backend: hf_tokenizers.Tokenizer) -> None:
@@ -734,6 +759,7 @@ class CharConfig(StrictModel):
     type: Literal["char"] = "char"
     vocab: Path = Field(description="vocab.txt: one token per line, id = line number - 1")
     special_tokens: SpecialTokens = None
+    special_tokens_in_text: SpecialTokensInText = PARSE
 
 
 @TOKENIZERS.register("char")
@@ -755,6 +781,7 @@ class SpaceConfig(StrictModel):
     type: Literal["space"] = "space"
     vocab: Path = Field(description="vocab.txt: one token per line, id = line number - 1")
     special_tokens: SpecialTokens = None
+    special_tokens_in_text: SpecialTokensInText = PARSE
 
 
 @TOKENIZERS.register("space")
@@ -897,6 +924,7 @@ class TokenizerJsonConfig(StrictModel):
     type: Literal["tokenizer_json"] = "tokenizer_json"
     file: Path = Field(description="a Hugging Face tokenizer.json (any model, normaliser and pre-tokenizer)")
     special_tokens: SpecialTokens = None
+    special_tokens_in_text: SpecialTokensInText = PARSE
 
 
 @TOKENIZERS.register("tokenizer_json")
@@ -916,7 +944,8 @@ class TokenizerJsonTokenizer(_RustTokenizer):
         "cls": ("[CLS]", "<s>", "<cls>"), "sep": ("[SEP]", "</s>", "<sep>"),
     }
 
-    def __init__(self, file: Path, special_tokens: Mapping[str, str] | None = None) -> None:
+    def __init__(self, file: Path, special_tokens: Mapping[str, str] | None = None,
+                 special_tokens_in_text: str = PARSE) -> None:
         super().__init__()
         source = _read_source(Path(file), "tokenizer.json")
         try:
@@ -929,7 +958,7 @@ class TokenizerJsonTokenizer(_RustTokenizer):
         vocab = backend.get_vocab(with_added_tokens=True)
         self._attach(backend, vocab)
         self._set_special_tokens(self._candidates, special_tokens, vocab.get, source.path)
-        self._register_special_tokens()
+        self._register_special_tokens(special_tokens_in_text)
 
 
 # --------------------------------------------------------------------------------------------

@@ -461,8 +461,12 @@ def find_tokenizer(in_dir: Path, raw: dict[str, Any],
 
     A merges file means GPT-2 BPE; a ``.model`` file SentencePiece (with ``"tokenizer":
     "xlmroberta"`` laid out with fairseq's ids, written into ``tok_dir``); one ``*vocab*.txt`` file
-    a WordPiece vocabulary (or ``char`` / ``space`` when the config's ``tokenizer`` says so).
+    a WordPiece vocabulary (or ``char`` / ``space`` when the config's ``tokenizer`` says so). Literal
+    special tokens in the text are tokenized as text (``special_tokens_in_text: split``), as
+    TencentPretrain's own tokenizers do (SentencePiece matches pieces as sentencepiece does, in both).
     """
+    from pentad.config.tencentpretrain import SPECIAL_TOKENS_IN_TEXT
+
     merges = sorted(in_dir.glob("*merges*.txt"))
     vocabs = sorted(p for p in in_dir.glob("*vocab*") if p.suffix in (".txt", ".json"))
     models = sorted(in_dir.glob("*.model"))
@@ -471,7 +475,8 @@ def find_tokenizer(in_dir: Path, raw: dict[str, Any],
         if len(merges) != 1 or len(vocabs) != 1:
             raise UserError(f"{in_dir}: a BPE tokenizer needs one *merges*.txt and one *vocab* file; found "
                             f"{[p.name for p in merges + vocabs]}.")
-        return {"type": "bpe", "vocab": str(vocabs[0].resolve()), "merges": str(merges[0].resolve())}, []
+        return {"type": "bpe", "vocab": str(vocabs[0].resolve()), "merges": str(merges[0].resolve()),
+                "special_tokens_in_text": SPECIAL_TOKENS_IN_TEXT}, []
     if models:
         if len(models) != 1:
             raise UserError(f"{in_dir}: several SentencePiece models {[p.name for p in models]}; keep one.")
@@ -493,7 +498,8 @@ def find_tokenizer(in_dir: Path, raw: dict[str, Any],
                         "was trained with.")
     if texts:
         kind = TOKENIZERS.get(str(raw.get("tokenizer", "bert")), "wordpiece")
-        cfg: dict[str, Any] = {"type": kind, "vocab": str(texts[0].resolve())}
+        cfg: dict[str, Any] = {"type": kind, "vocab": str(texts[0].resolve()),
+                               "special_tokens_in_text": SPECIAL_TOKENS_IN_TEXT}
         if kind == "wordpiece":
             cfg["lowercase"] = lower
         return cfg, []

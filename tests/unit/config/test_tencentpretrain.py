@@ -42,6 +42,25 @@ def test_vocab_path_sets_the_tokenizer(shared_data):
     assert cfg.tokenizer.type == "wordpiece"
 
 
+def test_imported_tokenizers_split_literal_special_tokens_as_tencentpretrain_does(shared_data):
+    """TencentPretrain's tokenizers have no special-token matching: "[CLS]" typed in the text is
+    '[', 'cls', ']' there, so the import chooses special_tokens_in_text: split (overridable)."""
+    from pentad.data.tokenizers import load_tokenizer
+
+    vocab = shared_data / "models/google_uncased_en_vocab.txt"
+    cfg = load_config(shared_data / "configs/bert/base_config.json", [f"vocab_path={vocab}"])
+    assert cfg.tokenizer.special_tokens_in_text == "split"
+    tok = load_tokenizer(cfg.tokenizer)
+    assert tok.tokenize("a [CLS] b") == ["a", "[", "cl", "##s", "]", "b"]
+    gpt2 = load_config(shared_data / "configs/gpt2/config.json",
+                       [f"vocab_path={shared_data / 'models/huggingface_gpt2_vocab.txt'}",
+                        f"merges_path={shared_data / 'models/huggingface_gpt2_merges.txt'}"])
+    assert gpt2.tokenizer.type == "bpe" and gpt2.tokenizer.special_tokens_in_text == "split"
+    kept = load_config(shared_data / "configs/bert/base_config.json",
+                       [f"vocab_path={vocab}", "tokenizer.special_tokens_in_text=parse"])
+    assert kept.tokenizer.special_tokens_in_text == "parse"
+
+
 def test_unknown_tencentpretrain_key(tmp_path):
     path = tmp_path / "c.json"
     path.write_text('{"hidden_size": 64, "layers_num": 2, "heads_num": 2, "encoder": "transformer", "bogus": 1}')

@@ -280,6 +280,81 @@ def test_space_tokenizer(tmp_path: Path):
     assert tok.decode([9, 10, 1]) == "hello world [UNK]"
 
 
+# --------------------------------------------------------------------------------------------
+# special tokens typed literally in the text: parse (default) or split (TencentPretrain's way)
+
+LITERAL_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[", "]", "cls", "sep", "mask", "hello", "world",
+                 "C", "L", "S"]
+LITERAL_TEXT = "hello [CLS] world[SEP] x[MASK] [mask]"
+
+
+def _tp_basic_wordpiece(text: str, vocab: list[str]) -> list[int]:
+    """TencentPretrain's BertTokenizer on this vocabulary (whole words only): lower-case, split on
+    whitespace and punctuation, look each piece up; nothing is special."""
+    import re
+
+    index = {t: i for i, t in enumerate(vocab)}
+    return [index.get(piece, index["[UNK]"]) for piece in re.findall(r"\w+|[^\w\s]", text.lower())]
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "char", "space"])
+def test_special_tokens_in_text_parse_or_split(tmp_path: Path, kind: str):
+    vocab = _write(tmp_path / "vocab.txt", LITERAL_VOCAB)
+    index = {t: i for i, t in enumerate(LITERAL_VOCAB)}
+    default = load_tokenizer({"type": kind, "vocab": str(vocab)})
+    parse = load_tokenizer({"type": kind, "vocab": str(vocab), "special_tokens_in_text": "parse"})
+    split = load_tokenizer({"type": kind, "vocab": str(vocab), "special_tokens_in_text": "split"})
+    assert default.config().special_tokens_in_text == "parse"
+    assert default.encode(LITERAL_TEXT) == parse.encode(LITERAL_TEXT)
+    assert default.fingerprint() == parse.fingerprint() != split.fingerprint()  # old datasets stay valid
+    assert index["[CLS]"] in parse.encode(LITERAL_TEXT)
+    ids = split.encode(LITERAL_TEXT)
+    unk = index["[UNK]"]
+    if kind == "wordpiece":  # TencentPretrain's bert tokenizer: '[', 'cls', ']'
+        assert ids == _tp_basic_wordpiece(LITERAL_TEXT, LITERAL_VOCAB)
+        assert split.tokenize("[CLS]") == ["[", "cls", "]"]
+    elif kind == "char":  # TencentPretrain's char tokenizer: one token per character
+        assert ids == [index.get(ch, unk) for ch in LITERAL_TEXT if not ch.isspace()]
+    else:  # TencentPretrain's space tokenizer looks every whitespace-separated word up
+        assert ids == [index.get(word, unk) for word in LITERAL_TEXT.split()]
+        assert ids[1] == index["[CLS]"] and parse.encode("x[MASK]") == [unk, index["[MASK]"]] != split.encode("x[MASK]")
+    if kind != "space":
+        assert not set(ids) & {index["[CLS]"], index["[SEP]"], index["[MASK]"]}
+    assert split.encode_batch([LITERAL_TEXT, "[SEP]"]) == [ids, split.encode("[SEP]")]
+    # The choice survives saving into a run directory and pickling into loader workers.
+    again = load_tokenizer(split.save(tmp_path / "run"), base_dir=tmp_path / "run")
+    assert again.encode(LITERAL_TEXT) == ids and again.fingerprint() == split.fingerprint()
+    assert pickle.loads(pickle.dumps(split)).encode(LITERAL_TEXT) == ids
+    assert pickle.loads(pickle.dumps(parse)).encode(LITERAL_TEXT) == parse.encode(LITERAL_TEXT)
+    # Special ids inserted by objectives and tasks are unaffected.
+    assert (split.cls_id, split.sep_id, split.mask_id) == (index["[CLS]"], index["[SEP]"], index["[MASK]"])
+    with pytest.raises(UserError):
+        load_tokenizer({"type": kind, "vocab": str(vocab), "special_tokens_in_text": "keep"})
+
+
+def test_special_tokens_in_text_bpe_and_tokenizer_json(models: Path, tmp_path: Path):
+    text = "bar<|endoftext|>x"
+    options = {"type": "bpe", "vocab": "huggingface_gpt2_vocab.txt", "merges": "huggingface_gpt2_merges.txt"}
+    parse = load_tokenizer(options, base_dir=models)
+    split = load_tokenizer({**options, "special_tokens_in_text": "split"}, base_dir=models)
+    assert parse.bos_id in parse.encode(text)
+    ids = split.encode(text)  # TencentPretrain's GPT-2 regex splits it: '<|', 'endoftext', '|>'
+    assert parse.bos_id not in ids and split.decode(ids) == text and len(ids) > 3
+    assert ids == parse.encode("bar") + parse.encode("<|") + parse.encode("endoftext") + parse.encode("|>x")
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models as backend_models
+    from tokenizers import pre_tokenizers
+
+    backend = Backend(backend_models.WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2, "s": 3, "<": 4, ">": 5},
+                                               unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    (tmp_path / "tokenizer.json").write_text(backend.to_str(), encoding="utf-8")
+    json_split = load_tokenizer({"type": "tokenizer_json", "file": str(tmp_path / "tokenizer.json"),
+                                 "special_tokens_in_text": "split"})
+    json_parse = load_tokenizer({"type": "tokenizer_json", "file": str(tmp_path / "tokenizer.json")})
+    assert json_parse.encode("<s> s") == [1, 3] and json_split.encode("<s> s") == [4, 3, 5, 3]  # the file's split
+
+
 def test_sentencepiece_matches_processor(models: Path):
     import sentencepiece
 

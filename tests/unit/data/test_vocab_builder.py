@@ -49,6 +49,7 @@ def test_wordpiece_vocab_from_chinese_corpus(clue_corpus: Path, tmp_path: Path):
     assert cfg == {
         "type": "wordpiece", "vocab": "vocab.txt", "lowercase": True, "split_cjk": True,
         "strip_accents": None, "max_input_chars_per_word": 100, "special_tokens": None,
+        "special_tokens_in_text": "parse",
     }
     lines = (out / "vocab.txt").read_text(encoding="utf-8").split("\n")
     assert lines[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and lines[-1] == ""

@@ -173,12 +173,15 @@ def test_vocabulary_files_become_the_run_tokenizer(tmp_path):
     cfg, tok = load_run(tmp_path / "out")
     assert tok.registry_name == "wordpiece" and tok.vocab_size == cfg.model.vocab_size == 19
     assert cfg.data.objective.type == "bert"
+    # TencentPretrain's tokenizers split a literal "[CLS]" in the text; the converted run does too.
+    assert cfg.tokenizer.special_tokens_in_text == "split" and tok.cls_id not in tok.encode("[CLS]")
     tp_checkpoint(tmp_path / "gpt", GPT2, vocab_size=266)
     files = write_bpe(tmp_path / "bpe")
     for name in ("vocab.json", "merges.txt"):
         (tmp_path / "gpt" / f"gpt2_{name}").write_bytes((tmp_path / "bpe" / name).read_bytes())
     convert("tencentpretrain-to-pentad", tmp_path / "gpt", tmp_path / "gpt_out")
-    assert load_run(tmp_path / "gpt_out")[1].registry_name == "bpe" and files
+    gpt_cfg, gpt_tok = load_run(tmp_path / "gpt_out")
+    assert gpt_tok.registry_name == "bpe" and files and gpt_cfg.tokenizer.special_tokens_in_text == "split"
 
 
 def test_errors(tmp_path):
