@@ -413,7 +413,17 @@ def _pentad_to_hf(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
 def _hf_norms(cfg: Any, tensors: dict[str, Tensor], in_dir: Path, allow: bool, notes: list[str]) -> Any:
     """Hugging Face has no TencentPretrain LayerNorm (``layernorm_unbiased``): refuse with the
     measured difference, or with ``allow`` put torch's LayerNorm in its place and note it."""
-    places = numerics.norm_places(cfg.model, "layernorm_unbiased")
+    model = cfg.model
+    odd = [f"model.{name}.final_norm_kind is {stack.final_norm_kind!r} after {stack.norm!r} layers"
+           for name, stack in (("encoder", model.encoder), ("decoder", model.decoder))
+           if getattr(stack, "final_norm_kind", None) not in (None, getattr(stack, "norm", None))]
+    odd += [f"model.{name}.final_norm_eps {stack.final_norm_eps:g} differs from layer_norm_eps "
+            f"{stack.layer_norm_eps:g}" for name, stack in (("encoder", model.encoder), ("decoder", model.decoder))
+            if getattr(stack, "final_norm_eps", None) not in (None, getattr(stack, "layer_norm_eps", None))]
+    if odd:
+        raise UserError(f"cannot export {in_dir} to Hugging Face: {'; '.join(odd)} (Hugging Face models end each "
+                        "stack with a norm of its layers' kind and eps).")
+    places = numerics.norm_places(model, "layernorm_unbiased")
     if not places:
         return cfg
     swapped = numerics.swap_norm_kinds(cfg.model, "layernorm_unbiased", "layernorm")

@@ -106,3 +106,11 @@ def test_hf_export_refuses_tencentpretrains_layernorm_unless_allowed(tmp_path):
                      allow_norm_change=True)
     assert report.ok  # the exported model is pentad's with torch's LayerNorm, exactly
     assert any("--allow-norm-change" in n and "mlm logits" in n for n in report.notes)
+
+
+def test_hf_export_refuses_a_final_norm_hf_cannot_express(tmp_path):
+    # TencentPretrain's decoder ends with eps 1e-6 whatever layernorm_eps says (1e-5 here).
+    tp_checkpoint(tmp_path / "tp", {**TRANSFORMER, "tie_weights": True, "share_embedding": True})
+    convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out")
+    with pytest.raises(UserError, match=r"model.decoder.final_norm_eps 1e-06 differs from layer_norm_eps 1e-05"):
+        convert("pentad-to-hf", tmp_path / "out", tmp_path / "hf", family="bart", allow_norm_change=True)
