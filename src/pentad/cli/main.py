@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate_cli.add_parser(sub)
     p = sub.add_parser("demo", help="pre-train a small BERT on Wikipedia text, fine-tune on movie reviews")
     p.add_argument("--output", "-o", type=Path, default=Path("runs/demo"))
-    p.add_argument("--minutes", type=float, default=4.0, help="pre-training time budget")
+    p.add_argument("--minutes", type=float, default=7.5,
+                   help="time budget of the whole demo; pre-training gets what the fine-tunes leave")
     p.add_argument("--quick", action="store_true", help="a much shorter run (smoke test)")
     return parser
 

