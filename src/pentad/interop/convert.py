@@ -537,11 +537,23 @@ def _pentad_to_tencentpretrain(in_dir: Path, out_dir: Path, verify: bool, tolera
     if verify:
         report.scope = ("TencentPretrain's code does not run here, so its outputs are not compared: the written "
                         "model.bin and config.json are read back as a TencentPretrain checkpoint and compared bitwise "
-                        "with the run's weights")
+                        "with the run's weights, and tied tensors must be stored once")
         back, _ = keymap.to_pentad(written, tp.rules(back_cfg, back_layout), expected_shapes(back_cfg),
                                    source=str(out_dir / tp.WEIGHTS_NAME), layout="TencentPretrain")
         report.verification = bitwise_checks(tensors, _two_segment_rows(back, tensors), "the run's weights")
+        report.verification.append(_shared_storage_check(written, tp.tied_names(tp.rules(back_cfg, back_layout))))
     return report
+
+
+def _shared_storage_check(state: dict[str, Tensor], tied: list[tuple[str, str]]) -> Check:
+    """An exact check that each tied name shares its tensor's storage in a file read back with
+    ``weights_only=True`` (so the file holds it once, as TencentPretrain's own files do)."""
+    apart = [f"{name} (of {source})" for name, source in tied
+             if name in state and source in state
+             and state[name].untyped_storage().data_ptr() != state[source].untyped_storage().data_ptr()]
+    return Check("tied tensors stored once", exact=True,
+                 detail=f"{len(tied)} tied name(s) share their tensor's storage" if tied else "no tied tensors",
+                 problem=f"{len(apart)} written as separate copies: {_shown_keys(apart)}" if apart else "")
 
 
 def _two_segment_rows(back: dict[str, Tensor], ours: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -393,17 +393,20 @@ def to_tencentpretrain(model: Any, ours: dict[str, Tensor], extras: dict[str, Te
     return alias_tied(state, key_map)
 
 
+def tied_names(key_map: list[Rule]) -> list[tuple[str, str]]:
+    """(second name, the name it is a copy of) of every ``tied`` rule: the tensors TencentPretrain
+    ties, which its state dicts hold once under both names."""
+    owner = {r.ours[0]: r.theirs[0] for r in key_map if r.transform == "copy" and len(r.ours) == len(r.theirs) == 1}
+    return [(r.theirs[0], owner[r.ours[0]]) for r in key_map if r.transform == "tied" and r.ours[0] in owner]
+
+
 def alias_tied(state: dict[str, Tensor], key_map: list[Rule]) -> dict[str, Tensor]:
     """``state`` with each ``tied`` rule's key pointing at the tensor the plain copy of the same
     pentad weight produced (the export writes tied keys as separate copies)."""
-    owner = {r.ours[0]: r.theirs[0] for r in key_map if r.transform == "copy" and len(r.ours) == len(r.theirs) == 1}
     out = dict(state)
-    for rule in key_map:
-        if rule.transform != "tied" or rule.theirs[0] not in out:
-            continue
-        source = owner.get(rule.ours[0])
-        if source in out and torch.equal(out[source], out[rule.theirs[0]]):
-            out[rule.theirs[0]] = out[source]
+    for name, source in tied_names(key_map):
+        if name in out and source in out and torch.equal(out[source], out[name]):
+            out[name] = out[source]
     return out
 
 

@@ -111,6 +111,7 @@ def test_export_stores_tied_tensors_once_and_import_takes_both_forms(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     back = convert("pentad-to-tencentpretrain", tmp_path / "copies_run", tmp_path / "back", verify=True)
     assert back.ok, back.render()
+    assert back.checks()["tied tensors stored once"].detail == "1 tied name(s) share their tensor's storage"
     written = torch.load(tmp_path / "back" / "model.bin", weights_only=True)
     word, output = written["embedding.word.embedding.weight"], written["target.mlm.linear_2.weight"]
     assert word.data_ptr() == output.data_ptr()
@@ -118,6 +119,19 @@ def test_export_stores_tied_tensors_once_and_import_takes_both_forms(tmp_path):
     unique = sum(t.numel() * t.element_size() for k, t in written.items() if k != "target.mlm.linear_2.weight")
     assert unique < size < unique + 20_000  # the table once, plus torch.save's small per-key overhead
     assert (tmp_path / "copies" / "model.bin").stat().st_size - size > 0.9 * word.numel() * word.element_size()
+
+
+def test_verify_fails_when_tied_tensors_are_written_apart(tmp_path, monkeypatch):
+    from pentad.interop import tencentpretrain
+
+    fake_checkpoint(tmp_path / "tp", "t5")
+    convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "run")
+    monkeypatch.setattr(tencentpretrain, "alias_tied", lambda state, key_map: state)  # the old, copying export
+    report = convert("pentad-to-tencentpretrain", tmp_path / "run", tmp_path / "back", verify=True)
+    check = report.checks()["tied tensors stored once"]
+    assert not report.ok and check.problem.startswith("2 written as separate copies")
+    assert "encoder.transformer.1.relative_pos_emb.relative_attention_bias.weight" in check.problem
+    assert "tgt_embedding.word.embedding.weight (of embedding.word.embedding.weight)" in check.problem
 
 
 def test_t5_relative_bias_and_its_unused_copy(tmp_path):
