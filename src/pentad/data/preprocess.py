@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import shutil
 import sys
 import tempfile
+import threading
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Literal
 
@@ -92,9 +96,27 @@ def _run_chunk(job: _Job, chunk: Chunk) -> _ChunkResult:
 _WORKER_JOB: _Job | None = None
 
 
-def _init_worker(job: _Job) -> None:
+def _init_worker(job: _Job, parent_alive: Connection | None = None) -> None:
     global _WORKER_JOB
     _WORKER_JOB = job
+    if parent_alive is not None:
+        threading.Thread(target=_exit_with_parent, args=(parent_alive,), daemon=True).start()
+
+
+def _exit_with_parent(parent_alive: Connection) -> None:
+    """Block until the main process is gone, then end this worker.
+
+    A worker is a child of the forkserver, not of the main process, and holds the pipe that keeps
+    the forkserver alive: when the main process is killed (kill -9 gives it no chance to shut the
+    pool down) the workers would wait for work forever, and the forkserver with them. The main
+    process holds the only write end of ``parent_alive`` and never writes: reading gets EOF exactly
+    when it has exited, however it ended (no pid polling, so neither zombies nor reused pids fool it).
+    """
+    try:
+        parent_alive.recv()
+    except (EOFError, OSError):
+        pass
+    os._exit(1)
 
 
 def _work(chunk: Chunk) -> _ChunkResult:
@@ -120,8 +142,9 @@ def _results(job: _Job, chunks: Iterable[Chunk], workers: int) -> Iterator[_Chun
     else:
         context = multiprocessing.get_context("spawn")
     # The bounded deque is the backpressure that keeps memory independent of corpus size.
+    alive_read, alive_write = context.Pipe(duplex=False)
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                               initargs=(job,))
+                               initargs=(job, alive_read))
     pending: deque[Future[_ChunkResult]] = deque()
     try:
         for chunk in chunks:
@@ -132,6 +155,8 @@ def _results(job: _Job, chunks: Iterable[Chunk], workers: int) -> Iterator[_Chun
             yield pending.popleft().result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        alive_write.close()
+        alive_read.close()
 
 
 class _LabelInterner:
@@ -171,6 +196,49 @@ def _check_output(output: Path) -> None:
                         f"data.output or remove it (preprocess never overwrites a dataset).")
 
 
+PARTIAL_LOCK = ".lock"
+UNLOCKED_PARTIAL_AGE_S = 600  # a partial directory without its lock file this old is abandoned
+
+
+def _lock_partial(directory: Path) -> int | None:
+    """Hold an exclusive lock on a partial dataset directory while it is being written (the kernel
+    drops it when this process ends, however it ends); the file descriptor, or None without fcntl."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        return None
+    fd = os.open(directory / PARTIAL_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _remove_abandoned_partials(output: Path) -> None:
+    """Delete the ``.NAME.*.partial`` directories of killed earlier runs for the same output (those
+    whose lock nobody holds); a running preprocess keeps its own."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        return
+    for partial in output.parent.glob(f".{output.name}.*.partial"):
+        if not partial.is_dir() or partial.is_symlink():
+            continue
+        lock = partial / PARTIAL_LOCK
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except FileNotFoundError:  # older version, or killed before the lock: judge by age
+            if time.time() - partial.stat().st_mtime < UNLOCKED_PARTIAL_AGE_S:
+                continue
+        else:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # being written right now
+            finally:
+                os.close(fd)
+        shutil.rmtree(partial, ignore_errors=True)
+        print(f"preprocess: removed {partial}, left by an interrupted earlier run", file=sys.stderr)
+
+
 def _jsonable(value: Any) -> Any:
     if hasattr(value, "model_dump"):
         value = value.model_dump(mode="json")
@@ -208,7 +276,9 @@ def preprocess(objective: Objective, tokenizer: Any, tokenizer_config: dict[str,
     context, consumed = objective.begin_corpus(text_first, corpus)
     job = _Job(objective, context, str(corpus), on_bad_line, seed)
     output.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_partials(output)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
+    lock = _lock_partial(tmp)
     try:
         manifest = _write_dataset(job, tokenizer, corpus, size, tmp, workers, progress,
                                   chunk_bytes, max_shard_tokens, skip=int(consumed),
@@ -223,10 +293,14 @@ def preprocess(objective: Objective, tokenizer: Any, tokenizer_config: dict[str,
         write_manifest(tmp, manifest)
         if output.is_dir():
             output.rmdir()  # checked empty above; rename needs the name free
+        (tmp / PARTIAL_LOCK).unlink(missing_ok=True)
         tmp.rename(output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        if lock is not None:
+            os.close(lock)
     return manifest
 
 
