@@ -427,12 +427,11 @@ def _hf_norms(cfg: Any, tensors: dict[str, Tensor], in_dir: Path, allow: bool, n
     if not places:
         return cfg
     swapped = numerics.swap_norm_kinds(cfg.model, "layernorm_unbiased", "layernorm")
-    measured = numerics.relative_output_difference(cfg.model, tensors, swapped, tensors,
-                                                   _sample_batch(cfg.model, pad=0)[0])
+    measured = numerics.measured_difference(cfg.model, tensors, swapped, tensors, _sample_batch(cfg.model, pad=0)[0])
     what = (f"{', '.join(places)} {'is' if len(places) == 1 else 'are'} TencentPretrain's LayerNorm "
             "(layernorm_unbiased: divides by the unbiased std + eps), which Hugging Face Transformers has no "
             "equivalent of; written as torch's LayerNorm (biased variance, sqrt(var + eps)) the model's outputs "
-            f"change by {numerics.describe(measured)} (relative to the largest value, measured on a sample batch)")
+            f"change {measured}")
     if not allow:
         raise UserError(f"cannot export {in_dir} to Hugging Face exactly: {what}. Pass --allow-norm-change to "
                         "export it anyway with that difference (pentad-to-tencentpretrain keeps the model exact).")
@@ -529,11 +528,9 @@ def _pentad_to_tencentpretrain(in_dir: Path, out_dir: Path, verify: bool, tolera
     if differences:
         back, _ = keymap.to_pentad(written, tp.rules(back_cfg, back_layout), expected_shapes(back_cfg),
                                    source=str(out_dir / tp.WEIGHTS_NAME), layout="TencentPretrain")
-        measured = numerics.relative_output_difference(
-            cfg.model, tensors, back_cfg, back, _sample_batch(cfg.model, pad=0)[0])
+        measured = numerics.measured_difference(cfg.model, tensors, back_cfg, back, _sample_batch(cfg.model, pad=0)[0])
         notes.append("TencentPretrain builds this config slightly differently (" + "; ".join(differences)
-                     + "): the weights are exact, the activations differ accordingly (measured on a sample batch, "
-                     f"relative to the largest value: {numerics.describe(measured)})")
+                     + f"): the weights are exact, the outputs differ {measured}")
     if verify:
         report.scope = ("TencentPretrain's code does not run here, so its outputs are not compared: the written "
                         "model.bin and config.json are read back as a TencentPretrain checkpoint and compared bitwise "

@@ -18,6 +18,8 @@ from pentad.components.base import Batch
 from pentad.config.model import model_config_class
 from pentad.training.checkpoint import load_weights
 
+# Largest model (parameters) whose outputs a conversion measures: it builds the model twice in fp32.
+MEASURE_LIMIT = 400_000_000
 # Config fields that name a norm kind (the embedding slot's ``norm`` is a switch, not a kind).
 KIND_FIELDS = ("norm", "norm_kind", "final_norm_kind")
 
@@ -99,3 +101,16 @@ def relative_output_difference(cfg_a: Any, tensors_a: dict[str, Tensor], cfg_b: 
 def describe(differences: dict[str, float]) -> str:
     """``encoder output 1.2e-03, mlm logits 8.0e-04`` (relative to the output's largest magnitude)."""
     return ", ".join(f"{name} {value:.1e}" for name, value in differences.items())
+
+
+def measured_difference(cfg_a: Any, tensors_a: dict[str, Tensor], cfg_b: Any, tensors_b: dict[str, Tensor],
+                        batch: Batch, limit: int = MEASURE_LIMIT) -> str:
+    """How much model b's outputs differ from model a's, as a phrase: ``by encoder output 1.2e-03, ...
+    (relative to ...)``; a model above ``limit`` parameters is not built twice in fp32 just to word a
+    note, and the phrase says so."""
+    size = sum(t.numel() for t in tensors_a.values())
+    if size > limit:
+        return (f"by about 1/(2 x hidden size) relative per norm changed (not measured: the model's "
+                f"{size / 1e6:.0f}M parameters are above the {limit / 1e6:.0f}M up to which it is run twice)")
+    found = describe(relative_output_difference(cfg_a, tensors_a, cfg_b, tensors_b, batch))
+    return f"by {found} (relative to the largest value, measured on a sample batch)"

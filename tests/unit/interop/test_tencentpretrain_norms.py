@@ -114,3 +114,16 @@ def test_hf_export_refuses_a_final_norm_hf_cannot_express(tmp_path):
     convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out")
     with pytest.raises(UserError, match=r"model.decoder.final_norm_eps 1e-06 differs from layer_norm_eps 1e-05"):
         convert("pentad-to-hf", tmp_path / "out", tmp_path / "hf", family="bart", allow_norm_change=True)
+
+
+def test_large_models_are_not_run_twice_to_word_a_note():
+    from pentad.components.base import Batch
+    from pentad.interop.numerics import measured_difference, swap_norm_kinds
+
+    out, _ = import_config(BERT, ["vocab_size=60"], "test", [])
+    cfg = model_config_class().model_validate(out["model"])
+    tensors = build_model(cfg).state_dict()
+    batch = Batch(tokens=torch.ones(1, 4, dtype=torch.long), segments=torch.zeros(1, 4, dtype=torch.long))
+    swapped = swap_norm_kinds(cfg, "layernorm_unbiased", "layernorm")
+    assert "not measured" in measured_difference(cfg, tensors, swapped, tensors, batch, limit=1000)
+    assert measured_difference(cfg, tensors, swapped, tensors, batch).startswith("by encoder output ")
