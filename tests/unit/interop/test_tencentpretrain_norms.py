@@ -127,3 +127,14 @@ def test_large_models_are_not_run_twice_to_word_a_note():
     swapped = swap_norm_kinds(cfg, "layernorm_unbiased", "layernorm")
     assert "not measured" in measured_difference(cfg, tensors, swapped, tensors, batch, limit=1000)
     assert measured_difference(cfg, tensors, swapped, tensors, batch).startswith("by encoder output ")
+
+
+def test_command_line_refuses_with_status_2_and_exports_with_the_flag(tmp_path, capsys):
+    from .test_cli import exit_status
+
+    tp_checkpoint(tmp_path / "tp", BERT)
+    convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out")
+    argv = ["convert", "pentad-to-hf", str(tmp_path / "out"), str(tmp_path / "hf"), "--family", "bert"]
+    assert exit_status(argv) == 2
+    assert exit_status(argv + ["--allow-norm-change"]) == 0
+    assert "--allow-norm-change" in capsys.readouterr().out
