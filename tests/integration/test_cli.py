@@ -60,3 +60,65 @@ def test_bf16_and_grad_accum_pretraining_runs(english, tmp_path):
                  f"output={tmp_path / 'run'}"]) == 0
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2] and all(r["loss"] > 0 for r in records)
+
+
+def test_validate_takes_the_config_first_or_as_option(capsys):
+    assert main(["validate", "bert/tiny", "model.encoder.num_layers=3"]) == 0
+    positional = capsys.readouterr().out
+    assert main(["validate", "--config", "bert/tiny", "model.encoder.num_layers=3"]) == 0
+    assert capsys.readouterr().out == positional and "transformer x3 layers" in positional
+    assert main(["validate", "-c", "bert/tiny", "--print-config"]) == 0
+    assert "num_layers: 2" in capsys.readouterr().out
+    assert main(["validate", "model.encoder.num_layers=3"]) == 2
+    assert "validate needs a config" in capsys.readouterr().err
+
+
+def test_run_commands_help_lists_main_keys_that_exist(capsys):
+    import pytest
+
+    from pentad.cli.main import MAIN_KEYS
+    from pentad.config.run import run_config_class
+
+    schema = run_config_class().model_json_schema()
+
+    def resolve(node, key):  # one level of the schema, following $ref and anyOf
+        while "$ref" in node or "anyOf" in node:
+            if "$ref" in node:
+                node = schema["$defs"][node["$ref"].split("/")[-1]]
+            else:
+                node = next((n for n in node["anyOf"] if n.get("type") != "null"), node["anyOf"][0])
+        if "properties" in node:
+            return node["properties"][key]
+        # a union of components (discriminated on type): the key exists in at least one of them
+        options = [schema["$defs"][ref.split("/")[-1]] for ref in node.get("discriminator", {})
+                   .get("mapping", {}).values()]
+        return next(o["properties"][key] for o in options if key in o.get("properties", {}))
+
+    for command, keys in MAIN_KEYS.items():
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        out = capsys.readouterr().out
+        assert "pentad schema" in out and "docs/config.md" in out
+        for key, _ in keys:
+            assert key in out
+            node = schema
+            for part in key.split("."):
+                node = resolve(node, part)  # KeyError / StopIteration: a key that does not exist
+
+
+def test_list_descriptions_are_whole_sentences(capsys):
+    from pentad.cli.main import summary
+
+    for kind in ("embeddings", "encoders", "decoders", "targets", "objectives", "tasks", "tokenizers"):
+        assert main(["list", kind]) == 0
+        for line in capsys.readouterr().out.splitlines():
+            assert line.rstrip().endswith("."), f"{kind}: {line!r} is cut"
+    assert summary("First line\n  goes on. Second sentence.\n\nOther paragraph.") == \
+        "First line goes on. Second sentence."
+    assert summary("A ``b`` c.\nD " + "x" * 200 + ".") == "A b c."
+
+
+def test_output_into_a_closed_pipe_is_not_a_traceback():
+    code = "import sys; from pentad.cli.main import main; sys.exit(main(['list', 'zoo']))"
+    done = subprocess.run(f"{sys.executable} -c \"{code}\" | head -1", shell=True, capture_output=True, text=True)
+    assert done.stdout.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pentad.cli.paths import check_output_file
 from pentad.errors import UserError
 
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p")
@@ -60,6 +61,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--stop", nargs="+", action="extend", default=[], metavar="TEXT",
                    help="stop a completion when it contains TEXT (not included in the output)")
     p.add_argument("--output", "-o", type=Path, metavar="FILE.jsonl", help="write JSONL records ('-': stdout)")
+    p.add_argument("--overwrite", action="store_true", help="replace the --output file if it exists")
     p.add_argument("--stream", action="store_true", help="print tokens as they are generated (one prompt)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.add_argument("--batch-size", type=int, default=8, metavar="N", help="prompts decoded together")
@@ -190,8 +192,6 @@ def _write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    if path.is_dir():
-        raise UserError(f"--output {path} is a directory; name a .jsonl file")
     atomic_write_text(path, text)
     print(f"wrote {len(records)} completion(s) to {path}", file=sys.stderr, flush=True)
 
@@ -207,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
     if args.stream and (len(prompts) != 1 or config.strategy == "beam" or config.num_return_sequences != 1):
         raise UserError("--stream shows one completion as it grows: give a single prompt, without --num-beams "
                         "or --num-return-sequences")
+    if args.output is not None and str(args.output) != "-":
+        check_output_file(args.output, args.overwrite)  # before the model is loaded and run
     device = _device(args.device)
     generator = TextGenerator.from_run(args.run_dir, device, decoder_start=args.decoder_start)
     for prompt, origin in zip(prompts, origins):

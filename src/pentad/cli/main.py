@@ -4,18 +4,75 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pentad import __version__
-from pentad.errors import Interrupted, UserError
+from pentad.cli.paths import check_output_file, check_run_dir
+from pentad.errors import Interrupted, UserError, write_error_message
 
 KINDS = ("embeddings", "encoders", "decoders", "targets", "objectives", "tasks", "tokenizers", "zoo")
 
 
+CONFIG_HELP = "YAML/JSON file, zoo recipe (e.g. bert/tiny) or TencentPretrain JSON"
+
+# The keys a user sets most often per command (tests check that each exists in the schema).
+MAIN_KEYS: dict[str, list[tuple[str, str]]] = {
+    "preprocess": [
+        ("data.corpus", "the raw text corpus (format set by the objective)"),
+        ("data.output", "the dataset directory to create (new or empty)"),
+        ("data.objective", "bert, mlm, lm, t5, bart, ... (pentad list objectives); .seq_length, .mask_prob"),
+        ("tokenizer.type", "wordpiece, bpe, sentencepiece, char, ... (pentad list tokenizers); tokenizer.vocab=FILE"),
+        ("data.workers", "tokenizing processes (default 1)"),
+        ("data.on_bad_line", "fail (default) or skip lines that are not UTF-8 or not in the format"),
+    ],
+    "pretrain": [
+        ("data.dataset", "a directory written by pentad preprocess"),
+        ("output", "the run directory (running again resumes from its latest checkpoint)"),
+        ("train.steps", "optimizer steps (default 1000)"),
+        ("train.batch_size", "sequences per micro-batch (default 32); train.grad_accum to accumulate"),
+        ("train.lr", "peak learning rate (default 1e-4); train.warmup, train.schedule"),
+        ("train.save_every", "checkpoint interval in steps"),
+        ("train.threads", "CPU threads (default: one per core)"),
+        ("train.device", "auto (default), cpu or cuda; train.precision=bf16"),
+        ("init", "start from the weights of a run directory or checkpoint"),
+    ],
+    "finetune": [
+        ("task.type", "classification or ner (or --task); task.num_labels, task.metric"),
+        ("data.train", "the training TSV (classification: label<TAB>text_a[<TAB>text_b]; docs/tasks.md)"),
+        ("data.dev", "the development TSV: picks the best model"),
+        ("data.test", "a test TSV, scored at the end"),
+        ("init", "a pre-trained run directory or checkpoint (default: random weights)"),
+        ("output", "the run directory"),
+        ("train.epochs", "passes over the training set (default 3)"),
+        ("train.batch_size", "examples per micro-batch (default 32)"),
+        ("train.lr", "peak learning rate (default 1e-4)"),
+        ("train.threads", "CPU threads (default: one per core)"),
+    ],
+}
+
+
+def _epilog(command: str) -> str:
+    width = max(len(key) for key, _ in MAIN_KEYS[command])
+    lines = [f"  {key:<{width}}  {text}" for key, text in MAIN_KEYS[command]]
+    more = textwrap.fill("`pentad schema` prints every key with its type, default and description (JSON Schema); "
+                         "docs/config.md describes the sections, docs/data.md the tokenizers and objectives, "
+                         "docs/tasks.md the tasks. --print-config shows the resolved config.", width=100)
+    return "main config keys (set in the config file or as key.path=value):\n" + "\n".join(lines) + "\n\n" + more
+
+
+def _add_run_command(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".",
+                          epilog=_epilog(name), formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", help="YAML/JSON file, zoo recipe (e.g. bert/tiny) or TencentPretrain JSON")
+    p.add_argument("--config", "-c", help=CONFIG_HELP)
     p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides")
     p.add_argument("--print-config", action="store_true", help="print the fully resolved config and exit")
 
@@ -25,24 +82,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pentad {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("preprocess", help="tokenize a corpus into memory-mapped token shards")
+    p = _add_run_command(sub, "preprocess", "tokenize a corpus into memory-mapped token shards")
     _config_args(p)
-    p = sub.add_parser("pretrain", help="pre-train a model on a preprocessed dataset")
+    p = _add_run_command(sub, "pretrain", "pre-train a model on a preprocessed dataset")
     _config_args(p)
-    p = sub.add_parser("finetune", help="fine-tune on a downstream task")
+    p = _add_run_command(sub, "finetune", "fine-tune on a downstream task")
     p.add_argument("--task", help="task name (e.g. classification); sets task.type")
     _config_args(p)
     p = sub.add_parser("infer", help="predict with a fine-tuned run directory")
     p.add_argument("--task", help="task name; must match the run's task")
     p.add_argument("--model", required=True, type=Path, help="fine-tuned run directory")
     p.add_argument("--output", "-o", type=Path, help="predictions file (default: MODEL/predictions.tsv)")
+    p.add_argument("--overwrite", action="store_true", help="replace the predictions file if it exists")
     p.add_argument("--probabilities", action="store_true", help="also write class probabilities")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("overrides", nargs="*", metavar="data.test=FILE", help="the input file as data.test=FILE")
-    p = sub.add_parser("validate", help="check a config without running it and print the model summary")
-    p.add_argument("config")
-    p.add_argument("overrides", nargs="*", metavar="key.path=value")
-    p.add_argument("--print-config", action="store_true")
+    p = sub.add_parser("validate", help="check a config without running it and print the model summary",
+                       usage="pentad validate [-h] (CONFIG | --config CONFIG) [key.path=value ...] [--print-config]")
+    p.add_argument("--config", "-c", dest="config_option", metavar="CONFIG",
+                   help=CONFIG_HELP + " (or give it first, without --config)")
+    p.add_argument("overrides", nargs="*", metavar="CONFIG key.path=value", help="the config, then overrides")
+    p.add_argument("--print-config", action="store_true", help="also print the fully resolved config")
     p = sub.add_parser("schema", help="print the JSON Schema of run configs (for editor completion)")
     p = sub.add_parser("list", help="list registered components or zoo recipes")
     p.add_argument("kind", choices=KINDS)
@@ -122,12 +182,16 @@ def run(args: argparse.Namespace) -> int:
             test = Path(value)
         if test is None:
             raise UserError("infer needs the input file: data.test=FILE")
-        infer(args.model, test, args.output, args.probabilities or None, args.batch_size)
+        check_output_file(args.output or args.model / "predictions.tsv", args.overwrite)
+        infer(args.model, test, args.output, args.probabilities or None, args.batch_size, task=args.task)
         return 0
     extra = [f"task.type={args.task}"] if getattr(args, "task", None) else []
     cfg = _load(args, extra)
     if cfg is None:
         return 0
+    args.loaded_config = cfg
+    if cmd in ("pretrain", "finetune") and cfg.output is not None:
+        check_run_dir(Path(cfg.output))
     if cmd == "preprocess":
         from pentad.runs import preprocess_from_config
 
@@ -143,18 +207,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _validate_source(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """(config, overrides) of ``validate``, which takes the config first or as ``--config``."""
+    items = list(args.overrides)
+    if args.config_option is not None:
+        return args.config_option, items
+    if not items or ("=" in items[0] and not Path(items[0]).exists()):
+        raise UserError("validate needs a config: `pentad validate CONFIG [key=value ...]` or "
+                        "`pentad validate --config CONFIG [key=value ...]` (CONFIG: " + CONFIG_HELP + ")")
+    return items[0], items[1:]
+
+
 def _validate(args: argparse.Namespace) -> int:
     from pentad.builder import build_model, summarize
     from pentad.config.loader import dump_config, load_config
     from pentad.runs import complete_vocab, load_tokenizer
 
-    cfg = load_config(args.config, args.overrides)
+    source, overrides = _validate_source(args)
+    cfg = load_config(source, overrides)
     if args.print_config:
         print(dump_config(cfg), end="")
     if cfg.tokenizer is not None and cfg.model.vocab_size is None:
         complete_vocab(cfg, load_tokenizer(cfg))
     model = build_model(cfg.model, device="meta")
-    print(f"config {args.config}: ok")
+    print(f"config {source}: ok")
     print(summarize(model))
     return 0
 
@@ -178,12 +254,39 @@ def _list(kind: str, table: bool = False) -> int:
     run_config_class()  # imports every component so that the registries are complete
     registry = ALL[kind]
     for name, cls in registry.items():
-        doc = (cls.__doc__ or "").strip().splitlines()
-        print(f"{name:16s} {doc[0] if doc else ''}")
+        print(f"{name:16s} {summary(cls.__doc__)}")
     return 0
 
 
+def summary(doc: str | None, limit: int = 160) -> str:
+    """The first paragraph of a docstring as whole sentences on one line: its first sentence, and
+    the following ones while they fit in ``limit`` characters. Never cut mid-sentence."""
+    paragraph = re.split(r"\n\s*\n", (doc or "").strip())[0]
+    text = " ".join(paragraph.split()).replace("``", "")
+    sentences = re.split(r"(?<=[.!?])\s+(?=[A-Z(`\[])", text)
+    out = sentences[0]
+    for sentence in sentences[1:]:
+        if len(out) + 1 + len(sentence) > limit:
+            break
+        out += " " + sentence
+    return out
+
+
+def _outputs(args: argparse.Namespace) -> list[Path]:
+    """The places a command writes to, named when a failed write does not say which file it was."""
+    found = [getattr(args, "output", None)]
+    cfg = getattr(args, "loaded_config", None)
+    if cfg is not None:
+        found += [cfg.output, cfg.data.output if args.command == "preprocess" else None]
+    if args.command == "infer" and args.output is None:
+        found.append(args.model / "predictions.tsv")
+    return [Path(p) for p in found if p is not None and str(p) != "-"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from pentad.training.threads import prepare_environment
+
+    prepare_environment()  # before torch starts its OpenMP pool (pentad.training.threads says why)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -197,3 +300,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed early (`pentad list zoo | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except Exception as e:  # a write that failed because of where it goes: disk full, read-only, ...
+        message = write_error_message(e, _outputs(args))
+        if message is None:
+            raise
+        print(f"pentad {args.command}: error: {message}", file=sys.stderr)
+        return UserError.exit_code

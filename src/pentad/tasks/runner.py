@@ -168,11 +168,16 @@ class BestModel:
 
 
 def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: bool | None = None,
-          batch_size: int = 64, device_choice: str = "auto") -> Path:
-    """Predict with a fine-tuned run directory on its task's input file (labels optional)."""
+          batch_size: int = 64, device_choice: str = "auto", task: str | None = None) -> Path:
+    """Predict with a fine-tuned run directory on its task's input file (labels optional).
+
+    ``task``, when given (``--task``), must be the run's task."""
     cfg, tokenizer = load_run(model_dir)
     if cfg.task is None:
         raise UserError(f"{model_dir} is not a fine-tuned run (its config has no task)")
+    if task is not None and task != cfg.task.type:
+        raise UserError(f"--task {task} does not match the run: {model_dir} was fine-tuned for {cfg.task.type} "
+                        f"(use --task {cfg.task.type}, or leave --task out: the run's task is used)")
     labels_path = model_dir / LABELS
     if not labels_path.is_file():
         raise UserError(f"{model_dir} has no {LABELS}; was fine-tuning interrupted before it began?")

@@ -16,7 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from pentad.errors import UserError
+from pentad.errors import UserError, writing
 
 WEIGHTS = "model.safetensors"
 STATE = "state.pt"
@@ -38,6 +38,17 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def _tensor_bytes(value: Any) -> int:
+    """Bytes of the tensors in a (nested) state: about what writing it needs on disk."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
 def weights_to_save(model: nn.Module) -> dict[str, torch.Tensor]:
     """The state dict without tied aliases (a tied head weight is stored once, under the embedding)."""
     aliases = {head for head, _ in getattr(model, "tied", [])}
@@ -50,7 +61,9 @@ def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None =
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(fd)
     try:
-        save_file(weights_to_save(model), tmp, metadata={"format": "pt", **(metadata or {})})
+        tensors = weights_to_save(model)
+        with writing(path, needed=_tensor_bytes(tensors)):
+            save_file(tensors, tmp, metadata={"format": "pt", **(metadata or {})})
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -171,8 +184,9 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, state: dict[str,
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
     try:
-        save_weights(model, tmp / WEIGHTS, metadata)
-        torch.save(state, tmp / STATE)
+        with writing(final, needed=_tensor_bytes(weights_to_save(model)) + _tensor_bytes(state)):
+            save_weights(model, tmp / WEIGHTS, metadata)
+            torch.save(state, tmp / STATE)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -37,7 +37,8 @@ class TrainConfig(StrictModel):
                                                    "change the course of training differ from the run's")
     eval_every: int | None = Field(None, ge=1, description="fine-tuning: evaluate on dev every N steps; "
                                                            "default: once per epoch")
-    threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: torch's choice")
+    threads: int | None = Field(None, ge=1, description="CPU threads per operation (torch intra-op threads); "
+                                "default: one per core. 1 on a machine shared with busy jobs (docs/config.md)")
     stop_at: int | None = Field(None, ge=1, description="stop with a checkpoint at this step, as if "
                                                         "interrupted; running again resumes")
     progress: bool = True

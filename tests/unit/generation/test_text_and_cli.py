@@ -194,3 +194,16 @@ def test_cli_bad_run_dir_and_options(runs, tmp_path) -> None:
         cli(str(runs["gpt2"]), "--prompt", "w1", "--max-new-tokens", "500")
     with pytest.raises(UserError, match="not an encoder-decoder"):
         cli(str(runs["gpt2"]), "--prompt", "w1", "--decoder-start", "eos")
+
+
+def test_cli_output_is_checked_before_generating(runs, tmp_path) -> None:
+    out = tmp_path / "out.jsonl"
+    out.write_text("kept\n", encoding="utf-8")
+    with pytest.raises(UserError, match="already exists; pass --overwrite"):
+        cli(str(runs["gpt2"]), "--prompt", "w1", "--max-new-tokens", "2", "--output", str(out))
+    assert out.read_text(encoding="utf-8") == "kept\n"
+    assert cli(str(runs["gpt2"]), "--prompt", "w1", "--max-new-tokens", "2", "--output", str(out),
+               "--overwrite") == 0
+    assert json.loads(out.read_text(encoding="utf-8").splitlines()[0])["prompt"] == "w1"
+    with pytest.raises(UserError, match="is a directory"):
+        cli(str(runs["gpt2"]), "--prompt", "w1", "--output", str(tmp_path))
