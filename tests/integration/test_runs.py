@@ -228,3 +228,71 @@ def test_run_config_works_from_another_directory(english, tmp_path, monkeypatch,
     assert run("infer", "--model", work / "ft", f"data.test={work / 'nolabel.tsv'}", "--output", "pred.tsv") == 0
     assert "infer" in capsys.readouterr().err
     assert len((elsewhere / "pred.tsv").read_text().splitlines()) == 11
+
+
+# ------------------------------------------------------------------------------- TensorBoard
+class FakeWriter:
+    """Stands in for torch.utils.tensorboard.SummaryWriter (the tensorboard package is optional)."""
+
+    made: list[FakeWriter] = []
+
+    def __init__(self, log_dir: str, purge_step: int | None = None):
+        self.log_dir, self.purge_step = log_dir, purge_step
+        self.scalars: list[tuple[str, float, int]] = []
+        self.closed = False
+        FakeWriter.made.append(self)
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self.scalars.append((tag, value, step))
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_tensorboard_events_follow_metrics(english, dataset, tmp_path, monkeypatch, capsys):
+    import types
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=FakeWriter))
+    FakeWriter.made.clear()
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "events.out.tfevents.1.old").write_bytes(b"an abandoned attempt")
+    assert run(*pretrain_args(english, dataset, out, "train.steps=3", "train.stop_at=2")) == 0
+    assert not (out / "events.out.tfevents.1.old").exists()  # a run starting at step 0 starts a fresh log
+    assert run(*pretrain_args(english, dataset, out, "train.steps=3")) == 0
+    first, second = FakeWriter.made
+    assert first.log_dir == str(out) and first.purge_step is None and second.purge_step == 2
+    assert first.closed and second.closed
+    assert [(s, v) for t, v, s in first.scalars + second.scalars if t == "train/loss"] == \
+        [(r["step"], r["loss"]) for r in MetricsLog(out / "metrics.jsonl").read()]
+    assert {t for t, _, _ in first.scalars} >= {"train/loss", "train/mlm_loss", "train/lr", "train/grad_norm"}
+
+    # fine-tuning adds the dev metrics
+    FakeWriter.made.clear()
+    assert run(*finetune_args(english, tmp_path / "ft", "train.epochs=1")) == 0
+    tags = {t for t, _, _ in FakeWriter.made[0].scalars}
+    assert {"dev/accuracy", "dev/macro_f1", "train/loss"} <= tags
+
+    # without the package: one line, and the run goes on; train.tensorboard=false: not even that
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    capsys.readouterr()
+    assert run(*pretrain_args(english, dataset, tmp_path / "plain", "train.steps=2")) == 0
+    assert capsys.readouterr().err.count("tensorboard package is not installed") == 1
+    assert run(*pretrain_args(english, dataset, tmp_path / "off", "train.steps=2", "train.tensorboard=false")) == 0
+    assert "tensorboard" not in capsys.readouterr().err.lower()
+
+
+def test_tensorboard_reads_the_event_files(english, dataset, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    assert run(*pretrain_args(english, dataset, out, "train.steps=3")) == 0
+    events = EventAccumulator(str(out))
+    events.Reload()
+    records = MetricsLog(out / "metrics.jsonl").read()
+    assert [e.step for e in events.Scalars("train/loss")] == [r["step"] for r in records]
+    assert [e.value for e in events.Scalars("train/loss")] == pytest.approx([r["loss"] for r in records])

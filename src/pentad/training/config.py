@@ -41,7 +41,9 @@ class TrainConfig(StrictModel):
                                 "default: one per core. 1 on a machine shared with busy jobs (docs/config.md)")
     stop_at: int | None = Field(None, ge=1, description="stop with a checkpoint at this step, as if "
                                                         "interrupted; running again resumes")
-    progress: bool = True
+    progress: bool = Field(True, description="progress bars on stderr (training, evaluation, infer)")
+    tensorboard: bool = Field(True, description="also write TensorBoard event files into the run directory "
+                                                "(needs the tensorboard package: pip install 'pentad[tensorboard]')")
 
     def warmup_steps(self, total: int) -> int:
         return int(self.warmup * total) if self.warmup < 1 else int(self.warmup)

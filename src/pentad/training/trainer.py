@@ -76,6 +76,61 @@ class MetricsLog:
         ckpt.atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
+EVENTS_GLOB = "events.out.tfevents.*"
+
+
+class EventLog:
+    """The scalars of ``metrics.jsonl`` as TensorBoard event files in the run directory, so that
+    ``tensorboard --logdir runs`` shows every run. Training records become ``train/<key>``, dev
+    evaluations ``dev/<metric>``. ``writer`` is anything with ``add_scalar(tag, value, step)``,
+    ``flush()`` and ``close()``; by default a ``torch.utils.tensorboard.SummaryWriter``, opened on
+    the first record (a resumed run asks TensorBoard to drop the old files' events from its step on).
+    Without the ``tensorboard`` package nothing is written, after one line saying so.
+    """
+
+    def __init__(self, run_dir: Path, enabled: bool, writer: Any = None):
+        self.run_dir = run_dir
+        self.enabled = enabled
+        self.writer = writer
+        self.start_step = 0
+
+    def reset(self) -> None:
+        """A run starting at step 0: remove the event files of an earlier attempt."""
+        for path in self.run_dir.glob(EVENTS_GLOB):
+            path.unlink(missing_ok=True)
+
+    def open(self, start_step: int) -> None:
+        """Start logging at ``start_step`` (the writer itself is made with the first record)."""
+        self.start_step = start_step
+
+    def _make_writer(self) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # tensorboard (or one of its dependencies) is not installed
+            self.enabled = False
+            print("TensorBoard event files are not written: the tensorboard package is not installed "
+                  "(pip install 'pentad[tensorboard]'; train.tensorboard=false turns this line off)", file=sys.stderr)
+            return
+        self.writer = SummaryWriter(str(self.run_dir), purge_step=self.start_step or None)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.enabled and self.writer is None:
+            self._make_writer()
+        if self.writer is None:
+            return
+        step = int(record["step"])
+        for key, value in record.items():
+            if key == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            tag = f"dev/{key[len('dev_'):]}" if key.startswith("dev_") else f"train/{key}"
+            self.writer.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
 def _plain(value: Any) -> Any:
     """A config value as JSON-friendly data (tuples as lists, paths as strings)."""
     if isinstance(value, (list, tuple)):
@@ -139,6 +194,7 @@ class Trainer:
         # the configured hyper-parameters of each group, re-applied over a loaded checkpoint's
         self._configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         self.log = MetricsLog(run_dir / "metrics.jsonl")
+        self.events = EventLog(run_dir, cfg.tensorboard)
         self.step = 0
         self.micro_batches = 0  # the data position: micro-batches consumed
 
@@ -185,6 +241,7 @@ class Trainer:
             path = ckpt.latest_checkpoint(self.run_dir)
         if path is None:
             self.log.reset()
+            self.events.reset()
             return False
         ckpt.load_weights(self.model, ckpt.read_weights(path / ckpt.WEIGHTS), str(path))
         state = ckpt.load_state(path)
@@ -243,6 +300,7 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=self.step, desc=self.description, unit="step",
                    disable=not cfg.progress, dynamic_ncols=True, file=sys.stderr)
         stop = StopRequest()
+        self.events.open(self.step)
         try:
             end = min(self.total_steps, cfg.stop_at or self.total_steps)
             while self.step < end:
@@ -273,7 +331,7 @@ class Trainer:
                 if self.step % cfg.log_every == 0 or done or stop.signum:
                     elapsed = time.perf_counter() - interval_start
                     last = self._record(sums, interval_steps, tokens, elapsed, lr)
-                    self.log.write(last)
+                    self._write(last)
                     bar.set_postfix(loss=f"{last['loss']:.4f}")
                     sums, interval_steps = {}, 0
                     tokens = torch.zeros((), dtype=torch.long, device=self.device)
@@ -281,7 +339,7 @@ class Trainer:
                 if evaluate is not None and (eval_steps is not None and self.step in eval_steps):
                     metrics = evaluate(self.step)
                     self.model.train()
-                    self.log.write({"step": self.step, **{f"dev_{k}": v for k, v in metrics.items()}})
+                    self._write({"step": self.step, **{f"dev_{k}": v for k, v in metrics.items()}})
                     bar.write(f"step {self.step}: " + ", ".join(f"dev {k} {v:.4f}" for k, v in metrics.items()))
                     if on_eval is not None:
                         on_eval(self.step, metrics)
@@ -296,8 +354,13 @@ class Trainer:
                             f"there.", stop.signum)
         finally:
             stop.restore()
+            self.events.close()
             bar.close()
         return last
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self.log.write(record)
+        self.events.write(record)
 
     @staticmethod
     def _accumulate(sums: dict[str, torch.Tensor], outputs, loss: torch.Tensor) -> None:
