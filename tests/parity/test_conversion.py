@@ -225,6 +225,25 @@ def test_exported_tokenizer_gives_pentad_ids(tmp_path, family, model, write):
             {r: t for r, t in ours.special_tokens.items() if t is not None}
 
 
+@pytest.mark.parametrize("family, model, write", [("bert", BERT, write_wordpiece), ("gpt2", GPT2, write_bpe)],
+                         ids=["wordpiece", "gpt2-bpe"])
+def test_split_special_tokens_travels_to_hf_and_back(tmp_path, family, model, write):
+    """pentad's special_tokens_in_text: split is HF's split_special_tokens: true, both ways."""
+    tokenizer = {**write(tmp_path / "tok"), "special_tokens_in_text": "split"}
+    make_run(tmp_path / "run", model, tokenizer=tokenizer)
+    convert("pentad-to-hf", tmp_path / "run", tmp_path / "hf", family=family)
+    _, ours = load_run(tmp_path / "run")
+    assert json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())["split_special_tokens"] is True
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", local_files_only=True)
+    literal = ours.special_tokens["sep"]
+    text = f"the fox {literal} a dog"
+    assert ours.sep_id not in ours.encode(text)
+    assert theirs(text, add_special_tokens=False)["input_ids"] == ours.encode(text)
+    convert("hf-to-pentad", tmp_path / "hf", tmp_path / "back")
+    cfg, back = load_run(tmp_path / "back")
+    assert cfg.tokenizer.special_tokens_in_text == "split" and back.encode(text) == ours.encode(text)
+
+
 def test_verify_above_tolerance_exits_1(tmp_path, capsys):
     import argparse
 

@@ -517,17 +517,21 @@ def export_tokenizer(tokenizer: Any, out_dir: Path) -> tuple[dict[str, Any], lis
     from pentad.interop import spm
 
     kind = tokenizer.registry_name
+    notes: list[str] = []
+    if getattr(tokenizer.config(), "special_tokens_in_text", None) == "parse" and kind in ("wordpiece", "bpe", "char"):
+        notes.append("the run's tokenizer reads a special token typed in the text ('[CLS]') as the special id "
+                     "(special_tokens_in_text: parse); TencentPretrain's tokenizer splits it into ordinary pieces")
     with tempfile.TemporaryDirectory() as tmp:
         saved = tokenizer.save(Path(tmp))
         files = {name: (Path(tmp) / saved[name]).read_bytes() for name in ("vocab", "merges", "model") if name in saved}
     if kind in ("wordpiece", "char", "space"):
         (out_dir / "vocab.txt").write_bytes(files["vocab"])
-        return ({"tokenizer": kind} if kind != "wordpiece" else {}), []
+        return ({"tokenizer": kind} if kind != "wordpiece" else {}), notes
     if kind == "bpe":
         tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
         (out_dir / "vocab.txt").write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
         (out_dir / "merges.txt").write_bytes(files["merges"])
-        return {"tokenizer": "bpe"}, []
+        return {"tokenizer": "bpe"}, notes
     if kind == "sentencepiece":
         data = files["model"]
         if spm.is_fairseq(data):

@@ -184,6 +184,20 @@ def test_vocabulary_files_become_the_run_tokenizer(tmp_path):
     assert gpt_tok.registry_name == "bpe" and files and gpt_cfg.tokenizer.special_tokens_in_text == "split"
 
 
+@pytest.mark.parametrize("in_text", ["parse", "split"])
+def test_export_notes_a_tokenizer_that_parses_literal_special_tokens(tmp_path, in_text):
+    from .helpers import BERT as BERT_RUN
+    from .helpers import make_run
+
+    make_run(tmp_path / "run", BERT_RUN, tokenizer={**write_wordpiece(tmp_path / "tok"),
+                                                    "special_tokens_in_text": in_text})
+    report = convert("pentad-to-tencentpretrain", tmp_path / "run", tmp_path / "tp")
+    noted = any("TencentPretrain's tokenizer splits it" in n for n in report.notes)
+    assert noted == (in_text == "parse")
+    again = convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "back")
+    assert again.ok and load_run(tmp_path / "back")[0].tokenizer.special_tokens_in_text == "split"
+
+
 def test_errors(tmp_path):
     _, _, state = tp_checkpoint(tmp_path / "tp", BERT)
     with pytest.raises(UserError, match="--family applies to Hugging Face"):

@@ -373,7 +373,7 @@ def import_tokenizer(in_dir: Path, tok_dir: Path, family: HFFamily,
         (tok_dir / "hf_tokenizer.json").write_bytes((in_dir / "tokenizer.json").read_bytes())
         vocab = {t["content"]: t["id"] for t in fast.get("added_tokens", []) if isinstance(t, dict)}
         vocab.update(fast_model.get("vocab") or {} if isinstance(fast_model.get("vocab"), dict) else {})
-        cfg = {"type": "tokenizer_json", "file": "hf_tokenizer.json"}
+        cfg = {"type": "tokenizer_json", "file": "hf_tokenizer.json", **_split_special(tok_cfg)}
         special = _special_tokens(in_dir, tok_cfg, family.default_special_tokens, vocab)
         if special:
             cfg["special_tokens"] = special
@@ -410,10 +410,17 @@ def import_tokenizer(in_dir: Path, tok_dir: Path, family: HFFamily,
         vocab = read_json(tok_dir / "vocab.json")
         cfg = {"type": "bpe", "vocab": "vocab.json", "merges": "merges.txt",
                "add_prefix_space": bool(tok_cfg.get("add_prefix_space", False))}
+    cfg.update(_split_special(tok_cfg))
     special = _special_tokens(in_dir, tok_cfg, family.default_special_tokens, vocab)
     if special:
         cfg["special_tokens"] = special
     return cfg, []
+
+
+def _split_special(tok_cfg: dict[str, Any]) -> dict[str, str]:
+    """HF's ``split_special_tokens: true`` (literal special tokens in text are ordinary text) is
+    pentad's ``special_tokens_in_text: split``; HF's default is pentad's ``parse``."""
+    return {"special_tokens_in_text": "split"} if tok_cfg.get("split_special_tokens") is True else {}
 
 
 def _import_sentencepiece(in_dir: Path, tok_dir: Path, family: HFFamily, layout: str,
@@ -540,6 +547,8 @@ def export_tokenizer(tokenizer: Any, out_dir: Path, family: HFFamily, max_length
         if options["lowercase"]:
             notes.append("the tokenizer lower-cases text, which HF byte-level BPE tokenizers do not: "
                          "lower-case inputs yourself with the exported tokenizer")
+    if options.get("special_tokens_in_text") == "split":
+        tok_cfg["split_special_tokens"] = True
     for role, token in special.items():
         tok_cfg[f"{role}_token"] = token
     write_json(out_dir / TOKENIZER_CONFIG, tok_cfg)
