@@ -29,9 +29,6 @@ from pentad.training.checkpoint import find_weights, load_weights, read_weights
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "tencentpretrain_reference"
 FAMILIES = sorted(p.stem for p in REFERENCE.glob("*.safetensors"))
 TOLERANCE = 1e-5  # max |pentad - TencentPretrain| / max |TencentPretrain|, per recorded tensor
-# BLOOM: TencentPretrain accepts alibi_position_embedding and never applies it; the import keeps
-# ALiBi (what the config asks for) and says how to match TencentPretrain: positions none.
-MATCH_TENCENTPRETRAIN = {"bloom": {"positions": "none"}}
 # TencentPretrain's bidirectional recurrent encoders flip the whole row, so the backward direction of a
 # padded row starts on padding and its outputs depend on how much padding the batch has; pentad's
 # starts at the row's last real token (components/encoders/rnn.py). Rows without padding are compared.
@@ -61,9 +58,6 @@ def converted_model(tmp_path: Path, family: str, config: dict, state: dict, norm
     assert report.ok, report.render()
     cfg, _ = load_run(tmp_path / "run")
     model_cfg = cfg.model
-    if family in MATCH_TENCENTPRETRAIN:
-        model_cfg = model_cfg.model_copy(update={"encoder": model_cfg.encoder.model_copy(
-            update=MATCH_TENCENTPRETRAIN[family])})
     if norms_as_torch:
         model_cfg = swap_norm_kinds(model_cfg, "layernorm_unbiased", "layernorm")
     model = build_model(model_cfg)
@@ -188,3 +182,19 @@ def test_torchs_layernorm_would_miss_the_reference(tmp_path, family):
     found = compare(family, pentad_outputs(model, inputs), reference, inputs)
     logits = max(v for k, v in found.items() if k.endswith("logits"))
     assert logits > 1e-3, found
+
+
+def test_bloom_checkpoint_converts_without_alibi_as_tencentpretrain_computes(tmp_path):
+    """TencentPretrain accepts alibi_position_embedding and never applies it: a converted checkpoint does
+    the same (the parity above holds without overrides), and the conversion says how to turn ALiBi on."""
+    config, state, _, _ = load_reference("bloom")
+    assert config.get("alibi_position_embedding")
+    source = tmp_path / "tp"
+    source.mkdir()
+    torch.save(state, source / "model.bin")
+    (source / "config.json").write_text(json.dumps(config))
+    report = convert("tencentpretrain-to-pentad", source, tmp_path / "run")
+    cfg, _ = load_run(tmp_path / "run")
+    assert cfg.model.encoder.positions == "none"
+    alibi = [n for n in report.notes if "alibi" in n.lower()]
+    assert len(alibi) == 1 and "never applies" in alibi[0] and "positions: alibi" in alibi[0]

@@ -561,6 +561,15 @@ def plan(raw: dict[str, Any], state: dict[str, Tensor], label: str) -> tuple[dic
     notes: list[str] = []
     out, _ = import_config(raw, [f"vocab_size={int(word.shape[0])}"], label, notes)
     model = out["model"]
+    if model["encoder"].get("positions") == "alibi":
+        # A checkpoint reproduces what TencentPretrain computes with it, and TencentPretrain never
+        # applies ALiBi; the config import (for training) keeps what the config asks for.
+        model["encoder"]["positions"] = "none"
+        notes[:] = [n for n in notes if not n.startswith("alibi_position_embedding")]
+        notes.append("alibi_position_embedding: TencentPretrain accepts this flag but never applies ALiBi, so the "
+                     "converted model has no position information either, as this checkpoint computes in "
+                     "TencentPretrain. If the weights were trained with ALiBi elsewhere (Hugging Face BLOOM), set "
+                     "model.encoder.positions: alibi in the converted run's config.yaml")
     layout = Layout(finetuned=FINETUNED_MARKER in state)
     if layout.finetuned:
         labels = int(state[FINETUNED_MARKER].shape[0])
