@@ -83,16 +83,19 @@ def test_sigint_and_sigterm_save_and_resume_exactly(english, dataset, tmp_path, 
     # long enough not to finish before the signal; both runs stop at the same step with stop_at
     common = ["train.steps=5000", "train.save_minutes=null"]
     split = tmp_path / "split"
-    # Ctrl-C to a real process
-    proc = subprocess.Popen([sys.executable, "-m", "pentad", *pretrain_args(english, dataset, split, *common)],
-                            stderr=subprocess.PIPE, text=True, env=subprocess_env())
+    # Ctrl-C in a terminal: SIGINT to every process of the group, loader workers included
+    proc = subprocess.Popen([sys.executable, "-m", "pentad", *pretrain_args(english, dataset, split, *common),
+                             "data.loader_workers=2"],
+                            stderr=subprocess.PIPE, text=True, env=subprocess_env(), start_new_session=True)
     deadline = time.monotonic() + 60
     while len(losses(split)) < 3 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
+    assert proc.poll() is None, proc.communicate()[1]
+    os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Run the same command again to resume" in err and "Traceback" not in err
+    assert err.count("SIGINT: stopping after this step") == 1  # the workers leave it to the main process
     first = checkpoint_steps(split)[-1]
     assert first == len(losses(split)) >= 3
 

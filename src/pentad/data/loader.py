@@ -12,11 +12,13 @@ later epoch's permutation with high probability; nothing is dropped from the dat
 from __future__ import annotations
 
 import itertools
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, Sampler
 
 from pentad.components.base import Batch
@@ -125,7 +127,10 @@ class PretrainBatches:
             return
         loader = DataLoader(
             self, batch_size=None, sampler=_CountFrom(start), num_workers=self.num_workers,
-            collate_fn=_identity)
+            collate_fn=_identity, worker_init_fn=_ignore_stop_signals,
+            # its own generator: the base seed it draws for its workers must not come from the
+            # global RNG, whose state (dropout) a checkpoint restores; batches do not use it
+            generator=torch.Generator().manual_seed(self.seed))
         yield from loader
 
 
@@ -137,6 +142,14 @@ class _CountFrom(Sampler):
 
     def __iter__(self) -> Iterator[int]:
         return itertools.count(self.start)
+
+
+def _ignore_stop_signals(worker_id: int) -> None:
+    """Loader workers leave SIGINT/SIGTERM to the main process, which stops at a step boundary with a
+    checkpoint and then ends them: Ctrl-C reaches every process of the terminal's process group, and
+    a worker that died of it (or ran a copy of the trainer's handler) would break or clutter that stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _identity(batch: Batch) -> Batch:
