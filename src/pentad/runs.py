@@ -169,10 +169,28 @@ def _same(old: Any, new: Any) -> bool:
             and os.path.abspath(os.path.expanduser(old)) == new)
 
 
+def _schema_difference(key: str, raw: dict[str, Any]) -> bool:
+    """Whether ``key`` is missing from ``raw`` although its section is there: a setting that one pentad
+    version has and another has not (its default keeps the older behaviour), not a change by the user."""
+    node: Any = raw
+    parts = key.split(".")
+    for part in parts[:-1]:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return isinstance(node, dict) and parts[-1] not in node
+
+
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``key: (old, new)`` for each setting that changes the course of training."""
     a, b = _guarded(old), _guarded(new)
-    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if not _same(a.get(k), b.get(k))}
+    changes = {}
+    for key in sorted(set(a) | set(b)):
+        if (key not in a and _schema_difference(key, old)) or (key not in b and _schema_difference(key, new)):
+            continue
+        if not _same(a.get(key), b.get(key)):
+            changes[key] = (a.get(key), b.get(key))
+    return changes
 
 
 def _resumable(run_dir: Path, cfg: Any) -> bool:

@@ -1,0 +1,35 @@
+"""runs: which settings count as changing a resumed run's course."""
+
+from __future__ import annotations
+
+from pentad.runs import config_changes
+
+
+def raw(**train) -> dict:
+    return {"model": {"hidden_size": 32}, "train": {"lr": 0.001, "steps": 10, "log_every": 10, **train},
+            "data": {"dataset": "/data/ds", "workers": 1, "test": None}, "init": None, "task": None,
+            "tokenizer": {"type": "wordpiece", "vocab": "/data/vocab.txt"}}
+
+
+def test_trajectory_keys_are_changes_and_bookkeeping_keys_are_not():
+    assert config_changes(raw(), raw(lr=0.5, log_every=1, stop_at=3)) == {"train.lr": (0.001, 0.5)}
+    new = raw()
+    new["data"].update(dataset="/data/other", workers=4, test="/data/test.tsv")
+    assert config_changes(raw(), new) == {"data.dataset": ("/data/ds", "/data/other")}
+    new = raw()
+    new["task"] = {"type": "classification", "metric": "accuracy"}
+    assert set(config_changes(raw(), new)) == {"task.type", "task.metric"}
+
+
+def test_a_setting_of_another_pentad_version_is_not_a_change():
+    old = raw()
+    assert config_changes(old, raw(new_option=1.0)) == {}  # added since the run was made
+    assert config_changes(raw(new_option=1.0), old) == {}
+
+
+def test_relative_paths_of_older_runs_match_their_absolute_form(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    old, new = raw(), raw()
+    old["data"]["dataset"] = "ds"
+    new["data"]["dataset"] = str(tmp_path / "ds")
+    assert config_changes(old, new) == {}
