@@ -26,7 +26,7 @@ NEW = 10
 
 
 def _registered(model_type: str) -> None:
-    from pentad.interop.hf import families
+    from pentad.interop.hf.families import families
 
     if model_type not in families():
         pytest.skip(f"pentad.interop.hf has no '{model_type}' converter registered")

@@ -46,6 +46,7 @@ from pentad.interop import hf as hfio
 from pentad.interop import keymap, numerics
 from pentad.interop import tencentpretrain as tp
 from pentad.interop.hf import sbert
+from pentad.interop.hf.families import family_for
 from pentad.layers.norms import norm_kind_of
 from pentad.layers.pooling import pool
 from pentad.runs import load_run, prepare_run_dir
@@ -264,7 +265,7 @@ def _hf_to_pentad(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
                   tolerance: float) -> ConversionReport:
     config = hfio.read_config(in_dir)
     label = str(in_dir / hfio.CONFIG)
-    family = hfio.family_for(config.get("model_type"), family_name, label)
+    family = family_for(config.get("model_type"), family_name, label)
     state, weights_name = hfio.read_weights(in_dir)
     plan = family.plan_import(config, {k: tuple(v.shape) for k, v in state.items()}, label,
                               hfio.model_max_length(in_dir))
@@ -371,8 +372,8 @@ def _pentad_to_hf(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
     if family_name is None:
         family_name = guess_family(cfg.model)
         notes.append(f"family '{family_name}' guessed from the config (pass --family to choose)")
-    family = hfio.family_for(None, family_name, str(in_dir))
-    same = bool(source) and hfio.family_for(None, source.get("model_type"), str(in_dir)) is family
+    family = family_for(None, family_name, str(in_dir))
+    same = bool(source) and family_for(None, source.get("model_type"), str(in_dir)) is family
     synthesized = set(interop.get("synthesized", [])) if same else set()
     omittable = {k for k in synthesized if k in tensors and not tensors[k].any()}
     labels = None

@@ -27,7 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from pentad.errors import UserError, closest
+from pentad.errors import UserError
 from pentad.interop.keymap import Rule
 from pentad.training.checkpoint import read_torch_state_dict
 
@@ -122,18 +122,6 @@ class HFFamily:
         return self.tokenizer_kind, self.spm_layout
 
 
-def families() -> dict[str, HFFamily]:
-    """model_type -> family (``xlm-roberta`` is the RoBERTa family)."""
-    from pentad.interop.hf import albert, bart, bert, bloom, gpt2, llama, pegasus, roberta, t5
-
-    table: dict[str, HFFamily] = {}
-    for family in (bert.FAMILY, roberta.FAMILY, gpt2.FAMILY, albert.FAMILY, t5.FAMILY, bart.FAMILY, pegasus.FAMILY,
-                   llama.FAMILY, bloom.FAMILY):
-        for model_type in family.model_types:
-            table[model_type] = family
-    return table
-
-
 def merge_config(base: dict[str, Any] | None, owned: tuple[str, ...], values: dict[str, Any]) -> dict[str, Any]:
     """config.json: ``architectures`` and ``model_type`` first, then the keys of the config the model
     was imported from that this family does not translate (kept as they were, except the stale
@@ -197,24 +185,6 @@ def hinted_problems(config: dict[str, Any], supported: tuple[str, ...]) -> list[
     """A problem for each ``architectures`` entry of config.json that the family cannot convert."""
     return [f"architecture {a} has a head pentad has no target for yet" for a in config.get("architectures") or []
             if isinstance(a, str) and a not in supported]
-
-
-def family_for(model_type: str | None, requested: str | None, label: str) -> HFFamily:
-    """The family of a checkpoint whose ``config.json`` says ``model_type`` (``--family`` = requested)."""
-    table = families()
-    for name in (requested, model_type):
-        if name is not None and name not in table:
-            hint = closest(name, table)
-            what = "--family" if name == requested else f"{label}: model_type"
-            raise UserError(f"{what} '{name}' is not a model family pentad converts; supported: "
-                            f"{', '.join(sorted(table))}" + (f" (did you mean '{hint}'?)" if hint else "") + ".")
-    if requested is not None and model_type is not None and table[requested] is not table[model_type]:
-        raise UserError(f"{label} holds a '{model_type}' model, not '{requested}': drop --family or pass "
-                        f"--family {model_type}.")
-    name = model_type or requested
-    if name is None:
-        raise UserError(f"{label} has no 'model_type' key; pass --family ({', '.join(sorted(table))}).")
-    return table[name]
 
 
 def guess_layout(keys: set[str] | dict[str, Any]) -> str | None:
