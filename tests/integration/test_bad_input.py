@@ -162,3 +162,36 @@ def test_docs_ner_example_config_is_valid(capsys, english):
     overrides = [a.replace("vocab.txt", str(english["vocab"])) for a in command if a.startswith("tokenizer.")]
     assert overrides, command
     assert main(["validate", config, *overrides, "task.type=ner"]) == 0, capsys.readouterr().err
+
+
+def _finetune(english, tmp_path, train, *extra):
+    return ("finetune", "--task", "classification", "--config", "bert/tiny", *tiny(english["vocab"]),
+            f"data.train={train}", f"output={tmp_path / 'ft'}", *extra)
+
+
+def test_stray_training_label_is_an_error_not_an_eight_class_head(capsys, english, tmp_path):
+    train = tmp_path / "train.tsv"
+    lines = english["train"].read_text().splitlines()
+    train.write_text("\n".join(lines[:6] + ["7\ta stray label"] + lines[6:]) + "\n")
+    err = fails(capsys, *_finetune(english, tmp_path, train), match=f"{train}: integer labels are class ids")
+    assert "label 7 (line 7) does" in err and "task.num_labels=8" in err
+    assert not (tmp_path / "ft" / "config.yaml").exists()
+
+
+@pytest.mark.parametrize("split", ["train", "dev"])
+def test_empty_text_is_an_error_in_training_and_dev_alike(capsys, english, tmp_path, split):
+    bad = tmp_path / f"{split}.tsv"
+    lines = english[split].read_text().splitlines()
+    bad.write_text("\n".join(lines[:3] + ["1\t"] + lines[3:]) + "\n")
+    files = {"train": english["train"], "dev": english["dev"], split: bad}
+    fails(capsys, *_finetune(english, tmp_path, files["train"], f"data.dev={files['dev']}"),
+          match=f"{bad}, line 4: the line has an empty text_a field")
+
+
+def test_finetune_says_that_train_steps_is_not_its_length(capsys, english, tmp_path):
+    assert main([str(a) for a in _finetune(english, tmp_path, english["train"], "train.steps=3",
+                                           "train.epochs=1")]) == 0
+    err = capsys.readouterr().err
+    assert "train.steps=3 is not used by fine-tuning, whose length is train.epochs: 1 epoch(s) of 5 steps" in err
+    assert main([str(a) for a in _finetune(english, tmp_path / "again", english["train"], "train.epochs=1")]) == 0
+    assert "train.steps" not in capsys.readouterr().err

@@ -64,12 +64,20 @@ def parse_header(text: str, path: Path | str, with_labels: bool) -> tuple[str, .
 
 
 def split_row(text: str, columns: Sequence[str], line: int) -> TsvRow:
-    """One data line -> TsvRow; BadLine if its field count differs from the header's."""
+    """One data line -> TsvRow; BadLine if its field count differs from the header's or a text
+    (or the label) is empty."""
     values = text.split("\t")
     if len(values) != len(columns):
         raise BadLine(f"has {len(values)} tab-separated field(s), the header has {len(columns)} "
                       f"({chr(9).join(columns)!r})")
     row = dict(zip(columns, values))
+    empty = [name for name in ("text_a", "text_b") if name in row and not row[name].strip()]
+    if empty:
+        raise BadLine(f"has an empty {' and an empty '.join(empty)} field: every example needs its text (a "
+                      "blank line, or a missing value between two tabs?); remove the line or fill in the text")
+    if "label" in row and not row["label"].strip():
+        raise BadLine("has an empty label field; give every example its label (or drop the label column "
+                      "for inference input)")
     return TsvRow(line, row["text_a"], row.get("text_b"),
                   row["label"].strip() if "label" in row else None)
 
@@ -148,15 +156,21 @@ class LabelMap:
                 raise UserError(f"{path}, line {row.line}: label {label} is out of range for "
                                 f"num_labels={num_labels} (labels 0..{num_labels - 1}).")
         distinct = sorted({row.label or "" for row in rows})
-        return cls._build(distinct, num_labels, where=str(path))
+        lines: dict[str, list[int]] = {}
+        for row in rows:
+            lines.setdefault((row.label or "").strip(), []).append(row.line)
+        return cls._build(distinct, num_labels, where=str(path), lines=lines)
 
     @classmethod
-    def _build(cls, distinct: list[str], num_labels: int | None, where: str) -> LabelMap:
+    def _build(cls, distinct: list[str], num_labels: int | None, where: str,
+               lines: dict[str, list[int]] | None = None) -> LabelMap:
         if distinct and all(_INTEGER.fullmatch(x) for x in distinct):
             values = sorted({int(x) for x in distinct})
             if values[0] < 0:
                 raise UserError(f"{where}: label {values[0]} is negative; integer labels must be "
                                 f"0..n-1.")
+            if num_labels is None and lines is not None:  # fine-tuning's training file (from_rows)
+                _check_contiguous(values, where, lines)
             count = values[-1] + 1 if num_labels is None else num_labels
             if values[-1] >= count:
                 raise UserError(f"{where}: label {values[-1]} is out of range for "
@@ -202,6 +216,38 @@ class LabelMap:
 
     def __repr__(self) -> str:
         return f"LabelMap({self.to_dict()})"
+
+
+def _check_contiguous(values: list[int], where: str, lines: dict[str, list[int]]) -> None:
+    """Integer labels without a declared ``num_labels`` must be 0..n-1, each present: a gap means a
+    stray label (a ``7`` in a 0/1 file) that would silently add classes the data never trains."""
+    missing = sorted(set(range(values[-1] + 1)) - set(values))
+    if not missing:
+        return
+    beyond = [v for v in values if v > missing[0]]
+
+    def at(value: int) -> str:
+        found = next((n for label, n in lines.items() if _INTEGER.fullmatch(label) and int(label) == value), [])
+        if not found:
+            return str(value)
+        shown = ", ".join(str(n) for n in found[:3]) + (f", ... ({len(found)} lines)" if len(found) > 3 else "")
+        return f"{value} (line{'s' if len(found) > 1 else ''} {shown})"
+
+    absent = ", ".join(str(m) for m in missing[:5]) + (", ..." if len(missing) > 5 else "")
+    present = ", ".join(at(v) for v in beyond[:3]) + (", ..." if len(beyond) > 3 else "")
+    n = values[-1] + 1
+    one = len(beyond) == 1
+    declare = (f"the model really has {n} classes, some of them absent from the training data, declare "
+               f"task.num_labels={n}.")
+    plural = "s" if len(lines.get(str(beyond[0]), [])) > 1 else ""
+    advice = f"If {beyond[0]} is a typo, fix it on its line{plural}; if {declare}" if one else f"If {declare}"
+    if missing[0] == 0:
+        advice += " Labels numbered from 1 (ratings 1-5, say) should be shifted to start at 0."
+    raise UserError(
+        f"{where}: integer labels are class ids and must be 0..n-1, each present in the training data, but "
+        f"{'id' if len(missing) == 1 else 'ids'} {absent} never {'occurs' if len(missing) == 1 else 'occur'} "
+        f"while {'label' if one else 'labels'} {present} {'does' if one else 'do'} (labels found: "
+        f"{', '.join(str(v) for v in values[:20])}{', ...' if len(values) > 20 else ''}). {advice}")
 
 
 def _show(names: Sequence[str], limit: int = 20) -> str:

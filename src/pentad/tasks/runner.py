@@ -98,6 +98,10 @@ def _finetune(cfg: Any) -> dict[str, Any]:
         score = metrics.get(cfg.task.metric, 0.0) if metrics else float(step)
         best.offer(trainer.model, step, score, metrics)
 
+    if "steps" in cfg.train.model_fields_set:  # set by the user (pre-training's length), not used here
+        info(f"note: train.steps={cfg.train.steps} is not used by fine-tuning, whose length is train.epochs: "
+             f"{cfg.train.epochs} epoch(s) of {steps_per_epoch:,} steps = {total:,} steps; set train.epochs to "
+             "change it")
     info(f"train {len(train):,} examples, {total:,} steps ({cfg.train.epochs} epochs) on {device}")
     trainer = Trainer(model, cfg.train, run_dir, total, device, description="finetune")
     if trainer.resume(changes):

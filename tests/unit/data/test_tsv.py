@@ -132,3 +132,28 @@ def test_fit_pair_matches_token_by_token_trimming():
                     else:
                         lb -= 1
                 assert fit_pair(a, b, budget) == (la, lb), (a, b, budget)
+
+
+def test_integer_labels_with_a_gap_name_the_stray_label_and_its_lines():
+    rows = [TsvRow(2, "a", label="0"), TsvRow(3, "b", label="1"), TsvRow(4, "c", label="7"), TsvRow(5, "d", label="0")]
+    with pytest.raises(UserError, match=r"train\.tsv: integer labels are class ids.*ids 2, 3, 4, 5, 6 never occur "
+                                        r"while label 7 \(line 4\) does.*fix it on its line; .*task\.num_labels=8"):
+        LabelMap.from_rows(rows, "train.tsv")
+    assert LabelMap.from_rows(rows, "train.tsv", num_labels=8).num_labels == 8  # declared: accepted
+    one_based = [TsvRow(2, "a", label="1"), TsvRow(3, "b", label="2"), TsvRow(4, "c", label="3")]
+    with pytest.raises(UserError, match=r"id 0 never occurs while labels 1 \(line 2\), 2 \(line 3\), 3 \(line 4\) "
+                                        r"do.*shifted to start at 0"):
+        LabelMap.from_rows(one_based, "train.tsv")
+
+
+@pytest.mark.parametrize("content, message", [
+    ("label\ttext_a\n0\tgood\n1\t\n", r"line 3: the line has an empty text_a field"),
+    ("label\ttext_a\n0\tgood\n1\t   \n", r"line 3: the line has an empty text_a field"),
+    ("label\ttext_a\ttext_b\n0\tgood\t\n", r"line 2: the line has an empty text_b field"),
+    ("label\ttext_a\n0\tgood\n\tbad\n", r"line 3: the line has an empty label field"),
+    ("text_a\ngood\n\n", r"line 3: the line has an empty text_a field"),
+])
+def test_empty_fields_are_errors_in_every_file(tmp_path, content, message):
+    path = write(tmp_path / "e.tsv", content)
+    with pytest.raises(UserError, match=message):
+        read_classification_tsv(path, with_labels="label" in content.split("\n")[0])
