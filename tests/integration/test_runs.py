@@ -135,6 +135,14 @@ def test_resume_from_an_earlier_checkpoint(english, dataset, tmp_path, capsys):
     assert losses(out) == first and checkpoint_steps(out) == [2, 4, 6]
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["train"]["resume_from"] is None  # a one-off instruction, not recorded
+    # a damaged latest checkpoint names the way back
+    weights = out / "checkpoints" / "step-00000006" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:500])
+    assert run(*pretrain_args(english, dataset, out, *common)) == 2
+    err = capsys.readouterr().err
+    assert "truncated or corrupt" in err and "Kept checkpoints: 2, 4; resume from another with train.resume_from" in err
+    assert run(*pretrain_args(english, dataset, out, *common, "train.resume_from=4")) == 0
+    assert losses(out) == first
 
 
 # --------------------------------------------------------------------------- changed settings

@@ -224,33 +224,38 @@ class Trainer:
         accepted with ``train.allow_changes`` (``key: (old, new)``), recorded in ``metrics.jsonl``.
         """
         wanted = self.cfg.resume_from
+        available = ckpt.checkpoint_steps(self.run_dir)
         if wanted is not None:
-            available = ckpt.checkpoint_steps(self.run_dir)
             if wanted not in available:
                 kept = ", ".join(map(str, available)) if available else "none"
                 raise UserError(f"train.resume_from={wanted}: {self.run_dir} has no checkpoint of step {wanted} "
                                 f"(kept checkpoints: {kept}; train.keep_checkpoints sets how many are kept)")
             path: Path | None = ckpt.checkpoint_dir(self.run_dir, wanted)
-            for later in available:
-                if later > wanted:
-                    shutil.rmtree(ckpt.checkpoint_dir(self.run_dir, later))
-                    print(f"train.resume_from={wanted}: removed the later checkpoint of step {later}", file=sys.stderr)
-            ckpt.atomic_write_text(self.run_dir / ckpt.CHECKPOINTS / ckpt.LATEST, ckpt.checkpoint_dir(
-                self.run_dir, wanted).name + "\n")
         else:
             path = ckpt.latest_checkpoint(self.run_dir)
         if path is None:
             self.log.reset()
             self.events.reset()
             return False
-        ckpt.load_weights(self.model, ckpt.read_weights(path / ckpt.WEIGHTS), str(path))
-        state = ckpt.load_state(path)
+        try:
+            ckpt.load_weights(self.model, ckpt.read_weights(path / ckpt.WEIGHTS), str(path))
+            state = ckpt.load_state(path)
+        except UserError as e:
+            earlier = [str(s) for s in available if s != int(path.name[len("step-"):])]
+            raise UserError(f"{e}. Kept checkpoints: {', '.join(earlier) or 'no other'}; resume from another with "
+                            "train.resume_from=STEP") from None
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
         self._apply_hyperparameters()
         torch.set_rng_state(state["rng_cpu"])
         if "rng_cuda" in state and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["rng_cuda"], self.device)
+        if wanted is not None:  # the later checkpoints belong to the continuation being abandoned
+            for later in available:
+                if later > wanted:
+                    shutil.rmtree(ckpt.checkpoint_dir(self.run_dir, later))
+                    print(f"train.resume_from={wanted}: removed the later checkpoint of step {later}", file=sys.stderr)
+            ckpt.atomic_write_text(self.run_dir / ckpt.CHECKPOINTS / ckpt.LATEST, path.name + "\n")
         self.step = int(state["step"])
         micro = int(state.get("micro_batches", self.step * self.cfg.grad_accum))
         # the data position counts micro-batches; after an accepted batch-size change, continue
