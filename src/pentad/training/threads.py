@@ -4,10 +4,10 @@ torch runs its intra-op parallel regions (matrix products, element-wise kernels)
 pool, one thread per core by default. GNU OpenMP's default wait policy makes a thread that
 finishes its share *spin* at the end of each region until the others catch up. When another
 process holds one of the cores, the thread that still has work waits for a time slice while its
-partner burns the other core spinning: a fine-tuning step measured 3-5x slower with 2 threads
-than with 1 beside one busy process, using 2.6x the CPU time (bench/RESULTS.md, "Threads on a
-shared CPU"). With ``OMP_WAIT_POLICY=PASSIVE`` waiting threads sleep instead, and 2 threads
-are then as fast as 1 under load and keep their speed-up on an idle machine.
+partner burns the other core spinning: a fine-tuning step measured 2.5x slower with 2 threads
+than with 1 on a loaded machine, using 2.5x the CPU time (bench/RESULTS.md, "Threads on a shared
+CPU"). With ``OMP_WAIT_POLICY=PASSIVE`` waiting threads sleep instead, and 2 threads are then as
+fast as 1 under load and keep most of their speed-up on an idle machine.
 
 OpenMP reads the variable once, when torch loads it, so :func:`prepare_environment` must run
 before ``import torch``: the ``pentad`` entry point calls it first thing. A value the user set
@@ -40,6 +40,9 @@ def prepare_environment(environ: MutableMapping[str, str] | None = None) -> dict
 
 def configure_threads(threads: int | None = None) -> int:
     """Apply the environment defaults (if torch has not started yet) and ``train.threads``.
+
+    For programs that use pentad as a library: call it before the first ``import torch`` to get the
+    ``pentad`` command's behaviour (``bench/threads_under_load.py`` does).
 
     Returns the number of intra-op threads torch will use (its default, one per core, when
     ``threads`` is None).
