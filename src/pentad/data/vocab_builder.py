@@ -14,6 +14,9 @@ whole, and memory grows with the number of distinct words, not with the corpus s
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -158,13 +161,22 @@ def build_vocab(
         names = ", ".join(str(p) for p in paths)
         raise UserError(f"training a {kind} vocabulary on {names} failed: {exc}") from None
 
-    output_dir.mkdir(parents=True, exist_ok=True)
-    if kind == "wordpiece":
-        _write_vocab_txt(backend, output_dir / "vocab.txt")
-        cfg = WordPieceTokenizer.Config(vocab=Path("vocab.txt"), lowercase=lowercase)
-    else:
-        backend.model.save(str(output_dir))  # writes vocab.json and merges.txt
-        cfg = ByteLevelBPETokenizer.Config(vocab=Path("vocab.json"), merges=Path("merges.txt"), lowercase=lowercase)
-    result = cfg.model_dump(mode="json")
-    load_tokenizer(result, base_dir=output_dir)  # what was written loads: fail here, not later
+    # Written into a temporary directory beside the output, checked, then renamed into place: a
+    # failure (a full disk, Ctrl-C) leaves no half-written vocabulary that a new attempt would refuse.
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=output_dir.parent, prefix=f".{output_dir.name}.partial."))
+    try:
+        if kind == "wordpiece":
+            _write_vocab_txt(backend, staging / "vocab.txt")
+            cfg = WordPieceTokenizer.Config(vocab=Path("vocab.txt"), lowercase=lowercase)
+        else:
+            backend.model.save(str(staging))  # writes vocab.json and merges.txt
+            cfg = ByteLevelBPETokenizer.Config(vocab=Path("vocab.json"), merges=Path("merges.txt"),
+                                               lowercase=lowercase)
+        result = cfg.model_dump(mode="json")
+        load_tokenizer(result, base_dir=staging)  # what was written loads: fail here, not later
+        os.replace(staging, output_dir)  # onto a missing or empty directory
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return result

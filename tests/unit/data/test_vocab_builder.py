@@ -125,3 +125,23 @@ def test_existing_vocabulary_is_never_overwritten(tmp_path: Path):
     (tmp_path / "empty").mkdir()  # an empty directory is a fine place for a new vocabulary
     build_vocab([other], "wordpiece", 100, tmp_path / "empty", show_progress=False)
     assert (tmp_path / "empty" / "vocab.txt").is_file()
+
+
+def test_a_failed_write_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import errno
+
+    from pentad.data import vocab_builder
+
+    corpus = _english_corpus(tmp_path / "c.txt", 50)
+
+    def disk_full(backend, path):
+        path.write_text("[PAD]\n")  # part of the file, then the disk fills up
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(vocab_builder, "_write_vocab_txt", disk_full)
+    with pytest.raises(OSError):
+        build_vocab([corpus], "wordpiece", 100, tmp_path / "out" / "vocab", show_progress=False)
+    assert list((tmp_path / "out").iterdir()) == []  # no half-written vocabulary, no staging directory
+    monkeypatch.undo()
+    build_vocab([corpus], "wordpiece", 100, tmp_path / "out" / "vocab", show_progress=False)  # a retry works
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["vocab"]
