@@ -151,19 +151,6 @@ def test_vocab_build_refuses_an_existing_vocabulary(capsys, english, tmp_path):
     assert (out / "vocab.txt").read_text() == "[PAD]\n"
 
 
-def test_docs_ner_example_config_is_valid(capsys, english):
-    """The config part of the NER command in docs/tasks.md loads (it once lacked tokenizer.type)."""
-    import re
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[2] / "docs" / "tasks.md").read_text(encoding="utf-8")
-    command = re.search(r"pentad finetune --task ner (.*?)\n", text).group(1).replace("\\", "").split()
-    config = command[command.index("--config") + 1]
-    overrides = [a.replace("vocab.txt", str(english["vocab"])) for a in command if a.startswith("tokenizer.")]
-    assert overrides, command
-    assert main(["validate", config, *overrides, "task.type=ner"]) == 0, capsys.readouterr().err
-
-
 def _finetune(english, tmp_path, train, *extra):
     return ("finetune", "--task", "classification", "--config", "bert/tiny", *tiny(english["vocab"]),
             f"data.train={train}", f"output={tmp_path / 'ft'}", *extra)
