@@ -182,3 +182,11 @@ def test_finetune_says_that_train_steps_is_not_its_length(capsys, english, tmp_p
     assert "train.steps=3 is not used by fine-tuning, whose length is train.epochs: 1 epoch(s) of 5 steps" in err
     assert main([str(a) for a in _finetune(english, tmp_path / "again", english["train"], "train.epochs=1")]) == 0
     assert "train.steps" not in capsys.readouterr().err
+
+
+def test_pretrain_says_that_train_epochs_is_not_its_length(capsys, english, pretrained, tmp_path):
+    dataset = pretrained.parent / "ds"
+    assert main(["pretrain", "--config", "bert/tiny", *tiny(english["vocab"]), f"data.dataset={dataset}",
+                 "train.steps=1", "train.epochs=2", f"output={tmp_path / 'run'}"]) == 0
+    assert "train.epochs=2 is not used by pre-training, whose length is train.steps (1 steps)" in \
+        capsys.readouterr().err
