@@ -150,7 +150,8 @@ def test_changed_settings_are_refused_unless_allowed(english, dataset, tmp_path,
     out = tmp_path / "run"
     common = ["train.steps=6", "train.schedule=constant", "train.warmup=0"]
     assert run(*pretrain_args(english, dataset, out, *common, "train.stop_at=2")) == 0
-    capsys.readouterr()
+    err = capsys.readouterr().err
+    assert "stopped at step 2 of 6 (train.stop_at)" in err and "pre-training done" not in err
     changed = [*common, "train.lr=0.5", "train.batch_size=4"]
     assert run(*pretrain_args(english, dataset, out, *changed)) == 2
     err = capsys.readouterr().err

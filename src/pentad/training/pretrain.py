@@ -66,6 +66,10 @@ def _pretrain(cfg: Any) -> dict[str, Any]:
     start = time.perf_counter()
     last = trainer.train(batches.iterate)
     plot_losses(run_dir / "metrics.jsonl", run_dir / "loss.png")
+    if trainer.step < cfg.train.steps:
+        info(f"stopped at step {trainer.step} of {cfg.train.steps} (train.stop_at); run the same command again "
+             "to resume")
+        return last
     info(f"pre-training done in {time.perf_counter() - start:.0f} s: " +
          ", ".join(f"{k} {v:.4g}" for k, v in last.items() if k != "step"))
     return last
