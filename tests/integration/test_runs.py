@@ -231,14 +231,17 @@ def test_run_config_works_from_another_directory(english, tmp_path, monkeypatch,
             "data.train=train.tsv", "data.dev=dev.tsv", "output=ft", "train.epochs=1", "train.threads=1",
             "train.progress=true"]
     assert run(*args) == 0
-    assert "evaluate dev" in capsys.readouterr().err  # the dev pass has a progress bar
+    captured = capsys.readouterr()
+    assert "evaluate dev:" in captured.err and "/10 " in captured.err  # the dev pass has a bar over 10 examples
+    assert "step 5: dev accuracy" in captured.err and not captured.out
     saved = yaml.safe_load((work / "ft" / "config.yaml").read_text())
     assert saved["data"]["train"] == str(work / "train.tsv") and saved["output"] == str(work / "ft")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     assert run("infer", "--model", work / "ft", f"data.test={work / 'nolabel.tsv'}", "--output", "pred.tsv") == 0
-    assert "infer" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "infer:" in err and "/10 " in err  # a progress bar over the 10 examples
     assert len((elsewhere / "pred.tsv").read_text().splitlines()) == 11
 
 

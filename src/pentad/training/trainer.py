@@ -345,7 +345,8 @@ class Trainer:
                     metrics = evaluate(self.step)
                     self.model.train()
                     self._write({"step": self.step, **{f"dev_{k}": v for k, v in metrics.items()}})
-                    bar.write(f"step {self.step}: " + ", ".join(f"dev {k} {v:.4f}" for k, v in metrics.items()))
+                    bar.write(f"step {self.step}: " + ", ".join(f"dev {k} {v:.4f}" for k, v in metrics.items()),
+                              file=sys.stderr)  # with the other progress messages, not into the command's output
                     if on_eval is not None:
                         on_eval(self.step, metrics)
                 timed = cfg.save_minutes is not None and time.monotonic() - last_save >= 60 * cfg.save_minutes
