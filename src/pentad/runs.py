@@ -32,6 +32,25 @@ def info(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+# Descriptors of the run locks this process holds. A forked child (a DataLoader worker) shares the
+# lock with its parent until it closes its copy: without this, workers outliving a killed parent for
+# a few seconds would keep the run directory locked. Closing the copy leaves the parent's lock held.
+_HELD_LOCKS: set[int] = set()
+
+
+def _close_held_locks_in_child() -> None:
+    for fd in _HELD_LOCKS:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD_LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_held_locks_in_child)
+
+
 class RunLock:
     """An exclusive lock on a run directory, held while a command writes into it.
 
@@ -68,12 +87,14 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
         self._fd = fd
+        _HELD_LOCKS.add(fd)
         for path in remove_temporaries(self.run_dir, keep=(LOCK,)):
             info(f"removed {path}, left by an interrupted earlier run")
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
+            _HELD_LOCKS.discard(self._fd)
             os.close(self._fd)  # closing the last descriptor releases the flock
             self._fd = None
 
