@@ -109,20 +109,32 @@ def test_sigint_and_sigterm_save_and_resume_exactly(english, dataset, tmp_path, 
     assert first == len(losses(split)) >= 3
 
     # SIGTERM (what schedulers send) to this process, from another thread, in the resumed run
-    def terminate_later() -> None:
-        while len(losses(split)) < first + 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        os.kill(os.getpid(), signal.SIGTERM)
+    finished = threading.Event()
 
-    handler = signal.getsignal(signal.SIGTERM)
+    def terminate_later() -> None:
+        limit = time.monotonic() + 60
+        while len(losses(split)) < first + 3 and time.monotonic() < limit and not finished.is_set():
+            time.sleep(0.01)
+        if not finished.is_set():
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def ignore(signum, frame) -> None:  # should the signal come after the run, it must not end pytest
+        pass
+
+    previous = signal.signal(signal.SIGTERM, ignore)
     watcher = threading.Thread(target=terminate_later)
     watcher.start()
-    assert run(*pretrain_args(english, dataset, split, *common)) == 143
-    watcher.join()
+    try:
+        rc = run(*pretrain_args(english, dataset, split, *common))
+        assert signal.getsignal(signal.SIGTERM) is ignore  # the trainer put the handler back
+    finally:
+        finished.set()
+        watcher.join()
+        signal.signal(signal.SIGTERM, previous)
+    assert rc == 143
     assert "stopped by SIGTERM" in capsys.readouterr().err
     second = checkpoint_steps(split)[-1]
     assert second == len(losses(split)) >= first + 3
-    assert signal.getsignal(signal.SIGTERM) == handler  # handlers are put back
 
     target = second + 2
     assert run(*pretrain_args(english, dataset, split, *common, f"train.stop_at={target}")) == 0
