@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,6 @@ from pentad.components.base import IGNORE_INDEX, Batch
 from pentad.config.base import StrictModel
 from pentad.errors import UserError
 from pentad.registry import TASKS
-from pentad.runs import info
 from pentad.tasks.base import Task, in_order
 
 OUTSIDE = "O"
@@ -322,8 +322,9 @@ class NerTask(Task):
         rows = read_tagging_tsv(path, with_labels=with_labels)
         seqs = encode_tagged(rows, self.tokenizer, self.seq_length, self.label_map if with_labels else None, path)
         if seqs.truncated_words:
-            info(f"{path}: {seqs.truncated_words:,} word(s) lie beyond seq_length {self.seq_length} and are "
-                 "not seen by the model (evaluated and written as 'O')")
+            # a plain print: importing pentad.runs (a level above tasks) for its info() made an import cycle
+            print(f"{path}: {seqs.truncated_words:,} word(s) lie beyond seq_length {self.seq_length} and are "
+                  "not seen by the model (evaluated and written as 'O')", file=sys.stderr, flush=True)
         return rows, seqs
 
     def collate(self, instances: TaggedSequences, indices, rng: np.random.Generator) -> Batch:
