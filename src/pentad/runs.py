@@ -76,12 +76,16 @@ class RunLock:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except BlockingIOError:
             holder = _describe_holder(os.pread(fd, 4096, 0))
             os.close(fd)
             raise UserError(f"run directory {self.run_dir} is in use by another pentad process ({holder}); "
                             "two runs writing one directory would mix their checkpoints and metrics. Wait for "
                             "it to finish or stop it, or choose another output directory.") from None
+        except OSError as e:  # a file system without locks (some network mounts): go on, unprotected
+            os.close(fd)
+            info(f"note: {self.run_dir} cannot be locked ({e.strerror}); make sure no other process writes it")
+            return self
         record = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
                   "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
         os.ftruncate(fd, 0)

@@ -1,8 +1,15 @@
-"""runs: which settings count as changing a resumed run's course."""
+"""runs: which settings count as changing a resumed run's course; the run lock."""
 
 from __future__ import annotations
 
-from pentad.runs import config_changes
+import errno
+import fcntl
+import os
+
+import pytest
+
+from pentad.errors import UserError
+from pentad.runs import RunLock, config_changes
 
 
 def raw(**train) -> dict:
@@ -33,3 +40,21 @@ def test_relative_paths_of_older_runs_match_their_absolute_form(tmp_path, monkey
     old["data"]["dataset"] = "ds"
     new["data"]["dataset"] = str(tmp_path / "ds")
     assert config_changes(old, new) == {}
+
+
+def test_run_lock_is_exclusive_and_released(tmp_path):
+    with RunLock(tmp_path / "run", "pretrain"):
+        with pytest.raises(UserError, match=f"in use by another pentad process \\(pid {os.getpid()} on host"):
+            RunLock(tmp_path / "run", "finetune").__enter__()
+    with RunLock(tmp_path / "run", "finetune"):  # released on exit
+        pass
+
+
+def test_a_file_system_without_locks_is_a_note_not_an_error(tmp_path, monkeypatch, capsys):
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with RunLock(tmp_path / "run", "pretrain"):
+        pass
+    assert "cannot be locked (No locks available)" in capsys.readouterr().err
