@@ -206,11 +206,15 @@ def _schema_difference(key: str, raw: dict[str, Any]) -> bool:
     return isinstance(node, dict) and parts[-1] not in node
 
 
-def config_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """``key: (old, new)`` for each setting that changes the course of training."""
+def config_changes(old: dict[str, Any], new: dict[str, Any], unused: tuple[str, ...] = ()
+                   ) -> dict[str, tuple[Any, Any]]:
+    """``key: (old, new)`` for each setting that changes the course of training; ``unused``: keys (or
+    sections) the command does not read (``train.epochs`` when pre-training), never a change."""
     a, b = _guarded(old), _guarded(new)
     changes = {}
     for key in sorted(set(a) | set(b)):
+        if any(key == u or key.startswith(u + ".") for u in unused):
+            continue
         if (key not in a and _schema_difference(key, old)) or (key not in b and _schema_difference(key, new)):
             continue
         if not _same(a.get(key), b.get(key)):
@@ -225,7 +229,7 @@ def _resumable(run_dir: Path, cfg: Any) -> bool:
 
 
 def prepare_run_dir(run_dir: Path, cfg: Any, tokenizer, extra: dict[str, Any] | None = None,
-                    target_tokenizer: Any = None) -> dict[str, tuple[Any, Any]]:
+                    target_tokenizer: Any = None, unused: tuple[str, ...] = ()) -> dict[str, tuple[Any, Any]]:
     """Create the run directory (or check a resumed one was made by the same config) and write
     ``config.yaml`` (paths made absolute) and the tokenizer files (and the target side's, for
     translation models with a separate target vocabulary: ``target_tokenizer/``).
@@ -233,7 +237,8 @@ def prepare_run_dir(run_dir: Path, cfg: Any, tokenizer, extra: dict[str, Any] | 
     When the directory holds a checkpoint to resume, settings that change the course of training
     (``train.*`` but progress, logging, saving and device keys; ``data`` files and objective;
     ``init``, ``task``, ``tokenizer``) must be the run's: a change is an error listing each one, unless
-    ``train.allow_changes`` accepts them. Returns the accepted changes (``key: (old, new)``).
+    ``train.allow_changes`` accepts them; ``unused`` names keys the command does not read. Returns the
+    accepted changes (``key: (old, new)``).
     """
     absolute_paths(cfg)
     saved = run_dir / CONFIG
@@ -250,7 +255,7 @@ def prepare_run_dir(run_dir: Path, cfg: Any, tokenizer, extra: dict[str, Any] | 
             raise UserError(f"run directory {run_dir} was made with a different model config; "
                             "choose another output directory, or delete it to start over")
         if _resumable(run_dir, cfg):
-            changes = config_changes(old, new)
+            changes = config_changes(old, new, unused)
         if changes and not cfg.train.allow_changes:
             listed = "; ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items())
             hint = ""

@@ -28,6 +28,14 @@ def test_trajectory_keys_are_changes_and_bookkeeping_keys_are_not():
     assert set(config_changes(raw(), new)) == {"task.type", "task.metric"}
 
 
+def test_keys_the_command_does_not_read_are_not_changes():
+    assert config_changes(raw(epochs=3), raw(epochs=5), unused=("train.epochs",)) == {}
+    new = raw()
+    new["task"] = {"type": "classification"}
+    assert config_changes(raw(), new, unused=("task",)) == {}
+    assert config_changes(raw(epochs=3), raw(epochs=5)) == {"train.epochs": (3, 5)}
+
+
 def test_a_setting_of_another_pentad_version_is_not_a_change():
     old = raw()
     assert config_changes(old, raw(new_option=1.0)) == {}  # added since the run was made

@@ -77,7 +77,8 @@ def _finetune(cfg: Any) -> dict[str, Any]:
     else:
         info("no init: training from randomly initialised weights")
     run_dir = Path(cfg.output)
-    changes = prepare_run_dir(run_dir, cfg, tokenizer, extra={LABELS: task.label_map.to_dict()})
+    changes = prepare_run_dir(run_dir, cfg, tokenizer, extra={LABELS: task.label_map.to_dict()},
+                              unused=("train.steps", "data.dataset"))
     device = pick_device(cfg.train.device)
     batches = EpochBatches(len(train), cfg.train.batch_size, cfg.train.seed,
                            lambda idx, rng: task.collate(train, idx, rng))

@@ -52,7 +52,8 @@ def _pretrain(cfg: Any) -> dict[str, Any]:
         for note in load_weights(model, read_weights(find_weights(cfg.init)), str(cfg.init)):
             info(note)
     run_dir = Path(cfg.output)
-    changes = prepare_run_dir(run_dir, cfg, tokenizer, target_tokenizer=target_tokenizer)
+    changes = prepare_run_dir(run_dir, cfg, tokenizer, target_tokenizer=target_tokenizer,
+                              unused=("train.epochs", "data.train", "data.dev", "task"))
     device = pick_device(cfg.train.device)
     batches = PretrainBatches(dataset, objective, cfg.train.batch_size, cfg.train.seed,
                               num_workers=cfg.data.loader_workers)
