@@ -20,6 +20,9 @@ class TrainConfig(StrictModel):
     weight_decay: float = Field(0.01, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = Field(1e-6, gt=0.0)
+    adam_bias_correction: bool = Field(True, description="Adam's bias correction of its moment estimates; "
+                                       "false: BERT's and TencentPretrain's AdamW, whose steps are larger "
+                                       "(up to ~6x) in the first few hundred steps")
     schedule: Literal["linear", "cosine", "constant"] = "linear"
     warmup: float = Field(0.1, ge=0.0, description="warmup: a fraction of the steps if < 1, else a step count")
     clip_grad_norm: float | None = Field(1.0, gt=0.0, description="None disables clipping")
