@@ -134,6 +134,8 @@ def _load(args: argparse.Namespace, extra: Sequence[str] = ()):
     from pentad.config.loader import dump_config, load_config
 
     cfg = load_config(args.config, list(extra) + list(args.overrides))
+    if args.command == "finetune":  # its train defaults, so that --print-config shows what would run
+        cfg.train = cfg.train.for_finetuning()
     if getattr(args, "print_config", False):
         print(dump_config(cfg), end="")
         return None

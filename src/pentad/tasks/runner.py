@@ -52,6 +52,7 @@ def finetune(cfg: Any) -> dict[str, Any]:
 
 
 def _finetune(cfg: Any) -> dict[str, Any]:
+    cfg.train = cfg.train.for_finetuning()
     _, tokenizer = _init_source(cfg)
     complete_vocab(cfg, tokenizer)
     if cfg.train.threads:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -48,5 +48,19 @@ class TrainConfig(StrictModel):
     tensorboard: bool = Field(True, description="also write TensorBoard event files into the run directory "
                                                 "(needs the tensorboard package: pip install 'pentad[tensorboard]')")
 
+    def for_finetuning(self) -> TrainConfig:
+        """This config with ``FINETUNE_DEFAULTS`` for the keys its file and overrides left unset
+        (a key set anywhere, even to the shared default, is kept)."""
+        unset = {key: value for key, value in FINETUNE_DEFAULTS.items() if key not in self.model_fields_set}
+        return self.model_copy(update=unset) if unset else self
+
     def warmup_steps(self, total: int) -> int:
         return int(self.warmup * total) if self.warmup < 1 else int(self.warmup)
+
+
+# ``pentad finetune``'s defaults where they differ from the shared ones above (which suit pre-training):
+# a fine-tune starts from trained weights with a fresh head and runs for a few hundred steps, and
+# TencentPretrain's run_classifier.py (like BERT's original code) updates without Adam's bias
+# correction, whose early steps are several times larger (bench/RESULTS.md, fine-tuning beside
+# TencentPretrain). Documented in docs/tasks.md.
+FINETUNE_DEFAULTS: dict[str, Any] = {"adam_bias_correction": False}
