@@ -102,7 +102,8 @@ def tencentpretrain_run(args, work: Path, model: Path, seed: int) -> dict:
            "--train_path", str(work / "train.tsv"), "--dev_path", str(work / "dev.tsv"),
            "--test_path", str(work / "test.tsv"), "--output_model_path", str(out / "classifier.bin"),
            "--epochs_num", str(args.epochs), "--batch_size", str(args.batch_size),
-           "--learning_rate", str(args.lr), "--seq_length", str(args.seq_length), "--seed", str(seed)]
+           "--learning_rate", str(args.lr), "--seq_length", str(args.seq_length), "--seed", str(seed),
+           "--pooling", args.pooling]
     seconds = run(cmd, out / "log.txt", env, cwd=args.tencentpretrain)
     accuracies = [float(a) for a in re.findall(r"Acc\. \(Correct/Total\): ([0-9.]+)",
                                                  (out / "log.txt").read_text(encoding="utf-8"))]
@@ -117,7 +118,8 @@ def pentad_run(args, work: Path, pretrained: Path, seed: int, label: str, overri
                           f"data.train={work / 'train.tsv'}", f"data.dev={work / 'dev.tsv'}",
                           f"data.test={work / 'test.tsv'}", f"output={out}", f"train.epochs={args.epochs}",
                           f"train.batch_size={args.batch_size}", f"train.lr={args.lr}", f"train.seed={seed}",
-                          f"train.threads={args.threads}", "train.progress=false"] + overrides
+                          f"train.threads={args.threads}", "train.progress=false", f"task.pooling={args.pooling}"
+                          ] + overrides
     seconds = run(cmd, work / f"pentad_{label}_seed{seed}.log", env)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     dev = [r["dev_accuracy"] for r in records if "dev_accuracy" in r]
@@ -148,6 +150,8 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--seq-length", type=int, default=128)
+    parser.add_argument("--pooling", choices=["first", "mean", "max", "last"], default="first",
+                        help="sequence pooling of both heads (TencentPretrain's --pooling, pentad's task.pooling)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=OVERRIDE[,OVERRIDE...]",
                         help="a pentad run per seed with these overrides (repeatable; default: 'default=')")
@@ -189,7 +193,7 @@ def main() -> int:
             rows[name].append(result)
             print(f"seed {seed} {name}: {result}", file=sys.stderr)
     print(f"book_review train/dev/test {sizes['train']}/{sizes['dev']}/{sizes['test']}, {args.epochs} epochs, "
-          f"batch {args.batch_size}, lr {args.lr}, seq {args.seq_length}, seeds {args.seeds}, "
+          f"batch {args.batch_size}, lr {args.lr}, seq {args.seq_length}, {args.pooling} pooling, seeds {args.seeds}, "
           f"{args.threads} thread(s)")
     print("| run | " + " | ".join(f"dev epoch {e + 1}" for e in range(args.epochs)) + " | test | seconds |")
     print("|---" * (args.epochs + 3) + "|")

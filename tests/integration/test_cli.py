@@ -122,3 +122,15 @@ def test_output_into_a_closed_pipe_is_not_a_traceback():
     code = "import sys; from pentad.cli.main import main; sys.exit(main(['list', 'zoo']))"
     done = subprocess.run(f"{sys.executable} -c \"{code}\" | head -1", shell=True, capture_output=True, text=True)
     assert done.stdout.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_print_config_shows_the_command_train_defaults(capsys):
+    import yaml
+
+    assert main(["finetune", "--task", "classification", "--config", "bert/tiny", "--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["train"]["adam_bias_correction"] is False
+    assert main(["finetune", "--task", "classification", "--config", "bert/tiny",
+                 "train.adam_bias_correction=true", "--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["train"]["adam_bias_correction"] is True
+    assert main(["pretrain", "--config", "bert/tiny", "--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["train"]["adam_bias_correction"] is True
