@@ -20,6 +20,7 @@ import json
 import math
 import random
 import shutil
+import signal
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 from pentad.config.loader import load_config
+from pentad.errors import Interrupted
 from pentad.runs import info
 
 RECIPE = "bert/mini"  # L=4, H=256, A=4
@@ -169,6 +171,20 @@ def _few_label_sets(train_tsv: Path, out_dir: Path, n: int, draws: int) -> list[
     return paths
 
 
+def unigram_entropy(dataset: Path, special_ids: set[int]) -> float:
+    """Entropy (nats per token) of the dataset's token frequencies, special tokens left out: the
+    masked-LM loss of a model that ignores context, which pre-training has to get below."""
+    import numpy as np
+
+    manifest = json.loads((dataset / "manifest.json").read_text(encoding="utf-8"))
+    counts = sum(np.bincount(np.fromfile(dataset / shard["tokens"], dtype=manifest["token_dtype"]))
+                 for shard in manifest["shards"])
+    counts = counts.astype(np.float64)
+    counts[[i for i in special_ids if i < len(counts)]] = 0
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
 def _head(tsv: Path, out_dir: Path, n: int) -> Path:
     """The header and first ``n`` examples of a TSV file, as a new file in ``out_dir``."""
     path = out_dir / f"{tsv.stem}-{n}.tsv"
@@ -186,6 +202,18 @@ def _majority(tsv: Path) -> float:
 
 
 def run_demo(output: Path, minutes: float = 7.5, quick: bool = False) -> dict[str, Any]:
+    """Run the demo into ``output``; on Ctrl-C, say what a second run keeps (the training runs restart,
+    planned anew for the budget, while downloads, vocabulary, dataset and converted weights are kept)."""
+    try:
+        return _run_demo(output, minutes, quick)
+    except Interrupted as stopped:
+        raise Interrupted(f"demo stopped by {signal.Signals(stopped.signum).name}. Running `pentad demo` again "
+                          "starts its training runs over (they are planned anew for the time budget) and reuses "
+                          f"the downloads, vocabulary, dataset and converted weights in {output} and the cache.",
+                          stopped.signum) from None
+
+
+def _run_demo(output: Path, minutes: float, quick: bool) -> dict[str, Any]:
     from pentad.data.assets import default_cache_dir, ensure_minilm, ensure_mr_sentiment, ensure_wikipedia_corpus
     from pentad.data.vocab_builder import build_vocab
     from pentad.interop.convert import convert
@@ -254,7 +282,10 @@ def run_demo(output: Path, minutes: float = 7.5, quick: bool = False) -> dict[st
     info(f"== 5/6 pre-train {RECIPE} for {plan.pretrain_steps} steps (masked LM, batch 64)")
     pre_cfg.train.steps = plan.pretrain_steps
     pre_cfg.train.save_every = max(50, plan.pretrain_steps // 4)
-    pretrain(pre_cfg)
+    pretrained = pretrain(pre_cfg)
+    tokenizer = load_tokenizer(pre_cfg)
+    unigram = unigram_entropy(dataset, {tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id,
+                                        tokenizer.unk_id})
 
     info(f"== 6/6 fine-tune on movie-review sentiment: {few_labels} labels ({draws} draws), then all {n_train:,}")
     few_sets = _few_label_sets(train_tsv, output, few_labels, draws)
@@ -269,8 +300,8 @@ def run_demo(output: Path, minutes: float = 7.5, quick: bool = False) -> dict[st
         base = [*(common if config == RECIPE else []), *recipe, "task.type=classification", "data.objective=cls",
                 f"data.objective.seq_length={SEQ_LENGTH}", f"data.test={test_tsv}",
                 "train.log_every=20", *([f"init={init}"] if init is not None else [])]
-        for draw, train_tsv in enumerate(few_sets):
-            result = finetune(load_config(config, [*base, f"data.train={train_tsv}", "train.batch_size=16",
+        for draw, few_tsv in enumerate(few_sets):
+            result = finetune(load_config(config, [*base, f"data.train={few_tsv}", "train.batch_size=16",
                                                    f"train.epochs={plan.few_epochs}", f"train.seed={draw}",
                                                    f"output={output / f'finetune-{index}-few{draw}'}"]))
             row.few.append(result["test"]["accuracy"])
@@ -281,7 +312,9 @@ def run_demo(output: Path, minutes: float = 7.5, quick: bool = False) -> dict[st
         rows.append(row)
 
     majority = mr.majority_share["test"] if not quick else _majority(test_tsv)
+    small, ref = rows[1], rows[2]
     summary = {
+        "pretrain_mlm_loss": pretrained.get("mlm_loss"), "unigram_entropy": unigram,
         "pretrain_steps": plan.pretrain_steps, "few_labels": few_labels, "draws": draws, "n_train": n_train,
         "n_test": n_test,
         "majority": majority, "seconds_per_step": seconds,
@@ -301,8 +334,15 @@ def run_demo(output: Path, minutes: float = 7.5, quick: bool = False) -> dict[st
         few = f"{values['few_mean']:.3f} ± {values['few_se']:.3f}"
         full = f"{values['full']:.3f} ± {values['full_se']:.3f}"
         print(f"  {'fine-tuned, ' + name:44s} {few:>20s} {full:>16s}")
-    print(f"  {RECIPE} ({small_model.encoder.num_layers} layers, H={small_model.hidden_size}) pre-trained "
-          f"{plan.pretrain_steps} steps on {wiki.words:,} words of Wikipedia; all-MiniLM-L6-v2 was pre-trained "
-          "and distilled on billions of words.")
+    gain = {name: (statistics.mean(row.few) - statistics.mean(rows[0].few), row.full - rows[0].full)
+            for name, row in (("here", small), ("reference", ref))}
+    print(f"  Pre-training here: {RECIPE} ({small_model.encoder.num_layers} layers, H={small_model.hidden_size}), "
+          f"{plan.pretrain_steps} steps on {wiki.words:,} words of Wikipedia, masked-LM loss "
+          f"{summary['pretrain_mlm_loss']:.2f} nats against {unigram:.2f} for a model that ignores context;")
+    print(f"  it changes accuracy by {gain['here'][0]:+.3f} ({few_labels} labels) and {gain['here'][1]:+.3f} "
+          f"(all labels). Pre-training at scale (all-MiniLM-L6-v2: MiniLM, distilled from a larger pre-trained "
+          f"model, then trained on 1B sentence pairs) adds {gain['reference'][0]:+.3f} and "
+          f"{gain['reference'][1]:+.3f}:")
+    print("  pre-training pays most where labels are few, and needs far more text and compute than a demo has.")
     print(f"  total time {summary['minutes']} min on {torch.get_num_threads()} threads; runs in {output}")
     return summary

@@ -25,3 +25,8 @@ def test_quick_demo(tmp_path, capsys):
         assert 0.3 < row["full"] < 1.0 and 0 < row["full_se"] < 0.05 and row["few_se"] >= 0
     assert 0.4 < summary["majority"] < 0.6
     assert (tmp_path / "demo" / "all-MiniLM-L6-v2" / "config.yaml").is_file()
+    # each setting trained on what it names: 64 labels (4 steps of 16), all 512 (16 steps of 32)
+    for index in range(3):
+        for run, steps in ((f"finetune-{index}-few0", 4), (f"finetune-{index}-full", 16)):
+            records = (tmp_path / "demo" / run / "metrics.jsonl").read_text().splitlines()
+            assert max(json.loads(r)["step"] for r in records) == steps

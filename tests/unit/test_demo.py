@@ -38,3 +38,16 @@ def test_few_label_draws_are_balanced_seeded_and_different(tmp_path):
     assert all(sum(line.startswith("1\t") for line in r[1:]) == 10 for r in rows)
     assert [p.read_text() for p in first] == [p.read_text() for p in again]
     assert len({tuple(sorted(r[1:])) for r in rows}) == 3
+
+
+def test_unigram_entropy_of_a_dataset_leaves_special_tokens_out(tmp_path):
+    import json
+
+    import numpy as np
+
+    tokens = np.array([0, 5, 5, 6, 6, 1, 0, 7, 7, 7, 7, 1], dtype="<u2")  # 0/1: special
+    tokens.tofile(tmp_path / "shard.tokens.bin")
+    manifest = {"token_dtype": "<u2", "shards": [{"tokens": "shard.tokens.bin"}]}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    p = np.array([2, 2, 4]) / 8
+    assert demo.unigram_entropy(tmp_path, {0, 1}) == pytest.approx(float(-(p * np.log(p)).sum()))
