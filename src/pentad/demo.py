@@ -337,12 +337,12 @@ def _run_demo(output: Path, minutes: float, quick: bool) -> dict[str, Any]:
     gain = {name: (statistics.mean(row.few) - statistics.mean(rows[0].few), row.full - rows[0].full)
             for name, row in (("here", small), ("reference", ref))}
     print(f"  Pre-training here: {RECIPE} ({small_model.encoder.num_layers} layers, H={small_model.hidden_size}), "
-          f"{plan.pretrain_steps} steps on {wiki.words:,} words of Wikipedia, masked-LM loss "
-          f"{summary['pretrain_mlm_loss']:.2f} nats against {unigram:.2f} for a model that ignores context;")
-    print(f"  it changes accuracy by {gain['here'][0]:+.3f} ({few_labels} labels) and {gain['here'][1]:+.3f} "
-          f"(all labels). Pre-training at scale (all-MiniLM-L6-v2: MiniLM, distilled from a larger pre-trained "
-          f"model, then trained on 1B sentence pairs) adds {gain['reference'][0]:+.3f} and "
-          f"{gain['reference'][1]:+.3f}:")
-    print("  pre-training pays most where labels are few, and needs far more text and compute than a demo has.")
+          f"{plan.pretrain_steps} steps on {wiki.words:,} words of Wikipedia;")
+    print(f"    masked-LM loss {summary['pretrain_mlm_loss']:.2f} nats (a model that ignores context: {unigram:.2f});")
+    print(f"    accuracy against the same model from scratch: {gain['here'][0]:+.3f} ({few_labels} labels), "
+          f"{gain['here'][1]:+.3f} (all labels).")
+    print("  Pre-training at scale (all-MiniLM-L6-v2: MiniLM, distilled from a larger pre-trained model, then trained")
+    print(f"    on 1B sentence pairs): {gain['reference'][0]:+.3f} ({few_labels} labels), "
+          f"{gain['reference'][1]:+.3f} (all labels).")
     print(f"  total time {summary['minutes']} min on {torch.get_num_threads()} threads; runs in {output}")
     return summary
