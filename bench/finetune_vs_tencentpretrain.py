@@ -20,8 +20,11 @@ TencentPretrain needs ``six`` beside torch: ``--tp-python`` (default: this inter
 ``PYTHONPATH`` extended by ``--tp-pythonpath``. Run from the repository root::
 
     PYTHONPATH=src .venv/bin/python bench/finetune_vs_tencentpretrain.py --tencentpretrain /path/to/TencentPretrain \\
-        --pretrained runs/book_review_pretrain --seeds 1 2 3 \\
-        --variant default= --variant tp-optimizer=train.adam_bias_correction=false,train.clip_grad_norm=null
+        --pretrained runs/book_review_pretrain --seeds 1 2 3 --pooling mean \\
+        --variant default= --variant corrected=train.adam_bias_correction=true
+
+(``--jobs 3`` runs three at a time: faster on a multi-core machine, but then the seconds are not a
+speed comparison.)
 """
 
 from __future__ import annotations
