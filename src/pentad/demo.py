@@ -130,21 +130,23 @@ def _median_step(model, optimizer, next_batch) -> float:
 
 
 def make_plan(budget_s: float, elapsed_s: float, seconds: dict[str, float], n_train: int, n_eval: int,
-              few_labels: int = FEW_LABELS, draws: int = DRAWS, quick: bool = False) -> Plan:
+              few_labels: int = FEW_LABELS, draws: int = DRAWS, quick: bool = False,
+              reference_full: bool = False) -> Plan:
     """Fine-tuning steps are fixed by the data; pre-training gets the rest of the budget.
 
     ``seconds``: per-step times of ``pretrain`` (batch 64), ``small16`` / ``small32`` (the small
-    classifier at batch 16 / 32) and ``reference16`` / ``reference32`` (the reference classifier).
+    classifier at batch 16 / 32) and ``reference16`` / ``reference32`` (the reference classifier;
+    ``reference32`` only with ``reference_full``: the reference fine-tuned on the whole training set).
     Evaluation (forward only, twice the batch) is counted at a third of a training step per example.
     """
     few_epochs, full_epochs = (1, 1) if quick else (6, 1)
     few_steps = math.ceil(few_labels / 16) * few_epochs
     full_steps = math.ceil(n_train / 32) * full_epochs
+    full = 2 * seconds["small32"] + (seconds["reference32"] if reference_full else 0.0)
     estimate = {
         "few-label fine-tunes": draws * (few_steps * (2 * seconds["small16"] + seconds["reference16"])
                                          + n_eval * (2 * seconds["small16"] + seconds["reference16"]) / 16 / 3),
-        "full fine-tunes": full_steps * (2 * seconds["small32"] + seconds["reference32"])
-                           + 2 * n_eval * (2 * seconds["small32"] + seconds["reference32"]) / 32 / 3,
+        "full fine-tunes": full_steps * full + 2 * n_eval * full / 32 / 3,
     }
     left = budget_s - elapsed_s - sum(estimate.values()) - 15  # 15 s for loading, plots and the table
     steps = 30 if quick else max(MIN_PRETRAIN_STEPS, int(left / seconds["pretrain"]))
@@ -201,11 +203,11 @@ def _majority(tsv: Path) -> float:
     return max(labels.count(label) for label in set(labels)) / len(labels)
 
 
-def run_demo(output: Path, minutes: float = 7.5, quick: bool = False) -> dict[str, Any]:
+def run_demo(output: Path, minutes: float = 7.5, quick: bool = False, reference_full: bool = False) -> dict[str, Any]:
     """Run the demo into ``output``; on Ctrl-C, say what a second run keeps (the training runs restart,
     planned anew for the budget, while downloads, vocabulary, dataset and converted weights are kept)."""
     try:
-        return _run_demo(output, minutes, quick)
+        return _run_demo(output, minutes, quick, reference_full or quick)
     except Interrupted as stopped:
         raise Interrupted(f"demo stopped by {signal.Signals(stopped.signum).name}. Running `pentad demo` again "
                           "starts its training runs over (they are planned anew for the time budget) and reuses "
@@ -213,7 +215,7 @@ def run_demo(output: Path, minutes: float = 7.5, quick: bool = False) -> dict[st
                           stopped.signum) from None
 
 
-def _run_demo(output: Path, minutes: float, quick: bool) -> dict[str, Any]:
+def _run_demo(output: Path, minutes: float, quick: bool, reference_full: bool) -> dict[str, Any]:
     from pentad.data.assets import default_cache_dir, ensure_minilm, ensure_mr_sentiment, ensure_wikipedia_corpus
     from pentad.data.vocab_builder import build_vocab
     from pentad.interop.convert import convert
@@ -270,12 +272,14 @@ def _run_demo(output: Path, minutes: float, quick: bool) -> dict[str, Any]:
     ref_model = load_config(ref_config, []).model
     for size in (16, 32):
         seconds[f"small{size}"] = _time_finetune_step(small_model, size)
-        seconds[f"reference{size}"] = _time_finetune_step(ref_model, size)
+        if size == 16 or reference_full:
+            seconds[f"reference{size}"] = _time_finetune_step(ref_model, size)
     train_tsv, test_tsv, few_labels, draws = mr.train, mr.test, FEW_LABELS, DRAWS
     if quick:  # slices of the data, for smoke tests
         train_tsv, test_tsv, few_labels, draws = _head(mr.train, output, 512), _head(mr.test, output, 256), 64, 2
     n_train, n_test = (_rows(path) for path in (train_tsv, test_tsv))
-    plan = make_plan(budget, time.perf_counter() - started, seconds, n_train, n_test, few_labels, draws, quick)
+    plan = make_plan(budget, time.perf_counter() - started, seconds, n_train, n_test, few_labels, draws, quick,
+                     reference_full)
     info("plan: " + ", ".join(f"{k} ~{v:.0f} s" for k, v in plan.estimate.items()) +
          " (seconds per step: " + ", ".join(f"{k} {v:.3f}" for k, v in seconds.items()) + ")")
 
@@ -305,11 +309,13 @@ def _run_demo(output: Path, minutes: float, quick: bool) -> dict[str, Any]:
                                                    f"train.epochs={plan.few_epochs}", f"train.seed={draw}",
                                                    f"output={output / f'finetune-{index}-few{draw}'}"]))
             row.few.append(result["test"]["accuracy"])
+        rows.append(row)
+        if config != RECIPE and not reference_full:
+            continue
         result = finetune(load_config(config, [*base, f"data.train={train_tsv}", f"data.dev={mr.dev}",
                                                "train.batch_size=32", f"train.epochs={plan.full_epochs}",
                                                f"output={output / f'finetune-{index}-full'}"]))
         row.full = result["test"]["accuracy"]
-        rows.append(row)
 
     majority = mr.majority_share["test"] if not quick else _majority(test_tsv)
     small, ref = rows[1], rows[2]
@@ -320,7 +326,9 @@ def _run_demo(output: Path, minutes: float, quick: bool) -> dict[str, Any]:
         "majority": majority, "seconds_per_step": seconds,
         "rows": {row.name: {"few": row.few, "few_mean": statistics.mean(row.few),
                             "few_se": standard_error(row.few, n_test),
-                            "full": row.full, "full_se": standard_error([row.full], n_test)} for row in rows},
+                            "full": row.full,
+                            "full_se": None if row.full is None else standard_error([row.full], n_test)}
+                 for row in rows},
         "minutes": round((time.perf_counter() - started) / 60, 1),
     }
     (output / "demo_results.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -332,9 +340,10 @@ def _run_demo(output: Path, minutes: float, quick: bool) -> dict[str, Any]:
     print(f"  {'majority class':44s} {majority:20.3f} {majority:16.3f}")
     for name, values in summary["rows"].items():
         few = f"{values['few_mean']:.3f} ± {values['few_se']:.3f}"
-        full = f"{values['full']:.3f} ± {values['full_se']:.3f}"
+        full = "—" if values["full"] is None else f"{values['full']:.3f} ± {values['full_se']:.3f}"
         print(f"  {'fine-tuned, ' + name:44s} {few:>20s} {full:>16s}")
-    gain = {name: (statistics.mean(row.few) - statistics.mean(rows[0].few), row.full - rows[0].full)
+    gain = {name: (statistics.mean(row.few) - statistics.mean(rows[0].few),
+                   None if row.full is None else row.full - rows[0].full)
             for name, row in (("here", small), ("reference", ref))}
     print(f"  Pre-training here: {RECIPE} ({small_model.encoder.num_layers} layers, H={small_model.hidden_size}), "
           f"{plan.pretrain_steps} steps on {wiki.words:,} words of Wikipedia;")
@@ -342,7 +351,8 @@ def _run_demo(output: Path, minutes: float, quick: bool) -> dict[str, Any]:
     print(f"    accuracy against the same model from scratch: {gain['here'][0]:+.3f} ({few_labels} labels), "
           f"{gain['here'][1]:+.3f} (all labels).")
     print("  Pre-training at scale (all-MiniLM-L6-v2: MiniLM, distilled from a larger pre-trained model, then trained")
-    print(f"    on 1B sentence pairs): {gain['reference'][0]:+.3f} ({few_labels} labels), "
-          f"{gain['reference'][1]:+.3f} (all labels).")
+    full_gain = ("not run (--reference-full runs it)" if gain["reference"][1] is None
+                 else f"{gain['reference'][1]:+.3f}")
+    print(f"    on 1B sentence pairs): {gain['reference'][0]:+.3f} ({few_labels} labels), {full_gain} (all labels).")
     print(f"  total time {summary['minutes']} min on {torch.get_num_threads()} threads; runs in {output}")
     return summary

@@ -26,6 +26,11 @@ def test_plan_gives_pretraining_what_the_fine_tunes_leave():
     # No budget left: a floor of steps, so that "pre-trained" still means something.
     assert demo.make_plan(60, 30, SECONDS, 8453, 1056).pretrain_steps == demo.MIN_PRETRAIN_STEPS
     assert demo.make_plan(450, 30, SECONDS, 512, 256, quick=True).pretrain_steps == 30
+    # the reference on the whole training set costs its steps, taken from pre-training
+    full = demo.make_plan(450, 30, SECONDS, n_train=8453, n_eval=1056, reference_full=True)
+    extra = math.ceil(8453 / 32) * SECONDS["reference32"]
+    assert full.estimate["full fine-tunes"] > plan.estimate["full fine-tunes"] + extra
+    assert full.pretrain_steps < plan.pretrain_steps
 
 
 def test_few_label_draws_are_balanced_seeded_and_different(tmp_path):
