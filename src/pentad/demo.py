@@ -288,6 +288,12 @@ def _run_demo(output: Path, minutes: float, quick: bool, reference_full: bool) -
                      reference_full)
     info("plan: " + ", ".join(f"{k} ~{v:.0f} s" for k, v in plan.estimate.items()) +
          " (seconds per step: " + ", ".join(f"{k} {v:.3f}" for k, v in seconds.items()) + ")")
+    expected = time.perf_counter() - started + sum(plan.estimate.values()) + 15
+    if expected > budget * 1.05:
+        fine_tunes = sum(plan.estimate.values()) - plan.estimate["pre-training"]
+        info(f"note: on this machine now the fine-tunes alone need about {fine_tunes:.0f} s, so with pre-training "
+             f"at its minimum of {plan.pretrain_steps} steps the demo will take about {expected / 60:.1f} minutes, "
+             f"more than --minutes {minutes:g}")
 
     info(f"== 5/6 pre-train {RECIPE} for {plan.pretrain_steps} steps (masked LM, batch 64)")
     pre_cfg.train.steps = plan.pretrain_steps
