@@ -100,7 +100,8 @@ def _finetune(cfg: Any) -> dict[str, Any]:
         score = metrics.get(cfg.task.metric, 0.0) if metrics else float(step)
         best.offer(trainer.model, step, score, metrics)
 
-    if "steps" in cfg.train.model_fields_set:  # set by the user (pre-training's length), not used here
+    # set by the user (pre-training's length), not used here; a run's config.yaml spells out every default
+    if "steps" in cfg.train.model_fields_set and cfg.train.steps != type(cfg.train).model_fields["steps"].default:
         info(f"note: train.steps={cfg.train.steps} is not used by fine-tuning, whose length is train.epochs: "
              f"{cfg.train.epochs} epoch(s) of {steps_per_epoch:,} steps = {total:,} steps; set train.epochs to "
              "change it")

@@ -57,7 +57,8 @@ def _pretrain(cfg: Any) -> dict[str, Any]:
     device = pick_device(cfg.train.device)
     batches = PretrainBatches(dataset, objective, cfg.train.batch_size, cfg.train.seed,
                               num_workers=cfg.data.loader_workers)
-    if "epochs" in cfg.train.model_fields_set:  # set by the user (fine-tuning's length), not used here
+    # set by the user (fine-tuning's length), not used here; a run's config.yaml spells out every default
+    if "epochs" in cfg.train.model_fields_set and cfg.train.epochs != type(cfg.train).model_fields["epochs"].default:
         info(f"note: train.epochs={cfg.train.epochs} is not used by pre-training, whose length is train.steps "
              f"({cfg.train.steps:,} steps); set train.steps to change it")
     info(f"dataset {cfg.data.dataset}: {len(dataset):,} instances, {batches.batches_per_epoch:,} batches per "
