@@ -24,6 +24,13 @@ class UserError(Exception):
     exit_code = 2
 
 
+class RankFailure(UserError):
+    """Another process of a distributed run failed or died: this rank stops too, with a message
+    naming the rank(s) that are gone and the checkpoint to resume from. Exit status 1."""
+
+    exit_code = 1
+
+
 class Interrupted(Exception):
     """Training stopped by a signal after saving a checkpoint; the message says how to resume.
 

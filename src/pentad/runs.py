@@ -28,8 +28,19 @@ TARGET_TOKENIZER_DIR = "target_tokenizer"
 LOCK = ".lock"
 
 
+_QUIET = False
+
+
 def info(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    """A progress message on stderr (silent on the ranks of a distributed run other than the main one)."""
+    if not _QUIET:
+        print(message, file=sys.stderr, flush=True)
+
+
+def set_quiet(quiet: bool) -> None:
+    """Silence :func:`info` in this process (a distributed run's ranks other than the main one)."""
+    global _QUIET
+    _QUIET = quiet
 
 
 # Descriptors of the run locks this process holds. A forked child (a DataLoader worker) shares the

@@ -66,6 +66,21 @@ class Batch:
             moved[f.name] = value
         return Batch(**moved)
 
+    def rows(self, index: Tensor) -> Batch:
+        """The rows ``index`` (a 1-D long tensor) of every batch-major tensor, labels and pair included:
+        the slice of a global batch that one rank of a distributed run trains on."""
+        picked: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor):
+                value = value.index_select(0, index.to(value.device))
+            elif isinstance(value, Batch):
+                value = value.rows(index)
+            elif isinstance(value, dict):
+                value = {k: v.index_select(0, index.to(v.device)) for k, v in value.items()}
+            picked[f.name] = value
+        return Batch(**picked)
+
     def provided(self) -> set[str]:
         """Names of the fields that are set; labels appear as ``labels.<target>`` and the pair's
         input fields as ``pair.<field>``."""

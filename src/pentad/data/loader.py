@@ -67,13 +67,13 @@ def _config_of(tokenizer: Any) -> Any:
 class PretrainBatches:
     """The endless, resumable stream of pre-training batches over a ShardDataset.
 
-    With ``world_size > 1`` every global batch holds ``batch_size * world_size`` instances and
-    rank ``r`` takes its ``r``-th slice, so ranks never share an instance within an epoch; ranks
-    other than 0 add ``r`` to the masking seed (``[seed, epoch, i, r]``) so their masks differ.
+    Batch ``i`` is the same whatever the number of processes: in a distributed run every rank
+    makes it and trains on its own rows (``pentad.training.trainer.Trainer``), so masks and other
+    random choices are those of a single process.
     """
 
     def __init__(self, dataset: ShardDataset, objective: Objective, batch_size: int, seed: int,
-                 num_workers: int = 0, rank: int = 0, world_size: int = 1):
+                 num_workers: int = 0):
         if batch_size < 1:
             raise UserError(f"batch size must be at least 1 (received {batch_size}).")
         self.dataset = dataset
@@ -81,14 +81,10 @@ class PretrainBatches:
         self.batch_size = batch_size
         self.seed = seed
         self.num_workers = num_workers
-        self.rank = rank
-        self.world_size = world_size
-        global_batch = batch_size * world_size
-        self.batches_per_epoch = len(dataset) // global_batch
+        self.batches_per_epoch = len(dataset) // batch_size
         if self.batches_per_epoch == 0:
             raise UserError(f"dataset {dataset.directory} has {len(dataset)} instances, fewer than "
-                            f"one batch ({batch_size} x {world_size} process(es)); use a smaller "
-                            f"batch size or a larger corpus.")
+                            f"one batch ({batch_size}); use a smaller batch size or a larger corpus.")
         self._epoch = -1
         self._permutation = np.zeros(0, dtype=np.int64)
 
@@ -104,17 +100,16 @@ class PretrainBatches:
         return self._permutation
 
     def indices(self, i: int) -> np.ndarray:
-        """The dataset indices of batch ``i`` for this rank."""
+        """The dataset indices of batch ``i``."""
         epoch, step = divmod(i, self.batches_per_epoch)
-        begin = (step * self.world_size + self.rank) * self.batch_size
+        begin = step * self.batch_size
         return self._order(epoch)[begin:begin + self.batch_size]
 
     def batch(self, i: int) -> Batch:
         """Batch ``i`` (0-based count of batches since the start of training)."""
         epoch = i // self.batches_per_epoch
-        key = [self.seed, epoch, i] + ([self.rank] if self.rank else [])
         return self.objective.collate(self.dataset.take(self.indices(i)),
-                                      np.random.default_rng(key))
+                                      np.random.default_rng([self.seed, epoch, i]))
 
     def __getitem__(self, i: int) -> Batch:
         return self.batch(int(i))

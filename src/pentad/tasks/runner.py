@@ -9,15 +9,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from pentad.builder import build_model, summarize
+from pentad.builder import build_model
 from pentad.errors import UserError
 from pentad.registry import TASKS
-from pentad.runs import RunLock, absolute_paths, complete_vocab, info, load_run, load_tokenizer, prepare_run_dir
+from pentad.runs import absolute_paths, complete_vocab, info, load_run, load_tokenizer
 from pentad.tasks.base import EpochBatches
 from pentad.training import checkpoint as ckpt
-from pentad.training.trainer import Trainer, pick_device, plot_losses
+from pentad.training.session import Session
+from pentad.training.trainer import pick_device, plot_losses
 
 LABELS = "labels.json"
 RESULTS = "results.json"
@@ -39,7 +38,8 @@ def _init_source(cfg: Any) -> tuple[Any, Any]:
 
 
 def finetune(cfg: Any) -> dict[str, Any]:
-    """Fine-tune on ``data.train``, pick the best model on ``data.dev``, report dev and test scores."""
+    """Fine-tune on ``data.train``, pick the best model on ``data.dev``, report dev and test scores
+    (one process, or every rank of a launch)."""
     if cfg.task is None:
         raise UserError("task is not set (e.g. --task classification)")
     if cfg.data.train is None:
@@ -47,17 +47,15 @@ def finetune(cfg: Any) -> dict[str, Any]:
     if cfg.output is None:
         raise UserError("output is not set: give the run directory, e.g. output=runs/finetune")
     absolute_paths(cfg)
-    with RunLock(Path(cfg.output), "finetune"):
-        return _finetune(cfg)
-
-
-def _finetune(cfg: Any) -> dict[str, Any]:
     cfg.train = cfg.train.for_finetuning()
+    with Session(cfg, "finetune") as session:
+        return _finetune(cfg, session)
+
+
+def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
     _, tokenizer = _init_source(cfg)
     complete_vocab(cfg, tokenizer)
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    torch.manual_seed(cfg.train.seed)
+    session.seed()
     seq_length = cfg.data.objective.seq_length if cfg.data.objective is not None else cfg.model.max_seq_length
     seq_length = min(seq_length, cfg.model.max_seq_length)
     task = TASKS.get(cfg.task.type)(cfg.task, tokenizer, seq_length)
@@ -69,18 +67,13 @@ def _finetune(cfg: Any) -> dict[str, Any]:
     _, train = task.read(cfg.data.train)
     splits = {"dev": cfg.data.dev, "test": cfg.data.test}
     evaluation = {name: task.read(path) for name, path in splits.items() if path is not None}
-    model = build_model(cfg.model, provided=task.provides)
-    info(summarize(model))
-    if cfg.init is not None:
-        for note in ckpt.load_weights(model, ckpt.read_weights(ckpt.find_weights(Path(cfg.init))), str(cfg.init),
-                                      new_heads=(task.head,), drop_heads=True):
-            info(note)
-    else:
+    model = session.build(cfg.model, task.provides, cfg.init, new_heads=(task.head,), drop_heads=True)
+    if cfg.init is None:
         info("no init: training from randomly initialised weights")
     run_dir = Path(cfg.output)
-    changes = prepare_run_dir(run_dir, cfg, tokenizer, extra={LABELS: task.label_map.to_dict()},
-                              unused=("train.steps", "data.dataset"))
-    device = pick_device(cfg.train.device)
+    changes = session.prepare_run_dir(tokenizer, extra={LABELS: task.label_map.to_dict()},
+                                      unused=("train.steps", "data.dataset"))
+    device = session.dist.device
     batches = EpochBatches(len(train), cfg.train.batch_size, cfg.train.seed,
                            lambda idx, rng: task.collate(train, idx, rng))
     steps_per_epoch = max(1, math.ceil(batches.batches_per_epoch / cfg.train.grad_accum))
@@ -88,17 +81,22 @@ def _finetune(cfg: Any) -> dict[str, Any]:
     every = cfg.train.eval_every or steps_per_epoch
     eval_steps = set(range(every, total + 1, every)) | {total}
     labels = {name: task.gold(inst) for name, (_, inst) in evaluation.items()}
-    best = BestModel(run_dir / BEST)
+    best = BestModel(run_dir / BEST, session)
+    progress = cfg.train.progress and session.is_main
+
+    def score(name: str) -> dict[str, float]:
+        # every rank evaluates (a sharded model needs all ranks in its forward); the main rank's
+        # numbers are the run's
+        metrics = task.evaluate(trainer.model, evaluation[name][1], labels[name], cfg.train.batch_size * 2, device,
+                                progress=f"evaluate {name}" if progress else None)
+        return session.dist.broadcast_object(metrics)
 
     def evaluate(step: int) -> dict[str, float]:
-        if "dev" not in evaluation:
-            return {}
-        return task.evaluate(trainer.model, evaluation["dev"][1], labels["dev"], cfg.train.batch_size * 2, device,
-                             progress="evaluate dev" if cfg.train.progress else None)
+        return score("dev") if "dev" in evaluation else {}
 
     def keep_best(step: int, metrics: dict[str, float]) -> None:
-        score = metrics.get(cfg.task.metric, 0.0) if metrics else float(step)
-        best.offer(trainer.model, step, score, metrics)
+        value = metrics.get(cfg.task.metric, 0.0) if metrics else float(step)
+        best.offer(trainer, step, value, metrics)
 
     # set by the user (pre-training's length), not used here; a run's config.yaml spells out every default
     if "steps" in cfg.train.model_fields_set and cfg.train.steps != type(cfg.train).model_fields["steps"].default:
@@ -106,28 +104,32 @@ def _finetune(cfg: Any) -> dict[str, Any]:
              f"{cfg.train.epochs} epoch(s) of {steps_per_epoch:,} steps = {total:,} steps; set train.epochs to "
              "change it")
     info(f"train {len(train):,} examples, {total:,} steps ({cfg.train.epochs} epochs) on {device}")
-    trainer = Trainer(model, cfg.train, run_dir, total, device, description="finetune")
+    trainer = session.trainer(model, total, "finetune")
     if trainer.resume(changes):
-        best.restore()
+        session.on_main(best.restore)
+        best.share()
     else:
-        best.clear()  # an earlier attempt's best model belongs to a trajectory that is being redone
+        session.on_main(best.clear)  # an earlier attempt's best model belongs to a trajectory being redone
     start = time.perf_counter()
     trainer.train(batches.iterate, evaluate=evaluate, eval_steps=eval_steps, on_eval=keep_best)
-    plot_losses(run_dir / "metrics.jsonl", run_dir / "loss.png")
+    if session.is_main:
+        plot_losses(run_dir / "metrics.jsonl", run_dir / "loss.png")
     if trainer.step < total:
         info(f"stopped at step {trainer.step} of {total} (train.stop_at); run the same command again to resume")
         return {"stopped_at": trainer.step}
     results: dict[str, Any] = {"best_step": best.step, "seconds": round(time.perf_counter() - start, 1)}
     if best.step != trainer.step:  # the model in memory is the last step's; evaluate the best one
-        ckpt.load_weights(trainer.model, ckpt.read_weights(best.weights), str(best.directory))
-    for name, (_, inst) in evaluation.items():
+        weights = session.on_main(lambda: ckpt.read_weights(best.weights)) if session.strategy.sharded \
+            else ckpt.read_weights(best.weights)
+        trainer.strategy.load_full_state_dict(weights if session.is_main or not session.strategy.sharded else None)
+    for name in evaluation:
         if name == "dev" and best.metrics:  # scored when it was chosen; evaluation is deterministic
             results[name] = best.metrics
         else:
-            results[name] = task.evaluate(trainer.model, inst, labels[name], cfg.train.batch_size * 2, device,
-                                          progress=f"evaluate {name}" if cfg.train.progress else None)
+            results[name] = score(name)
         info(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in results[name].items()))
-    ckpt.write_json(run_dir / RESULTS, results)
+    if session.is_main:
+        ckpt.write_json(run_dir / RESULTS, results)
     return results
 
 
@@ -137,24 +139,30 @@ class BestModel:
     Its record (step, score, dev metrics) also travels in the weights file's metadata, written in
     one atomic rename with the weights, and is read back when a run resumes, so a resumed run keeps
     comparing against the best model it already has instead of overwriting it with a worse one.
+    In a distributed run every rank keeps the record; the main rank writes the files.
     """
 
     KEY = "pentad_best"
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, session: Session | None = None):
         self.directory = directory
+        self.session = session
         self.weights = directory / ckpt.WEIGHTS
         self.step: int | None = None
         self.score = -math.inf
         self.metrics: dict[str, float] = {}
 
-    def offer(self, model: torch.nn.Module, step: int, score: float, metrics: dict[str, float]) -> bool:
-        """Keep ``model`` if ``score`` beats the best so far."""
+    def offer(self, trainer: Any, step: int, score: float, metrics: dict[str, float]) -> bool:
+        """Keep the trainer's model if ``score`` beats the best so far (every rank calls)."""
         if score <= self.score:
             return False
         record = {"step": step, "score": score, "metrics": metrics}
-        ckpt.save_weights(model, self.weights, {self.KEY: json.dumps(record)})
-        ckpt.write_json(self.directory / "best.json", {"step": step, **metrics})
+        tensors = trainer.strategy.full_state_dict()  # gathered on the main rank
+        if tensors is not None:
+            aliases = {head for head, _ in getattr(trainer.model, "tied", [])}
+            tensors = {k: v for k, v in tensors.items() if k not in aliases}
+            ckpt.save_tensors(tensors, self.weights, {self.KEY: json.dumps(record)})
+            ckpt.write_json(self.directory / "best.json", {"step": step, **metrics})
         self.step, self.score, self.metrics = step, score, dict(metrics)
         return True
 
@@ -169,6 +177,12 @@ class BestModel:
         record = json.loads(raw)
         self.step, self.score, self.metrics = int(record["step"]), float(record["score"]), record["metrics"]
         info(f"best model so far: step {self.step}, score {self.score:.4f}")
+
+    def share(self) -> None:
+        """The main rank's record on every rank (after :meth:`restore`, which reads files on the main rank)."""
+        if self.session is not None:
+            self.step, self.score, self.metrics = self.session.dist.broadcast_object(
+                (self.step, self.score, self.metrics))
 
     def clear(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)

@@ -57,11 +57,16 @@ def weights_to_save(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
     """Write ``model``'s weights to a safetensors file atomically."""
+    save_tensors(weights_to_save(model), path, metadata)
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """Write named tensors to a safetensors file atomically (temp file, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(fd)
     try:
-        tensors = weights_to_save(model)
+        tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
         with writing(path, needed=_tensor_bytes(tensors)):
             save_file(tensors, tmp, metadata={"format": "pt", **(metadata or {})})
         os.replace(tmp, path)
@@ -176,28 +181,47 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / CHECKPOINTS / f"step-{step:08d}"
 
 
-def save_checkpoint(run_dir: Path, step: int, model: nn.Module, state: dict[str, Any],
-                    keep: int = 2, metadata: dict[str, str] | None = None) -> Path:
-    """Write weights + state into ``checkpoints/step-N`` atomically, point ``latest`` at it,
-    and keep only the newest ``keep`` checkpoints."""
+def write_checkpoint_files(directory: Path, model: nn.Module, state: dict[str, Any],
+                           metadata: dict[str, str] | None = None) -> None:
+    """Write ``model``'s weights (``model.safetensors``) and ``state`` (``state.pt``) into ``directory``."""
+    with writing(directory, needed=_tensor_bytes(weights_to_save(model)) + _tensor_bytes(state)):
+        save_weights(model, directory / WEIGHTS, metadata)
+        torch.save(state, directory / STATE)
+
+
+def staging_dir(run_dir: Path, step: int) -> Path:
+    """A new empty temporary directory beside the checkpoint of ``step`` (renamed into place by
+    :func:`publish_checkpoint`; removed by :func:`remove_temporaries` if a run dies first)."""
     final = checkpoint_dir(run_dir, step)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
-    try:
-        with writing(final, needed=_tensor_bytes(weights_to_save(model)) + _tensor_bytes(state)):
-            save_weights(model, tmp / WEIGHTS, metadata)
-            torch.save(state, tmp / STATE)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    return Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+
+
+def publish_checkpoint(run_dir: Path, step: int, staged: Path, keep: int = 2) -> Path:
+    """Rename a complete staged checkpoint into ``checkpoints/step-N``, point ``latest`` at it and
+    keep only the newest ``keep`` checkpoints."""
+    final = checkpoint_dir(run_dir, step)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staged, final)
     atomic_write_text(run_dir / CHECKPOINTS / LATEST, final.name + "\n")
     existing = sorted(p for p in (run_dir / CHECKPOINTS).glob("step-*") if p.is_dir())
     for old in existing[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def save_checkpoint(run_dir: Path, step: int, model: nn.Module, state: dict[str, Any],
+                    keep: int = 2, metadata: dict[str, str] | None = None) -> Path:
+    """Write weights + state into ``checkpoints/step-N`` atomically, point ``latest`` at it,
+    and keep only the newest ``keep`` checkpoints (one process; the Trainer goes through its strategy)."""
+    tmp = staging_dir(run_dir, step)
+    try:
+        write_checkpoint_files(tmp, model, state, metadata)
+        return publish_checkpoint(run_dir, step, tmp, keep)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def checkpoint_steps(run_dir: Path) -> list[int]:

@@ -9,12 +9,35 @@ from pydantic import Field
 from pentad.config.base import StrictModel
 
 
+class FsdpConfig(StrictModel):
+    """``train.fsdp``: options of the ``fsdp`` strategy (FSDP2 ``fully_shard``)."""
+
+    reshard_after_forward: bool = Field(True, description="free each block's gathered weights after its forward "
+                                        "(less memory; false keeps them until backward: less communication)")
+    param_dtype: Literal["fp32", "bf16"] = Field("fp32", description="dtype of the gathered weights during forward "
+                                                 "and backward (MixedPrecisionPolicy); sharded weights stay fp32")
+    reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="dtype in which gradients are reduced")
+
+
+class DeepSpeedConfig(StrictModel):
+    """``train.deepspeed``: options of the ``deepspeed`` strategy (ZeRO)."""
+
+    stage: Literal[1, 2, 3] = Field(2, description="ZeRO stage: 1 shards optimizer state, 2 also gradients, "
+                                    "3 also parameters")
+    offload_optimizer: bool = Field(False, description="keep optimizer state (and its step) in CPU memory")
+    offload_parameters: bool = Field(False, description="stage 3: keep parameters in CPU memory")
+    config: str | None = Field(None, description="a DeepSpeed JSON file for other engine settings; pentad fills "
+                               "batch size, accumulation, clipping and precision from train.* and refuses a "
+                               "file that contradicts them")
+
+
 class TrainConfig(StrictModel):
     """Optimisation and bookkeeping options shared by pre-training and fine-tuning."""
 
     steps: int = Field(1000, ge=1, description="optimizer steps (pre-training)")
     epochs: int = Field(3, ge=1, description="passes over the training set (fine-tuning)")
-    batch_size: int = Field(32, ge=1, description="sequences per micro-batch")
+    batch_size: int = Field(32, ge=1, description="sequences per micro-batch, over all processes together "
+                            "(each of N ranks takes batch_size/N); a step trains on batch_size x grad_accum")
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
     lr: float = Field(1e-4, gt=0.0)
     weight_decay: float = Field(0.01, ge=0.0)
@@ -27,7 +50,19 @@ class TrainConfig(StrictModel):
     warmup: float = Field(0.1, ge=0.0, description="warmup: a fraction of the steps if < 1, else a step count")
     clip_grad_norm: float | None = Field(1.0, gt=0.0, description="None disables clipping")
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 = bf16 autocast")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: a GPU when there is one "
+                                                   "(cuda:LOCAL_RANK under a launcher), else the CPU")
+    strategy: Literal["single", "ddp", "fsdp", "deepspeed"] = Field(
+        "single", description="single: one process; ddp, fsdp, deepspeed: every process of a torchrun or "
+        "deepspeed launch trains one model (docs/distributed.md)")
+    dist_backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="collective backend: auto = nccl "
+                                                          "on GPUs, gloo on CPU")
+    dist_timeout: float = Field(600.0, gt=0.0, description="seconds a rank waits for the others in a collective "
+                                "before the run stops with an error (a rank that died or hangs)")
+    activation_checkpointing: bool = Field(False, description="recompute each transformer block's activations "
+                                           "in backward instead of keeping them (less memory, ~30% more compute)")
+    fsdp: FsdpConfig = Field(default_factory=FsdpConfig)
+    deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
     seed: int = 7
     log_every: int = Field(10, ge=1)
     save_every: int | None = Field(None, ge=1, description="also save a checkpoint every N steps")

@@ -6,18 +6,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from pentad.builder import build_model, summarize
 from pentad.errors import UserError
 from pentad.registry import OBJECTIVES
-from pentad.runs import RunLock, absolute_paths, complete_vocab, info, load_tokenizer, prepare_run_dir
-from pentad.training.checkpoint import find_weights, load_weights, read_weights
-from pentad.training.trainer import Trainer, pick_device, plot_losses
+from pentad.runs import absolute_paths, complete_vocab, info, load_tokenizer
+from pentad.training.session import Session
+from pentad.training.trainer import plot_losses
 
 
 def pretrain(cfg: Any) -> dict[str, Any]:
-    """Run pre-training as configured; returns the last logged metrics."""
+    """Run pre-training as configured (one process, or every rank of a launch); returns the last
+    logged metrics."""
     if cfg.data.dataset is None:
         raise UserError("data.dataset is not set: give the directory written by `pentad preprocess`")
     if cfg.data.objective is None:
@@ -25,20 +23,18 @@ def pretrain(cfg: Any) -> dict[str, Any]:
     if cfg.output is None:
         raise UserError("output is not set: give the run directory, e.g. output=runs/pretrain")
     absolute_paths(cfg)
-    with RunLock(Path(cfg.output), "pretrain"):
-        return _pretrain(cfg)
+    with Session(cfg, "pretrain") as session:
+        return _pretrain(cfg, session)
 
 
-def _pretrain(cfg: Any) -> dict[str, Any]:
+def _pretrain(cfg: Any, session: Session) -> dict[str, Any]:
     from pentad.data.loader import PretrainBatches, open_dataset
 
     tokenizer = load_tokenizer(cfg)
     if tokenizer is None:
         raise UserError("tokenizer is not set: pre-training needs the tokenizer the dataset was made with")
     complete_vocab(cfg, tokenizer)
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    torch.manual_seed(cfg.train.seed)
+    session.seed()
     objective = OBJECTIVES.get(cfg.data.objective.type)(cfg.data.objective, tokenizer)
     target_tokenizer = getattr(objective, "target_tokenizer", tokenizer)
     if target_tokenizer is not tokenizer:  # translation with its own target vocabulary
@@ -46,15 +42,10 @@ def _pretrain(cfg: Any) -> dict[str, Any]:
     else:
         target_tokenizer = None
     dataset = open_dataset(cfg.data.dataset, tokenizer, objective)
-    model = build_model(cfg.model, provided=objective.provides)
-    info(summarize(model))
-    if cfg.init is not None:
-        for note in load_weights(model, read_weights(find_weights(cfg.init)), str(cfg.init)):
-            info(note)
-    run_dir = Path(cfg.output)
-    changes = prepare_run_dir(run_dir, cfg, tokenizer, target_tokenizer=target_tokenizer,
-                              unused=("train.epochs", "data.train", "data.dev", "task"))
-    device = pick_device(cfg.train.device)
+    model = session.build(cfg.model, objective.provides, cfg.init)
+    changes = session.prepare_run_dir(tokenizer, target_tokenizer=target_tokenizer,
+                                      unused=("train.epochs", "data.train", "data.dev", "task"))
+    # every rank makes the same global batches and trains on its rows of each (Trainer)
     batches = PretrainBatches(dataset, objective, cfg.train.batch_size, cfg.train.seed,
                               num_workers=cfg.data.loader_workers)
     # set by the user (fine-tuning's length), not used here; a run's config.yaml spells out every default
@@ -62,12 +53,13 @@ def _pretrain(cfg: Any) -> dict[str, Any]:
         info(f"note: train.epochs={cfg.train.epochs} is not used by pre-training, whose length is train.steps "
              f"({cfg.train.steps:,} steps); set train.steps to change it")
     info(f"dataset {cfg.data.dataset}: {len(dataset):,} instances, {batches.batches_per_epoch:,} batches per "
-         f"epoch; training {cfg.train.steps:,} steps on {device}")
-    trainer = Trainer(model, cfg.train, run_dir, cfg.train.steps, device, description="pretrain")
+         f"epoch; training {cfg.train.steps:,} steps on {session.dist.device}")
+    trainer = session.trainer(model, cfg.train.steps, "pretrain")
     trainer.resume(changes)
     start = time.perf_counter()
     last = trainer.train(batches.iterate)
-    plot_losses(run_dir / "metrics.jsonl", run_dir / "loss.png")
+    if session.is_main:
+        plot_losses(Path(cfg.output) / "metrics.jsonl", Path(cfg.output) / "loss.png")
     if trainer.step < cfg.train.steps:
         info(f"stopped at step {trainer.step} of {cfg.train.steps} (train.stop_at); run the same command again "
              "to resume")

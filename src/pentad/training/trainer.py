@@ -22,11 +22,12 @@ import torch
 from torch import nn
 
 from pentad.components.base import Batch
-from pentad.errors import Interrupted, UserError
+from pentad.errors import Interrupted, RankFailure, UserError
 from pentad.model import total_loss
 from pentad.training import checkpoint as ckpt
 from pentad.training.config import TrainConfig
 from pentad.training.optim import build_optimizer, build_schedule
+from pentad.training.strategies.base import Strategy
 
 BatchStream = Callable[[int], Iterator[Batch]]  # start micro-batch index -> batches from there
 
@@ -173,48 +174,106 @@ class StopRequest:
 
 
 class Trainer:
-    """Trains ``model`` for ``total_steps`` optimizer steps on batches from a ``BatchStream``.
+    """Trains a model for ``total_steps`` optimizer steps on batches from a ``BatchStream``, through a
+    :class:`~pentad.training.strategies.base.Strategy` (one process, or every rank of a launch).
 
-    evaluate(step) -> dict of metrics is called every ``cfg.eval_every`` steps (or at the steps in
-    ``eval_steps``); its result is logged, and ``on_eval(step, metrics)`` may save a best model.
+    The stream yields *global* micro-batches (``train.batch_size`` rows), the same whatever the world
+    size; each rank trains on its share of the rows, and each target's loss is weighted by the rank's
+    share of that target's items (tokens or examples), so a step's gradient is the one a single
+    process computes on the whole batch.
+
+    evaluate(step) -> dict of metrics is called (on every rank) at the steps in ``eval_steps``; its
+    result is logged, and ``on_eval(step, metrics)`` may save a best model.
     """
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, run_dir: Path, total_steps: int,
-                 device: torch.device, weights_metadata: dict[str, str] | None = None,
+                 strategy: Strategy | None = None, weights_metadata: dict[str, str] | None = None,
                  description: str = "train"):
-        self.model = model.to(device)
+        if strategy is None:
+            from pentad.training.distributed import Dist
+            from pentad.training.strategies import STRATEGIES
+
+            strategy = STRATEGIES.get("single")(cfg, Dist(device=pick_device(cfg.device)))
+        self.strategy = strategy
+        self.dist = strategy.dist
+        self.device = strategy.device
         self.cfg = cfg
         self.run_dir = run_dir
         self.total_steps = total_steps
-        self.device = device
         self.description = description
         self.metadata = weights_metadata or {}
-        self.optimizer = build_optimizer(self.model, cfg)
+        self.forward_model = strategy.setup(model, lambda m: build_optimizer(m, cfg))
+        self.optimizer = strategy.optimizer
         self.schedule = build_schedule(self.optimizer, cfg, total_steps)
         # the configured hyper-parameters of each group, re-applied over a loaded checkpoint's
         self._configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         self.log = MetricsLog(run_dir / "metrics.jsonl")
-        self.events = EventLog(run_dir, cfg.tensorboard)
+        self.events = EventLog(run_dir, cfg.tensorboard and self.dist.is_main)
         self.step = 0
-        self.micro_batches = 0  # the data position: micro-batches consumed
+        self.micro_batches = 0  # the data position: (global) micro-batches consumed
+
+    @property
+    def model(self) -> nn.Module:
+        """The pentad model itself (unwrapped), for evaluation."""
+        return self.strategy.module
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict[str, Any]:
+        """The trainer's part of a checkpoint (the strategy adds weights and optimizer state).
+        Every rank calls it (the RNG states of all ranks are gathered)."""
         state: dict[str, Any] = {
             "step": self.step,
             "micro_batches": self.micro_batches,
             "batch_size": self.cfg.batch_size,
-            "optimizer": self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict(),
             "rng_cpu": torch.get_rng_state(),
         }
         if self.device.type == "cuda":
             state["rng_cuda"] = torch.cuda.get_rng_state(self.device)
+        if self.dist.world_size > 1:
+            state["world_size"] = self.dist.world_size
+            state["rng_cpu_ranks"] = self.dist.gather_objects(state["rng_cpu"])
+            if "rng_cuda" in state:
+                state["rng_cuda_ranks"] = self.dist.gather_objects(state["rng_cuda"].cpu())
         return state
 
     def save(self) -> Path:
-        return ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.state(), self.cfg.keep_checkpoints,
-                                    self.metadata)
+        """Write a checkpoint of the current step (every rank calls; the main rank publishes it)."""
+        state = self.state()
+        staged = Path(self.dist.broadcast_object(
+            str(ckpt.staging_dir(self.run_dir, self.step)) if self.dist.is_main else None))
+        try:
+            self.strategy.save(staged, state, self.metadata)
+            self.dist.barrier()
+            final = ckpt.publish_checkpoint(self.run_dir, self.step, staged, self.cfg.keep_checkpoints) \
+                if self.dist.is_main else ckpt.checkpoint_dir(self.run_dir, self.step)
+            self.dist.barrier()
+        except BaseException:
+            if self.dist.is_main:
+                shutil.rmtree(staged, ignore_errors=True)
+            raise
+        return final
+
+    def _choose_checkpoint(self) -> tuple[Path | None, list[int]]:
+        """The checkpoint to resume from, decided on the main rank and shared with the others."""
+        choice: dict[str, Any] = {}
+        if self.dist.is_main:
+            wanted = self.cfg.resume_from
+            available = ckpt.checkpoint_steps(self.run_dir)
+            choice["available"] = available
+            if wanted is not None and wanted not in available:
+                kept = ", ".join(map(str, available)) if available else "none"
+                choice["error"] = (f"train.resume_from={wanted}: {self.run_dir} has no checkpoint of step {wanted} "
+                                   f"(kept checkpoints: {kept}; train.keep_checkpoints sets how many are kept)")
+            elif wanted is not None:
+                choice["path"] = str(ckpt.checkpoint_dir(self.run_dir, wanted))
+            else:
+                latest = ckpt.latest_checkpoint(self.run_dir)
+                choice["path"] = str(latest) if latest is not None else None
+        choice = self.dist.broadcast_object(choice)
+        if "error" in choice:
+            raise UserError(choice["error"])
+        return (Path(choice["path"]) if choice["path"] else None), choice["available"]
 
     def resume(self, config_changes: dict[str, tuple[Any, Any]] | None = None) -> bool:
         """Continue from the latest checkpoint of the run directory (or from ``train.resume_from``).
@@ -224,33 +283,22 @@ class Trainer:
         accepted with ``train.allow_changes`` (``key: (old, new)``), recorded in ``metrics.jsonl``.
         """
         wanted = self.cfg.resume_from
-        available = ckpt.checkpoint_steps(self.run_dir)
-        if wanted is not None:
-            if wanted not in available:
-                kept = ", ".join(map(str, available)) if available else "none"
-                raise UserError(f"train.resume_from={wanted}: {self.run_dir} has no checkpoint of step {wanted} "
-                                f"(kept checkpoints: {kept}; train.keep_checkpoints sets how many are kept)")
-            path: Path | None = ckpt.checkpoint_dir(self.run_dir, wanted)
-        else:
-            path = ckpt.latest_checkpoint(self.run_dir)
+        path, available = self._choose_checkpoint()
         if path is None:
-            self.log.reset()
-            self.events.reset()
+            if self.dist.is_main:
+                self.log.reset()
+                self.events.reset()
             return False
         try:
-            ckpt.load_weights(self.model, ckpt.read_weights(path / ckpt.WEIGHTS), str(path))
-            state = ckpt.load_state(path)
+            state = self.strategy.load(path)
         except UserError as e:
             earlier = [str(s) for s in available if s != int(path.name[len("step-"):])]
             raise UserError(f"{e}. Kept checkpoints: {', '.join(earlier) or 'no other'}; resume from another with "
                             "train.resume_from=STEP") from None
-        self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
         self._apply_hyperparameters()
-        torch.set_rng_state(state["rng_cpu"])
-        if "rng_cuda" in state and self.device.type == "cuda":
-            torch.cuda.set_rng_state(state["rng_cuda"], self.device)
-        if wanted is not None:  # the later checkpoints belong to the continuation being abandoned
+        self._restore_rng(state)
+        if wanted is not None and self.dist.is_main:  # the later checkpoints belong to the abandoned continuation
             for later in available:
                 if later > wanted:
                     shutil.rmtree(ckpt.checkpoint_dir(self.run_dir, later))
@@ -261,14 +309,34 @@ class Trainer:
         # the data position counts micro-batches; after an accepted batch-size change, continue
         # after the same number of examples
         self.micro_batches = micro * int(state.get("batch_size", self.cfg.batch_size)) // self.cfg.batch_size
-        self.log.truncate_after(self.step)
-        print(f"resuming from {path} (step {self.step})", file=sys.stderr)
-        if config_changes:
-            changed = {k: [_plain(old), _plain(new)] for k, (old, new) in config_changes.items()}
-            self.log.write({"step": self.step, "config_changes": changed})
-            print("train.allow_changes=true: resuming with changed settings: "
-                  + "; ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()), file=sys.stderr)
+        if self.dist.is_main:
+            self.log.truncate_after(self.step)
+            print(f"resuming from {path} (step {self.step})", file=sys.stderr)
+            if config_changes:
+                changed = {k: [_plain(old), _plain(new)] for k, (old, new) in config_changes.items()}
+                self.log.write({"step": self.step, "config_changes": changed})
+                print("train.allow_changes=true: resuming with changed settings: "
+                      + "; ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()), file=sys.stderr)
+        self.dist.barrier()
         return True
+
+    def _restore_rng(self, state: dict[str, Any]) -> None:
+        """This rank's RNG state as saved; after a change of world size, a fresh seed per rank (the
+        random streams of dropout cannot carry over to a different split of the batch)."""
+        world, rank = self.dist.world_size, self.dist.rank
+        saved_world = int(state.get("world_size", 1))
+        if saved_world == world:
+            cpu = state["rng_cpu_ranks"][rank] if world > 1 else state["rng_cpu"]
+            torch.set_rng_state(cpu)
+            cuda = state.get("rng_cuda_ranks", [None] * world)[rank] if world > 1 else state.get("rng_cuda")
+            if cuda is not None and self.device.type == "cuda":
+                torch.cuda.set_rng_state(cuda, self.device)
+            return
+        seed = hash((self.cfg.seed, int(state["step"]), rank)) % (2 ** 63)
+        torch.manual_seed(seed)
+        if self.dist.is_main:
+            print(f"resuming {saved_world} process(es)' checkpoint on {world}: the model, optimizer, schedule and "
+                  "data position carry over; dropout draws new random numbers", file=sys.stderr)
 
     def _apply_hyperparameters(self) -> None:
         """After loading a checkpoint, make the optimizer and schedule follow the config (they are the
@@ -286,78 +354,137 @@ class Trainer:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return nullcontext()
 
+    def _rank_rows(self, batch: Batch) -> tuple[Batch, float]:
+        """This rank's rows of a global micro-batch, and their weight (0 for the stand-in row a rank
+        trains on when the batch has fewer rows than there are ranks: the last batch of an epoch)."""
+        world = self.dist.world_size
+        if world == 1:
+            return batch, 1.0
+        size = batch.batch_size
+        begin, end = size * self.dist.rank // world, size * (self.dist.rank + 1) // world
+        if begin == end:
+            return batch.rows(torch.zeros(1, dtype=torch.long)), 0.0
+        return batch.rows(torch.arange(begin, end)), 1.0
+
+    def _rank_loss(self, outputs: dict[str, Any], rows: int, weight: float
+                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """This rank's share of the global batch's loss, scaled so that averaging the ranks' gradients
+        (what every engine does) gives the gradient of each target's mean over the whole global batch:
+        ``loss_t * count_t * world / total_count_t``, with the counts of all ranks summed here.
+        Returns the loss and each target's scaled share."""
+        names = [n for n, out in outputs.items() if out.loss is not None]
+        counts = torch.stack([outputs[n].metrics["count"].float() if "count" in outputs[n].metrics
+                              else torch.tensor(float(rows), device=self.device) for n in names]) * weight
+        totals = self.dist.all_reduce(counts.detach().clone()).clamp_min(1.0)
+        scale = counts * self.dist.world_size / totals
+        shares = {n: outputs[n].loss * scale[i] for i, n in enumerate(names)}
+        return sum(shares.values()), shares
+
     def train(self, stream: BatchStream, evaluate: Callable[[int], dict[str, float]] | None = None,
               eval_steps: set[int] | None = None,
               on_eval: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
         """Train to ``total_steps`` (or ``train.stop_at``), saving a checkpoint every ``save_every`` steps,
         every ``save_minutes`` minutes and at the end. SIGINT (Ctrl-C) or SIGTERM stops at the next step
-        boundary with a checkpoint and raises :class:`Interrupted`; a second Ctrl-C stops at once."""
+        boundary with a checkpoint and raises :class:`Interrupted`; a second Ctrl-C stops at once.
+        With several ranks, the ranks agree on stopping and on timed saves at every step, and a rank
+        that fails or dies makes the others stop with :class:`~pentad.errors.RankFailure`."""
+        try:
+            return self._train(stream, evaluate, eval_steps, on_eval)
+        except (UserError, Interrupted, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            if self.dist.world_size > 1 and _is_collective_failure(e):
+                from pentad.training.distributed import describe_failure
+
+                latest = ckpt.latest_checkpoint(self.run_dir)
+                raise RankFailure(
+                    f"rank {self.dist.rank}: the run lost contact with other ranks at step {self.step + 1} "
+                    f"({describe_failure(self.dist)}). "
+                    + (f"The last checkpoint, {latest}, is intact: run the same command again to resume from it."
+                       if latest is not None else "No checkpoint was saved yet.")
+                    + f" [{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}]") from None
+            raise
+
+    def _train(self, stream: BatchStream, evaluate: Callable[[int], dict[str, float]] | None,
+               eval_steps: set[int] | None, on_eval: Callable[[int, dict[str, float]], None] | None
+               ) -> dict[str, Any]:
         from tqdm import tqdm
 
         cfg = self.cfg
+        strategy = self.strategy
+        main = self.dist.is_main
+        several = self.dist.world_size > 1
         batches = stream(self.micro_batches)
-        self.model.train()
+        self.forward_model.train()
         sums: dict[str, torch.Tensor] = {}
         tokens = torch.zeros((), dtype=torch.long, device=self.device)
         interval_start, interval_steps = time.perf_counter(), 0
         last_save = time.monotonic()
         last: dict[str, Any] = {}
         bar = tqdm(total=self.total_steps, initial=self.step, desc=self.description, unit="step",
-                   disable=not cfg.progress, dynamic_ncols=True, file=sys.stderr)
+                   disable=not (cfg.progress and main), dynamic_ncols=True, file=sys.stderr)
         stop = StopRequest()
         self.events.open(self.step)
         try:
             end = min(self.total_steps, cfg.stop_at or self.total_steps)
             while self.step < end:
-                for _ in range(cfg.grad_accum):
+                for micro in range(cfg.grad_accum):
                     try:
-                        batch = next(batches).to(self.device, non_blocking=True)
+                        batch = next(batches)
                     except StopIteration:
                         raise UserError("the data ran out before the last step") from None
+                    batch, weight = self._rank_rows(batch)
+                    batch = batch.to(self.device, non_blocking=True)
                     self.micro_batches += 1
-                    with self.autocast():
-                        outputs = self.model(batch)
-                        loss = total_loss(outputs)
-                    (loss / cfg.grad_accum).backward()
+                    with strategy.accumulate(last=micro == cfg.grad_accum - 1):
+                        with self.autocast():
+                            outputs = self.forward_model(batch)
+                            loss, shares = self._rank_loss(outputs, batch.batch_size, weight) if several \
+                                else (total_loss(outputs), None)
+                        strategy.backward(loss / cfg.grad_accum)
                     with torch.no_grad():
-                        self._accumulate(sums, outputs, loss)
-                        tokens += batch_tokens(batch)
-                if cfg.clip_grad_norm is not None:
-                    sums["grad_norm"] = sums.get("grad_norm", 0) + torch.nn.utils.clip_grad_norm_(
-                        self.model.parameters(), cfg.clip_grad_norm)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
+                        self._accumulate(sums, outputs, loss, weight, shares)
+                        if weight:
+                            tokens += batch_tokens(batch)
+                norm = strategy.step(cfg.clip_grad_norm)
+                if norm is not None:
+                    sums["grad_norm"] = sums.get("grad_norm", 0) + norm.detach().float()
                 lr = self.schedule.get_last_lr()[0]
                 self.schedule.step()
                 self.step += 1
                 interval_steps += 1
                 bar.update(1)
                 done = self.step == end
-                if self.step % cfg.log_every == 0 or done or stop.signum:
-                    elapsed = time.perf_counter() - interval_start
-                    last = self._record(sums, interval_steps, tokens, elapsed, lr)
-                    self._write(last)
+                timed = cfg.save_minutes is not None and time.monotonic() - last_save >= 60 * cfg.save_minutes
+                signum = stop.signum
+                if several:  # every rank stops and saves at the same step
+                    signum, agreed_timed = self.dist.agree_max([float(stop.signum), float(timed)])
+                    signum, timed = int(signum), bool(agreed_timed)
+                if self.step % cfg.log_every == 0 or done or signum:
+                    last = self._record(sums, interval_steps, tokens, interval_start, lr)
+                    if main:
+                        self._write(last)
                     bar.set_postfix(loss=f"{last['loss']:.4f}")
                     sums, interval_steps = {}, 0
                     tokens = torch.zeros((), dtype=torch.long, device=self.device)
                     interval_start = time.perf_counter()
                 if evaluate is not None and (eval_steps is not None and self.step in eval_steps):
                     metrics = evaluate(self.step)
-                    self.model.train()
-                    self._write({"step": self.step, **{f"dev_{k}": v for k, v in metrics.items()}})
-                    bar.write(f"step {self.step}: " + ", ".join(f"dev {k} {v:.4f}" for k, v in metrics.items()),
-                              file=sys.stderr)  # with the other progress messages, not into the command's output
+                    self.forward_model.train()
+                    if main:
+                        self._write({"step": self.step, **{f"dev_{k}": v for k, v in metrics.items()}})
+                        bar.write(f"step {self.step}: " + ", ".join(f"dev {k} {v:.4f}" for k, v in metrics.items()),
+                                  file=sys.stderr)  # with the other progress messages, not into the command's output
                     if on_eval is not None:
                         on_eval(self.step, metrics)
-                timed = cfg.save_minutes is not None and time.monotonic() - last_save >= 60 * cfg.save_minutes
-                if (cfg.save_every and self.step % cfg.save_every == 0) or done or timed or stop.signum:
+                if (cfg.save_every and self.step % cfg.save_every == 0) or done or timed or signum:
                     saved = self.save()
                     last_save = time.monotonic()
-                    if stop.signum and not done:
+                    if signum and not done:
                         raise Interrupted(
-                            f"stopped by {signal.Signals(stop.signum).name} after step {self.step} of "
+                            f"stopped by {signal.Signals(signum).name} after step {self.step} of "
                             f"{self.total_steps}; saved {saved}. Run the same command again to resume from "
-                            f"there.", stop.signum)
+                            f"there.", signum)
         finally:
             stop.restore()
             self.events.close()
@@ -369,7 +496,8 @@ class Trainer:
         self.events.write(record)
 
     @staticmethod
-    def _accumulate(sums: dict[str, torch.Tensor], outputs, loss: torch.Tensor) -> None:
+    def _accumulate(sums: dict[str, torch.Tensor], outputs, loss: torch.Tensor, weight: float = 1.0,
+                    shares: dict[str, torch.Tensor] | None = None) -> None:
         def add(key: str, value: torch.Tensor) -> None:
             value = value.detach().float()
             sums[key] = sums[key] + value if key in sums else value
@@ -378,13 +506,24 @@ class Trainer:
         add("micro_batches", torch.ones(()))
         for name, out in outputs.items():
             if out.loss is not None:
-                add(f"{name}_loss", out.loss)
+                add(f"{name}_loss", out.loss if shares is None else shares[name])
             for key, value in out.metrics.items():
-                add(f"{name}_{key}", value)
+                add(f"{name}_{key}", value if weight == 1.0 else value * weight)
 
-    def _record(self, sums: dict[str, torch.Tensor], steps: int, tokens: torch.Tensor, elapsed: float,
+    def _record(self, sums: dict[str, torch.Tensor], steps: int, tokens: torch.Tensor, interval_start: float,
                 lr: float) -> dict[str, Any]:
+        if self.dist.world_size > 1:  # sums over ranks: losses are shares of the global mean (x world), counts add up
+            keys = sorted(sums)
+            packed = torch.stack([sums[k].to(self.device).float().reshape(()) for k in keys]
+                                 + [tokens.to(self.device).float()])
+            self.dist.all_reduce(packed)
+            world = self.dist.world_size
+            averaged = ("loss", "micro_batches", "grad_norm")
+            sums = {k: packed[i] / world if k in averaged or k.endswith("_loss") else packed[i]
+                    for i, k in enumerate(keys)}
+            tokens = packed[-1]
         values = {k: float(v) for k, v in sums.items()}  # the one host sync per logging interval
+        elapsed = time.perf_counter() - interval_start  # after the sync: the interval's work is done
         micro = values.pop("micro_batches", 1.0) or 1.0
         record: dict[str, Any] = {"step": self.step, "loss": values.pop("loss") / micro}
         names = sorted({k[: -len("_loss")] for k in values if k.endswith("_loss")})
@@ -397,6 +536,16 @@ class Trainer:
         record["lr"] = lr
         record["tokens_per_s"] = float(tokens) / elapsed if elapsed > 0 else 0.0
         return record
+
+
+def _is_collective_failure(error: BaseException) -> bool:
+    """A failure of a collective because a peer went away (gloo/nccl errors, timeouts)."""
+    dist_error = getattr(torch.distributed, "DistError", ())
+    if dist_error and isinstance(error, dist_error):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(
+        key in text for key in ("gloo", "nccl", "connection", "timed out", "timeout", "peer", "broken pipe"))
 
 
 def plot_losses(metrics_path: Path, out: Path) -> Path | None:

@@ -1,0 +1,162 @@
+"""One run of training on one or many processes: what ``pentad pretrain`` and ``pentad finetune`` share.
+
+A :class:`Session` connects the processes of a launch (:mod:`pentad.training.distributed`), applies
+the thread and seed settings, checks that every rank resolved the same config, takes the run
+directory's lock (on the main rank), builds the model (on the meta device on every rank but the
+main one when the strategy shards it), loads initial weights, writes the run directory and makes
+the :class:`~pentad.training.trainer.Trainer` with the configured strategy. Pre-training and every
+fine-tuning task go through it, so both are distributed by the same code.
+
+Only the main rank writes files and prints progress (``pentad.runs.info`` is silent elsewhere).
+Work done on the main rank alone goes through :meth:`Session.on_main`, which shares its result, or
+its UserError, with every rank, so a mistake stops all ranks with the same message instead of
+leaving the others waiting.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from pentad import runs
+from pentad.builder import build_model, summarize
+from pentad.errors import UserError
+from pentad.training import checkpoint as ckpt
+from pentad.training.distributed import Dist, connect, mark_failed
+from pentad.training.strategies import STRATEGIES, Strategy
+from pentad.training.trainer import Trainer
+
+T = TypeVar("T")
+
+
+def default_threads(dist: Dist, environ: dict[str, str] | None = None) -> int | None:
+    """Intra-op threads of a CPU rank when ``train.threads`` is unset: the machine's cores shared
+    among the ranks on it (1 each for 2 ranks on 2 cores: measured best, docs/distributed.md).
+    None: leave torch's default (one process, or GPUs)."""
+    environ = os.environ if environ is None else environ
+    if not dist.launched or dist.device.type != "cpu":
+        return None
+    local = int(environ.get("LOCAL_WORLD_SIZE", dist.world_size) or 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, local))
+
+
+class Session:
+    """Context manager around one training command (see the module docstring)."""
+
+    def __init__(self, cfg: Any, command: str):
+        self.cfg = cfg
+        self.command = command
+        self.dist: Dist | None = None
+        self.strategy: Strategy | None = None
+        self._lock: runs.RunLock | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> Session:
+        train = self.cfg.train
+        strategy_cls = STRATEGIES.get(train.strategy)
+        strategy_cls.check_installed()
+        self.dist = connect(train.strategy, train.device, train.dist_backend, train.dist_timeout,
+                            needs_launcher=strategy_cls.needs_launcher)
+        try:
+            runs.set_quiet(not self.dist.is_main)
+            threads = train.threads or default_threads(self.dist)
+            if threads:
+                torch.set_num_threads(threads)
+            self.dist.check_same("resolved config", self.cfg.model_dump(mode="json"))
+            if train.batch_size % self.dist.world_size:
+                raise UserError(f"train.batch_size={train.batch_size} is not divisible by the {self.dist.world_size} "
+                                f"processes of this launch: train.batch_size is the micro-batch of all processes "
+                                f"together, each rank taking batch_size/{self.dist.world_size}; use a multiple of "
+                                f"{self.dist.world_size}")
+            self.on_main(self._take_lock)
+            self.strategy = strategy_cls(train, self.dist)
+            if self.dist.world_size > 1 or self.dist.launched:
+                runs.info(f"{self.dist.world_size} process(es), strategy {train.strategy}, backend "
+                          f"{self.dist.backend}, device {self.dist.device} on rank 0"
+                          + (f", {threads} thread(s) per rank" if threads else ""))
+        except BaseException:
+            self._close()
+            raise
+        return self
+
+    def _take_lock(self) -> None:
+        self._lock = runs.RunLock(Path(self.cfg.output), self.command).__enter__()
+
+    def __exit__(self, kind, error, tb) -> None:
+        if error is not None and self.dist is not None and self.dist.world_size > 1:
+            mark_failed(self.dist, f"{type(error).__name__}: {error}")
+        self._close()
+
+    def _close(self) -> None:
+        if self.strategy is not None:
+            self.strategy.close()
+        if self._lock is not None:
+            self._lock.__exit__(None, None, None)
+            self._lock = None
+        runs.set_quiet(False)
+        if self.dist is not None:
+            self.dist.close()
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def is_main(self) -> bool:
+        return self.dist.is_main
+
+    def on_main(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the main rank only; every rank returns its result (or raises its UserError)."""
+        outcome: tuple[str, Any] | None = None
+        if self.dist.is_main:
+            try:
+                outcome = ("ok", fn())
+            except UserError as e:
+                outcome = ("error", str(e))
+                if self.dist.world_size == 1:
+                    raise
+            except BaseException as e:
+                if self.dist.world_size > 1:  # the others get a message instead of waiting for the timeout
+                    self.dist.broadcast_object(("error", f"rank 0 failed: {type(e).__name__}: {e}"))
+                raise
+        outcome = self.dist.broadcast_object(outcome)
+        if outcome[0] == "error":
+            raise UserError(outcome[1])
+        return outcome[1]
+
+    def seed(self) -> None:
+        torch.manual_seed(self.cfg.train.seed)
+
+    # ------------------------------------------------------------------ model
+    def build(self, model_cfg: Any, provided: Any, init: Path | None = None, **load_options: Any) -> nn.Module:
+        """Build the model and load ``init`` weights (call :meth:`seed` first: every rank then builds
+        the same weights).
+
+        With a sharding strategy only the main rank materialises the whole model (on the CPU);
+        the others build it on the meta device and receive their shards from the main rank when
+        the strategy is set up. ``load_options`` go to :func:`~pentad.training.checkpoint.load_weights`.
+        """
+        on_meta = self.strategy.sharded and not self.dist.is_main
+        model = build_model(model_cfg, provided=provided, device="meta" if on_meta else None)
+        runs.info(summarize(model))
+        if init is not None:
+            def load() -> list[str]:
+                return ckpt.load_weights(model, ckpt.read_weights(ckpt.find_weights(Path(init))), str(init),
+                                         **load_options)
+            notes = self.on_main(load) if on_meta or self.strategy.sharded else load()
+            for note in notes:
+                runs.info(note)
+        if self.dist.world_size > 1:  # dropout: each rank its own random stream
+            torch.manual_seed(self.cfg.train.seed + 1_000_003 * self.dist.rank)
+        return model
+
+    def prepare_run_dir(self, tokenizer: Any, **options: Any) -> dict[str, tuple[Any, Any]]:
+        """``pentad.runs.prepare_run_dir`` on the main rank; the accepted changes on every rank."""
+        return self.on_main(lambda: runs.prepare_run_dir(Path(self.cfg.output), self.cfg, tokenizer, **options))
+
+    def trainer(self, model: nn.Module, total_steps: int, description: str) -> Trainer:
+        return Trainer(model, self.cfg.train, Path(self.cfg.output), total_steps, self.strategy,
+                       description=description)

@@ -1,0 +1,119 @@
+"""The execution seam: how a model is placed, stepped and checkpointed on one or many processes.
+
+The Trainer never calls ``model.to``, ``backward``, ``clip_grad_norm_``, ``optimizer.step`` or the
+checkpoint writer itself; it asks its :class:`Strategy`. A strategy is chosen by ``train.strategy``
+and registered in :data:`STRATEGIES` (``single``, ``ddp``, ``fsdp``, ``deepspeed``).
+
+Life of a strategy, as the Trainer and the run session use it::
+
+    strategy = STRATEGIES.get(cfg.strategy)(cfg, dist)    # dist: a pentad.training.distributed.Dist
+    model = strategy.setup(model, make_optimizer)         # wraps/shards; .optimizer is set
+    schedule = build_schedule(strategy.optimizer, ...)    # the schedule drives strategy.optimizer
+    for each optimizer step:
+        for each micro-batch:
+            with strategy.accumulate(last=...):           # no gradient sync before the last
+                loss = ...forward through strategy.model...
+                strategy.backward(loss / grad_accum)
+        grad_norm = strategy.step(clip)                   # clip, optimizer step, zero the grads
+    strategy.save(directory, state)  /  state = strategy.load(directory)   (every rank calls)
+    strategy.full_state_dict()       /  strategy.load_full_state_dict(tensors)
+
+``strategy.model`` is what forward runs through (a DDP/FSDP/DeepSpeed wrapper or the model);
+``strategy.module`` is the pentad :class:`~pentad.model.Model` itself, for evaluation and names.
+Collective methods must be called by every rank in the same order.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from pentad.registry import Registry
+
+STRATEGIES: Registry[Any] = Registry("strategies")
+
+OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
+
+
+class Strategy(ABC):
+    """Places, steps and checkpoints one model for the Trainer (see the module docstring).
+
+    ``sharded``: parameters are split across ranks (build on the meta device, sharded checkpoints).
+    ``needs_launcher``: must run under torchrun/deepspeed even with one process.
+    """
+
+    registry_name: ClassVar[str]
+    sharded: ClassVar[bool] = False
+    needs_launcher: ClassVar[bool] = False
+
+    def __init__(self, cfg: Any, dist: Any):
+        self.cfg = cfg          # the TrainConfig
+        self.dist = dist        # pentad.training.distributed.Dist: rank, world_size, device, collectives
+        self.model: nn.Module | None = None
+        self.module: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    @classmethod
+    def check_installed(cls) -> None:
+        """Raise a UserError naming the extra to install when the engine's package is missing."""
+        return None
+
+    # ------------------------------------------------------------------ placement
+    @property
+    def device(self) -> torch.device:
+        return self.dist.device
+
+    @abstractmethod
+    def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> nn.Module:
+        """Move/wrap/shard ``model`` (built on CPU, or on the meta device when ``sharded``), build
+        its optimizer with ``make_optimizer`` (over the parameters the engine trains) and return
+        the module forward runs through. Sets ``model``, ``module`` and ``optimizer``."""
+
+    # ------------------------------------------------------------------ one step
+    @contextmanager
+    def accumulate(self, last: bool) -> Iterator[None]:
+        """Around forward and backward of one micro-batch; ``last``: the step's last micro-batch
+        (engines with ``no_sync`` skip the gradient reduction before it)."""
+        yield
+
+    @abstractmethod
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of one micro-batch's loss (already divided by ``grad_accum``)."""
+
+    @abstractmethod
+    def step(self, clip_grad_norm: float | None) -> torch.Tensor | None:
+        """Clip the gradients (when ``clip_grad_norm`` is set), step the optimizer and zero the
+        gradients; returns the total gradient norm before clipping (a tensor, no host sync), or
+        None when not clipping."""
+
+    # ------------------------------------------------------------------ state
+    @abstractmethod
+    def save(self, directory: Path, state: dict[str, Any], metadata: dict[str, str]) -> None:
+        """Write model weights, optimizer state and ``state`` (the trainer's: step, data position,
+        schedule, RNG) into ``directory`` (an empty temporary directory every rank sees; the caller
+        renames it into place). Called by every rank."""
+
+    @abstractmethod
+    def load(self, directory: Path) -> dict[str, Any]:
+        """Read what :meth:`save` wrote (model and optimizer into the engine); returns ``state``.
+        Called by every rank; a checkpoint written with another world size is resharded."""
+
+    @abstractmethod
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The whole model's weights on CPU (tied aliases included, as ``module.state_dict()``) on
+        the main rank, None on the others. Called by every rank (sharded engines gather)."""
+
+    @abstractmethod
+    def load_full_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy whole-model weights (read on every rank, or only on the main rank for sharded
+        engines, which broadcast) into the engine's parameters. Called by every rank."""
+
+    def close(self) -> None:
+        """Release engine resources (the process group is the session's)."""
+        return None

@@ -1,0 +1,88 @@
+"""``single`` and ``ddp``: the whole model on every process; checkpoints as one weights file.
+
+``single`` is one process on one device. ``ddp`` wraps the model in
+``DistributedDataParallel``: every rank holds the whole model and optimizer, gradients are
+averaged across ranks in backward (skipped with ``no_sync`` until a step's last micro-batch).
+Both write the same checkpoint (``model.safetensors`` + ``state.pt``, from the main rank), so a
+``ddp`` run resumes under ``single`` and the other way round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from pentad.training import checkpoint as ckpt
+from pentad.training.strategies.base import STRATEGIES, OptimizerFactory, Strategy
+
+
+@STRATEGIES.register("single")
+class SingleStrategy(Strategy):
+    """One process, one device: today's training loop, bit for bit."""
+
+    def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> nn.Module:
+        self.module = self.model = model.to(self.device)
+        self.optimizer = make_optimizer(self.module)
+        return self.model
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self, clip_grad_norm: float | None) -> torch.Tensor | None:
+        norm = None
+        if clip_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # ------------------------------------------------------------------ state
+    def save(self, directory: Path, state: dict[str, Any], metadata: dict[str, str]) -> None:
+        if self.dist.is_main:
+            ckpt.write_checkpoint_files(directory, self.module, {**state, "optimizer": self.optimizer.state_dict()},
+                                        metadata)
+
+    def load(self, directory: Path) -> dict[str, Any]:
+        ckpt.load_weights(self.module, ckpt.read_weights(directory / ckpt.WEIGHTS), str(directory))
+        state = ckpt.load_state(directory)
+        self.optimizer.load_state_dict(state.pop("optimizer"))
+        return state
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        if not self.dist.is_main:
+            return None
+        return {k: v.detach().to("cpu") for k, v in self.module.state_dict().items()}
+
+    def load_full_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        ckpt.load_weights(self.module, tensors, "the best model")
+
+
+@STRATEGIES.register("ddp")
+class DDPStrategy(SingleStrategy):
+    """``torch.nn.parallel.DistributedDataParallel`` over every rank of the launch."""
+
+    needs_launcher = True
+
+    def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> nn.Module:
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.module = model.to(self.device)
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        # every parameter takes part in every step of pentad's models; unused ones would be a bug
+        self.model = DistributedDataParallel(self.module, device_ids=ids,
+                                             broadcast_buffers=False, gradient_as_bucket_view=True)
+        self.optimizer = make_optimizer(self.module)
+        return self.model
+
+    @contextmanager
+    def accumulate(self, last: bool) -> Iterator[None]:
+        if last:
+            yield
+        else:
+            with self.model.no_sync():
+                yield
