@@ -94,6 +94,20 @@ class Model(nn.Module):
         self.targets = nn.ModuleDict(targets)
         self.tied: list[tuple[str, str]] = []  # (head parameter, shared parameter) declared by the builder
 
+    def blocks(self) -> list[nn.Module]:
+        """The repeated blocks of every stack (transformer layers, CNN blocks; encoder, decoder and
+        second stream), in module order: the units that sharding strategies shard one by one and
+        activation checkpointing recomputes. A block shared by several places is listed once."""
+        found: list[nn.Module] = []
+        seen: set[int] = set()
+        for name, module in self.named_modules():
+            if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] == "layers":
+                for block in module:
+                    if id(block) not in seen:
+                        seen.add(id(block))
+                        found.append(block)
+        return found
+
     def encode(self, batch: Batch, cache: KVCache | None = None) -> tuple[Tensor, Tensor | None]:
         """Embedding and encoder. With ``cache`` (decoder-only generation) ``batch.tokens`` holds the
         new positions only and ``batch.padding_mask`` covers cached and new positions."""

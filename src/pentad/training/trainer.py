@@ -27,6 +27,7 @@ from pentad.model import total_loss
 from pentad.training import checkpoint as ckpt
 from pentad.training.config import TrainConfig
 from pentad.training.optim import build_optimizer, build_schedule
+from pentad.training.recompute import checkpoint_blocks
 from pentad.training.strategies.base import Strategy
 
 BatchStream = Callable[[int], Iterator[Batch]]  # start micro-batch index -> batches from there
@@ -202,6 +203,9 @@ class Trainer:
         self.total_steps = total_steps
         self.description = description
         self.metadata = weights_metadata or {}
+        if cfg.activation_checkpointing and not checkpoint_blocks(model):
+            raise UserError("train.activation_checkpointing=true, but this model has no repeated blocks to "
+                            "recompute (its encoder has no layers: an RNN or bag-of-words encoder); set it to false")
         self.forward_model = strategy.setup(model, lambda m: build_optimizer(m, cfg))
         self.optimizer = strategy.optimizer
         self.schedule = build_schedule(self.optimizer, cfg, total_steps)

@@ -9,6 +9,7 @@ Both write the same checkpoint (``model.safetensors`` + ``state.pt``, from the m
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -74,8 +75,10 @@ class DDPStrategy(SingleStrategy):
         self.module = model.to(self.device)
         ids = [self.device.index] if self.device.type == "cuda" else None
         # every parameter takes part in every step of pentad's models; unused ones would be a bug
-        self.model = DistributedDataParallel(self.module, device_ids=ids,
-                                             broadcast_buffers=False, gradient_as_bucket_view=True)
+        # buffers (position ids, masks) are constants, the same on every rank: no per-forward broadcast
+        options = {"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(
+            DistributedDataParallel).parameters else {"broadcast_buffers": False}
+        self.model = DistributedDataParallel(self.module, device_ids=ids, gradient_as_bucket_view=True, **options)
         self.optimizer = make_optimizer(self.module)
         return self.model
 
