@@ -23,8 +23,9 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """Names to classes for one kind of component (``embeddings``, ``encoders``, ...)."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, singular: str | None = None):
         self.kind = kind
+        self.singular = singular or (kind[:-1] if kind.endswith("s") else kind)
         self._entries: dict[str, type[T]] = {}
 
     def register(self, name: str) -> Callable[[type[T]], type[T]]:
@@ -42,7 +43,7 @@ class Registry(Generic[T]):
             return self._entries[name]
         except KeyError:
             hint = closest(name, self._entries)
-            msg = f"unknown {self.kind[:-1] if self.kind.endswith('s') else self.kind} '{name}'"
+            msg = f"unknown {self.singular} '{name}'"
             msg += f"; did you mean '{hint}'?" if hint else ""
             msg += f" Known: {', '.join(sorted(self._entries))}."
             raise UserError(msg) from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -37,19 +38,28 @@ def launch_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def root_cause_code(stderr: str) -> int:
+    """The exit status of the first rank that failed, from torchrun's summary (torchrun itself exits 1,
+    and terminates the other ranks, which may show SIGTERM)."""
+    found = re.search(r"Root Cause.*?exitcode\s*:\s*(-?\d+)", stderr, re.S)
+    return int(found.group(1)) if found else -1
+
+
 def launch(nproc: int, *args: object, timeout: float = 240, expect: int = 0, log: Path | None = None,
            env: dict[str, str] | None = None, retries: int = 1) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node=nproc -m pentad ARGS``; asserts the exit status is ``expect``."""
+    """``torchrun --nproc_per_node=nproc -m pentad ARGS``; asserts that the (first failed) rank exits with
+    ``expect``."""
     for attempt in range(retries + 1):
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "pentad", *map(str, args)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or launch_env())
         if log is not None:
             log.write_text(proc.stdout + proc.stderr)
+        code = root_cause_code(proc.stderr) if proc.returncode else 0
         # a failure that pentad reported (its "error:" line) is real; retry only a launcher hiccup
-        if proc.returncode == expect or attempt == retries or "error:" in proc.stderr:
+        if code == expect or attempt == retries or "error:" in proc.stderr:
             break
-    assert proc.returncode == expect, f"exit {proc.returncode}, expected {expect}:\n{proc.stderr[-6000:]}"
+    assert code == expect, f"rank exit status {code}, expected {expect}:\n{proc.stderr[-6000:]}"
     return proc
 
 

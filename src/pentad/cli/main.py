@@ -300,7 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pentad {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
     except Interrupted as e:
-        print(f"pentad {args.command}: {e}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # every rank stops alike; one says so
+            print(f"pentad {args.command}: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

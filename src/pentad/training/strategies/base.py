@@ -36,7 +36,7 @@ from torch import nn
 
 from pentad.registry import Registry
 
-STRATEGIES: Registry[Any] = Registry("strategies")
+STRATEGIES: Registry[Any] = Registry("strategies", singular="strategy")
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 
