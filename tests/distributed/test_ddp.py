@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
-from tests.distributed.conftest import launch, losses, single
+from tests.distributed.conftest import free_port, launch, launch_env, losses, single
 
 
 def test_ddp_matches_single_and_resumes_on_another_world_size(pretrain_data, tmp_path):
@@ -38,3 +42,33 @@ def test_ddp_grad_accumulation_and_odd_rows(pretrain_data, tmp_path):
     single(*common, f"output={one}")
     launch(2, *common, f"output={two}", "train.strategy=ddp")
     assert max(abs(x - y) for x, y in zip(losses(one), losses(two))) < 1e-5
+
+
+def test_finetune_under_ddp_matches_single(english, pretrain_data, tmp_path):  # noqa: F811 - fixture
+    # fine-tuning goes through the same session: the best model, dev and test scores come out as in one process
+    base = [a for a in pretrain_data if not a.startswith("data.dataset")]
+    common = ["finetune", "--task", "classification", "--config", "bert/tiny", *base, f"data.train={english['train']}",
+              f"data.dev={english['dev']}", f"data.test={english['test']}", "train.epochs=2", "task.head_dropout=0"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    single(*common, f"output={one}")
+    launch(2, *common, f"output={two}", "train.strategy=ddp")
+    assert max(abs(x - y) for x, y in zip(losses(one), losses(two))) < 1e-5
+    a, b = (json.loads((run / "results.json").read_text()) for run in (one, two))
+    assert a["best_step"] == b["best_step"] and a["test"] == pytest.approx(b["test"])
+    assert (two / "best" / "model.safetensors").is_file()
+
+
+def test_two_nodes_of_one_rank_train_like_one_node_of_two(pretrain_data, tmp_path):
+    # torchrun's multi-node options on loopback: --nnodes=2 --node_rank=0/1 with a static rendezvous
+    common = ["pretrain", "--config", "bert/tiny", *pretrain_data, "train.steps=6", "train.strategy=ddp",
+              "train.threads=1"]  # two "nodes" on one 2-core machine
+    launch(2, *common, f"output={tmp_path / 'one_node'}")
+    port = free_port()
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={rank}",
+                               "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}", "-m",
+                               "pentad", *common, f"output={tmp_path / 'two_nodes'}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=launch_env())
+             for rank in (0, 1)]
+    errors = [node.communicate(timeout=240)[1] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], errors
+    assert losses(tmp_path / "one_node") == losses(tmp_path / "two_nodes")
