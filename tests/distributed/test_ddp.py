@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -31,7 +32,13 @@ def test_ddp_matches_single_and_resumes_on_another_world_size(pretrain_data, tmp
         (two / name).rename(resumed / name)
     single(*common, f"output={resumed}", "train.resume_from=5", "train.strategy=single")
     c = losses(resumed)
-    assert max(abs(x - y) for x, y in zip(a[5:], c[5:])) < 1e-5
+    assert len(c) == 10 and max(abs(x - y) for x, y in zip(a[5:], c[5:])) < 1e-5
+
+    # 1 -> 2: continue the single run's step-5 checkpoint on two ranks
+    shutil.copytree(one, tmp_path / "widened")
+    launch(2, *common, f"output={tmp_path / 'widened'}", "train.resume_from=5", "train.strategy=ddp")
+    d = losses(tmp_path / "widened")
+    assert len(d) == 10 and d[:5] == a[:5] and max(abs(x - y) for x, y in zip(a[5:], d[5:])) < 1e-5
 
 
 def test_ddp_grad_accumulation_and_odd_rows(pretrain_data, tmp_path):
