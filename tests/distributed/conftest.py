@@ -2,7 +2,7 @@
 
 Every test here carries the ``distributed`` marker (CI runs them with the rest). ``launch`` picks a
 free port, keeps each launch's log, and retries once when the launcher itself fails after the
-ranks finished (a rare loopback hiccup of torchrun's rendezvous, see docs/distributed.md).
+ranks finished (a rare loopback hiccup of torchrun's rendezvous).
 """
 
 from __future__ import annotations
