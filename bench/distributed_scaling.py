@@ -385,10 +385,11 @@ def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     env = {"torch": torch.__version__, "python": platform.python_version(), "cores": cores,
            "cpu": platform.processor() or platform.machine(),
+           "cpu_capability": torch.backends.cpu.get_cpu_capability(),
            "command": " ".join(["python", "bench/distributed_scaling.py", *given])}
-    print(f"torch {env['torch']}, python {env['python']}, {cores} cores; global batch {plan.batch_size} x "
-          f"seq {plan.seq_length}, {plan.steps} steps per run (logged every {plan.log_every}, first {plan.skip} "
-          f"interval(s) left out), {plan.reps} repetition(s), fp32")
+    print(f"torch {env['torch']}, python {env['python']}, {cores} cores ({env['cpu_capability']}); "
+          f"global batch {plan.batch_size} x seq {plan.seq_length}, {plan.steps} steps per run (logged every "
+          f"{plan.log_every}, first {plan.skip} interval(s) left out), {plan.reps} repetition(s), fp32")
     print("commands" + ("" if args.dry_run else " (of (a) and (c); the others differ in train.threads and "
                                                  "train.strategy, every log in the work directory starts with its own)")
           + ":")
