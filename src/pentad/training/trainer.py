@@ -354,7 +354,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def autocast(self):
-        if self.cfg.precision == "bf16":
+        if self.cfg.precision == "bf16" and self.strategy.autocast:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return nullcontext()
 

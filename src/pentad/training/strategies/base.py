@@ -46,11 +46,14 @@ class Strategy(ABC):
 
     ``sharded``: parameters are split across ranks (build on the meta device, sharded checkpoints).
     ``needs_launcher``: must run under torchrun/deepspeed even with one process.
+    ``autocast``: the trainer runs forward under ``torch.autocast`` for ``train.precision=bf16``
+    (False: the engine applies the precision itself, as DeepSpeed's bf16 does).
     """
 
     registry_name: ClassVar[str]
     sharded: ClassVar[bool] = False
     needs_launcher: ClassVar[bool] = False
+    autocast: bool = True
 
     def __init__(self, cfg: Any, dist: Any):
         self.cfg = cfg          # the TrainConfig

@@ -1,0 +1,130 @@
+"""``deepspeed``: ZeRO stages 1-3 (and offload) on two gloo ranks train what one process trains.
+
+pentad's own AdamW is DeepSpeed's optimizer here (a client optimizer), so no DeepSpeed op is
+JIT-compiled except the shared-memory communication op DeepSpeed builds at its first start on a
+CPU (once per machine, ~1.5 min, cached in TORCH_EXTENSIONS_DIR: under the venv unless set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from tests.distributed.conftest import launch, launch_env, losses, single
+
+pytest.importorskip("deepspeed")
+pytestmark = pytest.mark.heavy  # each test launches DeepSpeed (~10-30 s); the file ~3 min on 2 busy cores
+
+
+def ds_env() -> dict[str, str]:
+    return launch_env(TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR",
+                                                          str(Path(sys.prefix) / "torch_extensions")))
+
+
+def ds_launch(nproc: int, *args: object, **kw):
+    # the first launch on a machine also compiles DeepSpeed's shared-memory op
+    return launch(nproc, *args, env=ds_env(), timeout=600, **kw)
+
+
+def _common(pretrain_data):
+    return ["pretrain", "--config", "bert/tiny", *pretrain_data, "train.steps=10"]
+
+
+@pytest.fixture(scope="module")
+def reference(pretrain_data, tmp_path_factory) -> Path:
+    """The single-process run every ZeRO run is compared with."""
+    run = tmp_path_factory.mktemp("ds") / "one"
+    single(*_common(pretrain_data), f"output={run}")
+    return run
+
+
+@pytest.fixture(scope="module")
+def zero3(pretrain_data, tmp_path_factory) -> Path:
+    """A 2-rank ZeRO-3 run with a checkpoint at step 5."""
+    run = tmp_path_factory.mktemp("ds") / "zero3"
+    ds_launch(2, *_common(pretrain_data), f"output={run}", "train.strategy=deepspeed", "train.deepspeed.stage=3",
+              "train.save_every=5")
+    return run
+
+
+def assert_matches(reference: Path, run: Path) -> None:
+    a, b = losses(reference), losses(run)
+    assert len(a) == len(b) == 10
+    # mlm + sp with count-weighted rank losses: fp32 rounding only (measured: <= 1e-6)
+    assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5
+    assert losses(reference, "grad_norm") == pytest.approx(losses(run, "grad_norm"), rel=1e-5)
+    # the linear decay after one warmup step: ZeRO's optimizer steps with the trainer's schedule
+    assert losses(reference, "lr") == losses(run, "lr") and len(set(losses(run, "lr"))) > 5
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero_1_and_2_match_single(pretrain_data, reference, tmp_path, stage):
+    run = tmp_path / f"zero{stage}"
+    ds_launch(2, *_common(pretrain_data), f"output={run}", "train.strategy=deepspeed", f"train.deepspeed.stage={stage}")
+    assert_matches(reference, run)
+    assert (run / "checkpoints" / "step-00000010" / "deepspeed" / "zero").is_dir()
+
+
+def test_zero3_matches_single_and_resumes_bitwise(pretrain_data, reference, zero3, tmp_path):
+    assert_matches(reference, zero3)
+    # resume from the step-5 checkpoint (a copy): the same losses, bit for bit
+    resumed = tmp_path / "resumed"
+    shutil.copytree(zero3, resumed)
+    ds_launch(2, *_common(pretrain_data), f"output={resumed}", "train.strategy=deepspeed", "train.deepspeed.stage=3",
+              "train.save_every=5", "train.resume_from=5")
+    assert losses(resumed) == losses(zero3)
+    # another number of processes: refused, saying how to continue
+    proc = ds_launch(1, *_common(pretrain_data), f"output={resumed}", "train.strategy=deepspeed",
+                     "train.deepspeed.stage=3", "train.save_every=5", expect=2)
+    assert "was written by 2 process(es) and this launch has 1" in proc.stderr
+    assert "pentad export" in proc.stderr and "init=OUT" in proc.stderr
+
+
+def test_zero3_with_optimizer_and_parameter_offload_matches_single(pretrain_data, reference, tmp_path):
+    run = tmp_path / "offload"
+    ds_launch(2, *_common(pretrain_data), f"output={run}", "train.strategy=deepspeed", "train.deepspeed.stage=3",
+              "train.deepspeed.offload_optimizer=true", "train.deepspeed.offload_parameters=true")
+    assert_matches(reference, run)
+
+
+def test_bf16_is_deepspeeds_and_close_to_fp32(pretrain_data, reference, tmp_path):
+    # bf16 weights and gradients with fp32 master weights (DeepSpeed's bf16, no autocast on top)
+    run = tmp_path / "bf16"
+    ds_launch(1, *_common(pretrain_data), f"output={run}", "train.strategy=deepspeed", "train.deepspeed.stage=2",
+              "train.precision=bf16")
+    a, b = losses(reference), losses(run)
+    assert a != b and max(abs(x - y) for x, y in zip(a, b)) < 5e-3
+
+
+def test_a_deepspeed_json_that_contradicts_train_is_refused(pretrain_data, tmp_path):
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}}))
+    proc = ds_launch(1, *_common(pretrain_data), f"output={tmp_path / 'run'}", "train.strategy=deepspeed",
+                     f"train.deepspeed.config={config}", expect=2)
+    assert f"the DeepSpeed config {config} sets train_micro_batch_size_per_gpu=2, but pentad's config gives 8" \
+        in proc.stderr
+    assert "change train.batch_size to match" in proc.stderr
+
+
+def test_finetune_under_zero3_matches_single(english, pretrain_data, tmp_path):  # noqa: F811 - fixture
+    # the best model is gathered from the partitions, saved, and loaded back into them for the test score
+    base = [a for a in pretrain_data if not a.startswith("data.dataset")]
+    common = ["finetune", "--task", "classification", "--config", "bert/tiny", *base, f"data.train={english['train']}",
+              f"data.dev={english['dev']}", f"data.test={english['test']}", "train.epochs=2", "task.head_dropout=0",
+              "train.eval_every=1"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    single(*common, f"output={one}")
+    ds_launch(2, *common, f"output={two}", "train.strategy=deepspeed", "train.deepspeed.stage=3")
+    assert max(abs(x - y) for x, y in zip(losses(one), losses(two))) < 1e-5
+    a, b = (json.loads((run / "results.json").read_text()) for run in (one, two))
+    assert a["best_step"] == b["best_step"] and a["test"] == pytest.approx(b["test"])
+
+    from safetensors.torch import load_file
+
+    x, y = (load_file(str(run / "best" / "model.safetensors")) for run in (one, two))
+    assert x.keys() == y.keys()
+    assert max(float((x[k] - y[k]).abs().max()) for k in x) < 1e-4
