@@ -11,7 +11,8 @@ import pytest
 from pentad.errors import UserError
 from pentad.training.config import TrainConfig
 from pentad.training.strategies import STRATEGIES
-from pentad.training.strategies.deepspeed import build_config, import_deepspeed, read_user_config
+from pentad.training.strategies.deepspeed import build_config, read_user_config
+from pentad.training.zero_checkpoint import import_deepspeed
 
 
 def _cfg(**kw) -> TrainConfig:

@@ -14,15 +14,15 @@ micro-batch's loss comes already divided by ``train.grad_accum``, the engine is 
 micro-batch ends a step (``set_gradient_accumulation_boundary``) and steps once per optimizer step.
 
 Checkpoints are DeepSpeed's own (``deepspeed/`` in the checkpoint directory: model states and each
-rank's optimizer partition) beside pentad's ``state.pt`` (step, data position, schedule, RNG).
-``pentad export`` turns one into a single safetensors file (DeepSpeed's ``zero_to_fp32``).
+rank's optimizer partition, checked before DeepSpeed unpickles them) beside pentad's ``state.pt``
+(step, data position, schedule, RNG); :mod:`pentad.training.zero_checkpoint` reads them, and
+consolidates one into a single state dict for ``pentad export`` (DeepSpeed's ``zero_to_fp32``).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 import sys
 import warnings
 from collections.abc import Iterator
@@ -35,27 +35,8 @@ from torch import nn
 
 from pentad.errors import UserError, writing
 from pentad.training import checkpoint as ckpt
+from pentad.training import zero_checkpoint as zero
 from pentad.training.strategies.base import STRATEGIES, OptimizerFactory, Strategy
-
-INSTALL_HINT = "pip install 'pentad[deepspeed]'"
-CHECKPOINT_DIR = "deepspeed"  # DeepSpeed's files inside a pentad checkpoint directory
-TAG = "zero"                  # DeepSpeed's checkpoint tag (one checkpoint per pentad checkpoint directory)
-
-
-def import_deepspeed(device: torch.device | None = None) -> Any:
-    """``import deepspeed``, telling it the accelerator first: DeepSpeed picks one at import
-    (``DS_ACCELERATOR``), and on a machine without CUDA, or with ``train.device=cpu``, it must be
-    the CPU. A missing package is a UserError naming the extra."""
-    if "DS_ACCELERATOR" not in os.environ and (
-            (device is not None and device.type == "cpu") or not torch.cuda.is_available()):
-        os.environ["DS_ACCELERATOR"] = "cpu"
-    try:
-        import deepspeed
-    except ImportError as e:
-        raise UserError(f"train.strategy=deepspeed needs the DeepSpeed package, which is not installed "
-                        f"({e}): {INSTALL_HINT}") from None
-    return deepspeed
-
 
 # ------------------------------------------------------------------------------ the engine's config
 _ABSENT = object()
@@ -176,11 +157,11 @@ class DeepSpeedStrategy(Strategy):
 
         if importlib.util.find_spec("deepspeed") is None:
             raise UserError(f"train.strategy=deepspeed needs the DeepSpeed package, which is not installed: "
-                            f"{INSTALL_HINT} (then launch with torchrun or the deepspeed launcher)")
+                            f"{zero.INSTALL_HINT} (then launch with torchrun or the deepspeed launcher)")
 
     # ------------------------------------------------------------------ placement
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> nn.Module:
-        deepspeed = self.deepspeed = import_deepspeed(self.device)
+        deepspeed = self.deepspeed = zero.import_deepspeed(self.device)
         _quiet_deepspeed(deepspeed, self.dist.is_main)
         user, source = None, ""
         if self.cfg.deepspeed.config:
@@ -222,7 +203,7 @@ class DeepSpeedStrategy(Strategy):
 
     # ------------------------------------------------------------------ state
     def save(self, directory: Path, state: dict[str, Any], metadata: dict[str, str]) -> None:
-        self.engine.save_checkpoint(str(directory / CHECKPOINT_DIR), tag=TAG, client_state={}, save_latest=False)
+        self.engine.save_checkpoint(str(directory / zero.DIRECTORY), tag=zero.TAG, client_state={}, save_latest=False)
         if self.dist.is_main:
             with writing(directory, needed=0):
                 torch.save({**state, "strategy": "deepspeed", "zero_stage": self.cfg.deepspeed.stage,
@@ -231,21 +212,31 @@ class DeepSpeedStrategy(Strategy):
     def load(self, directory: Path) -> dict[str, Any]:
         state = ckpt.load_state(directory)
         saved_world = int(state.get("world_size", 1))
-        files = directory / CHECKPOINT_DIR / TAG
-        if not files.is_dir():
+        if not (directory / zero.DIRECTORY).is_dir():
             raise UserError(f"checkpoint {directory} was not written by the deepspeed strategy (it has no "
-                            f"{CHECKPOINT_DIR}/{TAG}); resume it with the train.strategy it was trained with, or "
-                            f"start from its weights: pentad export {directory} OUT, then init=OUT")
+                            f"{zero.DIRECTORY}/); resume it with the train.strategy it was trained with, or start "
+                            f"from its weights: pentad export, then init=")
         if saved_world != self.dist.world_size:
             raise UserError(f"checkpoint {directory} was written by {saved_world} process(es) and this launch has "
                             f"{self.dist.world_size}: DeepSpeed's ZeRO checkpoints hold each rank's partition of "
                             f"the optimizer state and resume on the same number of processes. Resume with "
                             f"{saved_world} process(es), or continue from its weights with a fresh optimizer: "
-                            f"pentad export {directory} OUT, then train with init=OUT in a new run directory")
-        path, _ = self.engine.load_checkpoint(str(directory / CHECKPOINT_DIR), tag=TAG, load_module_strict=True,
+                            f"pentad export RUN OUT, then train with init=OUT in a new run directory")
+        # DeepSpeed unpickles its files: the main rank checks first that they hold only tensors and
+        # DeepSpeed's own records, and every rank stops with its message otherwise
+        problem = None
+        if self.dist.is_main:
+            try:
+                zero.check_files(directory)
+            except UserError as e:
+                problem = str(e)
+        problem = self.dist.broadcast_object(problem)
+        if problem:
+            raise UserError(problem)
+        path, _ = self.engine.load_checkpoint(str(directory / zero.DIRECTORY), tag=zero.TAG, load_module_strict=True,
                                               load_optimizer_states=True, load_lr_scheduler_states=False)
         if path is None:
-            raise UserError(f"DeepSpeed could not load checkpoint {directory / CHECKPOINT_DIR} (tag {TAG}); "
+            raise UserError(f"DeepSpeed could not load checkpoint {directory / zero.DIRECTORY} (tag {zero.TAG}); "
                             "it is incomplete")
         for key in ("strategy", "zero_stage", "weights_metadata"):
             state.pop(key, None)

@@ -1,0 +1,100 @@
+"""DeepSpeed's checkpoint files inside a pentad checkpoint: import, safety check, consolidation.
+
+The ``deepspeed`` strategy writes DeepSpeed's own checkpoint into ``checkpoints/step-N/deepspeed/``
+(tag ``zero``: model states and each rank's optimizer partition, ``torch.save`` files) beside
+pentad's ``state.pt``. DeepSpeed reads those files with ``torch.load(weights_only=False)``; pentad
+never unpickles arbitrary objects, so every file is first read with ``weights_only=True`` and an
+allow-list of the three record classes DeepSpeed puts in them (:func:`check_files`): a file with
+anything else is refused before DeepSpeed opens it.
+
+:func:`read_weights` consolidates the partitions into the whole model's fp32 weights in one
+process, without a launcher (DeepSpeed's ``zero_to_fp32``), for ``pentad export`` and ``init=``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pentad.errors import UserError
+
+DIRECTORY = "deepspeed"  # DeepSpeed's files inside a pentad checkpoint directory
+TAG = "zero"             # DeepSpeed's checkpoint tag (one DeepSpeed checkpoint per pentad checkpoint)
+INSTALL_HINT = "pip install 'pentad[deepspeed]'"
+
+
+def import_deepspeed(device: torch.device | None = None, why: str = "train.strategy=deepspeed") -> Any:
+    """``import deepspeed``, telling it the accelerator first: DeepSpeed picks one at import
+    (``DS_ACCELERATOR``), and on a machine without CUDA, or for a run on ``train.device=cpu``, it
+    must be the CPU. A missing package is a UserError naming the extra."""
+    if "DS_ACCELERATOR" not in os.environ and (
+            (device is not None and device.type == "cpu") or not torch.cuda.is_available()):
+        os.environ["DS_ACCELERATOR"] = "cpu"
+    try:
+        import deepspeed
+    except ImportError as e:
+        raise UserError(f"{why} needs the DeepSpeed package, which is not installed ({e}): {INSTALL_HINT}") from None
+    return deepspeed
+
+
+def _record_classes() -> list[Any]:
+    """The non-tensor classes DeepSpeed pickles into its checkpoint files (0.19): its loss scaler's
+    settings, the ZeRO stage enum, and the address of a parameter's fragment in a flat partition."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, ZeroStageEnum, fragment_address]
+
+
+def check_files(checkpoint: Path) -> list[Path]:
+    """Read every DeepSpeed file of ``checkpoint`` (a pentad checkpoint directory) with
+    ``weights_only=True`` and DeepSpeed's record classes allowed; a file holding any other object,
+    or an unreadable one, is a UserError. Returns the files."""
+    directory = checkpoint / DIRECTORY / TAG
+    files = sorted(directory.glob("*.pt"))
+    if not files:
+        raise UserError(f"checkpoint {checkpoint} has no DeepSpeed files in {DIRECTORY}/{TAG}: it was not "
+                        "written by the deepspeed strategy, or not completely")
+    allowed = _record_classes()
+    for path in files:
+        try:
+            with torch.serialization.safe_globals(allowed):
+                torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as e:  # noqa: BLE001 - any failure: not a file pentad will let DeepSpeed unpickle
+            try:
+                unsafe = [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(path)
+                          if g not in {f"{c.__module__}.{c.__qualname__}" for c in allowed}]
+            except Exception:  # noqa: BLE001 - not even a readable archive
+                unsafe = []
+            what = (f"it holds objects other than tensors and DeepSpeed's checkpoint records ({', '.join(unsafe)})"
+                    if unsafe else f"it is truncated or corrupt ({type(e).__name__})")
+            raise UserError(f"DeepSpeed checkpoint file {path} is not loaded: {what}; pentad never unpickles "
+                            "arbitrary objects. Use an earlier checkpoint") from None
+    return files
+
+
+def read_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The whole model's fp32 weights of a ``deepspeed`` checkpoint, consolidated from its ZeRO
+    partitions in this process (DeepSpeed's ``zero_to_fp32``; any stage, any number of ranks).
+    Parameters shared by two names (tied weights) are returned once, under the first name."""
+    import contextlib
+    import io
+
+    import_deepspeed(why=f"reading the DeepSpeed checkpoint {checkpoint}")
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    files = check_files(checkpoint)
+    shared: set[str] = set()
+    for path in files:
+        if path.name.endswith("model_states.pt"):
+            with torch.serialization.safe_globals(_record_classes()):
+                states = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            shared |= set((states.get("shared_params") or {}).keys())
+            break
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its progress
+        tensors = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint / DIRECTORY), tag=TAG)
+    return {k: v.detach().to("cpu").contiguous() for k, v in tensors.items() if k not in shared}
