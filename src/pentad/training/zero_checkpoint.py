@@ -23,6 +23,7 @@ from pentad.errors import UserError
 
 DIRECTORY = "deepspeed"  # DeepSpeed's files inside a pentad checkpoint directory
 TAG = "zero"             # DeepSpeed's checkpoint tag (one DeepSpeed checkpoint per pentad checkpoint)
+UNIVERSAL_TAG = "universal"
 INSTALL_HINT = "pip install 'pentad[deepspeed]'"
 
 
@@ -98,3 +99,22 @@ def read_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its progress
         tensors = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint / DIRECTORY), tag=TAG)
     return {k: v.detach().to("cpu").contiguous() for k, v in tensors.items() if k not in shared}
+
+
+def to_universal(checkpoint: Path, out: Path) -> None:
+    """Convert the DeepSpeed checkpoint of ``checkpoint`` into DeepSpeed's universal format in
+    ``out`` (every parameter's fp32 value and optimizer state whole, loadable on any number of
+    ranks; ``deepspeed.checkpoint.ds_to_universal``), in this process."""
+    import argparse
+    import contextlib
+    import io
+
+    import_deepspeed(why=f"resharding the DeepSpeed checkpoint {checkpoint}")
+    from deepspeed.checkpoint import ds_to_universal
+
+    check_files(checkpoint)
+    args = argparse.Namespace(input_folder=str(checkpoint / DIRECTORY / TAG), output_folder=str(out),
+                              num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True,
+                              inject_missing_state=True)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its progress
+        ds_to_universal.main(args)

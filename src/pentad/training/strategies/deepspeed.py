@@ -216,12 +216,6 @@ class DeepSpeedStrategy(Strategy):
             raise UserError(f"checkpoint {directory} was not written by the deepspeed strategy (it has no "
                             f"{zero.DIRECTORY}/); resume it with the train.strategy it was trained with, or start "
                             f"from its weights: pentad export, then init=")
-        if saved_world != self.dist.world_size:
-            raise UserError(f"checkpoint {directory} was written by {saved_world} process(es) and this launch has "
-                            f"{self.dist.world_size}: DeepSpeed's ZeRO checkpoints hold each rank's partition of "
-                            f"the optimizer state and resume on the same number of processes. Resume with "
-                            f"{saved_world} process(es), or continue from its weights with a fresh optimizer: "
-                            f"pentad export RUN OUT, then train with init=OUT in a new run directory")
         # DeepSpeed unpickles its files: the main rank checks first that they hold only tensors and
         # DeepSpeed's own records, and every rank stops with its message otherwise
         problem = None
@@ -233,14 +227,53 @@ class DeepSpeedStrategy(Strategy):
         problem = self.dist.broadcast_object(problem)
         if problem:
             raise UserError(problem)
-        path, _ = self.engine.load_checkpoint(str(directory / zero.DIRECTORY), tag=zero.TAG, load_module_strict=True,
-                                              load_optimizer_states=True, load_lr_scheduler_states=False)
+        if saved_world == self.dist.world_size:
+            path, _ = self.engine.load_checkpoint(str(directory / zero.DIRECTORY), tag=zero.TAG,
+                                                  load_module_strict=True, load_optimizer_states=True,
+                                                  load_lr_scheduler_states=False)
+        else:
+            path = self._load_resharded(directory, saved_world)
         if path is None:
             raise UserError(f"DeepSpeed could not load checkpoint {directory / zero.DIRECTORY} (tag {zero.TAG}); "
                             "it is incomplete")
         for key in ("strategy", "zero_stage", "weights_metadata"):
             state.pop(key, None)
         return state
+
+    def _load_resharded(self, directory: Path, saved_world: int) -> Any:
+        """Load a checkpoint written by another number of processes: DeepSpeed's universal checkpoint
+        (each parameter's fp32 value and optimizer state whole, ``ds_to_universal``), made by the main
+        rank in a temporary directory beside the checkpoint, then read into this launch's partitions."""
+        import shutil
+        import tempfile
+
+        staged = None
+        if self.dist.is_main:
+            staged = tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.universal.")
+            try:
+                zero.to_universal(directory, Path(staged) / zero.UNIVERSAL_TAG)
+            except BaseException:
+                shutil.rmtree(staged, ignore_errors=True)
+                raise
+        staged = self.dist.broadcast_object(staged)
+        try:
+            self.engine._config.load_universal_checkpoint = True  # noqa: SLF001 - DeepSpeed's switch for this load
+            path, _ = self.engine.load_checkpoint(staged, tag=zero.UNIVERSAL_TAG, load_module_strict=True,
+                                                  load_optimizer_states=True, load_lr_scheduler_states=False)
+            # DeepSpeed 0.19's ZeRO-3 universal load gives every partition the same step tensor, which a
+            # torch AdamW then advances once per partition: each its own, as after a normal load
+            for values in self.optimizer.state.values():
+                if isinstance(values.get("step"), torch.Tensor):
+                    values["step"] = values["step"].clone()
+        finally:
+            self.engine._config.load_universal_checkpoint = False  # noqa: SLF001
+            self.dist.barrier()
+            if self.dist.is_main:
+                shutil.rmtree(staged, ignore_errors=True)
+        if self.dist.is_main:
+            print(f"resharded the DeepSpeed checkpoint of {saved_world} process(es) for {self.dist.world_size} "
+                  "(DeepSpeed's universal checkpoint)", file=sys.stderr)
+        return path
 
     def _full_parameters(self) -> Iterator[tuple[nn.Parameter, torch.Tensor]]:
         """Every parameter of the module with its whole fp32 value (ZeRO's master weights; every
