@@ -67,6 +67,10 @@ def test_zero_1_and_2_match_single(pretrain_data, reference, tmp_path, stage):
     ds_launch(2, *_common(pretrain_data), f"output={run}", "train.strategy=deepspeed", f"train.deepspeed.stage={stage}")
     assert_matches(reference, run)
     assert (run / "checkpoints" / "step-00000010" / "deepspeed" / "zero").is_dir()
+    if stage == 2:  # stages 1 and 2 share a checkpoint format, stage 3 has its own: a clear refusal
+        proc = ds_launch(2, *_common(pretrain_data), f"output={run}", "train.strategy=deepspeed",
+                         "train.deepspeed.stage=3", expect=2)
+        assert "was written with ZeRO stage 2 and this run has stage 3" in proc.stderr
 
 
 def test_zero3_matches_single_resumes_bitwise_and_on_one_process(pretrain_data, reference, zero3, tmp_path):

@@ -234,6 +234,12 @@ class DeepSpeedStrategy(Strategy):
         problem = self.dist.broadcast_object(problem)
         if problem:
             raise UserError(problem)
+        saved_stage, stage = int(state.get("zero_stage", self.cfg.deepspeed.stage)), self.cfg.deepspeed.stage
+        if (saved_stage == 3) != (stage == 3):
+            raise UserError(f"checkpoint {directory} was written with ZeRO stage {saved_stage} and this run has stage "
+                            f"{stage}: DeepSpeed's checkpoints of stage 3 (partitioned parameters) and of stages 1 "
+                            f"and 2 differ; resume with train.deepspeed.stage={saved_stage}, or continue from its "
+                            "weights with a fresh optimizer: pentad export RUN OUT, then init=OUT in a new run")
         if saved_world == self.dist.world_size:
             path, _ = self.engine.load_checkpoint(str(directory / zero.DIRECTORY), tag=zero.TAG,
                                                   load_module_strict=True, load_optimizer_states=True,
