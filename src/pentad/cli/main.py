@@ -118,9 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--cased", action="store_true", help="keep case (default: lower-case)")
     b.add_argument("--min-frequency", type=int, default=2)
     from pentad.cli import convert as convert_cli
+    from pentad.cli import export as export_cli
     from pentad.cli import generate as generate_cli
 
     convert_cli.add_parser(sub)
+    export_cli.add_parser(sub)
     generate_cli.add_parser(sub)
     p = sub.add_parser("demo", help="pre-train a small BERT on Wikipedia text, fine-tune on movie reviews")
     p.add_argument("--output", "-o", type=Path, default=Path("runs/demo"))
@@ -167,6 +169,10 @@ def run(args: argparse.Namespace) -> int:
         from pentad.cli import convert as convert_cli
 
         return convert_cli.run(args)
+    if cmd == "export":
+        from pentad.cli import export as export_cli
+
+        return export_cli.run(args)
     if cmd == "generate":
         from pentad.cli import generate as generate_cli
 

@@ -1,5 +1,18 @@
 """Checkpoints: weights as safetensors, training state loaded with ``weights_only=True``,
-everything written atomically (temp file, then rename), weight loading strict by default."""
+everything written atomically (temp file, then rename), weight loading strict by default.
+
+A checkpoint directory (``RUN/checkpoints/step-N``) holds ``state.pt`` (the trainer's state) and the
+weights in one of these formats:
+
+- ``model.safetensors``: the whole model in one file (``single``, ``ddp``; also ``best/`` and
+  ``pentad export``), optimizer state in ``state.pt``;
+- ``dcp/``: a ``torch.distributed.checkpoint`` directory of model and optimizer shards (``fsdp``),
+  with the format's marker in ``state.pt`` (:data:`FORMAT_KEY`).
+
+:func:`read_checkpoint_weights` returns the whole model's tensors from any of them in one process
+(no process group), which is what ``pentad export``, ``init=``, ``convert`` and ``generate`` read.
+A sharded format is one entry of :data:`SHARDED_FORMATS` (its subdirectory -> its reader).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +20,9 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +35,8 @@ from pentad.errors import UserError, writing
 
 WEIGHTS = "model.safetensors"
 STATE = "state.pt"
+DCP = "dcp"                    # subdirectory of a torch.distributed.checkpoint checkpoint (fsdp)
+FORMAT_KEY = "checkpoint_format"  # in state.pt of a sharded checkpoint: {"format": ..., "aliases": [...], ...}
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 
@@ -76,6 +93,10 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[st
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, or the whole model of a checkpoint directory in any
+    format (:func:`read_checkpoint_weights`; what :func:`find_weights` returns for a sharded one)."""
+    if path.is_dir():
+        return read_checkpoint_weights(path)
     if not path.is_file():
         raise UserError(f"weights file {path} does not exist")
     try:
@@ -280,7 +301,9 @@ def load_state(checkpoint: Path) -> dict[str, Any]:
 
 
 def find_weights(path: Path) -> Path:
-    """Weights of a run directory (its best or latest checkpoint), a checkpoint dir, or a file."""
+    """Weights of a run directory (its best or latest checkpoint), a checkpoint dir, or a file: a
+    safetensors file, or a checkpoint directory whose weights are sharded (``dcp/``: an fsdp run);
+    :func:`read_weights` reads either."""
     if path.is_file():
         return path
     if not path.exists():
@@ -288,10 +311,166 @@ def find_weights(path: Path) -> Path:
     for candidate in (path / WEIGHTS, path / "best" / WEIGHTS):
         if candidate.is_file():
             return candidate
+    if sharded_format(path) is not None:
+        return path
     latest = latest_checkpoint(path)
     if latest is not None:
-        return latest / WEIGHTS
-    raise UserError(f"{path} holds no weights: expected {WEIGHTS}, best/{WEIGHTS} or checkpoints/{LATEST}")
+        return latest if sharded_format(latest) is not None and not (latest / WEIGHTS).is_file() \
+            else latest / WEIGHTS
+    raise UserError(f"{path} holds no weights: expected {WEIGHTS}, best/{WEIGHTS}, checkpoints/{LATEST} or a "
+                    f"sharded checkpoint ({', '.join(f'{d}/' for d in SHARDED_FORMATS)})")
+
+
+# ------------------------------------------------------------------------------- sharded checkpoints
+def sharded_format(checkpoint: Path) -> str | None:
+    """The sharded format of a checkpoint directory (a key of :data:`SHARDED_FORMATS`), or None."""
+    return next((name for name in SHARDED_FORMATS if (checkpoint / name).is_dir()), None)
+
+
+def checkpoint_format(checkpoint: Path) -> str | None:
+    """``"safetensors"``, a sharded format (``"dcp"``, ...) or None (no weights) of a checkpoint directory."""
+    if (checkpoint / WEIGHTS).is_file():
+        return "safetensors"
+    return sharded_format(checkpoint)
+
+
+def read_checkpoint_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The whole model's tensors of a checkpoint directory, whatever wrote it, consolidated in this
+    process: ``model.safetensors``, or a sharded format of :data:`SHARDED_FORMATS`. Tied aliases are
+    left out, as in ``model.safetensors`` (:func:`weights_to_save`)."""
+    if (checkpoint / WEIGHTS).is_file():
+        return read_weights(checkpoint / WEIGHTS)
+    name = sharded_format(checkpoint)
+    if name is None:
+        raise UserError(f"{checkpoint} holds no weights: expected {WEIGHTS} or a sharded checkpoint "
+                        f"({', '.join(f'{d}/' for d in SHARDED_FORMATS)})")
+    return SHARDED_FORMATS[name](checkpoint)
+
+
+def format_marker(checkpoint: Path) -> dict[str, Any]:
+    """The format record a sharded checkpoint keeps in its ``state.pt`` ({} when there is none)."""
+    if not (checkpoint / STATE).is_file():
+        return {}
+    marker = load_state(checkpoint).get(FORMAT_KEY)
+    return marker if isinstance(marker, dict) else {}
+
+
+def _dcp_reader(directory: Path) -> Any:
+    """A ``FileSystemReader`` whose metadata is unpickled with an allow-list of DCP's own record
+    classes (DCP pickles its ``.metadata``; pentad never unpickles arbitrary objects)."""
+    import pickle
+
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            value = super().find_class(module, name) if (
+                module.startswith("torch.distributed.checkpoint.") or module == "pathlib"
+                or (module, name) in {("torch", "Size"), ("torch.serialization", "_get_layout"),
+                                      ("collections", "OrderedDict")}
+                or (module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
+                                                                                   torch.memory_format)))
+            ) else None
+            if value is None:
+                raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+            return value
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            rank = kwargs.get("rank")
+            name = ".metadata" if rank is None else f"__{rank}.metadata"
+            with open(Path(self.path) / name, "rb") as f:
+                metadata = Unpickler(f).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(str(directory))
+
+
+def _dcp_planner() -> Any:
+    """DCP's default load planner, reading non-tensor values with ``weights_only=True``."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint._traverse import set_element
+
+    class SafePlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            obj = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
+    return SafePlanner()
+
+
+def load_dcp(state: dict[str, Any], checkpoint: Path, no_dist: bool = False) -> None:
+    """Fill ``state`` (nested dicts of tensors, sharded or not) in place from the ``dcp/`` directory of
+    ``checkpoint``; what is not there, or a corrupt file, is a UserError. Every rank calls it (or one
+    process, ``no_dist``); DCP reads the parts each rank's shards need, whatever world size wrote them."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    directory = checkpoint / DCP
+    if not (directory / ".metadata").is_file():
+        raise UserError(f"checkpoint {checkpoint} has no {DCP}/.metadata: it was not completely written")
+    try:
+        with warnings.catch_warnings():  # one process on purpose (DCP warns that it assumes so)
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=_dcp_reader(directory), planner=_dcp_planner(), no_dist=no_dist)
+    except CheckpointException as e:  # DCP gathers every rank's failure into one
+        causes = [failure[0] for failure in e.failures.values()] or [e]
+        raise _dcp_error(directory, causes[0]) from None
+    except Exception as e:  # noqa: BLE001 - sorted out by _dcp_error (re-raised when not a file problem)
+        raise _dcp_error(directory, e) from None
+
+
+def _dcp_error(directory: Path, error: BaseException) -> BaseException:
+    """A UserError for an unreadable or mismatched DCP checkpoint; any other error as it is."""
+    import pickle
+
+    text = str(error).splitlines()[0][:300] if str(error) else ""
+    if isinstance(error, (pickle.UnpicklingError, EOFError, OSError)) or "PytorchStreamReader" in str(error):
+        return UserError(f"sharded checkpoint {directory} is truncated or corrupt and cannot be read "
+                         f"({type(error).__name__}: {text}); use an earlier checkpoint")
+    if isinstance(error, (RuntimeError, ValueError, KeyError, AssertionError)) and any(
+            key in str(error) for key in ("Missing key", "missing", "mismatch", "Size", "size")):
+        return UserError(f"sharded checkpoint {directory} does not match this model and optimizer (was it "
+                         f"trained with another config?): {text}")
+    return error
+
+
+def read_dcp_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The whole model of a DCP checkpoint (``dcp/``), consolidated in this process on the CPU."""
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    directory = checkpoint / DCP
+    if not (directory / ".metadata").is_file():
+        raise UserError(f"checkpoint {checkpoint} has no {DCP}/.metadata: it was not completely written")
+    aliases = set(format_marker(checkpoint).get("aliases", []))
+    try:
+        metadata = _dcp_reader(directory).read_metadata()
+    except (pickle.UnpicklingError, EOFError, OSError) as e:
+        raise UserError(f"sharded checkpoint {directory} has an unreadable .metadata ({type(e).__name__}: "
+                        f"{e}); use an earlier checkpoint") from None
+    tensors = {key[len("model."):]: torch.empty(tuple(item.size), dtype=item.properties.dtype)
+               for key, item in metadata.state_dict_metadata.items()
+               if key.startswith("model.") and isinstance(item, TensorStorageMetadata)}
+    tensors = {k: v for k, v in tensors.items() if k not in aliases}
+    if not tensors:
+        raise UserError(f"sharded checkpoint {directory} holds no model weights")
+    load_dcp({"model": tensors}, checkpoint, no_dist=True)
+    return tensors
+
+
+# Sharded checkpoint formats: the subdirectory of a checkpoint that holds them -> a reader of the whole
+# model's tensors from the checkpoint directory (in one process; tied aliases left out). Another
+# engine's format (DeepSpeed's, say) is one more entry here.
+SHARDED_FORMATS: dict[str, Callable[[Path], dict[str, torch.Tensor]]] = {DCP: read_dcp_weights}
 
 
 def write_json(path: Path, data: Any) -> None:

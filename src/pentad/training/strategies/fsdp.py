@@ -1,0 +1,185 @@
+"""``fsdp``: parameters, gradients and optimizer state sharded across ranks with FSDP2 ``fully_shard``.
+
+Every block of :meth:`pentad.model.Model.blocks` (transformer layers, ...) is one FSDP unit and the
+root module holds the rest (embeddings, heads); in forward and backward each unit's weights are
+all-gathered just before they are needed and freed after (``train.fsdp.reshard_after_forward``),
+gradients are reduce-scattered (averaged, as DDP's all-reduce) and every rank steps the optimizer on
+its own shards. ``train.fsdp.param_dtype`` / ``reduce_dtype`` set a ``MixedPrecisionPolicy``.
+
+The model arrives built on the CPU on the main rank (the weights a ``single`` run starts from) and
+on the meta device on the others. :meth:`FsdpStrategy.setup` shards the meta structure on every
+rank, allocates each rank's shards on its device and fills them from the main rank's weights, so
+no rank but the main one ever holds the whole model, and an fsdp run starts from exactly the
+weights of a single run. Tied weights (a head sharing the word embedding) stay one parameter.
+
+Checkpoints are ``torch.distributed.checkpoint`` (DCP) directories: ``dcp/`` holds model and
+optimizer state, each rank writing its shards, and ``state.pt`` the trainer's state with a marker
+of the format. DCP reshards on load, so a run resumes on another number of ranks.
+:func:`pentad.training.checkpoint.read_checkpoint_weights` consolidates ``dcp/`` in one process
+(``pentad export``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from pentad.errors import UserError, writing
+from pentad.training import checkpoint as ckpt
+from pentad.training.strategies.base import STRATEGIES, OptimizerFactory, Strategy
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@STRATEGIES.register("fsdp")
+class FsdpStrategy(Strategy):
+    """FSDP2 ``fully_shard`` per block and on the root, over every rank of the launch."""
+
+    sharded = True
+    needs_launcher = True
+
+    # ------------------------------------------------------------------ placement
+    def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> nn.Module:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        main = self.dist.is_main
+        tied = list(getattr(model, "tied", []))
+        # the main rank's weights (a single run's) and buffers; then every rank shards the same meta structure
+        full = {k: v.detach() for k, v in model.state_dict().items()} if main else {}
+        buffers = {n: b.detach().to("cpu", copy=True) for n, b in model.named_buffers()} if main else None
+        if main:
+            _to_meta(model)
+        self._check_tied(model, tied, "on the meta device")
+        options: dict[str, Any] = {"mesh": init_device_mesh(self.device.type, (self.dist.world_size,)),
+                                   "reshard_after_forward": self.cfg.fsdp.reshard_after_forward}
+        param_dtype, reduce_dtype = self.cfg.fsdp.param_dtype, self.cfg.fsdp.reduce_dtype
+        if (param_dtype, reduce_dtype) != ("fp32", "fp32"):
+            options["mp_policy"] = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype],
+                                                        reduce_dtype=DTYPES[reduce_dtype])
+        blocks = model.blocks() if hasattr(model, "blocks") else []
+        for block in blocks:
+            fully_shard(block, **options)
+        fully_shard(model, **options)
+        model.to_empty(device=self.device)
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        del full
+        buffers = self.dist.broadcast_object(buffers)
+        with torch.no_grad():
+            for name, buffer in model.named_buffers():
+                buffer.copy_(buffers[name])
+        self._check_tied(model, tied, "after sharding")
+        self.module = self.model = model
+        self.optimizer = make_optimizer(model)
+        self.units = len(blocks) + 1
+        return model
+
+    @staticmethod
+    def _check_tied(model: nn.Module, tied: list[tuple[str, str]], when: str) -> None:
+        for head, shared in tied:
+            if model.get_parameter(head) is not model.get_parameter(shared):
+                raise RuntimeError(f"fsdp: the tied weights {head} and {shared} came apart {when}")
+
+    # ------------------------------------------------------------------ one step
+    @contextmanager
+    def accumulate(self, last: bool) -> Iterator[None]:
+        # before the last micro-batch, gradients accumulate unsharded without a reduce-scatter
+        self.model.set_requires_gradient_sync(last)
+        try:
+            yield
+        finally:
+            self.model.set_requires_gradient_sync(True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self, clip_grad_norm: float | None) -> torch.Tensor | None:
+        norm = None
+        if clip_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip_grad_norm)
+            if hasattr(norm, "full_tensor"):  # a DTensor: the norm over every rank's shards
+                norm = norm.full_tensor()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # ------------------------------------------------------------------ state
+    def _aliases(self) -> list[str]:
+        return [head for head, _ in getattr(self.module, "tied", [])]
+
+    def save(self, directory: Path, state: dict[str, Any], metadata: dict[str, str]) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optim_state = get_state_dict(self.module, self.optimizer)
+        with writing(directory / ckpt.DCP):
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / ckpt.DCP))
+        if self.dist.is_main:
+            marker = {"format": ckpt.DCP, "world_size": self.dist.world_size, "aliases": self._aliases(),
+                      "metadata": dict(metadata)}
+            with writing(directory / ckpt.STATE):
+                torch.save({**state, ckpt.FORMAT_KEY: marker}, directory / ckpt.STATE)
+
+    def load(self, directory: Path) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        state = ckpt.load_state(directory)
+        fmt = ckpt.checkpoint_format(directory)
+        if fmt != ckpt.DCP:
+            raise UserError(f"checkpoint {directory} was not written by train.strategy=fsdp (it holds "
+                            f"{fmt or 'no known weights'}): resume it with the strategy that wrote it, or start a "
+                            "new fsdp run from its weights with init=DIR")
+        state.pop(ckpt.FORMAT_KEY, None)
+        model_state, optim_state = get_state_dict(self.module, self.optimizer)
+        ckpt.load_dcp({"model": model_state, "optim": optim_state}, directory)
+        set_state_dict(self.module, self.optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
+        return state
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        tensors = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return tensors if self.dist.is_main else None
+
+    def load_full_state_dict(self, tensors: dict[str, torch.Tensor] | None) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        problem = None
+        if self.dist.is_main:
+            tensors = dict(tensors or {})
+            for head, shared in getattr(self.module, "tied", []):
+                if head not in tensors and shared in tensors:
+                    tensors[head] = tensors[shared]
+            expected = {k: tuple(v.shape) for k, v in self.module.state_dict().items()}
+            missing = sorted(set(expected) - set(tensors))
+            unexpected = sorted(set(tensors) - set(expected))
+            shapes = sorted(k for k in expected if k in tensors and tuple(tensors[k].shape) != expected[k])
+            if missing or unexpected or shapes:
+                problem = (f"the weights to load do not match the model: missing {missing[:4]}, unexpected "
+                           f"{unexpected[:4]}, mis-shaped {shapes[:4]}")
+        problem = self.dist.broadcast_object(problem)
+        if problem is not None:
+            raise UserError(problem)
+        set_model_state_dict(self.module, tensors if self.dist.is_main else {},
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+
+def _to_meta(model: nn.Module) -> None:
+    """Move ``model``'s parameters and buffers to the meta device, keeping shared parameters shared
+    (``Module.to`` makes a new parameter per module when the device type changes)."""
+    owners: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module._parameters.items():  # noqa: SLF001 - where the module keeps them
+            if param is not None:
+                owners.setdefault(id(param), []).append((module, name))
+    model.to("meta")
+    for places in owners.values():
+        first, first_name = places[0]
+        for module, name in places[1:]:
+            setattr(module, name, getattr(first, first_name))
