@@ -128,3 +128,18 @@ def test_finetune_under_fsdp_from_a_sharded_run(runs, english, tmp_path):
     assert max(abs(x - y) for x, y in zip(losses(one), losses(two))) < 1e-5
     assert (two / "results.json").is_file() and (two / "best" / ckpt.WEIGHTS).is_file()
     assert (two / "best" / "best.json").read_text() == (one / "best" / "best.json").read_text()
+
+
+def test_checkpoints_move_between_fsdp_and_whole_model_strategies(runs, tmp_path):
+    root, common = runs
+    # an fsdp checkpoint continued by one plain process (single), and a single one by two fsdp ranks
+    to_single, to_fsdp = tmp_path / "to_single", tmp_path / "to_fsdp"
+    copy_run(root / "two", to_single, 5)
+    single(*common, f"output={to_single}", "train.strategy=single")
+    copy_run(root / "one", to_fsdp, 5)
+    launch(2, *common, f"output={to_fsdp}", "train.strategy=fsdp")
+    for run, reference in ((to_single, root / "two"), (to_fsdp, root / "one")):
+        got = losses(run)
+        assert len(got) == 10 and max(abs(x - y) for x, y in zip(losses(reference), got)) < 1e-5
+    assert (ckpt.checkpoint_dir(to_single, 10) / ckpt.WEIGHTS).is_file()
+    assert ckpt.checkpoint_format(ckpt.checkpoint_dir(to_fsdp, 10)) == "dcp"

@@ -140,13 +140,14 @@ def _slot(key: str) -> str:
 
 
 def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str,
-                 new_heads: tuple[str, ...] = (), drop_heads: bool = False) -> list[str]:
+                 new_heads: tuple[str, ...] = (), drop_heads: bool = False, check_only: bool = False) -> list[str]:
     """Copy ``tensors`` into ``model``, strictly.
 
     Every model weight must be present with the right shape and every tensor must be used, else a
     UserError lists missing / unexpected / mis-shaped keys per slot. ``new_heads``: target names
     whose weights may be missing (a new, freshly initialised head). ``drop_heads``: tensors of
     targets the model does not have (pre-training heads when fine-tuning) are dropped, not errors.
+    ``check_only``: only the checks (for a model whose weights are loaded otherwise, e.g. sharded).
     Returns notes on what was allowed (new heads, dropped heads).
     """
     aliases = {head for head, _ in getattr(model, "tied", [])}
@@ -186,6 +187,8 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str
             lines.append(f"{slot}: " + ", ".join(groups))
         raise UserError(f"weights in {source} do not match the model (was it trained with another config?): "
                         + " | ".join(lines))
+    if check_only:
+        return notes
     with torch.no_grad():
         for key, param in own.items():
             if key in tensors:

@@ -23,7 +23,10 @@ def write_dcp(checkpoint, model):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    optimizer = torch.optim.AdamW(model.parameters())
+    from pentad.training.config import TrainConfig
+    from pentad.training.optim import build_optimizer
+
+    optimizer = build_optimizer(model, TrainConfig())
     model_state, optim_state = get_state_dict(model, optimizer)
     with pytest.warns(UserWarning, match="single process"):
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(checkpoint / ckpt.DCP))
@@ -90,3 +93,20 @@ def test_fsdp_without_a_launcher_says_how_to_launch(tmp_path, monkeypatch, capsy
     assert status == 2
     err = capsys.readouterr().err
     assert "train.strategy=fsdp runs under a launcher" in err and "torchrun --nproc_per_node=N -m pentad" in err
+
+
+def test_single_strategy_resumes_a_dcp_checkpoint(tmp_path):
+    from pentad.training.config import TrainConfig
+    from pentad.training.distributed import Dist
+    from pentad.training.optim import build_optimizer
+    from pentad.training.strategies import STRATEGIES
+
+    model = make()
+    write_dcp(tmp_path, model)
+    strategy = STRATEGIES.get("single")(TrainConfig(), Dist())
+    strategy.setup(make(), lambda m: build_optimizer(m, TrainConfig()))
+    state = strategy.load(tmp_path)
+    assert state["step"] == 3 and ckpt.FORMAT_KEY not in state
+    loaded = strategy.module.state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in model.state_dict().items())
+    assert strategy.module.targets["mlm"].output.weight is strategy.module.embedding.word.weight

@@ -127,19 +127,47 @@ class FsdpStrategy(Strategy):
                 torch.save({**state, ckpt.FORMAT_KEY: marker}, directory / ckpt.STATE)
 
     def load(self, directory: Path) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        state = ckpt.load_state(directory)
         fmt = ckpt.checkpoint_format(directory)
-        if fmt != ckpt.DCP:
-            raise UserError(f"checkpoint {directory} was not written by train.strategy=fsdp (it holds "
-                            f"{fmt or 'no known weights'}): resume it with the strategy that wrote it, or start a "
-                            "new fsdp run from its weights with init=DIR")
-        state.pop(ckpt.FORMAT_KEY, None)
-        model_state, optim_state = get_state_dict(self.module, self.optimizer)
-        ckpt.load_dcp({"model": model_state, "optim": optim_state}, directory)
-        set_state_dict(self.module, self.optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
-        return state
+        if fmt == ckpt.DCP:
+            return load_sharded(self.module, self.optimizer, directory)
+        if fmt == "safetensors":
+            return self._load_whole(directory)
+        raise UserError(f"checkpoint {directory} holds {fmt or 'no weights'} ({ckpt.WEIGHTS} or {ckpt.DCP}/ "
+                        "expected): train.strategy=fsdp cannot resume it; start a new run from its weights "
+                        "with init=DIR, or resume it with the strategy that wrote it")
+
+    def _load_whole(self, directory: Path) -> dict[str, Any]:
+        """A checkpoint of ``single`` or ``ddp`` (one weights file, the optimizer state in ``state.pt``,
+        by parameter index): read on the main rank, each rank takes its shards."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        weights: dict[str, torch.Tensor] = {}
+        optimizer: dict[str, Any] = {}
+        outcome: tuple[str, Any] = ("ok", None)
+        if self.dist.is_main:
+            try:
+                weights = ckpt.read_weights(directory / ckpt.WEIGHTS)
+                state = ckpt.load_state(directory)
+                optimizer = _by_name(self.module, self.optimizer, state.pop("optimizer"))
+                ckpt.load_weights(self.module, weights, str(directory), check_only=True)
+                outcome = ("ok", state)
+            except UserError as e:
+                outcome = ("error", str(e))
+        outcome = self.dist.broadcast_object(outcome)
+        if outcome[0] == "error":
+            raise UserError(outcome[1])
+        for head, shared in getattr(self.module, "tied", []):
+            if shared in weights:
+                weights[head] = weights[shared]
+        # two calls: set_state_dict skips the model on ranks given an empty model state dict
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(self.module, weights, options=options)
+        set_optimizer_state_dict(self.module, self.optimizer, optimizer, options=options)
+        return outcome[1]
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -168,6 +196,35 @@ class FsdpStrategy(Strategy):
             raise UserError(problem)
         set_model_state_dict(self.module, tensors if self.dist.is_main else {},
                              options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+
+def load_sharded(module: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> dict[str, Any]:
+    """Model and optimizer state from the ``dcp/`` checkpoint in ``directory`` into ``module`` (sharded by
+    FSDP, or whole: ``single`` and ``ddp`` resume an fsdp checkpoint through this) and its optimizer,
+    resharded for this world size; returns the trainer's state. Every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    state = ckpt.load_state(directory)
+    state.pop(ckpt.FORMAT_KEY, None)
+    model_state, optim_state = get_state_dict(module, optimizer)
+    ckpt.load_dcp({"model": model_state, "optim": optim_state}, directory)
+    set_state_dict(module, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
+    return state
+
+
+def _by_name(module: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> dict[str, Any]:
+    """A ``torch.optim`` state dict (parameters by index, as ``single`` saves it) with the parameters'
+    names instead, as ``torch.distributed.checkpoint.state_dict`` takes it. The index order is the
+    optimizer's: the same grouping of the same parameters whatever the strategy."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    count = sum(len(g["params"]) for g in saved.get("param_groups", []))
+    if count != len(order) or len(saved["param_groups"]) != len(optimizer.param_groups):
+        raise UserError(f"the checkpoint's optimizer state has {count} parameters in "
+                        f"{len(saved.get('param_groups', []))} groups, this model's optimizer {len(order)} in "
+                        f"{len(optimizer.param_groups)}: was it trained with another config?")
+    return {"state": {order[int(i)]: value for i, value in saved["state"].items()},
+            "param_groups": [{**g, "params": [order[int(i)] for i in g["params"]]} for g in saved["param_groups"]]}
 
 
 def _to_meta(model: nn.Module) -> None:

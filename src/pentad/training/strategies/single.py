@@ -49,6 +49,10 @@ class SingleStrategy(Strategy):
                                         metadata)
 
     def load(self, directory: Path) -> dict[str, Any]:
+        if ckpt.checkpoint_format(directory) == ckpt.DCP:  # an fsdp run's: resharded to the whole model
+            from pentad.training.strategies.fsdp import load_sharded
+
+            return load_sharded(self.module, self.optimizer, directory)
         ckpt.load_weights(self.module, ckpt.read_weights(directory / ckpt.WEIGHTS), str(directory))
         state = ckpt.load_state(directory)
         self.optimizer.load_state_dict(state.pop("optimizer"))
