@@ -26,12 +26,14 @@ and the table gives the median tokens/s and the median of the per-repetition rat
 background load that comes and goes hits every configuration alike. Beside the 1-minute load average
 before and after, the "others" column is the CPU the *other* processes on the machine used during a
 run, in cores (``/proc/stat`` busy time less this benchmark's own children): on a machine shared with
-other jobs that is what the numbers must be read against.
+other jobs that is what the numbers must be read against. ``--busy N`` adds N processes spinning on one
+core each beside every timed run (not counted as "others"): a busy shared machine, reproducibly.
 
 Run from the repository root, with the shared data beside it::
 
     PYTHONPATH=src .venv/bin/python bench/distributed_scaling.py            # ~6-10 min on 2 cores
     PYTHONPATH=src .venv/bin/python bench/distributed_scaling.py --quick    # ~2 min, one repetition
+    PYTHONPATH=src .venv/bin/python bench/distributed_scaling.py --busy 1   # beside one busy process
     PYTHONPATH=src .venv/bin/python bench/distributed_scaling.py --dry-run  # print the commands only
 """
 
@@ -127,6 +129,7 @@ class Plan:
     threads: int
     models: list[str]
     setups: list[Setup]
+    busy: int = 0  # spinning processes beside every timed run
     skipped: dict[str, str] = field(default_factory=dict)  # setup key -> why
 
 
@@ -158,6 +161,37 @@ def busy_seconds() -> float:
 def children_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+class Spinners:
+    """``n`` processes that each keep one core busy (pure Python) while they are open: a machine
+    shared with a busy job, reproducibly (as in ``bench/threads_under_load.py``)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> Spinners:
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
+        if self.procs:
+            time.sleep(0.3)
+        return self
+
+    def cpu(self) -> float:
+        """CPU seconds the spinners have used so far (``/proc/PID/stat``; 0 where absent)."""
+        total = 0
+        for proc in self.procs:
+            try:
+                fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / os.sysconf("SC_CLK_TCK")
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
 
 
 def load() -> float:
@@ -257,10 +291,13 @@ def run_once(plan: Plan, name: str, setup: Setup, rep: int, attempts: int = 2) -
     for attempt in range(attempts):
         shutil.rmtree(run_dir, ignore_errors=True)
         cmd = pretrain_command(plan, name, setup, run_dir, port=free_port())
-        load_before, busy0, ours0, start = load(), busy_seconds(), children_seconds(), time.perf_counter()
-        proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True)
-        wall = time.perf_counter() - start
-        busy, ours = busy_seconds() - busy0, children_seconds() - ours0
+        with Spinners(plan.busy) as spinners:
+            load_before, busy0, ours0, spun0 = load(), busy_seconds(), children_seconds(), spinners.cpu()
+            start = time.perf_counter()
+            proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True)
+            wall = time.perf_counter() - start
+            busy, ours = busy_seconds() - busy0, children_seconds() - ours0
+            ours += spinners.cpu() - spun0  # the deliberate load is not "other processes"
         log.write_text(shown(cmd) + "\n\n" + proc.stdout + proc.stderr, encoding="utf-8")
         # pentad's own "error:" line is a real failure; anything else from the launcher gets one retry
         if proc.returncode == 0 or "error:" in proc.stderr or attempt == attempts - 1:
@@ -303,29 +340,35 @@ def summarise(plan: Plan, results: list[Result]) -> list[dict[str, Any]]:
             ok = [r for r in mine if r.tokens_per_s]
             ratios = [r.tokens_per_s / ref[r.rep] for r in ok if ref.get(r.rep)]
             others = [r.others_cores for r in mine if r.others_cores is not None]
+            measured = [r for r in ok if r.others_cores is not None]
+            quietest = min(measured, key=lambda r: r.others_cores) if measured else None
             rows.append({
                 "model": name, "setup": setup.key, "label": setup.label,
                 "tokens_per_s": statistics.median([r.tokens_per_s for r in ok]) if ok else None,
                 "ratio": statistics.median(ratios) if ratios else None,
                 "ratio_min": min(ratios) if ratios else None, "ratio_max": max(ratios) if ratios else None,
                 "others_cores": statistics.median(others) if others else None,
+                "quietest": {"tokens_per_s": quietest.tokens_per_s, "others_cores": quietest.others_cores,
+                             "rep": quietest.rep} if quietest else None,
                 "runs": len(ok), "failed": [r.error for r in mine if r.error],
             })
     return rows
 
 
 def table(plan: Plan, rows: list[dict[str, Any]]) -> str:
-    out = ["| model | configuration | tokens/s (median) | vs (a) (median) | vs (a) range | others (cores) | runs |",
-           "|---|---|---:|---:|---:|---:|---:|"]
+    out = ["| model | configuration | tokens/s (median) | vs (a) (median) | vs (a) range | others (cores) "
+           "| quietest run: tokens/s (others) | runs |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if r["setup"] in plan.skipped:
-            out.append(f"| {r['model']} | {r['label']} | skipped: {plan.skipped[r['setup']]} | | | | 0 |")
+            out.append(f"| {r['model']} | {r['label']} | skipped: {plan.skipped[r['setup']]} | | | | | 0 |")
             continue
+        q = r["quietest"]
+        quiet = f"{q['tokens_per_s']:.0f} ({q['others_cores']:.2f})" if q else "-"
         tps = f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "failed"
         ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "-"
         spread = f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}" if r["ratio"] else "-"
         others = f"{r['others_cores']:.2f}" if r["others_cores"] is not None else "-"
-        out.append(f"| {r['model']} | {r['label']} | {tps} | {ratio} | {spread} | {others} | {r['runs']} |")
+        out.append(f"| {r['model']} | {r['label']} | {tps} | {ratio} | {spread} | {others} | {quiet} | {r['runs']} |")
     return "\n".join(out)
 
 
@@ -343,6 +386,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip", type=int, default=1, help="first logged intervals left out of the rate")
     p.add_argument("--batch-size", type=int, default=16, help="global batch (each of 2 ranks takes half)")
     p.add_argument("--seq-length", type=int, default=128)
+    p.add_argument("--busy", type=int, default=0,
+                   help="processes spinning on one core each beside every timed run (a busy shared machine)")
     p.add_argument("--threads", type=int, default=2,
                    help="threads of the reference process (a); each of the 2 ranks gets half")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA,
@@ -374,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan(workdir=args.workdir or Path(tempfile.mkdtemp(prefix="pentad-scaling-")), data=args.data,
                 reps=args.reps, steps=args.steps, log_every=args.log_every, skip=args.skip,
                 batch_size=args.batch_size, seq_length=args.seq_length, threads=args.threads, models=args.models,
-                setups=[s for s in setups(args.threads) if s.key in chosen])
+                setups=[s for s in setups(args.threads) if s.key in chosen], busy=args.busy)
     strategies = available_strategies()
     for s in plan.setups:
         if s.strategy not in strategies:
@@ -389,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
            "command": " ".join(["python", "bench/distributed_scaling.py", *given])}
     print(f"torch {env['torch']}, python {env['python']}, {cores} cores ({env['cpu_capability']}); "
           f"global batch {plan.batch_size} x seq {plan.seq_length}, {plan.steps} steps per run (logged every "
-          f"{plan.log_every}, first {plan.skip} interval(s) left out), {plan.reps} repetition(s), fp32")
+          f"{plan.log_every}, first {plan.skip} interval(s) left out), {plan.reps} repetition(s), fp32"
+          + (f"; {plan.busy} busy process(es) beside every timed run" if plan.busy else ""))
     print("commands" + ("" if args.dry_run else " (of (a) and (c); the others differ in train.threads and "
                                                  "train.strategy, every log in the work directory starts with its own)")
           + ":")
