@@ -92,6 +92,21 @@ def test_zero3_matches_single_resumes_bitwise_and_on_one_process(pretrain_data, 
     assert not list((one / "checkpoints").glob(".*"))  # the universal checkpoint was temporary
 
 
+def test_export_consolidates_a_zero3_run(reference, zero3, tmp_path):
+    # `pentad export` (and init=, convert, generate through find_weights) read ZeRO partitions in one process
+    from pentad.cli.main import main
+    from pentad.training import checkpoint as ckpt
+
+    out = tmp_path / "export"
+    assert main(["export", str(zero3), str(out)]) == 0
+    exported = ckpt.read_weights(out / ckpt.WEIGHTS)
+    whole = ckpt.read_weights(ckpt.find_weights(reference))
+    assert ckpt.find_weights(zero3) == ckpt.checkpoint_dir(zero3, 10)  # the checkpoint directory itself
+    assert sorted(exported) == sorted(whole)  # the tied head stored once
+    # the single run's weights, fp32 rounding apart (measured 6e-8)
+    assert max((exported[k] - whole[k]).abs().max().item() for k in whole) < 1e-5
+
+
 def test_zero3_with_optimizer_and_parameter_offload_matches_single(pretrain_data, reference, tmp_path):
     run = tmp_path / "offload"
     ds_launch(2, *_common(pretrain_data), f"output={run}", "train.strategy=deepspeed", "train.deepspeed.stage=3",

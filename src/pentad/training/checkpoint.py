@@ -7,7 +7,8 @@ weights in one of these formats:
 - ``model.safetensors``: the whole model in one file (``single``, ``ddp``; also ``best/`` and
   ``pentad export``), optimizer state in ``state.pt``;
 - ``dcp/``: a ``torch.distributed.checkpoint`` directory of model and optimizer shards (``fsdp``),
-  with the format's marker in ``state.pt`` (:data:`FORMAT_KEY`).
+  with the format's marker in ``state.pt`` (:data:`FORMAT_KEY`);
+- ``deepspeed/``: DeepSpeed's own checkpoint of ZeRO partitions (``deepspeed``).
 
 :func:`read_checkpoint_weights` returns the whole model's tensors from any of them in one process
 (no process group), which is what ``pentad export``, ``init=``, ``convert`` and ``generate`` read.
@@ -470,10 +471,19 @@ def read_dcp_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def read_deepspeed_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The whole model of a ``deepspeed`` checkpoint (``deepspeed/``: ZeRO partitions), consolidated
+    in this process (:func:`pentad.training.zero_checkpoint.read_weights`; needs the DeepSpeed package)."""
+    from pentad.training import zero_checkpoint
+
+    return zero_checkpoint.read_weights(checkpoint)
+
+
 # Sharded checkpoint formats: the subdirectory of a checkpoint that holds them -> a reader of the whole
 # model's tensors from the checkpoint directory (in one process; tied aliases left out). Another
-# engine's format (DeepSpeed's, say) is one more entry here.
-SHARDED_FORMATS: dict[str, Callable[[Path], dict[str, torch.Tensor]]] = {DCP: read_dcp_weights}
+# engine's format is one more entry here.
+SHARDED_FORMATS: dict[str, Callable[[Path], dict[str, torch.Tensor]]] = {
+    DCP: read_dcp_weights, "deepspeed": read_deepspeed_weights}
 
 
 def write_json(path: Path, data: Any) -> None:
