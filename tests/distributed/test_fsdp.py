@@ -115,12 +115,22 @@ def test_activation_checkpointing_under_fsdp_keeps_the_losses(runs, tmp_path):
     assert max(abs(x - y) for x, y in zip(losses(run), losses(root / "two"))) < 1e-6
 
 
+def test_mixed_precision_gathers_bf16_weights_and_stays_close(runs, tmp_path):
+    root, common = runs
+    run = tmp_path / "bf16"
+    launch(2, *common, f"output={run}", "train.strategy=fsdp", "train.fsdp.param_dtype=bf16")
+    # bf16 forward and backward, fp32 reduction and optimizer: measured 4.6e-4 from fp32 over 10 steps
+    difference = max(abs(x - y) for x, y in zip(losses(run), losses(root / "two")))
+    assert 0 < difference < 1e-2
+    assert ckpt.read_weights(ckpt.find_weights(run))["embedding.word.weight"].dtype == torch.float32
+
+
 def test_finetune_under_fsdp_from_a_sharded_run(runs, english, tmp_path):
     root, _ = runs
     model = [a for a in runs[1] if a.startswith(("model.", "tokenizer."))]
     common = ["finetune", "--config", "bert/tiny", "--task", "classification", *model,
               f"data.train={english['train']}", f"data.dev={english['dev']}", f"data.test={english['test']}",
-              "train.epochs=2", "train.batch_size=8", "train.eval_every=2", "task.head_dropout=0",
+              "train.epochs=2", "train.batch_size=8", "train.grad_accum=2", "train.eval_every=1", "task.head_dropout=0",
               "train.progress=false", "train.tensorboard=false", "train.log_every=1"]
     one, two = tmp_path / "one", tmp_path / "two"
     single(*common, f"init={root / 'two'}", f"output={one}")          # init read through the shards
