@@ -105,6 +105,12 @@ def test_export_of_a_sharded_run_loads_under_single(runs, tmp_path):
     assert main(["export", str(root / "two"), str(out), "--step", "5", "--overwrite"]) == 0
     assert not torch.equal(ckpt.read_weights(out / ckpt.WEIGHTS)["embedding.word.weight"],
                            exported["embedding.word.weight"])
+    assert main(["export", str(root / "two"), str(root / "two"), "--overwrite"]) == 2  # not into the run itself
+    bare = tmp_path / "bare"  # a run directory without checkpoints
+    bare.mkdir()
+    shutil.copy(root / "two" / "config.yaml", bare / "config.yaml")
+    assert main(["export", str(bare), str(tmp_path / "nothing")]) == 2
+    assert not (tmp_path / "nothing").exists()
 
 
 def test_activation_checkpointing_under_fsdp_keeps_the_losses(runs, tmp_path):
