@@ -63,18 +63,17 @@ def test_fsdp_resumes_bitwise_on_the_same_world_size(runs, tmp_path):
 def test_fsdp_reshards_from_two_ranks_to_one_and_from_one_to_two(runs, tmp_path):
     root, common = runs
     reference = losses(root / "two")
-    down = tmp_path / "down"
-    copy_run(root / "two", down, 5)
-    log = tmp_path / "down.log"
-    launch(1, *common, f"output={down}", "train.strategy=fsdp", log=log)
-    assert "resuming 2 process(es)' checkpoint on 1" in log.read_text()
-    assert max(abs(x - y) for x, y in zip(reference, losses(down))) < 1e-5
-    # one rank (world size 1 under torchrun) to step 5, then two ranks to the end
-    up = tmp_path / "up"
-    launch(1, *common, f"output={up}", "train.strategy=fsdp", "train.stop_at=5")
-    assert ckpt.format_marker(ckpt.checkpoint_dir(up, 5))["world_size"] == 1
-    launch(2, *common, f"output={up}", "train.strategy=fsdp")
-    got = losses(up)
+    # the 2-rank checkpoint of step 5 continued by one rank (world size 1 under torchrun) to step 8,
+    # whose checkpoint two ranks continue to the end
+    run = tmp_path / "run"
+    copy_run(root / "two", run, 5)
+    down = launch(1, *common, f"output={run}", "train.strategy=fsdp", "train.stop_at=8")
+    assert "resuming 2 process(es)' checkpoint on 1" in down.stderr
+    assert ckpt.format_marker(ckpt.checkpoint_dir(run, 8))["world_size"] == 1
+    assert max(abs(x - y) for x, y in zip(reference[:8], losses(run))) < 1e-5
+    up = launch(2, *common, f"output={run}", "train.strategy=fsdp")
+    assert "resuming 1 process(es)' checkpoint on 2" in up.stderr
+    got = losses(run)
     assert len(got) == 10 and max(abs(x - y) for x, y in zip(reference, got)) < 1e-5
 
 

@@ -369,14 +369,18 @@ def _dcp_reader(directory: Path) -> Any:
 
     class Unpickler(pickle.Unpickler):
         def find_class(self, module: str, name: str) -> Any:
-            value = super().find_class(module, name) if (
-                module.startswith("torch.distributed.checkpoint.") or module == "pathlib"
-                or (module, name) in {("torch", "Size"), ("torch.serialization", "_get_layout"),
+            allowed = (
+                (module == "torch.distributed.checkpoint.metadata" and not name.startswith("__"))
+                or (module, name) in {("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+                                      ("torch", "Size"), ("torch.serialization", "_get_layout"),
                                       ("collections", "OrderedDict")}
-                or (module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
-                                                                                   torch.memory_format)))
-            ) else None
-            if value is None:
+                or (module == "pathlib" and name in {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"})
+                or (module == "torch" and isinstance(getattr(torch, name, None),
+                                                     (torch.dtype, torch.layout, torch.memory_format))))
+            value = super().find_class(module, name) if allowed else None
+            # from the metadata module, only its record classes (dataclasses, enums), not what it imports
+            if value is None or (module.endswith(".metadata") and not (
+                    isinstance(value, type) and value.__module__ == module)):
                 raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
             return value
 
@@ -440,7 +444,7 @@ def _dcp_error(directory: Path, error: BaseException) -> BaseException:
         return UserError(f"sharded checkpoint {directory} is truncated or corrupt and cannot be read "
                          f"({type(error).__name__}: {text}); use an earlier checkpoint")
     if isinstance(error, (RuntimeError, ValueError, KeyError, AssertionError)) and any(
-            key in str(error) for key in ("Missing key", "missing", "mismatch", "Size", "size")):
+            key in str(error) for key in ("Missing key", "mismatch", "does not match")):
         return UserError(f"sharded checkpoint {directory} does not match this model and optimizer (was it "
                          f"trained with another config?): {text}")
     return error

@@ -66,6 +66,10 @@ def test_metadata_with_a_foreign_object_is_refused_not_unpickled(tmp_path):
     (tmp_path / ckpt.DCP / ".metadata").write_bytes(evil)
     with pytest.raises(UserError, match="unreadable .metadata.*os.system is not part"):
         ckpt.read_checkpoint_weights(tmp_path)
+    # nor what DCP's metadata module imports (it imports os)
+    (tmp_path / ckpt.DCP / ".metadata").write_bytes(b"ctorch.distributed.checkpoint.metadata\nos\n.")
+    with pytest.raises(UserError, match="metadata.os is not part"):
+        ckpt.read_checkpoint_weights(tmp_path)
     assert pickle.loads(pickle.dumps(1)) == 1  # (the module's own pickle use is untouched)
 
 
