@@ -21,9 +21,7 @@ consolidates one into a single state dict for ``pentad export`` (DeepSpeed's ``z
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import json
 import sys
 import warnings
@@ -180,10 +178,8 @@ class DeepSpeedStrategy(Strategy):
             print("DeepSpeed on the CPU: its first start on this machine compiles its shared-memory "
                   "communication op (about 1.5 minutes; cached in TORCH_EXTENSIONS_DIR)", file=sys.stderr)
         optimizer = make_optimizer(model)
-        # (its op loader prints "... built successfully" on every rank and every start)
-        with contextlib.redirect_stdout(io.StringIO()):
-            engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.config,
-                                                   dist_init_required=False)
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.config,
+                                               dist_init_required=False)
         self.engine = engine
         self.model = engine
         self.module = engine.module

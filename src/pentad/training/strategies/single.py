@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pentad.errors import UserError
 from pentad.training import checkpoint as ckpt
 from pentad.training.strategies.base import STRATEGIES, OptimizerFactory, Strategy
 
@@ -53,6 +54,11 @@ class SingleStrategy(Strategy):
             from pentad.training.strategies.fsdp import load_sharded
 
             return load_sharded(self.module, self.optimizer, directory)
+        if ckpt.checkpoint_format(directory) == "deepspeed":
+            raise UserError(f"checkpoint {directory} was written by the deepspeed strategy (ZeRO partitions of the "
+                            "optimizer state): resume it with train.strategy=deepspeed (any number of processes), "
+                            "or continue from its weights with a fresh optimizer: pentad export RUN OUT, then "
+                            "init=OUT in a new run directory")
         ckpt.load_weights(self.module, ckpt.read_weights(directory / ckpt.WEIGHTS), str(directory))
         state = ckpt.load_state(directory)
         self.optimizer.load_state_dict(state.pop("optimizer"))
