@@ -303,7 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except UserError as e:
-        print(f"pentad {args.command}: error: {e}", file=sys.stderr)
+        if not getattr(e, "echo", False):  # a rank repeating the main rank's error stays quiet
+            print(f"pentad {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
     except Interrupted as e:
         if os.environ.get("RANK", "0") == "0":  # every rank stops alike; one says so

@@ -55,6 +55,12 @@ class Dist:
     def active(self) -> bool:
         return self.backend is not None
 
+    def error(self, message: str) -> UserError:
+        """A UserError that every rank raises alike: only the main rank prints it (``echo``)."""
+        error = UserError(message)
+        error.echo = not self.is_main
+        return error
+
     # -------------------------------------------------------------- collectives (no-ops alone)
     def barrier(self) -> None:
         if self.active:
@@ -100,7 +106,7 @@ class Dist:
             for rank, d in enumerate(digests):
                 groups.setdefault(d, []).append(rank)
             listing = "; ".join(f"ranks {', '.join(map(str, r))}" for r in groups.values())
-            raise UserError(f"the {what} differs between ranks ({listing} agree among themselves): every process "
+            raise self.error(f"the {what} differs between ranks ({listing} agree among themselves): every process "
                             "of a run must be started with the same config, overrides and files, or the ranks "
                             "would silently train different things")
 

@@ -69,11 +69,12 @@ class Session:
             if threads:
                 torch.set_num_threads(threads)
             self.dist.check_same("resolved config", self.cfg.model_dump(mode="json"))
-            if train.batch_size % self.dist.world_size:
-                raise UserError(f"train.batch_size={train.batch_size} is not divisible by the {self.dist.world_size} "
-                                f"processes of this launch: train.batch_size is the micro-batch of all processes "
-                                f"together, each rank taking batch_size/{self.dist.world_size}; use a multiple of "
-                                f"{self.dist.world_size}")
+            world = self.dist.world_size
+            if train.batch_size % world:
+                raise self.dist.error(
+                    f"train.batch_size={train.batch_size} is not divisible by the {world} processes of this launch: "
+                    f"train.batch_size is the micro-batch of all processes together, each rank taking "
+                    f"batch_size/{world}; use a multiple of {world}")
             self.on_main(self._take_lock)
             self.strategy = strategy_cls(train, self.dist)
             if self.dist.world_size > 1 or self.dist.launched:
@@ -124,7 +125,7 @@ class Session:
                 raise
         outcome = self.dist.broadcast_object(outcome)
         if outcome[0] == "error":
-            raise UserError(outcome[1])
+            raise self.dist.error(outcome[1])
         return outcome[1]
 
     def seed(self) -> None:

@@ -276,7 +276,7 @@ class Trainer:
                 choice["path"] = str(latest) if latest is not None else None
         choice = self.dist.broadcast_object(choice)
         if "error" in choice:
-            raise UserError(choice["error"])
+            raise self.dist.error(choice["error"])
         return (Path(choice["path"]) if choice["path"] else None), choice["available"]
 
     def resume(self, config_changes: dict[str, tuple[Any, Any]] | None = None) -> bool:
