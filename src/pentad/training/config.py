@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -26,7 +27,7 @@ class DeepSpeedConfig(StrictModel):
                                     "3 also parameters")
     offload_optimizer: bool = Field(False, description="keep optimizer state (and its step) in CPU memory")
     offload_parameters: bool = Field(False, description="stage 3: keep parameters in CPU memory")
-    config: str | None = Field(None, description="a DeepSpeed JSON file for other engine settings; pentad fills "
+    config: Path | None = Field(None, description="a DeepSpeed JSON file for other engine settings; pentad fills "
                                "batch size, accumulation, clipping and precision from train.* and refuses a "
                                "file that contradicts them")
 
