@@ -118,3 +118,40 @@ def to_universal(checkpoint: Path, out: Path) -> None:
                               inject_missing_state=True)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its progress
         ds_to_universal.main(args)
+
+
+def read_adam_states(checkpoint: Path, names: list[str]) -> tuple[torch.Tensor, dict[str, dict[str, torch.Tensor]]]:
+    """Adam's step and each named parameter's whole moments (``exp_avg``, ``exp_avg_sq``) of a
+    ``deepspeed`` checkpoint, in this process: for a strategy that keeps the whole optimizer state
+    (``single``, ``ddp``) resuming a ``deepspeed`` run. Converted through DeepSpeed's universal
+    checkpoint in a temporary directory beside the checkpoint; every file read with ``weights_only=True``."""
+    import shutil
+    import tempfile
+
+    staged = Path(tempfile.mkdtemp(dir=checkpoint.parent, prefix=f".{checkpoint.name}.universal."))
+    try:
+        to_universal(checkpoint, staged / UNIVERSAL_TAG)
+        root = staged / UNIVERSAL_TAG / "zero"
+        # ZeRO-1/2 keep a step per parameter (step.pt), ZeRO-3 one per partition (optimizer_state.pt)
+        steps = [torch.load(path, map_location="cpu", weights_only=True) for path in root.glob("*/step.pt")]
+        if not steps:
+            with torch.serialization.safe_globals(_record_classes()):
+                common = torch.load(root / "optimizer_state.pt", map_location="cpu", weights_only=True)
+            state = (common.get("optimizer_state_dict") or {}).get("state") or {}
+            steps = [s["step"] for s in state.values() if "step" in s]
+        if not steps:
+            raise UserError(f"DeepSpeed checkpoint {checkpoint} holds no optimizer step (was it saved before the "
+                            "first step?)")
+        moments: dict[str, dict[str, torch.Tensor]] = {}
+        for name in names:
+            moments[name] = {}
+            for key in ("exp_avg", "exp_avg_sq"):
+                path = root / name / f"{key}.pt"
+                if not path.is_file():
+                    raise UserError(f"DeepSpeed checkpoint {checkpoint} has no {key} for {name}: it was written "
+                                    "for another model")
+                value = torch.load(path, map_location="cpu", weights_only=True)
+                moments[name][key] = value["param"] if isinstance(value, dict) else value
+        return torch.as_tensor(max(float(s) for s in steps), dtype=torch.float32), moments
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)

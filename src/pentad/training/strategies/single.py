@@ -18,7 +18,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from pentad.errors import UserError
 from pentad.training import checkpoint as ckpt
 from pentad.training.strategies.base import STRATEGIES, OptimizerFactory, Strategy
 
@@ -54,14 +53,30 @@ class SingleStrategy(Strategy):
             from pentad.training.strategies.fsdp import load_sharded
 
             return load_sharded(self.module, self.optimizer, directory)
-        if ckpt.checkpoint_format(directory) == "deepspeed":
-            raise UserError(f"checkpoint {directory} was written by the deepspeed strategy (ZeRO partitions of the "
-                            "optimizer state): resume it with train.strategy=deepspeed (any number of processes), "
-                            "or continue from its weights with a fresh optimizer: pentad export RUN OUT, then "
-                            "init=OUT in a new run directory")
+        if ckpt.checkpoint_format(directory) == "deepspeed":  # a deepspeed run's: its partitions made whole
+            return self._load_deepspeed(directory)
         ckpt.load_weights(self.module, ckpt.read_weights(directory / ckpt.WEIGHTS), str(directory))
         state = ckpt.load_state(directory)
         self.optimizer.load_state_dict(state.pop("optimizer"))
+        return state
+
+    def _load_deepspeed(self, directory: Path) -> dict[str, Any]:
+        """A ``deepspeed`` checkpoint: the whole fp32 weights and Adam moments consolidated from its
+        ZeRO partitions (every rank reads them), in this optimizer's own state format."""
+        from pentad.training import zero_checkpoint
+
+        ckpt.load_weights(self.module, ckpt.read_checkpoint_weights(directory), str(directory))
+        names = {id(p): n for n, p in self.module.named_parameters()}
+        order = [p for group in self.optimizer.param_groups for p in group["params"]]
+        step, moments = zero_checkpoint.read_adam_states(directory, [names[id(p)] for p in order])
+        saved = self.optimizer.state_dict()
+        saved["state"] = {i: {"step": step.clone(), **{k: v.to(p.device, p.dtype).reshape(p.shape)
+                                                        for k, v in moments[names[id(p)]].items()}}
+                          for i, p in enumerate(order)}
+        self.optimizer.load_state_dict(saved)
+        state = ckpt.load_state(directory)
+        for key in ("strategy", "zero_stage", "weights_metadata"):
+            state.pop(key, None)
         return state
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
