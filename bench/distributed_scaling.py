@@ -35,6 +35,7 @@ Run from the repository root, with the shared data beside it::
     PYTHONPATH=src .venv/bin/python bench/distributed_scaling.py --quick    # ~2 min, one repetition
     PYTHONPATH=src .venv/bin/python bench/distributed_scaling.py --busy 1   # beside one busy process
     PYTHONPATH=src .venv/bin/python bench/distributed_scaling.py --dry-run  # print the commands only
+    PYTHONPATH=src .venv/bin/python bench/distributed_scaling.py --pool a.json b.json  # runs grouped by load
 """
 
 from __future__ import annotations
@@ -355,6 +356,38 @@ def summarise(plan: Plan, results: list[Result]) -> list[dict[str, Any]]:
     return rows
 
 
+def pooled(paths: list[Path], quiet: float = 0.25, busy: float = 1.0) -> str:
+    """The runs of several ``--json`` files grouped by the other processes' CPU during each run: the
+    median tokens/s of the runs with less than ``quiet`` cores of other load, and of those with at least
+    ``busy``, each with its ratio to the median of (a) in the same group."""
+    runs = [r for path in paths for r in json.loads(path.read_text())["runs"]
+            if r["tokens_per_s"] and r["others_cores"] is not None]
+    labels = {s.key: s.label for s in setups(2)}
+    for path in paths:  # the labels of the files' own --threads
+        labels.update({row["setup"]: row["label"] for row in json.loads(path.read_text())["summary"]})
+    groups = ((f"others < {quiet:g} cores", lambda c: c < quiet), (f"others >= {busy:g} cores", lambda c: c >= busy))
+    out = [f"pooled over {len(paths)} file(s), {len(runs)} runs",
+           "| model | configuration | " + " | ".join(f"{g}: runs, tokens/s, vs (a)" for g, _ in groups) + " |",
+           "|---|---|" + "---:|" * len(groups)]
+    models = sorted({r["model"] for r in runs}, key=list(WORKLOADS).index)
+    keys = [k for k in labels if any(r["setup"] == k for r in runs)]
+    for model in models:
+        cells: dict[str, list[str]] = {k: [] for k in keys}
+        for _, test in groups:
+            medians = {k: statistics.median(xs) for k in keys
+                       if (xs := [r["tokens_per_s"] for r in runs
+                                  if r["model"] == model and r["setup"] == k and test(r["others_cores"])])}
+            counts = {k: sum(r["model"] == model and r["setup"] == k and test(r["others_cores"]) for r in runs)
+                      for k in keys}
+            ref = medians.get("1x2")
+            for k in keys:
+                cells[k].append("-" if k not in medians else
+                                f"{counts[k]}, {medians[k]:.0f}, {medians[k] / ref:.2f}" if ref else
+                                f"{counts[k]}, {medians[k]:.0f}, -")
+        out += [f"| {model} | {labels[k]} | " + " | ".join(cells[k]) + " |" for k in keys]
+    return "\n".join(out)
+
+
 def table(plan: Plan, rows: list[dict[str, Any]]) -> str:
     out = ["| model | configuration | tokens/s (median) | vs (a) (median) | vs (a) range | others (cores) "
            "| quietest run: tokens/s (others) | runs |", "|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -395,6 +428,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workdir", type=Path, default=None, help="keep vocabularies, datasets and logs here")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the results as JSON")
     p.add_argument("--dry-run", action="store_true", help="print the plan and the commands, run nothing")
+    p.add_argument("--pool", type=Path, nargs="+", default=None, metavar="JSON",
+                   help="run nothing: group the runs of earlier --json files by the other processes' load")
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
@@ -415,6 +450,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.pool:
+        print(pooled(args.pool))
+        return 0
     chosen = ["1x2"] + [c for c in args.configs if c != "1x2"]
     plan = Plan(workdir=args.workdir or Path(tempfile.mkdtemp(prefix="pentad-scaling-")), data=args.data,
                 reps=args.reps, steps=args.steps, log_every=args.log_every, skip=args.skip,

@@ -57,3 +57,20 @@ def test_rate_leaves_out_the_first_intervals(bench, tmp_path) -> None:
     assert rate == pytest.approx(1500.0)  # equal-step intervals: all tokens over all time
     assert bench.read_rate(tmp_path, skip=3) == (None, intervals)
     assert bench.read_rate(tmp_path / "absent", skip=1) == (None, [])
+
+
+def test_pool_groups_runs_by_the_other_processes_load(bench, tmp_path, capsys) -> None:
+    def run(setup: str, tps: float, others: float) -> dict:
+        return {"model": "gpt2", "setup": setup, "tokens_per_s": tps, "others_cores": others}
+
+    first = {"summary": [], "runs": [run("1x2", 3000, 0.1), run("ddp", 3300, 0.0), run("1x2", 1000, 1.2),
+                                     run("ddp", 1500, 1.5), run("ddp", 2000, 0.5), run("fsdp", None, 0.0)]}
+    second = {"summary": [], "runs": [run("1x2", 1200, 1.0), run("ddp", 1900, 1.1)]}
+    paths = [tmp_path / "1.json", tmp_path / "2.json"]
+    for path, data in zip(paths, (first, second)):
+        path.write_text(json.dumps(data))
+    assert bench.main(["--pool", *map(str, paths)]) == 0
+    out = capsys.readouterr().out
+    assert "pooled over 2 file(s), 7 runs" in out  # the failed run is left out
+    assert "| gpt2 | (a) 1 process x 2 threads | 1, 3000, 1.00 | 2, 1100, 1.00 |" in out
+    assert "| gpt2 | (c) 2 ranks x 1 thread ddp | 1, 3300, 1.10 | 2, 1700, 1.55 |" in out  # 0.5 cores: neither
