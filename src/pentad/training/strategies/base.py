@@ -89,15 +89,22 @@ class Strategy(ABC):
         (engines with ``no_sync`` skip the gradient reduction before it)."""
         yield
 
-    @abstractmethod
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of one micro-batch's loss (already divided by ``grad_accum``)."""
+        loss.backward()
 
-    @abstractmethod
     def step(self, clip_grad_norm: float | None) -> torch.Tensor | None:
         """Clip the gradients (when ``clip_grad_norm`` is set), step the optimizer and zero the
         gradients; returns the total gradient norm before clipping (a tensor, no host sync), or
-        None when not clipping."""
+        None when not clipping. Engines whose parameters are torch tensors or DTensors share this."""
+        norm = None
+        if clip_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip_grad_norm)
+            if hasattr(norm, "full_tensor"):  # a DTensor (sharded parameters): the norm over every rank's shards
+                norm = norm.full_tensor()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
 
     # ------------------------------------------------------------------ state
     @abstractmethod

@@ -96,19 +96,6 @@ class FsdpStrategy(Strategy):
         finally:
             self.model.set_requires_gradient_sync(True)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
-
-    def step(self, clip_grad_norm: float | None) -> torch.Tensor | None:
-        norm = None
-        if clip_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip_grad_norm)
-            if hasattr(norm, "full_tensor"):  # a DTensor: the norm over every rank's shards
-                norm = norm.full_tensor()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return norm
-
     # ------------------------------------------------------------------ state
     def _aliases(self) -> list[str]:
         return [head for head, _ in getattr(self.module, "tied", [])]

@@ -31,17 +31,6 @@ class SingleStrategy(Strategy):
         self.optimizer = make_optimizer(self.module)
         return self.model
 
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
-
-    def step(self, clip_grad_norm: float | None) -> torch.Tensor | None:
-        norm = None
-        if clip_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return norm
-
     # ------------------------------------------------------------------ state
     def save(self, directory: Path, state: dict[str, Any], metadata: dict[str, str]) -> None:
         if self.dist.is_main:
