@@ -15,8 +15,9 @@ from pentad.registry import TASKS
 from pentad.runs import absolute_paths, complete_vocab, info, load_run, load_tokenizer
 from pentad.tasks.base import EpochBatches
 from pentad.training import checkpoint as ckpt
+from pentad.training.distributed import pick_device
 from pentad.training.session import Session
-from pentad.training.trainer import pick_device, plot_losses
+from pentad.training.trainer import plot_losses
 
 LABELS = "labels.json"
 RESULTS = "results.json"

@@ -139,7 +139,7 @@ def connect(strategy: str, device_choice: str, backend_choice: str = "auto", tim
                 "rank: `torchrun --nproc_per_node=N -m pentad pretrain ...` (N processes on this machine; N=1 "
                 "is fine), or the deepspeed launcher. A plain `pentad pretrain` is one process: use "
                 "train.strategy=single there")
-        device = _pick_device(device_choice, 0)
+        device = pick_device(device_choice, 0)
         _check_backend(backend_choice, device)
         return Dist(device=device)
     rank, world = _int_env(environ, "RANK"), _int_env(environ, "WORLD_SIZE")
@@ -151,7 +151,7 @@ def connect(strategy: str, device_choice: str, backend_choice: str = "auto", tim
     if strategy == "single" and world > 1:
         raise UserError(f"train.strategy=single but the launcher started {world} processes: use train.strategy=ddp "
                         "(or fsdp, deepspeed) to train one model on all of them, or start one process")
-    device = _pick_device(device_choice, local_rank)
+    device = pick_device(device_choice, local_rank)
     backend = _check_backend(backend_choice, device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -165,7 +165,9 @@ def connect(strategy: str, device_choice: str, backend_choice: str = "auto", tim
     return dist
 
 
-def _pick_device(choice: str, local_rank: int) -> torch.device:
+def pick_device(choice: str, local_rank: int = 0) -> torch.device:
+    """``train.device`` (auto, cpu, cuda) for the process with this local rank: ``cuda:LOCAL_RANK``
+    when a GPU is chosen or available, else the CPU."""
     if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
             raise UserError("train.device=cuda but no CUDA device is available; use train.device=auto (or cpu)")

@@ -26,19 +26,13 @@ from pentad.errors import Interrupted, RankFailure, UserError
 from pentad.model import total_loss
 from pentad.training import checkpoint as ckpt
 from pentad.training.config import TrainConfig
+from pentad.training.distributed import Dist, describe_failure, pick_device
 from pentad.training.optim import build_optimizer, build_schedule
 from pentad.training.recompute import checkpoint_blocks
 from pentad.training.strategies.base import Strategy
+from pentad.training.strategies.single import SingleStrategy
 
 BatchStream = Callable[[int], Iterator[Batch]]  # start micro-batch index -> batches from there
-
-
-def pick_device(choice: str) -> torch.device:
-    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise UserError("train.device=cuda but no CUDA device is available; use train.device=auto")
-        return torch.device("cuda")
-    return torch.device("cpu")
 
 
 def batch_tokens(batch: Batch) -> torch.Tensor:
@@ -190,11 +184,8 @@ class Trainer:
     def __init__(self, model: nn.Module, cfg: TrainConfig, run_dir: Path, total_steps: int,
                  strategy: Strategy | None = None, weights_metadata: dict[str, str] | None = None,
                  description: str = "train"):
-        if strategy is None:
-            from pentad.training.distributed import Dist
-            from pentad.training.strategies import STRATEGIES
-
-            strategy = STRATEGIES.get("single")(cfg, Dist(device=pick_device(cfg.device)))
+        if strategy is None:  # one process, as a library caller builds it
+            strategy = SingleStrategy(cfg, Dist(device=pick_device(cfg.device)))
         self.strategy = strategy
         self.dist = strategy.dist
         self.device = strategy.device
@@ -398,8 +389,6 @@ class Trainer:
             raise
         except Exception as e:
             if self.dist.world_size > 1 and _is_collective_failure(e):
-                from pentad.training.distributed import describe_failure
-
                 latest = ckpt.latest_checkpoint(self.run_dir)
                 raise RankFailure(
                     f"rank {self.dist.rank}: the run lost contact with other ranks at step {self.step + 1} "
