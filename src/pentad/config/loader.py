@@ -4,8 +4,6 @@ then ``key.path=value`` overrides, then strict validation reporting every proble
 from __future__ import annotations
 
 import json
-import types
-import typing
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -13,6 +11,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from pentad.config.schema import class_at
 from pentad.errors import ConfigError, ConfigProblem, UserError, closest
 
 ZOO_PREFIX = "zoo:"
@@ -127,47 +126,6 @@ def _list_item(node: list, key: str, keys: list[str], source: str) -> Any:
 
 
 # ------------------------------------------------------------------------------------ validation
-def _unwrap(annotation: Any) -> list[Any]:
-    """The concrete classes an annotation may hold (through Optional, Union, Annotated, list)."""
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return _unwrap(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType):
-        out: list[Any] = []
-        for arg in typing.get_args(annotation):
-            out += _unwrap(arg)
-        return out
-    return [annotation]
-
-
-def _class_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The config class at ``loc`` of a pydantic error (loc includes union tags)."""
-    current: list[Any] = [root]
-    for part in loc:
-        models = [c for c in current if isinstance(c, type) and issubclass(c, BaseModel)]
-        lists = [c for c in current if typing.get_origin(c) in (list, tuple)]
-        if isinstance(part, int) and lists:
-            current = []
-            for c in lists:
-                for arg in typing.get_args(c):
-                    current += _unwrap(arg)
-            continue
-        tagged = [m for m in models if m.model_fields.get("type") is not None
-                  and m.model_fields["type"].default == part]
-        if tagged:
-            current = tagged
-            continue
-        nxt: list[Any] = []
-        for m in models:
-            if part in m.model_fields:
-                nxt += _unwrap(m.model_fields[part].annotation)
-        if not nxt:
-            return None
-        current = nxt
-    models = [c for c in current if isinstance(c, type) and issubclass(c, BaseModel)]
-    return models[0] if len(models) == 1 else None
-
-
 def _data_path(raw: Any, loc: tuple[Any, ...]) -> str:
     """The dotted path a user wrote, i.e. ``loc`` without the union tags pydantic inserts."""
     parts: list[str] = []
@@ -205,7 +163,7 @@ def problems_from_validation(error: ValidationError, raw: dict[str, Any], root: 
         kind = err["type"]
         source = source_of(path)
         if kind == "extra_forbidden":
-            parent = _class_at(root, loc[:-1])
+            parent = class_at(root, loc[:-1])
             fields = list(parent.model_fields) if parent is not None else []
             problems.append(ConfigProblem(path, "unknown key" + (f"; valid keys here: {', '.join(fields)}"
                                                                   if fields else ""),

@@ -8,19 +8,9 @@ from typing import Any, Literal
 from pydantic import Field, create_model
 
 from pentad.config.base import StrictModel
+from pentad.config.embedding import embedding_config_class
 from pentad.config.unions import registry_union
-from pentad.layers.norms import NORM_DESCRIPTION, NORM_KINDS
-from pentad.registry import DECODERS, EMBEDDINGS, ENCODERS, TARGETS
-
-
-class EmbeddingConfigBase(StrictModel):
-    """An embedding slot: parts are summed, then optional LayerNorm, then dropout."""
-
-    norm: bool = Field(True, description="LayerNorm after summing the parts (off for GPT-2)")
-    norm_kind: Literal[NORM_KINDS] = Field(  # type: ignore[valid-type]
-        "layernorm", description=f"kind of that norm: {NORM_DESCRIPTION}")
-    layer_norm_eps: float = Field(1e-12, gt=0.0)
-    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+from pentad.registry import DECODERS, ENCODERS, TARGETS
 
 
 class ModelConfigBase(StrictModel):
@@ -54,10 +44,7 @@ def model_config_class() -> Any:
     """``ModelConfig``, with its slot unions built from the registries (components imported first)."""
     import pentad.components  # noqa: F401  (registers every component)
 
-    embedding = create_model(
-        "EmbeddingConfig", __base__=EmbeddingConfigBase,
-        parts=(list[registry_union(EMBEDDINGS)], Field(..., min_length=1,
-                                                       description="summed embedding parts")))
+    embedding = embedding_config_class()
     return create_model(
         "ModelConfig", __base__=ModelConfigBase,
         embedding=(embedding, ...),

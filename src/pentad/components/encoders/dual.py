@@ -33,12 +33,15 @@ from functools import cache
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import torch
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, create_model
 from pydantic_core import PydanticCustomError, core_schema
 from torch import Tensor, nn
 
 from pentad.components.base import Batch, Encoder, PooledPair
 from pentad.config.base import StrictModel
+from pentad.config.embedding import embedding_config_class
+from pentad.config.schema import class_at
+from pentad.config.unions import registry_union
 from pentad.errors import closest
 from pentad.layers.pooling import PoolingKind, pool
 from pentad.registry import ENCODERS
@@ -58,15 +61,10 @@ def _nested_adapter(kind: str) -> tuple[TypeAdapter, type[BaseModel]]:
     Built on first use, when every component has registered; the holder model (one field
     ``value``) lets ``pentad.config.loader`` find the config class at an error's location.
     """
-    from pydantic import create_model
-
-    from pentad.config.model import model_config_class
-    from pentad.config.unions import registry_union
-
     if kind == "encoder":
         annotation: Any = registry_union(ENCODERS)
     else:
-        annotation = model_config_class().model_fields["embedding"].annotation
+        annotation = embedding_config_class()
     holder = create_model(f"Nested{kind.title()}", value=(annotation, ...))
     return TypeAdapter(annotation), holder
 
@@ -84,15 +82,13 @@ def _validate_nested(kind: str, value: Any) -> Any:
 def _with_valid_keys(error: ValidationError, holder: type[BaseModel]) -> ValidationError:
     """``error`` with each unknown key's message listing the valid keys there (the config loader
     cannot see through a lazily typed field to find them itself)."""
-    from pentad.config.loader import _class_at
-
     details: list[Any] = []
     for err in error.errors():
         detail = {"type": err["type"], "loc": err["loc"], "input": err.get("input")}
         if "ctx" in err:
             detail["ctx"] = err["ctx"]
         if err["type"] == "extra_forbidden":
-            parent = _class_at(holder, ("value", *err["loc"][:-1]))
+            parent = class_at(holder, ("value", *err["loc"][:-1]))
             keys = list(parent.model_fields) if parent is not None else []
             hint = closest(str(err["loc"][-1]), keys)
             text = "unknown key" + (f"; valid keys here: {', '.join(keys)}" if keys else "")
