@@ -120,9 +120,17 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
         return {"stopped_at": trainer.step}
     results: dict[str, Any] = {"best_step": best.step, "seconds": round(time.perf_counter() - start, 1)}
     if best.step != trainer.step:  # the model in memory is the last step's; evaluate the best one
-        weights = session.on_main(lambda: ckpt.read_weights(best.weights)) if session.strategy.sharded \
-            else ckpt.read_weights(best.weights)
-        trainer.strategy.load_full_state_dict(weights if session.is_main or not session.strategy.sharded else None)
+        weights = None
+        if session.strategy.sharded:  # the main rank reads, the strategy sends each rank its shards
+
+            def read() -> None:
+                nonlocal weights
+                weights = ckpt.read_weights(best.weights)
+
+            session.on_main(read)
+        else:
+            weights = ckpt.read_weights(best.weights)
+        trainer.strategy.load_full_state_dict(weights)
     for name in evaluation:
         if name == "dev" and best.metrics:  # scored when it was chosen; evaluation is deterministic
             results[name] = best.metrics

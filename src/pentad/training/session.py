@@ -147,7 +147,7 @@ class Session:
             def load() -> list[str]:
                 return ckpt.load_weights(model, ckpt.read_weights(ckpt.find_weights(Path(init))), str(init),
                                          **load_options)
-            notes = self.on_main(load) if on_meta or self.strategy.sharded else load()
+            notes = self.on_main(load) if self.strategy.sharded else load()
             for note in notes:
                 runs.info(note)
         if self.dist.world_size > 1:  # dropout: each rank its own random stream
