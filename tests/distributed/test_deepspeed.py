@@ -176,6 +176,7 @@ def test_finetune_under_zero3_matches_single(english, pretrain_data, tmp_path): 
 
 
 ROUNDTRIP = """
+import os
 import sys
 import torch
 from torch import nn
@@ -220,6 +221,8 @@ else:
     assert full is None
 strategy.close()
 dist.close()
+sys.stdout.flush()
+os._exit(0)  # as pentad's own entry point does under a launcher (pentad/__main__.py)
 """
 
 
