@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import yaml
 
 from pentad.config.loader import dump_config, validate_raw
 from pentad.errors import UserError
+from pentad.log import info, set_quiet  # noqa: F401  (re-exported: callers use runs.info)
 from pentad.training.checkpoint import atomic_write_text, remove_temporaries, write_json
 
 CONFIG = "config.yaml"
@@ -28,19 +28,6 @@ TARGET_TOKENIZER_DIR = "target_tokenizer"
 LOCK = ".lock"
 
 
-_QUIET = False
-
-
-def info(message: str) -> None:
-    """A progress message on stderr (silent on the ranks of a distributed run other than the main one)."""
-    if not _QUIET:
-        print(message, file=sys.stderr, flush=True)
-
-
-def set_quiet(quiet: bool) -> None:
-    """Silence :func:`info` in this process (a distributed run's ranks other than the main one)."""
-    global _QUIET
-    _QUIET = quiet
 
 
 # Descriptors of the run locks this process holds. A forked child (a DataLoader worker) shares the

@@ -84,7 +84,7 @@ def test_separate_pairs_become_two_streams(english):
 
     tokenizer = load_tokenizer({"type": "wordpiece", "vocab": str(english["vocab"])})
     cfg = load_config("sbert/base")
-    task = TASKS.get("classification")(cfg.task, tokenizer, seq_length=6, label_map=LabelMap(["0", "1"], True))
+    task = TASKS.get("classification")(cfg.task, tokenizer, seq_length=6, state=LabelMap(["0", "1"], True).to_dict())
     assert {"pair.tokens", "pair.padding_mask"} <= task.provides
     assert task.head_configs()[0]["type"] == "pair_cls" and task.head_configs()[0]["name"] == "cls"
     rows = [TsvRow(2, "the film was a delight", "nothing works", "1"), TsvRow(3, "the ending", "a warm comedy", "0")]

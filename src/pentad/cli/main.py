@@ -106,8 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("schema", help="print the JSON Schema of run configs (for editor completion)")
     p = sub.add_parser("list", help="list registered components or zoo recipes")
     p.add_argument("kind", choices=KINDS)
-    p.add_argument("--table", action="store_true", help="zoo only: the Markdown table of docs/zoo.md "
-                   "(modules per slot, objective, parameters, published figure)")
+    p.add_argument("--table", action="store_true", help="zoo and tasks: the Markdown table of docs/zoo.md "
+                   "(modules per slot, objective, parameters, published figure) or docs/tasks.md")
     p = sub.add_parser("vocab", help="vocabulary tools")
     vsub = p.add_subparsers(dest="vocab_command", required=True, metavar="ACTION")
     b = vsub.add_parser("build", help="train a WordPiece or BPE vocabulary on a corpus")
@@ -252,6 +252,13 @@ def _list(kind: str, table: bool = False) -> int:
 
         print(markdown())
         return 0
+    if kind == "tasks":
+        from pentad.tasks import catalog
+
+        print(catalog.markdown() if table else catalog.text())
+        return 0
+    if table:
+        raise UserError(f"--table is for `pentad list zoo` and `pentad list tasks`, not {kind}")
     if kind == "zoo":
         from pentad.config.loader import load_config, zoo_names
 

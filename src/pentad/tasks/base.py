@@ -1,35 +1,123 @@
-"""What every downstream task shares: batching in-memory instances, evaluation, metrics."""
+"""The task contract (:class:`Task`) and what tasks share: batching in-memory instances, evaluation, metrics."""
 
 from __future__ import annotations
 
 import math
 import sys
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from pentad.components.base import Batch
+from pentad.config.base import StrictModel
 
 
-class Task:
-    """A downstream task: reads its files, names its head, evaluates and writes predictions.
+class TaskConfig(StrictModel):
+    """What every task's config has besides its own keys (``type`` and ``metric`` are declared by
+    each task, ``metric`` as a ``Literal`` of the metrics it reports)."""
 
-    ``provides``: the Batch fields its batches fill (as for objectives), checked against the model.
+    probabilities: bool = Field(False, description="inference also writes the predictions' probabilities")
+
+
+class Task(ABC):
+    """The contract between a downstream task and the runner (``pentad finetune`` / ``pentad infer``).
+
+    The runner calls exactly these members and nothing else of a task: it contains no task-specific
+    code. A task is one file: a config class (``Config``, a :class:`TaskConfig` with a ``type``
+    literal and a ``metric``), this class registered in ``TASKS``, and its docs line.
+
+    Life of a fine-tune: ``Task(cfg, tokenizer, seq_length)`` -> :meth:`fit` on the training file
+    (label maps, vocabularies) -> :meth:`state` is saved in the run -> :meth:`head_configs` replace the
+    pre-training targets -> :meth:`read` each file -> batches from :meth:`collate` train the model ->
+    :meth:`evaluate` (= :meth:`predict` then :meth:`score`) picks the best model by
+    :meth:`selection_score`. Inference rebuilds the task with the saved state
+    (``Task(cfg, tokenizer, seq_length, state)``), then :meth:`read` (``with_labels=False``) ->
+    :meth:`predict` -> :meth:`write_predictions`.
+
+    Class attributes: ``provides`` (the Batch fields its batches fill, checked against the model, as for
+    objectives; may be a property), ``input_format`` (the file format, one line) and ``metric_names``
+    (what :meth:`score` reports), both shown by ``pentad list tasks`` and in docs/tasks.md.
     """
 
     registry_name: ClassVar[str]
+    Config: ClassVar[type[TaskConfig]]
     provides: ClassVar[frozenset[str]] = frozenset()
+    input_format: ClassVar[str] = ""
+    metric_names: ClassVar[tuple[str, ...]] = ()
 
-    def head_configs(self) -> list[dict[str, Any]]:  # pragma: no cover - abstract
+    def __init__(self, cfg: Any, tokenizer: Any, seq_length: int, state: dict[str, Any] | None = None):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.seq_length = seq_length
+        if state is not None:
+            self.load_state(state)
+
+    # ---------------------------------------------------------------- fitting and state
+    def fit(self, train_path: Any) -> None:
+        """Learn from the training file what the head needs (a label map, ...); default: nothing."""
+        return None
+
+    def state(self) -> dict[str, Any]:
+        """What :meth:`fit` learnt, as JSON: saved in the run, handed back at inference (default: nothing)."""
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state` returned (default: nothing to restore)."""
+        return None
+
+    def describe(self) -> str:
+        """One line for the log after :meth:`fit` (e.g. the labels found)."""
+        return ""
+
+    @abstractmethod
+    def head_configs(self) -> list[dict[str, Any]]:
         """The target configs of the task's head(s), replacing the pre-training targets."""
-        raise NotImplementedError
+
+    def head_names(self) -> tuple[str, ...]:
+        """The names of the heads :meth:`head_configs` adds (fresh weights when the model is initialised)."""
+        return tuple(c.get("name") or c["type"] for c in self.head_configs())
+
+    # ---------------------------------------------------------------- data
+    @abstractmethod
+    def read(self, path: Any, with_labels: bool = True) -> Any:
+        """The encoded instances of a file (any object with ``len()``); ``with_labels=False``: an
+        inference input, whose answers are absent or ignored."""
+
+    @abstractmethod
+    def collate(self, instances: Any, indices: Sequence[int], rng: np.random.Generator) -> Batch:
+        """The Batch of ``instances[indices]`` (with the head's labels when the instances have them)."""
 
     def gold(self, instances: Any) -> Any:
-        """The reference answers of read instances, in the form ``evaluate`` takes (default: the
+        """The reference answers of read instances, in the form :meth:`score` takes (default: the
         ``label`` field, one class id per instance)."""
         return np.asarray(instances.fields["label"], dtype=np.int64)
+
+    # ---------------------------------------------------------------- prediction and evaluation
+    @abstractmethod
+    def predict(self, model: torch.nn.Module, instances: Any, batch_size: int, device: torch.device,
+                progress: str | None = None) -> Any:
+        """The model's predictions on ``instances`` (logits, or structured answers), in eval mode."""
+
+    @abstractmethod
+    def score(self, predictions: Any, instances: Any, gold: Any) -> dict[str, float]:
+        """Metrics of ``predictions`` against ``gold`` (names from ``metric_names``)."""
+
+    def evaluate(self, model: torch.nn.Module, instances: Any, gold: Any, batch_size: int, device: torch.device,
+                 progress: str | None = None) -> dict[str, float]:
+        return self.score(self.predict(model, instances, batch_size, device, progress), instances, gold)
+
+    def selection_score(self, metrics: dict[str, float]) -> float:
+        """The number that picks the best model on dev, higher is better (default: ``task.metric``)."""
+        return float(metrics.get(self.cfg.metric, 0.0))
+
+    @abstractmethod
+    def write_predictions(self, path: Path, predictions: Any, instances: Any, probabilities: bool) -> None:
+        """Write :meth:`predict`'s output for ``instances`` to ``path`` (atomically)."""
 
 
 class EpochBatches:

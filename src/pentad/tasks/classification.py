@@ -19,20 +19,18 @@ import torch
 from pydantic import Field
 
 from pentad.components.targets.pair_cls import PairFeature
-from pentad.config.base import StrictModel
 from pentad.errors import UserError
 from pentad.layers.pooling import PoolingKind
 from pentad.registry import OBJECTIVES, TASKS
-from pentad.tasks.base import Task, classification_metrics, in_order, predict_logits
+from pentad.tasks.base import Task, TaskConfig, classification_metrics, in_order, predict_logits
 
 
-class ClassificationTaskConfig(StrictModel):
+class ClassificationTaskConfig(TaskConfig):
     type: Literal["classification"] = "classification"
     num_labels: int | None = Field(None, ge=2, description="default: the labels found in the training set")
     pooling: PoolingKind = "first"
     head_dropout: float = Field(0.1, ge=0.0, lt=1.0)
     metric: Literal["accuracy", "macro_f1"] = Field("accuracy", description="dev metric that picks the best model")
-    probabilities: bool = Field(False, description="inference also writes class probabilities")
     pair_input: Literal["joint", "separate"] = Field(
         "joint", description="how text_a and text_b enter the model: joint, one sequence [CLS] a [SEP] b [SEP] "
         "(one-stream models); separate, two streams (a dual model: SBERT, siamese LSTM) with a pair_cls head")
@@ -45,19 +43,22 @@ class ClassificationTaskConfig(StrictModel):
 
 @TASKS.register("classification")
 class ClassificationTask(Task):
-    """Reads labelled TSVs, owns the label map, evaluates accuracy / macro-F1, writes predictions."""
+    """Sentence and sentence-pair classification (sentiment, NLI, paraphrase): a softmax head.
+
+    Pairs enter one stream joined, or two streams (a dual model).
+    """
 
     Config = ClassificationTaskConfig
     head = "cls"
+    input_format = "label<TAB>text_a[<TAB>text_b]"
+    metric_names = ("accuracy", "macro_f1")
 
-    def __init__(self, cfg: ClassificationTaskConfig, tokenizer, seq_length: int, label_map=None):
+    def __init__(self, cfg: ClassificationTaskConfig, tokenizer, seq_length: int, state=None):
         from pentad.data.objectives.cls import ClsObjectiveConfig
 
-        self.cfg = cfg
-        self.tokenizer = tokenizer
-        self.seq_length = seq_length
-        self.label_map = label_map
+        self.label_map = None
         self.objective = OBJECTIVES.get("cls")(ClsObjectiveConfig(seq_length=seq_length), tokenizer)
+        super().__init__(cfg, tokenizer, seq_length, state)
 
     @property
     def separate(self) -> bool:
@@ -72,23 +73,33 @@ class ClassificationTask(Task):
         return frozenset(fields)
 
     # ---------------------------------------------------------------- data
-    def fit_labels(self, train_path: Path) -> None:
+    def fit(self, train_path: Path) -> None:
         """Build the label map from the training file (ids 0..n-1 if all labels are integers)."""
         from pentad.data.tsv import LabelMap, read_classification_tsv
 
         rows, _ = read_classification_tsv(train_path, with_labels=True)
         self.label_map = LabelMap.from_rows(rows, train_path, num_labels=self.cfg.num_labels)
 
-    def read(self, path: Path, with_labels: bool = True) -> tuple[list[Any], list[Any]]:
-        """(rows, instances) of a TSV file."""
+    def state(self) -> dict[str, Any]:
+        return self.label_map.to_dict()
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        from pentad.data.tsv import LabelMap
+
+        self.label_map = LabelMap.from_dict(state)
+
+    def describe(self) -> str:
+        return f"{self.num_labels} labels {self.label_map.names}"
+
+    def read(self, path: Path, with_labels: bool = True):
+        """The instances of a TSV file."""
         from pentad.data.tsv import encode_classification, read_classification_tsv
 
         rows, _ = read_classification_tsv(path, with_labels=with_labels)
         label_map = self.label_map if with_labels else None
         if self.separate:
-            return rows, encode_separate_pairs(rows, self.tokenizer, self.seq_length, label_map, path)
-        instances = encode_classification(rows, self.tokenizer, self.seq_length, label_map, path=path)
-        return rows, instances
+            return encode_separate_pairs(rows, self.tokenizer, self.seq_length, label_map, path)
+        return encode_classification(rows, self.tokenizer, self.seq_length, label_map, path=path)
 
     def collate(self, instances, indices, rng: np.random.Generator):
         chosen = instances[np.asarray(indices)]
@@ -110,18 +121,17 @@ class ClassificationTask(Task):
                  "dropout": self.cfg.head_dropout}]
 
     # ---------------------------------------------------------------- evaluation and output
-    def evaluate(self, model, instances, labels: np.ndarray, batch_size: int, device,
-                 progress: str | None = None) -> dict[str, float]:
-        logits = self.logits(model, instances, batch_size, device, progress)
-        return classification_metrics(logits.argmax(-1).numpy(), labels, self.num_labels)
+    def score(self, predictions: torch.Tensor, instances, gold: np.ndarray) -> dict[str, float]:
+        return classification_metrics(predictions.argmax(-1).numpy(), gold, self.num_labels)
 
-    def logits(self, model, instances, batch_size: int, device, progress: str | None = None) -> torch.Tensor:
+    def predict(self, model, instances, batch_size: int, device, progress: str | None = None) -> torch.Tensor:
+        """The head's logits [N, num_labels]."""
         rng = np.random.default_rng(0)
         n = len(instances)
         batches = (self.collate(instances, idx, rng) for idx in in_order(n, batch_size, progress))
         return predict_logits(model, batches, self.head, device)
 
-    def write_predictions(self, path: Path, logits: torch.Tensor, probabilities: bool, instances=None) -> None:
+    def write_predictions(self, path: Path, logits: torch.Tensor, instances, probabilities: bool) -> None:
         """TSV with header ``label`` (and one ``prob_<label>`` column per class on request)."""
         from pentad.training.checkpoint import atomic_write_text
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,16 +32,18 @@ import torch
 from pydantic import Field
 
 from pentad.components.base import IGNORE_INDEX, Batch
-from pentad.config.base import StrictModel
 from pentad.errors import UserError
+from pentad.log import get_logger
 from pentad.registry import TASKS
-from pentad.tasks.base import Task, in_order
+from pentad.tasks.base import Task, TaskConfig, in_order
+
+log = get_logger(__name__)
 
 OUTSIDE = "O"
 _CHUNK_TAG = re.compile(r"([BIESLU])-(.+)")
 
 
-class NerTaskConfig(StrictModel):
+class NerTaskConfig(TaskConfig):
     type: Literal["ner"] = "ner"
     labels: list[str] | None = Field(None, min_length=2, description="the tag set in id order; default: 'O' "
                                      "first, then the training tags sorted")
@@ -53,7 +54,6 @@ class NerTaskConfig(StrictModel):
                       "predictions; probabilities are the CRF's per-word marginals")
     metric: Literal["f1", "accuracy"] = Field("f1", description="dev metric that picks the best model: entity-"
                                               "level f1 (BIO/BIOES tags) or word-level accuracy (e.g. POS tags)")
-    probabilities: bool = Field(False, description="inference also writes each predicted tag's probability")
 
 
 @dataclass(frozen=True)
@@ -270,20 +270,21 @@ def tagging_metrics(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[
 # ------------------------------------------------------------------------------------ the task
 @TASKS.register("ner")
 class NerTask(Task):
-    """Reads tagging TSVs, owns the tag map, evaluates entity F1 and accuracy, writes predicted tags."""
+    """Token classification (NER, POS tagging, chunking): a tag per word, optionally through a CRF."""
 
     Config = NerTaskConfig
     head = "tagger"
     provides = frozenset({"tokens", "segments", "padding_mask", "labels.tagger"})
+    input_format = "text_a<TAB>label, words and tags separated by single spaces"
+    metric_names = ("f1", "precision", "recall", "accuracy")
 
-    def __init__(self, cfg: NerTaskConfig, tokenizer, seq_length: int, label_map=None):
+    def __init__(self, cfg: NerTaskConfig, tokenizer, seq_length: int, state=None):
         from pentad.data.tsv import LabelMap
 
         if cfg.labels is not None and cfg.labels_file is not None:
             raise UserError("task.labels and task.labels_file both give the tag set; set one.")
-        self.cfg = cfg
-        self.tokenizer = tokenizer
-        self.seq_length = seq_length
+        super().__init__(cfg, tokenizer, seq_length)
+        label_map = LabelMap.from_dict(state) if state is not None else None
         if label_map is None and (cfg.labels is not None or cfg.labels_file is not None):
             names = list(cfg.labels) if cfg.labels is not None else read_labels_file(cfg.labels_file)
             if len(set(names)) != len(names):
@@ -294,7 +295,7 @@ class NerTask(Task):
         self.pad_id = int(tokenizer.pad_id if tokenizer.pad_id is not None else 0)
 
     # ---------------------------------------------------------------- data
-    def fit_labels(self, train_path: Path) -> None:
+    def fit(self, train_path: Path) -> None:
         """The tag map: the configured one (checked against the training tags), else from the training file."""
         from pentad.data.tsv import LabelMap
 
@@ -314,18 +315,23 @@ class NerTask(Task):
                             "all 'O' or B-/I-/E-/S-TYPE chunk tags; use task.metric=accuracy for tags such as "
                             "parts of speech.")
 
+    def state(self) -> dict[str, Any]:
+        return self.label_map.to_dict()
+
+    def describe(self) -> str:
+        return f"{self.num_labels} tags {self.label_map.names}"
+
     @property
     def entity_level(self) -> bool:
         return is_chunk_tag_set(self.label_map.names)
 
-    def read(self, path: Path, with_labels: bool = True) -> tuple[list[TaggedRow], TaggedSequences]:
+    def read(self, path: Path, with_labels: bool = True) -> TaggedSequences:
         rows = read_tagging_tsv(path, with_labels=with_labels)
         seqs = encode_tagged(rows, self.tokenizer, self.seq_length, self.label_map if with_labels else None, path)
         if seqs.truncated_words:
-            # a plain print: importing pentad.runs (a level above tasks) for its info() made an import cycle
-            print(f"{path}: {seqs.truncated_words:,} word(s) lie beyond seq_length {self.seq_length} and are "
-                  "not seen by the model (evaluated and written as 'O')", file=sys.stderr, flush=True)
-        return rows, seqs
+            log.info(f"{path}: {seqs.truncated_words:,} word(s) lie beyond seq_length {self.seq_length} and are "
+                     "not seen by the model (evaluated and written as 'O')")
+        return seqs
 
     def collate(self, instances: TaggedSequences, indices, rng: np.random.Generator) -> Batch:
         return collate_tagged(instances, indices, self.pad_id, self.head)
@@ -345,8 +351,8 @@ class NerTask(Task):
 
     # ---------------------------------------------------------------- evaluation and output
     @torch.no_grad()
-    def logits(self, model, instances: TaggedSequences, batch_size: int, device,
-               progress: str | None = None) -> TagPredictions:
+    def predict(self, model, instances: TaggedSequences, batch_size: int, device,
+                progress: str | None = None) -> TagPredictions:
         """Predicted tags (argmax, or Viterbi with a CRF head) of each row's words that fit."""
         from pentad.layers.crf import compact
 
@@ -384,18 +390,15 @@ class NerTask(Task):
         return [[names[j] for j in row] + [filler] * (int(n) - len(row))
                 for row, n in zip(predictions.tags, instances.words)]
 
-    def evaluate(self, model, instances: TaggedSequences, gold, batch_size: int, device,
-                 progress: str | None = None) -> dict[str, float]:
-        predicted = self.decode(instances, self.logits(model, instances, batch_size, device, progress))
-        return tagging_metrics(gold, predicted, entity_level=self.entity_level)
+    def score(self, predictions: TagPredictions, instances: TaggedSequences, gold) -> dict[str, float]:
+        return tagging_metrics(gold, self.decode(instances, predictions), entity_level=self.entity_level)
 
-    def write_predictions(self, path: Path, logits: TagPredictions, probabilities: bool,
-                          instances: TaggedSequences | None = None) -> None:
+    def write_predictions(self, path: Path, logits: TagPredictions, instances: TaggedSequences,
+                          probabilities: bool) -> None:
         """TSV with header ``label`` (space-separated tags per row) and, on request, ``prob`` (each tag's
         probability; words beyond seq_length get an empty probability field '-')."""
         from pentad.training.checkpoint import atomic_write_text
 
-        assert instances is not None, "ner predictions need the instances (word counts)"
         tags = self.decode(instances, logits)
         lines = ["label\tprob" if probabilities else "label"]
         for row, scores in zip(tags, logits.probs):

@@ -19,7 +19,9 @@ from pentad.training.distributed import pick_device
 from pentad.training.session import Session
 from pentad.training.trainer import plot_losses
 
-LABELS = "labels.json"
+# The task's fitted state (Task.state): the label map of classification and tagging runs (the name
+# predates other tasks; converted classifiers and exports read and carry it under this name).
+LABELS = STATE = "labels.json"
 RESULTS = "results.json"
 BEST = "best"
 
@@ -60,19 +62,20 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
     seq_length = cfg.data.objective.seq_length if cfg.data.objective is not None else cfg.model.max_seq_length
     seq_length = min(seq_length, cfg.model.max_seq_length)
     task = TASKS.get(cfg.task.type)(cfg.task, tokenizer, seq_length)
-    task.fit_labels(cfg.data.train)
-    info(f"{cfg.task.type}: {task.num_labels} labels {task.label_map.names}")
+    task.fit(cfg.data.train)
+    described = task.describe()
+    info(f"{cfg.task.type}: {described}" if described else f"task {cfg.task.type}")
     model_dict = cfg.model.model_dump()
     model_dict["targets"] = task.head_configs()
     cfg.model = type(cfg.model).model_validate(model_dict)
-    _, train = task.read(cfg.data.train)
+    train = task.read(cfg.data.train)
     splits = {"dev": cfg.data.dev, "test": cfg.data.test}
     evaluation = {name: task.read(path) for name, path in splits.items() if path is not None}
-    model = session.build(cfg.model, task.provides, cfg.init, new_heads=(task.head,), drop_heads=True)
+    model = session.build(cfg.model, task.provides, cfg.init, new_heads=task.head_names(), drop_heads=True)
     if cfg.init is None:
         info("no init: training from randomly initialised weights")
     run_dir = Path(cfg.output)
-    changes = session.prepare_run_dir(tokenizer, extra={LABELS: task.label_map.to_dict()},
+    changes = session.prepare_run_dir(tokenizer, extra={STATE: task.state()},
                                       unused=("train.steps", "data.dataset"))
     device = session.dist.device
     batches = EpochBatches(len(train), cfg.train.batch_size, cfg.train.seed,
@@ -81,14 +84,14 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
     total = steps_per_epoch * cfg.train.epochs
     every = cfg.train.eval_every or steps_per_epoch
     eval_steps = set(range(every, total + 1, every)) | {total}
-    labels = {name: task.gold(inst) for name, (_, inst) in evaluation.items()}
+    labels = {name: task.gold(inst) for name, inst in evaluation.items()}
     best = BestModel(run_dir / BEST, session)
     progress = cfg.train.progress and session.is_main
 
     def score(name: str) -> dict[str, float]:
         # every rank evaluates (a sharded model needs all ranks in its forward); the main rank's
         # numbers are the run's
-        metrics = task.evaluate(trainer.model, evaluation[name][1], labels[name], cfg.train.batch_size * 2, device,
+        metrics = task.evaluate(trainer.model, evaluation[name], labels[name], cfg.train.batch_size * 2, device,
                                 progress=f"evaluate {name}" if progress else None)
         return session.dist.broadcast_object(metrics)
 
@@ -96,7 +99,7 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
         return score("dev") if "dev" in evaluation else {}
 
     def keep_best(step: int, metrics: dict[str, float]) -> None:
-        value = metrics.get(cfg.task.metric, 0.0) if metrics else float(step)
+        value = task.selection_score(metrics) if metrics else float(step)
         best.offer(trainer, step, value, metrics)
 
     # set by the user (pre-training's length), not used here; a run's config.yaml spells out every default
@@ -208,22 +211,29 @@ def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: 
     if task is not None and task != cfg.task.type:
         raise UserError(f"--task {task} does not match the run: {model_dir} was fine-tuned for {cfg.task.type} "
                         f"(use --task {cfg.task.type}, or leave --task out: the run's task is used)")
-    labels_path = model_dir / LABELS
-    if not labels_path.is_file():
-        raise UserError(f"{model_dir} has no {LABELS}; was fine-tuning interrupted before it began?")
-    from pentad.data.tsv import LabelMap
-
-    label_map = LabelMap.from_dict(json.loads(labels_path.read_text(encoding="utf-8")))
     seq_length = cfg.data.objective.seq_length if cfg.data.objective is not None else cfg.model.max_seq_length
-    task = TASKS.get(cfg.task.type)(cfg.task, tokenizer, min(seq_length, cfg.model.max_seq_length), label_map)
+    task = TASKS.get(cfg.task.type)(cfg.task, tokenizer, min(seq_length, cfg.model.max_seq_length),
+                                    read_task_state(model_dir))
     model = build_model(cfg.model, provided=task.provides, training=False)
     ckpt.load_weights(model, ckpt.read_weights(ckpt.find_weights(model_dir)), str(model_dir))
     device = pick_device(device_choice)
     model.to(device)
-    _, instances = task.read(test_path, with_labels=False)
-    logits = task.logits(model, instances, batch_size, device, "infer" if cfg.train.progress else None)
+    instances = task.read(test_path, with_labels=False)
+    predictions = task.predict(model, instances, batch_size, device, "infer" if cfg.train.progress else None)
     output = output or model_dir / "predictions.tsv"
     want_probs = cfg.task.probabilities if probabilities is None else probabilities
-    task.write_predictions(output, logits, want_probs, instances)
+    task.write_predictions(output, predictions, instances, want_probs)
     info(f"wrote {len(instances):,} predictions to {output}")
     return output
+
+
+def read_task_state(run_dir: Path) -> dict[str, Any]:
+    """The task state a fine-tuned run saved (``labels.json``)."""
+    path = run_dir / STATE
+    if not path.is_file():
+        raise UserError(f"{run_dir} has no {STATE}; was fine-tuning interrupted before it began?")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON ({e}); it holds the task's state (labels), written by "
+                        "pentad finetune") from None

@@ -111,16 +111,16 @@ def test_tag_sets(wordpiece, tmp_path):
     train = write(tmp_path / "train.tsv", "text_a\tlabel\nthe cat\tB-X O\nmary sat\tB-PER O\n")
     task = NerTask(NerTaskConfig(labels_file=write(tmp_path / "l.json", json.dumps({"O": 0, "B-PER": 1, "B-X": 2}))),
                    wordpiece, 16)
-    task.fit_labels(train)
+    task.fit(train)
     assert task.label_map.names == ["O", "B-PER", "B-X"]
     task = NerTask(NerTaskConfig(labels=["O", "B-PER"]), wordpiece, 16)
     with pytest.raises(UserError, match=r"tag\(s\) \['B-X'\] are not in the configured tag set"):
-        task.fit_labels(train)
+        task.fit(train)
     pos = write(tmp_path / "pos.tsv", "text_a\tlabel\nthe cat\tDT NN\n")
     with pytest.raises(UserError, match="use task.metric=accuracy"):
-        NerTask(NerTaskConfig(), wordpiece, 16).fit_labels(pos)
+        NerTask(NerTaskConfig(), wordpiece, 16).fit(pos)
     task = NerTask(NerTaskConfig(metric="accuracy"), wordpiece, 16)
-    task.fit_labels(pos)
+    task.fit(pos)
     assert not task.entity_level
     dev = write(tmp_path / "dev.tsv", "text_a\tlabel\nthe cat\tDT JJ\n")
     with pytest.raises(UserError, match=r"dev.tsv, line 2: label 'JJ' is unknown"):
