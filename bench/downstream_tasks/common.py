@@ -69,5 +69,5 @@ def majority_accuracy(train: Path, dev: Path, column: str = "label") -> float:
 def finetune(task: str, run: Path, args: list[str]) -> tuple[dict[str, Any], float]:
     """(results.json of a ``pentad finetune --task TASK`` run, seconds)."""
     start = time.perf_counter()
-    pentad("finetune", "--task", task, f"output={run}", *args)
+    pentad("finetune", "--task", task, *args, f"output={run}")
     return json.loads((run / "results.json").read_text(encoding="utf-8")), time.perf_counter() - start
