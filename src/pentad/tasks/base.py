@@ -31,13 +31,13 @@ class Task(ABC):
     code. A task is one file: a config class (``Config``, a :class:`TaskConfig` with a ``type``
     literal and a ``metric``), this class registered in ``TASKS``, and its docs line.
 
-    Life of a fine-tune: ``Task(cfg, tokenizer, seq_length)`` -> :meth:`fit` on the training file
-    (label maps, vocabularies) -> :meth:`state` is saved in the run -> :meth:`head_configs` replace the
-    pre-training targets -> :meth:`read` each file -> batches from :meth:`collate` train the model ->
-    :meth:`evaluate` (= :meth:`predict` then :meth:`score`) picks the best model by
-    :meth:`selection_score`. Inference rebuilds the task with the saved state
-    (``Task(cfg, tokenizer, seq_length, state)``), then :meth:`read` (``with_labels=False``) ->
-    :meth:`predict` -> :meth:`write_predictions`.
+    Life of a fine-tune: ``Task(cfg, tokenizer, seq_length)`` -> :meth:`bind` to the run's config ->
+    :meth:`fit` on the training file (label maps, vocabularies) -> :meth:`state` is saved in the run ->
+    :meth:`head_configs` replace the pre-training targets -> :meth:`read` each file -> batches from
+    :meth:`collate` train the model -> :meth:`evaluate` (= :meth:`predict` then :meth:`score`) picks the
+    best model by :meth:`selection_score`. Inference rebuilds the task with the saved state
+    (``Task(cfg, tokenizer, seq_length, state)``), :meth:`bind` to the run's config, then :meth:`read`
+    (``with_labels=False``) -> :meth:`predict` -> :meth:`write_predictions`.
 
     Class attributes: ``provides`` (the Batch fields its batches fill, checked against the model, as for
     objectives; may be a property), ``input_format`` (the file format, one line) and ``metric_names``
@@ -58,6 +58,12 @@ class Task(ABC):
             self.load_state(state)
 
     # ---------------------------------------------------------------- fitting and state
+    def bind(self, run_cfg: Any) -> None:
+        """Take what the task needs from the run's config (the model: encoder-decoder or decoder-only,
+        its heads; the data objective), before :meth:`head_configs`, :attr:`provides` or :meth:`read`
+        are used; called at fine-tuning and again at inference (default: nothing)."""
+        return None
+
     def fit(self, train_path: Any) -> None:
         """Learn from the training file what the head needs (a label map, ...); default: nothing."""
         return None

@@ -62,6 +62,7 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
     seq_length = cfg.data.objective.seq_length if cfg.data.objective is not None else cfg.model.max_seq_length
     seq_length = min(seq_length, cfg.model.max_seq_length)
     task = TASKS.get(cfg.task.type)(cfg.task, tokenizer, seq_length)
+    task.bind(cfg)
     task.fit(cfg.data.train)
     described = task.describe()
     info(f"{cfg.task.type}: {described}" if described else f"task {cfg.task.type}")
@@ -214,6 +215,7 @@ def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: 
     seq_length = cfg.data.objective.seq_length if cfg.data.objective is not None else cfg.model.max_seq_length
     task = TASKS.get(cfg.task.type)(cfg.task, tokenizer, min(seq_length, cfg.model.max_seq_length),
                                     read_task_state(model_dir))
+    task.bind(cfg)
     model = build_model(cfg.model, provided=task.provides, training=False)
     ckpt.load_weights(model, ckpt.read_weights(ckpt.find_weights(model_dir)), str(model_dir))
     device = pick_device(device_choice)
