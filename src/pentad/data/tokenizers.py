@@ -366,6 +366,14 @@ class Tokenizer(abc.ABC):
     def tokenize(self, text: str) -> list[str]:
         """Token strings of ``text`` (the same tokens ``encode`` returns ids for)."""
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """The ids of :meth:`encode` and, for each, the characters of ``text`` it covers as
+        ``(begin, end)`` (end exclusive), so that a span of tokens maps back to a substring of the text
+        (span-extraction QA). Default: not available for this tokenizer."""
+        raise UserError(f"the {self.registry_name} tokenizer does not give the character offsets of its tokens, "
+                        "which this task needs to map tokens back to the text; use a wordpiece, bpe, char, space or "
+                        "tokenizer_json tokenizer.")
+
     @abc.abstractmethod
     def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
         """Text of a sequence of ids (list, numpy array or 1-D tensor)."""
@@ -554,6 +562,10 @@ class _RustTokenizer(Tokenizer):
 
     def tokenize(self, text: str) -> list[str]:
         return self._backend.encode(text, add_special_tokens=False).tokens
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        encoding = self._backend.encode(text, add_special_tokens=False)
+        return encoding.ids, [(int(b), int(e)) for b, e in encoding.offsets]
 
     def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
         values = _as_id_list(ids)

@@ -121,6 +121,12 @@ class Task(ABC):
         """The number that picks the best model on dev, higher is better (default: ``task.metric``)."""
         return float(metrics.get(self.cfg.metric, 0.0))
 
+    def num_predictions(self, instances: Any) -> int:
+        """How many answers :meth:`predict` gives for ``instances`` (reported by inference): one per
+        instance by default; a task whose instances are parts of an example (QA's windows of a
+        question) counts the examples."""
+        return len(instances)
+
     @abstractmethod
     def write_predictions(self, path: Path, predictions: Any, instances: Any, probabilities: bool) -> None:
         """Write :meth:`predict`'s output for ``instances`` to ``path`` (atomically)."""

@@ -225,7 +225,7 @@ def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: 
     output = output or model_dir / "predictions.tsv"
     want_probs = cfg.task.probabilities if probabilities is None else probabilities
     task.write_predictions(output, predictions, instances, want_probs)
-    info(f"wrote {len(instances):,} predictions to {output}")
+    info(f"wrote {task.num_predictions(instances):,} predictions to {output}")
     return output
 
 

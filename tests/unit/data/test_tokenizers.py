@@ -552,3 +552,27 @@ def test_sentencepiece_albert_normalisation_options(tmp_path: Path):
     assert albert.encode("The Café is NAÏVE ``here''") == plain.encode('the cafe is naive "here"')
     assert plain.encode("Café") != plain.encode("cafe")
     assert albert.fingerprint() != plain.fingerprint()
+
+
+def test_offsets_map_tokens_back_to_the_text(models: Path, uncased: WordPieceTokenizer, bpe: ByteLevelBPETokenizer,
+                                             tmp_path: Path):
+    """encode_with_offsets gives encode's ids and, per token, the characters of the original text it covers
+    (lower-casing, accent stripping and CJK splitting included); sentencepiece says it has none."""
+    zh = WordPieceTokenizer(models / "google_zh_vocab.txt")
+    text = "《战国无双3》是由光荣和ω-force开发的 Hello  Ünïcode 1998年"
+    ids, offsets = zh.encode_with_offsets(text)
+    assert ids == zh.encode(text)
+    pieces = [text[b:e] for b, e in offsets]
+    assert pieces[:7] == ["《", "战", "国", "无", "双", "3", "》"]
+    assert pieces[-4:] == ["Hello", "Ünïcode", "1998", "年"]
+    for tok in (uncased, bpe, CharTokenizer(models / "google_zh_vocab.txt")):
+        for line in EN_TEXTS + ZH_TEXTS:
+            ids, offsets = tok.encode_with_offsets(line)
+            assert ids == tok.encode(line) and len(offsets) == len(ids)
+            assert all(0 <= b <= e <= len(line) for b, e in offsets)
+            assert [b for b, _ in offsets] == sorted(b for b, _ in offsets)
+    _, offsets = uncased.encode_with_offsets("Playing HELLO")
+    assert ["Playing HELLO"[b:e] for b, e in offsets][-1] == "HELLO"
+    spm = load_tokenizer({"type": "sentencepiece", "model": str(models / "cluecorpussmall_spm.model")})
+    with pytest.raises(UserError, match="does not give the character offsets"):
+        spm.encode_with_offsets("北京")
