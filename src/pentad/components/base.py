@@ -39,6 +39,9 @@ class Batch:
     pair: the second stream of a two-stream model (text B of a sentence pair for SBERT, the
     image for CLIP): a Batch with the same row count whose own fields are [B,S'] (its labels are
     unused; labels live in the outer Batch). Its fields appear as ``pair.<field>`` in ``provided()``.
+    negative: hard negatives for the second stream (supervised SimCSE's contradiction sentences):
+    a Batch with the same row count, encoded like ``pair``; row i is a negative of row i (and, in
+    contrastive heads, of every other row). Its fields appear as ``negative.<field>``.
     """
 
     tokens: Tensor | None = None
@@ -53,6 +56,7 @@ class Batch:
     audio: Tensor | None = None
     labels: dict[str, Tensor] = field(default_factory=dict)
     pair: Batch | None = None
+    negative: Batch | None = None
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """A copy with every tensor (the pair's included) moved to ``device``."""
@@ -82,11 +86,13 @@ class Batch:
         return Batch(**picked)
 
     def provided(self) -> set[str]:
-        """Names of the fields that are set; labels appear as ``labels.<target>`` and the pair's
-        input fields as ``pair.<field>``."""
+        """Names of the fields that are set; labels appear as ``labels.<target>``, the pair's
+        input fields as ``pair.<field>`` and the hard negatives' as ``negative.<field>``."""
         names = {f for f in BATCH_INPUT_FIELDS if getattr(self, f) is not None}
         if self.pair is not None:
             names |= {f"pair.{f}" for f in BATCH_INPUT_FIELDS if getattr(self.pair, f) is not None}
+        if self.negative is not None:
+            names |= {f"negative.{f}" for f in BATCH_INPUT_FIELDS if getattr(self.negative, f) is not None}
         return names | {f"labels.{k}" for k in self.labels}
 
     def decoder_view(self) -> Batch:
@@ -120,10 +126,12 @@ class Embedded:
 class PooledPair:
     """What a two-stream (dual) model gives its targets in place of token states: one pooled
     vector per stream. first [B, H0] (stream 0: ``Batch.tokens`` ...), second [B, H1] (stream 1:
-    ``Batch.pair``); H0 and H1 differ only when the streams have different widths (CLIP)."""
+    ``Batch.pair``); H0 and H1 differ only when the streams have different widths (CLIP).
+    negative [B, H1]: stream 1's vectors of ``Batch.negative`` (hard negatives), when the batch has them."""
 
     first: Tensor
     second: Tensor
+    negative: Tensor | None = None
 
 
 @dataclass

@@ -33,11 +33,11 @@ class Task(ABC):
 
     Life of a fine-tune: ``Task(cfg, tokenizer, seq_length)`` -> :meth:`bind` to the run's config ->
     :meth:`fit` on the training file (label maps, vocabularies) -> :meth:`state` is saved in the run ->
-    :meth:`head_configs` replace the pre-training targets -> :meth:`read` each file -> batches from
-    :meth:`collate` train the model -> :meth:`evaluate` (= :meth:`predict` then :meth:`score`) picks the
-    best model by :meth:`selection_score`. Inference rebuilds the task with the saved state
-    (``Task(cfg, tokenizer, seq_length, state)``), :meth:`bind` to the run's config, then :meth:`read`
-    (``with_labels=False``) -> :meth:`predict` -> :meth:`write_predictions`.
+    :meth:`head_configs` replace the pre-training targets and :meth:`model_config` may adjust the model ->
+    :meth:`read` each file -> batches from :meth:`collate` train the model -> :meth:`evaluate` (=
+    :meth:`predict` then :meth:`score`) picks the best model by :meth:`selection_score`. Inference rebuilds
+    the task with the saved state (``Task(cfg, tokenizer, seq_length, state)``), :meth:`bind` to the run's
+    config, then :meth:`read` (``with_labels=False``) -> :meth:`predict` -> :meth:`write_predictions`.
 
     Class attributes: ``provides`` (the Batch fields its batches fill, checked against the model, as for
     objectives; may be a property), ``input_format`` (the file format, one line) and ``metric_names``
@@ -83,6 +83,12 @@ class Task(ABC):
     @abstractmethod
     def head_configs(self) -> list[dict[str, Any]]:
         """The target configs of the task's head(s), replacing the pre-training targets."""
+
+    def model_config(self, model: dict[str, Any]) -> dict[str, Any]:
+        """The model config (a dict, the run config's ``model``) the task fine-tunes: the configured
+        one, its ``targets`` already replaced by :meth:`head_configs`. Default: unchanged; a task may
+        reshape it (SimCSE runs a one-stream encoder as a tied two-stream model)."""
+        return model
 
     def head_names(self) -> tuple[str, ...]:
         """The names of the heads :meth:`head_configs` adds (fresh weights when the model is initialised)."""

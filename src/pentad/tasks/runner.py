@@ -68,6 +68,7 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
     info(f"{cfg.task.type}: {described}" if described else f"task {cfg.task.type}")
     model_dict = cfg.model.model_dump()
     model_dict["targets"] = task.head_configs()
+    model_dict = task.model_config(model_dict)
     cfg.model = type(cfg.model).model_validate(model_dict)
     train = task.read(cfg.data.train)
     splits = {"dev": cfg.data.dev, "test": cfg.data.test}

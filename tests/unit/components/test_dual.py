@@ -354,3 +354,71 @@ def test_clr_under_data_parallelism_matches_the_global_batch(tmp_path):
         assert torch.allclose(r["loss"], whole.loss, atol=1e-6) and int(r["count"]) == 8  # 4 rows, 2 directions
     assert torch.allclose((ranks[0]["weight"] + ranks[1]["weight"]) / 2, lin.weight.grad, atol=1e-6)
     assert torch.allclose((ranks[0]["scale"] + ranks[1]["scale"]) / 2, target.logit_scale.grad, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- hard negatives
+def _negative_batch(b: int = 4, s: int = 6, seed: int = 3) -> Batch:
+    batch = pair_batch(b)
+    g = torch.Generator().manual_seed(seed)
+    pad = torch.zeros(b, s, dtype=torch.bool)
+    pad[0, -1:] = True
+    batch.negative = Batch(tokens=torch.randint(1, V, (b, s), generator=g),
+                           segments=torch.zeros(b, s, dtype=torch.long), padding_mask=pad)
+    return batch
+
+
+def test_hard_negatives_travel_in_the_batch_and_through_stream_1():
+    batch = _negative_batch()
+    assert {"negative.tokens", "negative.padding_mask"} <= batch.provided()
+    part = batch.rows(torch.tensor([2, 3]))
+    assert torch.equal(part.negative.tokens, batch.negative.tokens[2:]) and part.negative.batch_size == 2
+    assert batch.to("cpu").negative is not batch.negative
+    for tie in (True, False):
+        model = build(dual_dict(tie=tie, targets=[{"type": "clr"}]))
+        pooled = model.encode_pair(batch)
+        # the negatives' vectors are stream 1's vectors of those sentences, in one pass or three
+        alone = model.encode_pair(Batch(tokens=batch.tokens, segments=batch.segments, padding_mask=batch.padding_mask,
+                                        pair=batch.negative))
+        assert torch.allclose(pooled.negative, alone.second, atol=1e-5)
+        no_negatives = model.encode_pair(pair_batch())
+        assert torch.allclose(pooled.second, no_negatives.second, atol=1e-5) and no_negatives.negative is None
+
+
+def test_clr_with_hard_negatives_is_infonce_over_positives_and_negatives():
+    g = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randn(4, H, generator=g) for _ in range(3))
+    target = ClrTarget("clr", (H, H), temperature=0.05, symmetric=False)
+    out = target(PooledPair(a, b, c), Batch())
+    assert out.logits.shape == (4, 8)
+    an, cand = F.normalize(a, dim=-1), F.normalize(torch.cat([b, c]), dim=-1)
+    expected = 0.0
+    for i in range(4):
+        scores = [20.0 * float(an[i] @ cand[j]) for j in range(8)]
+        expected += -(scores[i] - math.log(sum(math.exp(s) for s in scores)))
+    assert math.isclose(out.loss.item(), expected / 4, rel_tol=1e-4)
+    # the negatives are candidates only: the symmetric direction scores stream 1 against stream 0
+    symmetric = ClrTarget("clr", (H, H), temperature=0.05)
+    plain = ClrTarget("clr", (H, H), temperature=0.05, symmetric=False)
+    back = F.cross_entropy(20.0 * F.normalize(b, dim=-1) @ an.T, torch.arange(4))
+    assert math.isclose(symmetric(PooledPair(a, b, c), Batch()).loss.item(),
+                        (out.loss.item() + back.item()) / 2, rel_tol=1e-4)
+    assert plain(PooledPair(a, b), Batch()).logits.shape == (4, 4)
+
+
+def test_clr_logits_in_eval_mode_give_each_pair_its_cosine():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(5, H, generator=g), torch.randn(5, H, generator=g)
+    target = ClrTarget("clr", (H, H), temperature=0.05, symmetric=False).eval()
+    cosine = torch.diagonal(target(PooledPair(a, b), Batch()).logits) * 0.05
+    assert torch.allclose(cosine, F.cosine_similarity(a, b, dim=-1), atol=1e-6)
+
+
+def test_clr_with_fixed_temperature_survives_a_saved_config():
+    from pentad.config.model import model_config_class
+
+    cfg = model_config_class().model_validate(dual_dict(targets=[{"type": "clr", "temperature": 0.05}]))
+    again = model_config_class().model_validate(cfg.model_dump())  # a run's config.yaml spells out defaults
+    build_model(again)
+    with pytest.raises(Exception, match="init_temperature"):
+        build_model(model_config_class().model_validate(
+            dual_dict(targets=[{"type": "clr", "temperature": 0.05, "init_temperature": 0.1}])))

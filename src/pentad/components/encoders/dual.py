@@ -231,6 +231,8 @@ class DualEncoder(nn.Module):
 
     A tied pair whose inputs are plain token fields runs as one batch of 2B rows (the shorter
     side padded), which gives the same vectors as two passes since every encoder ignores padding.
+    Hard negatives (``batch.negative``, supervised SimCSE) run through stream 1 and come back as
+    ``PooledPair.negative`` (a tied model stacks them too: 3B rows).
     """
 
     Config = DualEncoderConfig
@@ -278,48 +280,50 @@ class DualEncoder(nn.Module):
     def forward(self, batch: Batch, embedding_0: EmbeddingSlot, encoder_0: Encoder) -> PooledPair:
         from pentad.model import run_stream
 
-        pair = batch.pair
+        pair, negative = batch.pair, batch.negative
         if pair is None:
             raise ValueError("a dual model reads its second input from batch.pair, which is not set")
-        if pair.batch_size != batch.batch_size:
-            raise ValueError(f"batch.pair has {pair.batch_size} rows, the batch {batch.batch_size}; "
-                             "a dual model needs one pair row per row")
-        merged = self._merged(batch, pair) if self.tied else None
+        for name, part in (("pair", pair), ("negative", negative)):
+            if part is not None and part.batch_size != batch.batch_size:
+                raise ValueError(f"batch.{name} has {part.batch_size} rows, the batch {batch.batch_size}; "
+                                 f"a dual model needs one {name} row per row")
+        parts = [batch, pair] + ([negative] if negative is not None else [])
+        merged = self._merged(parts) if self.tied else None
         if merged is not None:
             hidden, mask = run_stream(embedding_0, encoder_0, merged)
             rows = batch.batch_size
-            first = (hidden[:rows], None if mask is None else mask[:rows])
-            second = (hidden[rows:], None if mask is None else mask[rows:])
+            states = [(hidden[i * rows:(i + 1) * rows], None if mask is None else mask[i * rows:(i + 1) * rows])
+                      for i in range(len(parts))]
         else:
-            first = run_stream(embedding_0, encoder_0, batch)
-            second = run_stream(self.embedding or embedding_0, self.encoder or encoder_0, pair)
-        return PooledPair(pool(*first, self.pooling_0), pool(*second, self.pooling_1))
+            states = [run_stream(embedding_0, encoder_0, batch)]
+            states += [run_stream(self.embedding or embedding_0, self.encoder or encoder_0, part)
+                       for part in parts[1:]]
+        pooled = [pool(*states[0], self.pooling_0)] + [pool(*s, self.pooling_1) for s in states[1:]]
+        return PooledPair(pooled[0], pooled[1], pooled[2] if len(pooled) > 2 else None)
 
     @staticmethod
-    def _merged(batch: Batch, pair: Batch) -> Batch | None:
-        """Stream 0 and stream 1 inputs as one Batch of 2B rows, right-padded to the longer
-        length; None when they cannot be stacked (other fields than [B,S] token fields)."""
-        has = [name for name in _TOKEN_FIELDS if getattr(batch, name) is not None]
-        if not has or has != [name for name in _TOKEN_FIELDS if getattr(pair, name) is not None]:
+    def _merged(parts: list[Batch]) -> Batch | None:
+        """The inputs of the streams (stream 0, stream 1, and stream 1's hard negatives when given)
+        as one Batch of rows stacked in that order, right-padded to the longest length; None when
+        they cannot be stacked (other fields than [B,S] token fields)."""
+        has = [name for name in _TOKEN_FIELDS if getattr(parts[0], name) is not None]
+        if not has or any(has != [name for name in _TOKEN_FIELDS if getattr(p, name) is not None] for p in parts):
             return None
-        if any(getattr(x, name) is not None for x in (batch, pair)
-               for name in ("decoder_tokens", "pixels", "audio")):
+        if any(getattr(x, name) is not None for x in parts for name in ("decoder_tokens", "pixels", "audio")):
             return None
-        ref_a, ref_b = getattr(batch, has[0]), getattr(pair, has[0])
-        rows_a, len_a = ref_a.shape
-        rows_b, len_b = ref_b.shape
-        width = max(len_a, len_b)
+        refs = [getattr(p, has[0]) for p in parts]
+        width = max(ref.shape[1] for ref in refs)
         merged: dict[str, Tensor] = {}
         for name in _TOKEN_FIELDS:
-            a, b = getattr(batch, name), getattr(pair, name)
+            values = [getattr(p, name) for p in parts]
             if name == "padding_mask":
                 # Without a mask a stream has no padding; the added columns are padding.
-                a = torch.zeros(rows_a, len_a, dtype=torch.bool, device=ref_a.device) if a is None else a
-                b = torch.zeros(rows_b, len_b, dtype=torch.bool, device=ref_b.device) if b is None else b
-            elif a is None:
+                values = [torch.zeros(ref.shape, dtype=torch.bool, device=ref.device) if v is None else v
+                          for v, ref in zip(values, refs)]
+            elif values[0] is None:
                 continue
             fill = name == "padding_mask"
-            merged[name] = torch.cat([_pad_right(a, width, fill), _pad_right(b, width, fill)])
+            merged[name] = torch.cat([_pad_right(v, width, fill) for v in values])
         return Batch(**merged)
 
 

@@ -9,10 +9,18 @@ to 1/0.07 and capped at 100 (CLIP), or divided by a fixed ``temperature`` (SimCS
 et al. 2021). The loss is the mean of the cross-entropies of stream 0 -> stream 1 and stream 1 ->
 stream 0 (symmetric, CLIP), or of the first only. No labels are needed.
 
+Hard negatives (``PooledPair.negative``, from ``Batch.negative``: supervised SimCSE's
+contradictions, Gao et al. 2021, eq. 5) join stream 1's candidates: each stream 0 row is scored
+against the N stream 1 rows and the N negatives ([N, 2N] logits). In the symmetric direction the
+negatives are not queries: stream 1 rows are scored against stream 0 rows only.
+
 Under data parallelism the other ranks' vectors join the negatives (as TencentPretrain's
 ``ClrTarget`` and SimCSE do): they are gathered without gradient, the local rows keep theirs, and
 every rank computes the loss of the whole gathered batch, so that the gradients averaged over
-ranks are those of the global batch. This needs the same batch size on every rank.
+ranks are those of the global batch. This needs the same batch size on every rank. In eval mode
+nothing is gathered (no gradient needs the other ranks' rows; every rank scores its own rows), so
+``logits`` are this batch's rows against this batch's rows and ``logits[i, i] / scale`` is the
+cosine similarity of pair i.
 """
 
 from __future__ import annotations
@@ -53,15 +61,18 @@ class ClrTargetConfig(TargetConfigBase):
                                            "be compared after projection: set projection: true (and feature_size)"))
         if self.feature_size is not None and not self.projection:
             problems.append(("feature_size", "set, but projection is false (feature_size is the projected width)"))
-        if self.temperature is not None and "init_temperature" in self.model_fields_set:
+        # (a saved run's config spells out every default, so only a changed value is a mistake)
+        default_init = type(self).model_fields["init_temperature"].default
+        if self.temperature is not None and self.init_temperature != default_init:
             problems.append(("init_temperature", "set, but temperature fixes the scale (nothing is learned)"))
         return problems
 
 
 @TARGETS.register("clr")
 class ClrTarget(Target):
-    """PooledPair (first [B,H0], second [B,H1]) -> symmetric InfoNCE loss; logits [B, N] (scaled
-    similarities of this rank's stream 0 rows to all N stream 1 rows; N = B without parallelism).
+    """PooledPair (first [B,H0], second [B,H1], optional negative [B,H1]) -> InfoNCE loss; logits
+    [B, N] or [B, 2N] with hard negatives (scaled similarities of this rank's stream 0 rows to all N
+    stream 1 rows, then to the N negatives; N = B without parallelism and in eval mode).
     Metrics: ``correct`` (rows whose positive scores highest, both directions counted) and ``count``."""
 
     Config = ClrTargetConfig
@@ -106,21 +117,34 @@ class ClrTarget(Target):
             a, b = self.projection_0(a), self.projection_1(b)
         return F.normalize(a.float(), dim=-1), F.normalize(b.float(), dim=-1)
 
+    def negative_features(self, pooled: PooledPair) -> Tensor | None:
+        """The hard negatives' vectors [B,F] (stream 1's projection), or None."""
+        if pooled.negative is None:
+            return None
+        c = pooled.negative if self.projection_1 is None else self.projection_1(pooled.negative)
+        return F.normalize(c.float(), dim=-1)
+
     def forward(self, hidden: PooledPair, batch: Batch) -> TargetOutput:  # type: ignore[override]
         a, b = self.features(hidden)
+        c = self.negative_features(hidden)
         rows = a.shape[0]
-        a, offset = _gathered(a) if self.gather else (a, 0)
-        b, _ = _gathered(b) if self.gather else (b, 0)
+        gather = self.gather and self.training
+        a, offset = _gathered(a) if gather else (a, 0)
+        b, _ = _gathered(b) if gather else (b, 0)
+        if c is not None:
+            c, _ = _gathered(c) if gather else (c, 0)
+        n = a.shape[0]
         scale = self.scale().to(a.device)
-        logits = scale * a @ b.T  # [N, N]: every stream 0 row against every stream 1 row
-        labels = torch.arange(a.shape[0], device=a.device)
+        candidates = b if c is None else torch.cat([b, c])
+        logits = scale * a @ candidates.T  # [N, N] or [N, 2N]: stream 0 rows against stream 1 rows (+ negatives)
+        labels = torch.arange(n, device=a.device)
         loss = F.cross_entropy(logits, labels)
         local = slice(offset, offset + rows)  # metrics count this rank's rows only
         with torch.no_grad():
             correct = (logits[local].argmax(dim=-1) == labels[local]).sum()
         count = rows
         if self.symmetric:
-            logits_back = logits.T  # stream 1 rows against stream 0 rows
+            logits_back = logits[:, :n].T  # stream 1 rows against stream 0 rows
             loss = (loss + F.cross_entropy(logits_back, labels)) / 2
             with torch.no_grad():
                 correct = correct + (logits_back[local].argmax(dim=-1) == labels[local]).sum()
