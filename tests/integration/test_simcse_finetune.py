@@ -94,6 +94,11 @@ def test_unsupervised_simcse_beats_the_untrained_encoder(tp, tmp_path):
 
     gold = np.array([float(line.split("\t")[0]) for line in dev.read_text(encoding="utf-8").splitlines()[1:]])
     assert abs(spearman(values, gold) - results["dev"]["spearman"]) < 1e-4  # the best model's scores
+    # pentad embed pools the fine-tuned encoder as the run does: the same similarities
+    embedded = tmp_path / "embedded.tsv"
+    assert main(["embed", str(out), "--input", str(dev), "--similarity", "--output", str(embedded)]) == 0
+    assert np.allclose([float(x) for x in embedded.read_text().splitlines()[1:]], values, atol=1e-5)
+    assert json.loads(embedded.with_suffix(".json").read_text())["pooling"] == "mean"
 
 
 def test_supervised_simcse_with_hard_negatives(tp, tmp_path):

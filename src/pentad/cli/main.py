@@ -118,12 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--cased", action="store_true", help="keep case (default: lower-case)")
     b.add_argument("--min-frequency", type=int, default=2)
     from pentad.cli import convert as convert_cli
+    from pentad.cli import embed as embed_cli
     from pentad.cli import export as export_cli
     from pentad.cli import generate as generate_cli
 
     convert_cli.add_parser(sub)
     export_cli.add_parser(sub)
     generate_cli.add_parser(sub)
+    embed_cli.add_parser(sub)
     p = sub.add_parser("demo", help="pre-train a small BERT on Wikipedia text, fine-tune on movie reviews")
     p.add_argument("--output", "-o", type=Path, default=Path("runs/demo"))
     p.add_argument("--minutes", type=float, default=7.5,
@@ -177,6 +179,10 @@ def run(args: argparse.Namespace) -> int:
         from pentad.cli import generate as generate_cli
 
         return generate_cli.run(args)
+    if cmd == "embed":
+        from pentad.cli import embed as embed_cli
+
+        return embed_cli.run(args)
     if cmd == "demo":
         from pentad.demo import run_demo
 
