@@ -42,6 +42,11 @@ class Batch:
     negative: hard negatives for the second stream (supervised SimCSE's contradiction sentences):
     a Batch with the same row count, encoded like ``pair``; row i is a negative of row i (and, in
     contrastive heads, of every other row). Its fields appear as ``negative.<field>``.
+    group_padding_mask [B,G] bool: set when each example is a group of G consecutive rows of the
+    input fields (the choices of a multiple-choice question: tokens [B*G,S], example i's members are
+    rows i*G .. i*G+G-1); True marks a padding member (a dummy choice, which a head must never pick).
+    Labels stay one per example ([B]); ``batch_size`` counts examples and ``rows`` picks whole
+    examples, so a distributed run splits a batch between questions, never inside one.
     """
 
     tokens: Tensor | None = None
@@ -57,6 +62,7 @@ class Batch:
     labels: dict[str, Tensor] = field(default_factory=dict)
     pair: Batch | None = None
     negative: Batch | None = None
+    group_padding_mask: Tensor | None = None
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """A copy with every tensor (the pair's included) moved to ``device``."""
@@ -72,12 +78,17 @@ class Batch:
 
     def rows(self, index: Tensor) -> Batch:
         """The rows ``index`` (a 1-D long tensor) of every batch-major tensor, labels and pair included:
-        the slice of a global batch that one rank of a distributed run trains on."""
+        the slice of a global batch that one rank of a distributed run trains on. With
+        ``group_padding_mask``, ``index`` numbers examples and every member row of each is taken."""
+        members = index
+        if self.group_padding_mask is not None:
+            size = self.group_padding_mask.shape[1]
+            members = (index[:, None] * size + torch.arange(size, device=index.device)).reshape(-1)
         picked: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, Tensor):
-                value = value.index_select(0, index.to(value.device))
+                value = value.index_select(0, (members if f.name in BATCH_INPUT_FIELDS else index).to(value.device))
             elif isinstance(value, Batch):
                 value = value.rows(index)
             elif isinstance(value, dict):
@@ -88,7 +99,7 @@ class Batch:
     def provided(self) -> set[str]:
         """Names of the fields that are set; labels appear as ``labels.<target>``, the pair's
         input fields as ``pair.<field>`` and the hard negatives' as ``negative.<field>``."""
-        names = {f for f in BATCH_INPUT_FIELDS if getattr(self, f) is not None}
+        names = {f for f in (*BATCH_INPUT_FIELDS, "group_padding_mask") if getattr(self, f) is not None}
         if self.pair is not None:
             names |= {f"pair.{f}" for f in BATCH_INPUT_FIELDS if getattr(self.pair, f) is not None}
         if self.negative is not None:
@@ -105,6 +116,9 @@ class Batch:
 
     @property
     def batch_size(self) -> int:
+        """The number of examples (of groups, when ``group_padding_mask`` is set)."""
+        if self.group_padding_mask is not None:
+            return int(self.group_padding_mask.shape[0])
         for name in BATCH_INPUT_FIELDS:
             value = getattr(self, name)
             if value is not None:

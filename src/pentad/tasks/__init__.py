@@ -1,3 +1,3 @@
 """Downstream tasks: reader + head + metric + prediction writer, one per file."""
 
-from pentad.tasks import classification, ner, qa, simcse, text2text  # noqa: F401
+from pentad.tasks import chid, classification, multiple_choice, ner, qa, simcse, text2text  # noqa: F401

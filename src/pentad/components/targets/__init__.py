@@ -1,3 +1,15 @@
 """Targets: heads with a loss. ``forward(hidden, batch) -> TargetOutput``."""
 
-from pentad.components.targets import bilm, clr, cls, cosine, lm, mlm, pair_cls, sp, span, tagger  # noqa: F401
+from pentad.components.targets import (  # noqa: F401
+    bilm,
+    choice,
+    clr,
+    cls,
+    cosine,
+    lm,
+    mlm,
+    pair_cls,
+    sp,
+    span,
+    tagger,
+)
