@@ -14,24 +14,12 @@ from __future__ import annotations
 
 import json
 
+from bench.downstream_tasks.c3 import baselines
+
 from pentad.cli.main import main
 from pentad.training.trainer import MetricsLog
 
 TRAIN_DOCS, DEV_DOCS, TEST_DOCS = 96, 60, 8
-
-
-def baselines(docs: list) -> dict[str, float]:
-    """Accuracy of simple rules on C3 documents."""
-    chance = longest = overlap = total = 0.0
-    for doc in docs:
-        context = "".join(doc[0])
-        for q in doc[1]:
-            options, gold = q["choice"], q["choice"].index(q["answer"])
-            chance += 1 / len(options)
-            longest += max(range(len(options)), key=lambda i: len(options[i])) == gold
-            overlap += max(range(len(options)), key=lambda i: sum(ch in context for ch in options[i])) == gold
-            total += 1
-    return {"chance": chance / total, "longest choice": longest / total, "context overlap": overlap / total}
 
 
 def test_c3_finetunes_scores_and_predicts(tp, tmp_path):

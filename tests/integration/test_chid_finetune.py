@@ -2,7 +2,7 @@
 
 There is no ChID data beside the repository: a ChID-format set is made from real Chinese text
 (TencentPretrain's sampled CLUECorpusSmall) by blanking out 4-character spans of passages, with
-spans of other documents as the distracting candidates (``bench/downstream_tasks/cloze.py``), in
+spans of other documents as the distracting candidates (``bench/downstream_tasks/chid.py``), in
 ChID's layout (JSON lines + ``<name>_answer.json``).
 
 Baselines measured on the same dev set: chance (1/candidates) and the candidate with the most
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from bench.downstream_tasks.cloze import make_cloze_set, overlap_baseline
+from bench.downstream_tasks.chid import make_cloze_set, overlap_baseline
 
 from pentad.cli.main import main
 from pentad.training.trainer import MetricsLog
