@@ -37,24 +37,29 @@ class TsvRow:
     text_a: str
     text_b: str | None = None
     label: str | None = None
+    qid: str | None = None
 
 
-def parse_header(text: str, path: Path | str, with_labels: bool) -> tuple[str, ...]:
+def parse_header(text: str, path: Path | str, with_labels: bool, known: Sequence[str] = KNOWN_COLUMNS,
+                 required: Sequence[str] = ("text_a",), expected: str | None = None) -> tuple[str, ...]:
     """The column names of a header line; UserError unless they are a valid classification header.
 
     With ``with_labels`` the ``label`` column is required; without, it is optional (a labelled
-    file can be used for inference and its labels are kept).
+    file can be used for inference and its labels are kept). ``known``: the column names allowed;
+    ``required``: those that must be present besides ``label``; ``expected``: the header shown in the
+    error (default: the classification header).
     """
     columns = tuple(c.strip() for c in text.split("\t"))
-    expected = "'label<TAB>text_a[<TAB>text_b]'" if with_labels else "'text_a[<TAB>text_b]'"
+    if expected is None:
+        expected = "label<TAB>text_a[<TAB>text_b]" if with_labels else "text_a[<TAB>text_b]"
+    expected = f"'{expected}'"
     problems = []
-    unknown = [c for c in columns if c not in KNOWN_COLUMNS]
+    unknown = [c for c in columns if c not in known]
     if unknown:
         problems.append(f"unknown column name(s) {unknown}")
     if len(set(columns)) != len(columns):
         problems.append("a column name appears twice")
-    if "text_a" not in columns:
-        problems.append("no 'text_a' column")
+    problems += [f"no '{name}' column" for name in required if name not in columns]
     if with_labels and "label" not in columns:
         problems.append("no 'label' column")
     if problems:
@@ -63,9 +68,9 @@ def parse_header(text: str, path: Path | str, with_labels: bool) -> tuple[str, .
     return columns
 
 
-def split_row(text: str, columns: Sequence[str], line: int) -> TsvRow:
+def split_row(text: str, columns: Sequence[str], line: int, empty_label: bool = False) -> TsvRow:
     """One data line -> TsvRow; BadLine if its field count differs from the header's or a text
-    (or the label) is empty."""
+    (or the label, unless ``empty_label``, or the qid) is empty."""
     values = text.split("\t")
     if len(values) != len(columns):
         raise BadLine(f"has {len(values)} tab-separated field(s), the header has {len(columns)} "
@@ -75,18 +80,25 @@ def split_row(text: str, columns: Sequence[str], line: int) -> TsvRow:
     if empty:
         raise BadLine(f"has an empty {' and an empty '.join(empty)} field: every example needs its text (a "
                       "blank line, or a missing value between two tabs?); remove the line or fill in the text")
-    if "label" in row and not row["label"].strip():
+    if "label" in row and not row["label"].strip() and not empty_label:
         raise BadLine("has an empty label field; give every example its label (or drop the label column "
                       "for inference input)")
+    if "qid" in row and not row["qid"].strip():
+        raise BadLine("has an empty qid field; every line needs the id of its question")
     return TsvRow(line, row["text_a"], row.get("text_b"),
-                  row["label"].strip() if "label" in row else None)
+                  row["label"].strip() if "label" in row else None,
+                  row["qid"].strip() if "qid" in row else None)
 
 
-def read_classification_tsv(path: Path, with_labels: bool) -> tuple[list[TsvRow], tuple[str, ...]]:
+def read_classification_tsv(path: Path, with_labels: bool, known: Sequence[str] = KNOWN_COLUMNS,
+                            required: Sequence[str] = ("text_a",), empty_label: bool = False,
+                            expected: str | None = None) -> tuple[list[TsvRow], tuple[str, ...]]:
     """All rows of a classification TSV and its column names, checked line by line.
 
     UserError (naming file and line) for a missing file, a bad header, a line that is not UTF-8,
-    a line with the wrong number of fields, and a file with no data lines.
+    a line with the wrong number of fields, and a file with no data lines. ``known``, ``required``
+    and ``expected``: the header's columns (see :func:`parse_header`); ``empty_label``: an empty
+    label field is allowed (a multi-label example with no label).
     """
     path = Path(path)
     if not path.is_file():
@@ -99,9 +111,9 @@ def read_classification_tsv(path: Path, with_labels: bool) -> tuple[list[TsvRow]
             try:
                 text = decode_line(raw, line_no)
                 if line_no == 1:
-                    columns = parse_header(text, path, with_labels)
+                    columns = parse_header(text, path, with_labels, known, required, expected)
                     continue
-                rows.append(split_row(text, columns, line_no))
+                rows.append(split_row(text, columns, line_no, empty_label))
             except BadLine as bad:
                 raise UserError(f"{path}, line {line_no}: the line {bad}.") from None
     if not columns:

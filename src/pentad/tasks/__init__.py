@@ -1,3 +1,14 @@
 """Downstream tasks: reader + head + metric + prediction writer, one per file."""
 
-from pentad.tasks import chid, classification, multiple_choice, ner, qa, simcse, text2text  # noqa: F401
+from pentad.tasks import (  # noqa: F401
+    chid,
+    classification,
+    multi_label,
+    multiple_choice,
+    ner,
+    qa,
+    ranking,
+    regression,
+    simcse,
+    text2text,
+)

@@ -46,11 +46,15 @@ class ClsTarget(Target):
         return cls(cfg.target_name, model.hidden_size, cfg.num_labels or 2, cfg.pooling, cfg.pooler,
                    cfg.dropout)
 
-    def forward(self, hidden: Tensor, batch: Batch) -> TargetOutput:
+    def scores(self, hidden: Tensor, batch: Batch) -> Tensor:
+        """hidden [B,S,H] -> the classifier's outputs [B, num_labels] (before any loss)."""
         pooled = pool(hidden, batch.padding_mask, self.pooling)
         if self.pooler is not None:
             pooled = self.pooler(pooled).tanh()
-        logits = self.classifier(self.dropout(pooled))
+        return self.classifier(self.dropout(pooled))
+
+    def forward(self, hidden: Tensor, batch: Batch) -> TargetOutput:
+        logits = self.scores(hidden, batch)
         labels = batch.labels.get(self.name)
         if labels is None:
             return TargetOutput(loss=None, logits=logits)
