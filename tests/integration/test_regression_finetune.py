@@ -34,7 +34,7 @@ def test_regression_beats_the_mean_and_keeps_the_lowest_mse(tp, tmp_path):
     dev_mse = {r["step"]: r["dev_mse"] for r in MetricsLog(out / "metrics.jsonl").read() if "dev_mse" in r}
     assert len(dev_mse) == 4 and results["best_step"] == min(dev_mse, key=dev_mse.get)
     baseline = row.mean_baseline_mse(train, test)
-    assert results["test"]["mse"] < 0.75 * baseline, (results, baseline)  # measured 0.0093 against 0.0187
+    assert results["test"]["mse"] < 0.75 * baseline, (results, baseline)  # measured 0.0088 against 0.0187
     assert results["test"]["pearson"] > 0.5 and results["test"]["spearman"] > 0.5, results
 
     sentences = [line.split("\t")[1] for line in test.read_text(encoding="utf-8").splitlines()[1:6]]
