@@ -113,6 +113,27 @@ def test_rows_of_a_grouped_batch_are_whole_questions(tokenizer, tmp_path):
     assert torch.equal(moved.group_padding_mask, part.group_padding_mask)
 
 
+def test_each_rank_of_a_distributed_run_trains_on_whole_questions(tokenizer, tmp_path):
+    """The trainer's split of a global batch between ranks (Trainer._rank_rows) goes by question."""
+    from types import SimpleNamespace
+
+    from pentad.training.trainer import Trainer
+
+    t = task(tokenizer)
+    q = t.read(write(tmp_path / "c3.json", DOCS))
+    batch = t.collate(q, [0, 1, 2], np.random.default_rng(0))
+    shares = [Trainer._rank_rows(SimpleNamespace(dist=SimpleNamespace(world_size=2, rank=r)), batch)
+              for r in (0, 1)]
+    (first, w0), (second, w1) = shares
+    assert (w0, w1) == (1.0, 1.0) and (first.batch_size, second.batch_size) == (1, 2)
+    assert torch.equal(first.tokens, batch.tokens[:4]) and torch.equal(second.tokens, batch.tokens[4:])
+    assert second.labels["choice"].tolist() == [1, 2] and second.group_padding_mask.shape == (2, 4)
+    # more ranks than questions: a rank without a question trains on a stand-in with weight 0
+    lone = t.collate(q, [1], np.random.default_rng(0))
+    stand_in, weight = Trainer._rank_rows(SimpleNamespace(dist=SimpleNamespace(world_size=2, rank=0)), lone)
+    assert weight == 0.0 and stand_in.tokens.shape[0] == 4 and stand_in.batch_size == 1
+
+
 def test_an_ungrouped_batch_is_unchanged_by_the_new_field():
     batch = Batch(tokens=torch.arange(6).view(3, 2), labels={"cls": torch.tensor([0, 1, 2])})
     assert batch.batch_size == 3 and "group_padding_mask" not in batch.provided()
