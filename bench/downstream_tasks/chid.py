@@ -95,7 +95,7 @@ def overlap_baseline(data: Path, answers: Path) -> float:
 
 def run(out_dir: Path, shared: Path, quick: bool) -> dict:
     corpus = shared / CORPUS
-    train_lines, dev_lines = (200, 100) if quick else (1800, 400)
+    train_lines, dev_lines = (200, 100) if quick else (1000, 400)
     data = out_dir / "chid"
     train, _ = make_cloze_set(corpus, data / "train.json", train_lines, candidates=CANDIDATES)
     dev, dev_answers = make_cloze_set(corpus, data / "dev.json", dev_lines, offset=train_lines,

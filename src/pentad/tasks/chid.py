@@ -93,6 +93,9 @@ class ChidTask(ChoiceTaskBase):
         mask = int(tokenizer.mask_id)
         other = int(tokenizer.unk_id) if tokenizer.unk_id is not None else mask
         lines = load_json(path, "a ChID line {\"content\": [...], \"candidates\": [...]}", lines=True)
+        if not lines:
+            raise UserError(f"{path}: no lines (expected one JSON object {{\"content\": [...], \"candidates\": "
+                            "[...]}} per line).")
         answers = self._answers(path) if with_labels else None
         # blanks: (line number, passage pieces, which blank, candidates)
         blanks: list[tuple[int, list[str], int, list[str]]] = []

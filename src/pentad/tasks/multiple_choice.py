@@ -286,6 +286,9 @@ class MultipleChoiceTask(ChoiceTaskBase):
                 ids.append(qid)
                 groups.append(d)
                 where.append(here)
+        if not questions:
+            raise UserError(f"{path}: no questions (expected a JSON list of documents [[context sentences], "
+                            "[{question, choice, answer}, ...], id]).")
         encode = self.tokenizer.encode_batch
         flat = [c for options in choices for c in options]
         encoded = iter(encode(flat))

@@ -144,6 +144,7 @@ def test_predictions_are_the_answer_file_layout(tokenizer, tmp_path):
                                              r"the index of one of its 2 candidates, 0..1"),
     (LINES, [0, 1], r"train_answer.json: expected a JSON object"),
     ([{"content": ["一二三"], "candidates": ["天地人和"]}], {}, r"train.json, line 1: no blank"),
+    ([], {}, r"train.json: no lines"),
     ([{"content": "一#idiom000001#", "candidates": ["天地人和"]}], {}, r"line 1: \"content\" must be a list"),
     ([{"content": ["一#idiom000001#"], "candidates": []}], {}, r"line 1: \"candidates\" must be a non-empty"),
     ([{"content": ["一#idiom000001#"], "candidates": ["甲"]}, {"content": ["#idiom000001#"], "candidates": ["甲"]}],

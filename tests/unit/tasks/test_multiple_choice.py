@@ -218,6 +218,8 @@ def test_inference_input_needs_no_answers(tokenizer, tmp_path):
     ([["天气", [{"question": "好吗", "choice": ["a"], "answer": "a"}]]], r"the context \(first element\) must be"),
     ([[["天气"]]], r"document 0: expected \[\[context sentences\], \[questions\]\]"),
     ({"data": []}, r"expected a JSON list of documents"),
+    ([], r"c3.json: no questions"),
+    ([[["天气"], []]], r"c3.json: no questions"),
 ])
 def test_bad_input_names_file_document_and_question(tokenizer, tmp_path, docs, message):
     with pytest.raises(UserError, match=message):
