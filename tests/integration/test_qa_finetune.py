@@ -61,7 +61,7 @@ def test_qa_finetunes_scores_and_writes_answers(tp, cmrc, tmp_path):
     width = round(sum(len(q.context[q.start:q.end]) for q in questions) / len(questions))
     baseline = qa_metrics(gold, [q.context[:width] for q in questions])
     assert baseline["f1"] < 0.3, baseline
-    assert results["dev"]["f1"] >= max(0.6, baseline["f1"] + 0.3), (results, baseline)  # 0.93 measured
+    assert results["dev"]["f1"] >= max(0.6, baseline["f1"] + 0.3), (results, baseline)  # 0.89 measured
     assert results["dev"]["em"] >= 0.4, results
     assert set(results["test"]) == {"f1", "em"} and 0.0 <= results["test"]["f1"] <= 1.0
 

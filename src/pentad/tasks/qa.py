@@ -16,8 +16,9 @@ found at its ``answer_start``; the others (CMRC 2018 has three per dev question,
 position) count only as references in evaluation.
 
 Prediction looks at every window of a question: the ``n_best`` best starts and ends of each window
-are paired (start before end, at most ``max_answer_length`` tokens), a pair scores the sum of its
-start and end logits, and the best pair over all windows is the answer, mapped back through the
+are paired (start before end, at most ``max_answer_length`` tokens; a start only at a token this
+window gives the most context, as BERT's SQuAD code does with overlapping windows), a pair scores
+the sum of its start and end logits, and the best pair over all windows is the answer, mapped back through the
 tokenizer's character offsets to the exact substring of the context. Its probability is the softmax
 of its score among the ``n_best`` best candidates of the question.
 
@@ -84,13 +85,17 @@ class Question:
 class QaWindows:
     """Encoded windows (one model row each). tokens[w]: ``[CLS] q [SEP] window [SEP]``;
     context_begin[w]: the position of the window's first context token; offsets[w]: [n, 2] the
-    characters of the context each of its n context tokens covers; question_of[w]: the index of
-    its question in ``questions``; labels: [W, 2] start and end positions (None without labels)."""
+    characters of the context each of its n context tokens covers; max_context[w]: [n] whether
+    this window, of all the question's windows holding the token, gives the token the most context
+    on its narrower side (BERT's rule for overlapping windows; an answer starts only there);
+    question_of[w]: the index of its question in ``questions``; labels: [W, 2] start and end
+    positions (None without labels)."""
 
     questions: list[Question]
     tokens: list[np.ndarray]
     context_begin: np.ndarray
     offsets: list[np.ndarray]
+    max_context: list[np.ndarray]
     question_of: np.ndarray
     labels: np.ndarray | None
 
@@ -197,7 +202,7 @@ def encode_windows(questions: Sequence[Question], tokenizer: Any, seq_length: in
         raise UserError("the qa task builds [CLS] question [SEP] context [SEP], but the tokenizer has no "
                         f"{'[CLS]' if cls_id is None else '[SEP]'} token; name one with tokenizer.special_tokens.")
     contexts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    tokens, begins, offsets, owner, labels = [], [], [], [], []
+    tokens, begins, offsets, best, owner, labels = [], [], [], [], [], []
     for qi, question in enumerate(questions):
         if question.context not in contexts:
             ids, offs = tokenizer.encode_with_offsets(question.context)
@@ -220,7 +225,9 @@ def encode_windows(questions: Sequence[Question], tokenizer: Any, seq_length: in
             answer = (int(overlap[0]), int(overlap[-1]))
         n = len(ctx_ids)
         begin = 0
+        spans = []
         while True:
+            spans.append((begin, min(budget, n - begin)))
             length = min(budget, n - begin)
             window = np.asarray(head + ctx_ids[begin:begin + length].tolist() + [int(sep_id)], dtype=np.int64)
             tokens.append(window)
@@ -233,9 +240,23 @@ def encode_windows(questions: Sequence[Question], tokenizer: Any, seq_length: in
             if begin + length >= n:
                 break
             begin += min(length, doc_stride)
-    return QaWindows(list(questions), tokens, np.asarray(begins, dtype=np.int64), offsets,
+        best += _max_context(spans, n)
+    return QaWindows(list(questions), tokens, np.asarray(begins, dtype=np.int64), offsets, best,
                      np.asarray(owner, dtype=np.int64),
                      np.asarray(labels, dtype=np.int64).reshape(-1, 2) if labelled else None)
+
+
+def _max_context(spans: Sequence[tuple[int, int]], n: int) -> list[np.ndarray]:
+    """Per window ``(begin, length)`` of a context of ``n`` tokens: whether it is the window where each
+    of its tokens has the most context, ``min(tokens left, tokens right) + 0.01 * length`` (the first
+    such window on a tie), as BERT's SQuAD code chooses."""
+    position = np.arange(n)
+    score = np.full((len(spans), n), -np.inf)
+    for w, (begin, length) in enumerate(spans):
+        inside = slice(begin, begin + length)
+        score[w, inside] = np.minimum(position[inside] - begin, begin + length - 1 - position[inside]) + 0.01 * length
+    winner = score.argmax(axis=0) if n else position
+    return [winner[begin:begin + length] == w for w, (begin, length) in enumerate(spans)]
 
 
 # ------------------------------------------------------------------------------------ metrics
@@ -396,11 +417,13 @@ class QaTask(Task):
                     if not n:
                         continue
                     start, end = logits[r, begin:begin + n, 0], logits[r, begin:begin + n, 1]
+                    allowed = instances.max_context[int(w)]
+                    start = np.where(allowed, start, -np.inf)
                     k = min(n_best, n)
                     starts = np.argpartition(-start, k - 1)[:k]
                     ends = np.argpartition(-end, k - 1)[:k]
                     s, e = np.meshgrid(starts, ends, indexing="ij")
-                    ok = (e >= s) & (e - s < longest)
+                    ok = (e >= s) & (e - s < longest) & allowed[s]
                     found = candidates[int(instances.question_of[int(w)])]
                     for i, j in zip(s[ok].tolist(), e[ok].tolist()):
                         span = (int(offs[i, 0]), int(offs[j, 1]))

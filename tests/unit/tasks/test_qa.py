@@ -135,6 +135,23 @@ def test_windows_slide_by_doc_stride_and_label_the_answer_where_it_is_whole(tmp_
         encode_windows(questions, chars, 5, 4, 64, labelled=True)
 
 
+def test_each_token_has_one_window_of_most_context():
+    from pentad.tasks.qa import _max_context
+
+    # windows 0-5 and 4-9: token 4 is nearer the end of the first (1 left of it on the narrow side) than
+    # the start of the second (0); token 5 the other way round
+    first, second = _max_context([(0, 6), (4, 6)], 10)
+    assert first.tolist() == [True] * 5 + [False] and second.tolist() == [False] + [True] * 5
+    spans = [(0, 6), (4, 6), (8, 6), (12, 6), (16, 4)]
+    masks = _max_context(spans, 20)
+    owners = np.zeros(20, dtype=int)
+    for (begin, length), mask in zip(spans, masks):
+        assert len(mask) == length
+        owners[begin:begin + length] += mask
+    assert (owners == 1).all()
+    assert _max_context([(0, 0)], 0)[0].tolist() == []
+
+
 def test_labels_map_back_to_the_answers_on_cmrc_data(shared_data):
     """Every labelled window of TencentPretrain's CMRC sample, with the Chinese BERT vocabulary: the
     tokens between its start and end labels cover exactly the answer's characters."""
@@ -205,6 +222,34 @@ def test_predict_takes_the_best_pair_over_all_windows_within_max_answer_length(t
     # with a longer limit, the far pair wins, mapped back to the exact substring
     task = QaTask(QaTaskConfig(doc_stride=3, max_answer_length=30), chars, 30, None)
     assert task.predict(model, task.read(path), 2, torch.device("cpu")).answers == [CONTEXT[1:19]]
+
+
+class EdgeLover(Pointer):
+    """Also scores the last context token of each window (the one before the final [SEP]) as a start,
+    except at the end of the context."""
+
+    def __init__(self, scores, last_id):
+        super().__init__(scores)
+        self.last_id = last_id
+
+    def forward(self, batch):
+        out = super().forward(batch)
+        lengths = (~batch.padding_mask).sum(1)
+        for r, n in enumerate(lengths.tolist()):
+            if batch.tokens[r, n - 2] != self.last_id:
+                out["span"].logits[r, n - 2, 0] += 5
+        return out
+
+
+def test_an_answer_starts_only_where_its_window_gives_the_most_context(tmp_path, chars):
+    path = squad(tmp_path, [qa("q", [("子丑", 10)])])
+    task = QaTask(QaTaskConfig(doc_stride=3), chars, 10, None)
+    windows = task.read(path)
+    model = EdgeLover({chars.token_to_id("丑"): (1, 1)}, last_id=chars.token_to_id(CONTEXT[-1]))
+    # a window's last token has more context in the next window, where the model does not like it
+    assert task.predict(model, windows, 4, torch.device("cpu")).answers == ["丑"]
+    windows.max_context = [np.ones_like(m) for m in windows.max_context]  # without the rule, an edge wins
+    assert task.predict(model, windows, 4, torch.device("cpu")).answers[0] in {"戊", "辛", "子", "卯", "午"}
 
 
 def test_predictions_file_is_the_official_json(tmp_path, chars):
