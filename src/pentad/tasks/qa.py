@@ -368,6 +368,10 @@ class QaTask(Task):
         if skipped:
             log.info(f"{path}: skipped {len(skipped):,} question(s) with no answer found at its answer_start "
                      f"(task.on_bad_answer=skip): {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}")
+        if not questions:
+            left = f" ({len(skipped):,} skipped for a bad answer)" if skipped else ""
+            raise UserError(f"{path} holds no questions{left}; expected SQuAD/CMRC 2018 JSON with "
+                            "data -> paragraphs -> qas.")
         windows = encode_windows(questions, self.tokenizer, self.seq_length, self.cfg.doc_stride,
                                  self.cfg.max_question_length, with_labels, path)
         log.info(f"{path}: {len(questions):,} questions in {len(windows):,} windows")

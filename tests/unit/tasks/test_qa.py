@@ -94,6 +94,8 @@ def test_a_bad_answer_fails_naming_file_and_id_or_is_skipped_and_counted(tmp_pat
     assert [q.id for q in read_squad(path, with_labels=False)[0]] == ["good", "DEV_7_QUERY_1", "none"]
     task = QaTask(QaTaskConfig(on_bad_answer="skip"), chars, 16)
     assert [q.id for q in task.read(path).questions] == ["good"]
+    with pytest.raises(UserError, match=r"holds no questions \(1 skipped for a bad answer\)"):
+        task.read(squad(tmp_path, [qa("bad", [("丙丁", 5)])], name="bad.json"))
 
 
 @pytest.mark.parametrize("text, match", [
