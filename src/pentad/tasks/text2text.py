@@ -208,9 +208,10 @@ class Text2TextTask(Task):
         if self.encoder_decoder:
             from pentad.data.objectives.mt import MtObjectiveConfig
 
-            if self.cfg.target_seq_length > model.max_seq_length:
-                raise UserError(f"task.target_seq_length {self.cfg.target_seq_length} exceeds the model's "
-                                f"model.max_seq_length {model.max_seq_length}")
+            for key, value in (("target_seq_length", self.cfg.target_seq_length), ("max_new_tokens", self.new_tokens)):
+                if value > model.max_seq_length:
+                    raise UserError(f"task.{key} {value} exceeds the model's model.max_seq_length "
+                                    f"{model.max_seq_length} (the decoder's positions)")
             start = self.cfg.decoder_start
             if start is None:
                 start = getattr(run_cfg.data.objective, "decoder_start", None)

@@ -200,8 +200,10 @@ def test_models_and_options_that_cannot_work(tokenizer):
         make_task(tokenizer, "gpt2/tiny", separator="<nope>")
     with pytest.raises(UserError, match="no room for the source"):
         make_task(tokenizer, "gpt2/tiny", target_seq_length=24)
-    with pytest.raises(UserError, match="exceeds the model's model.max_seq_length"):
+    with pytest.raises(UserError, match="target_seq_length 40 exceeds the model's model.max_seq_length"):
         make_task(tokenizer, target_seq_length=40)
+    with pytest.raises(UserError, match="max_new_tokens 33 exceeds the model's model.max_seq_length"):
+        make_task(tokenizer, max_new_tokens=33)
     with pytest.raises(UserError, match="target vocabulary of its own"):
         make_task(tokenizer, "t5/small", ["model.target_vocab_size=99"])
     with pytest.raises(RuntimeError, match="bind"):
