@@ -9,6 +9,7 @@ from pentad.tasks import (  # noqa: F401
     qa,
     ranking,
     regression,
+    siamese,
     simcse,
     text2text,
 )
