@@ -4,6 +4,7 @@ from pentad.tasks import (  # noqa: F401
     chid,
     classification,
     multi_label,
+    multi_task,
     multiple_choice,
     ner,
     qa,

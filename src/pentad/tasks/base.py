@@ -57,6 +57,19 @@ class Task(ABC):
         if state is not None:
             self.load_state(state)
 
+    # ---------------------------------------------------------------- inputs
+    @classmethod
+    def sources(cls, cfg: Any, data: Any) -> dict[str, Any]:
+        """The fine-tuning inputs as :meth:`fit` and :meth:`read` take them: ``{"train": ..., "dev": ...,
+        "test": ...}`` (None: no such split), from the task config ``cfg`` and the run's ``data`` config;
+        checked before the run starts. Default: the files ``data.train`` (required), ``data.dev`` and
+        ``data.test``; a task reading several files per split (multi-task) lists its own."""
+        if data.train is None:
+            from pentad.errors import UserError
+
+            raise UserError("data.train is not set: give the training TSV file")
+        return {"train": data.train, "dev": data.dev, "test": data.test}
+
     # ---------------------------------------------------------------- fitting and state
     def bind(self, run_cfg: Any) -> None:
         """Take what the task needs from the run's config (the model: encoder-decoder or decoder-only,
@@ -103,6 +116,12 @@ class Task(ABC):
     @abstractmethod
     def collate(self, instances: Any, indices: Sequence[int], rng: np.random.Generator) -> Batch:
         """The Batch of ``instances[indices]`` (with the head's labels when the instances have them)."""
+
+    def train_batches(self, instances: Any, batch_size: int, seed: int) -> EpochBatches:
+        """The training batches (``batches_per_epoch`` and ``iterate(start)``, resumable at any micro-batch).
+        Default: :class:`EpochBatches` of ``batch_size`` instances, reshuffled each epoch; a task may
+        group them (multi-task: each batch from one dataset)."""
+        return EpochBatches(len(instances), batch_size, seed, lambda idx, rng: self.collate(instances, idx, rng))
 
     def gold(self, instances: Any) -> Any:
         """The reference answers of read instances, in the form :meth:`score` takes (default: the

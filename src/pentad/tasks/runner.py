@@ -13,7 +13,6 @@ from pentad.builder import build_model
 from pentad.errors import UserError
 from pentad.registry import TASKS
 from pentad.runs import absolute_paths, complete_vocab, info, load_run, load_tokenizer
-from pentad.tasks.base import EpochBatches
 from pentad.training import checkpoint as ckpt
 from pentad.training.distributed import pick_device
 from pentad.training.session import Session
@@ -41,12 +40,11 @@ def _init_source(cfg: Any) -> tuple[Any, Any]:
 
 
 def finetune(cfg: Any) -> dict[str, Any]:
-    """Fine-tune on ``data.train``, pick the best model on ``data.dev``, report dev and test scores
-    (one process, or every rank of a launch)."""
+    """Fine-tune on the training input (``data.train``, or what the task's ``sources`` names), pick the
+    best model on dev, report dev and test scores (one process, or every rank of a launch)."""
     if cfg.task is None:
         raise UserError("task is not set (e.g. --task classification)")
-    if cfg.data.train is None:
-        raise UserError("data.train is not set: give the training TSV file")
+    TASKS.get(cfg.task.type).sources(cfg.task, cfg.data)  # a missing input fails before the run starts
     if cfg.output is None:
         raise UserError("output is not set: give the run directory, e.g. output=runs/finetune")
     absolute_paths(cfg)
@@ -63,16 +61,16 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
     seq_length = min(seq_length, cfg.model.max_seq_length)
     task = TASKS.get(cfg.task.type)(cfg.task, tokenizer, seq_length)
     task.bind(cfg)
-    task.fit(cfg.data.train)
+    sources = task.sources(cfg.task, cfg.data)
+    task.fit(sources["train"])
     described = task.describe()
     info(f"{cfg.task.type}: {described}" if described else f"task {cfg.task.type}")
     model_dict = cfg.model.model_dump()
     model_dict["targets"] = task.head_configs()
     model_dict = task.model_config(model_dict)
     cfg.model = type(cfg.model).model_validate(model_dict)
-    train = task.read(cfg.data.train)
-    splits = {"dev": cfg.data.dev, "test": cfg.data.test}
-    evaluation = {name: task.read(path) for name, path in splits.items() if path is not None}
+    train = task.read(sources["train"])
+    evaluation = {name: task.read(sources[name]) for name in ("dev", "test") if sources.get(name) is not None}
     model = session.build(cfg.model, task.provides, cfg.init, new_heads=task.head_names(), drop_heads=True)
     if cfg.init is None:
         info("no init: training from randomly initialised weights")
@@ -80,8 +78,7 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
     changes = session.prepare_run_dir(tokenizer, extra={STATE: task.state()},
                                       unused=("train.steps", "data.dataset"))
     device = session.dist.device
-    batches = EpochBatches(len(train), cfg.train.batch_size, cfg.train.seed,
-                           lambda idx, rng: task.collate(train, idx, rng))
+    batches = task.train_batches(train, cfg.train.batch_size, cfg.train.seed)
     steps_per_epoch = max(1, math.ceil(batches.batches_per_epoch / cfg.train.grad_accum))
     total = steps_per_epoch * cfg.train.epochs
     every = cfg.train.eval_every or steps_per_epoch
