@@ -7,43 +7,14 @@ with their answer sentences as positives and other sentences as hard negatives) 
 from __future__ import annotations
 
 import json
-import random
-import re
 from pathlib import Path
 
 import numpy as np
 import torch
+from bench.downstream_tasks.simcse import cmrc_triples, write_pairs
 
 from pentad.cli.main import main
 from pentad.training.trainer import MetricsLog
-
-
-def _clean(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip()
-
-
-def cmrc_triples(path: Path, seed: int = 0) -> list[tuple[str, str, str]]:
-    """(question, the context sentence holding its answer, another sentence of that context) per
-    CMRC 2018 question whose answer lies inside one sentence (split after 。！？)."""
-    data = json.loads(path.read_text(encoding="utf-8"))
-    rng = random.Random(seed)
-    out = []
-    for article in data["data"]:
-        for paragraph in article["paragraphs"]:
-            sentences = [_clean(s) for s in re.split(r"(?<=[。！？])", paragraph["context"]) if _clean(s)]
-            for qa in paragraph["qas"]:
-                answer = qa["answers"][0]["text"].strip()
-                holding = [s for s in sentences if answer and answer in s]
-                others = [s for s in sentences if not (answer and answer in s)]
-                if holding and others:
-                    out.append((_clean(qa["question"]), holding[0], rng.choice(others)))
-    return out
-
-
-def write_pairs(triples, path: Path) -> Path:
-    rows = [f"1\t{q}\t{pos}\n0\t{q}\t{neg}\n" for q, pos, neg in triples]
-    path.write_text("label\ttext_a\ttext_b\n" + "".join(rows), encoding="utf-8")
-    return path
 
 
 def tiny_zh(tp: Path) -> list[str]:
@@ -51,7 +22,7 @@ def tiny_zh(tp: Path) -> list[str]:
             f"tokenizer.vocab={tp / 'models' / 'google_zh_vocab.txt'}",
             "model.hidden_size=64", "model.max_seq_length=64", "model.encoder.num_layers=2",
             "model.encoder.num_heads=2", "model.encoder.ffn_size=128", "data.objective.seq_length=48",
-            "train.progress=false", "train.log_every=5", "train.lr=1e-3", "task.pooling=mean"]
+            "train.progress=false", "train.log_every=5", "train.lr=1e-3", "task.pooling=mean", "train.threads=1"]
 
 
 def untrained_scores(run: Path, pairs: Path) -> dict[str, float]:
