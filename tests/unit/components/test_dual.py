@@ -317,15 +317,15 @@ def test_dual_config_round_trips_and_has_a_schema():
     assert "DualEncoderConfig" in str(schema)
 
 
-def _clr_rank(rank: int, init_file: str, out_dir: str) -> None:
+def _clr_rank(rank: int, init_file: str, out_dir: str, negatives: bool = False) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         torch.set_num_threads(1)
-        x, y, lin, target = _clr_problem()
+        x, y, z, lin, target = _clr_problem()
         rows = slice(4 * rank, 4 * rank + 4)
-        out = target(PooledPair(lin(x[rows]), lin(y[rows])), Batch())
+        out = target(PooledPair(lin(x[rows]), lin(y[rows]), lin(z[rows]) if negatives else None), Batch())
         out.loss.backward()
         torch.save({"loss": out.loss.detach(), "weight": lin.weight.grad, "scale": target.logit_scale.grad,
                     "count": out.metrics["count"]}, f"{out_dir}/rank{rank}.pt")
@@ -335,20 +335,21 @@ def _clr_rank(rank: int, init_file: str, out_dir: str) -> None:
 
 def _clr_problem():
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(8, 5, generator=g), torch.randn(8, 5, generator=g)
+    x, y, z = (torch.randn(8, 5, generator=g) for _ in range(3))
     torch.manual_seed(1)
-    return x, y, nn.Linear(5, 4), ClrTarget("clr", (4, 4), init_temperature=0.5)
+    return x, y, z, nn.Linear(5, 4), ClrTarget("clr", (4, 4), init_temperature=0.5)
 
 
-def test_clr_under_data_parallelism_matches_the_global_batch(tmp_path):
+@pytest.mark.parametrize("negatives", [False, True], ids=["pairs", "hard-negatives"])
+def test_clr_under_data_parallelism_matches_the_global_batch(tmp_path, negatives):
     """Two ranks with half the batch each: same loss, and gradients averaged over the ranks (as
-    DDP does) equal to one process's gradients on the whole batch."""
+    DDP does) equal to one process's gradients on the whole batch (hard negatives gathered too)."""
     import torch.multiprocessing as mp
 
-    x, y, lin, target = _clr_problem()
-    whole = target(PooledPair(lin(x), lin(y)), Batch())
+    x, y, z, lin, target = _clr_problem()
+    whole = target(PooledPair(lin(x), lin(y), lin(z) if negatives else None), Batch())
     whole.loss.backward()
-    mp.spawn(_clr_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2)
+    mp.spawn(_clr_rank, args=(str(tmp_path / "init"), str(tmp_path), negatives), nprocs=2)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for r in ranks:
         assert torch.allclose(r["loss"], whole.loss, atol=1e-6) and int(r["count"]) == 8  # 4 rows, 2 directions
