@@ -111,3 +111,30 @@ def test_translation_finetune_and_infer(shared_data, news, tmp_path, recipe):
     with open(news["dev"], encoding="utf-8") as f:
         references = [line.rstrip("\n").split("\t")[1] for line in list(f)[1:]]
     assert bleu(texts, references, "zh") == pytest.approx(trained["bleu"], abs=1e-6)
+
+
+def test_finetune_from_a_pretrained_translation_run(shared_data, news, tmp_path, capsys):
+    """A Transformer pre-trained with the ``mt`` objective fine-tunes as text2text with its own ``lm``
+    head (weights from the run, label smoothing from its config), not a fresh one."""
+    corpus = tmp_path / "pairs.tsv"
+    corpus.write_text("".join(line + "\n" for line in news["train"].read_text(encoding="utf-8").splitlines()[1:]),
+                      encoding="utf-8")
+    model = ["--config", "transformer/base", "tokenizer.type=wordpiece",
+             f"tokenizer.vocab={shared_data / 'models/google_zh_vocab.txt'}", "model.hidden_size=32",
+             "model.encoder.num_layers=1", "model.decoder.num_layers=1", "model.encoder.num_heads=2",
+             "model.decoder.num_heads=2", "model.encoder.ffn_size=64", "model.decoder.ffn_size=64",
+             "model.max_seq_length=64", "data.objective.seq_length=48", "train.progress=false",
+             "train.batch_size=16"]
+    dataset, pretrained, out = tmp_path / "ds", tmp_path / "pretrained", tmp_path / "run"
+    assert run("preprocess", *model, "data.objective.target_seq_length=24", f"data.corpus={corpus}",
+               f"data.output={dataset}") == 0
+    assert run("pretrain", *model, "data.objective.target_seq_length=24", f"data.dataset={dataset}",
+               "train.steps=4", f"output={pretrained}") == 0
+    capsys.readouterr()
+    assert run("finetune", "--task", "text2text", *model, f"init={pretrained}", "task.target_seq_length=24",
+               "train.epochs=1", f"data.train={news['train']}", f"data.dev={news['dev']}", f"output={out}") == 0
+    log = capsys.readouterr().err
+    assert "initialised from scratch" not in log and "not used" not in log
+    cfg, _ = load_run(out)
+    assert [(t.type, t.label_smoothing) for t in cfg.model.targets] == [("lm", 0.1)]
+    assert math.isfinite(json.loads((out / "results.json").read_text(encoding="utf-8"))["dev"]["bleu"])
