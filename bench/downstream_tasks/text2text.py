@@ -65,7 +65,7 @@ def run(out_dir: Path, shared: Path, quick: bool) -> dict:
     data = out_dir / "news_commentary"
     train, dev, n = split(shared, data)
     vocab = vocabulary(train, data, 6000)
-    hidden, layers, epochs = (64, 1, 2) if quick else (192, 2, 12)
+    hidden, layers, epochs = (64, 1, 2) if quick else (128, 2, 8)
     run_dir = out_dir / "text2text"
     results, seconds = finetune("text2text", run_dir, [
         "--config", "t5/small", "tokenizer.type=wordpiece", f"tokenizer.vocab={vocab}",
