@@ -311,11 +311,17 @@ def _hf_to_pentad(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
 def _classifier_task(raw: dict[str, Any], hf_config: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     """For a model whose only head is a classifier (``cls``) or tagger, the task and the label
     names (``labels.json``, from HF's ``id2label``) that make the converted directory a fine-tuned
-    run: ``pentad infer`` predicts with it and ``pentad finetune init=DIR`` continues from it."""
+    run: ``pentad infer`` predicts with it and ``pentad finetune init=DIR`` continues from it. A span
+    head makes a qa run (no labels)."""
     from pentad.tasks.ner import is_chunk_tag_set
     from pentad.tasks.runner import LABELS
 
     targets = raw["model"].get("targets") or []
+    if len(targets) == 1 and targets[0].get("type") == "span":
+        raw["task"] = {"type": "qa"}
+        notes.append(f"a qa run ({LABELS} holds no labels): `pentad infer --model OUT data.test=FILE.json --output "
+                     "answers.json` predicts with it")
+        return {LABELS: {}}
     if len(targets) != 1 or targets[0].get("type") not in ("cls", "tagger"):
         return {}
     n = int(targets[0]["num_labels"])
@@ -445,7 +451,7 @@ def _tencentpretrain_to_pentad(in_dir: Path, out_dir: Path, verify: bool, tolera
     weights_path, config_path = tp.find_files(in_dir)
     raw = hfio.read_json(config_path)
     state = tp.read_state_dict(weights_path)
-    run_raw, layout, notes = tp.plan(raw, state, str(config_path))
+    run_raw, layout, notes = tp.plan(raw, state, str(config_path), tags=(in_dir / LABEL2ID).is_file())
     try:
         model_cfg = model_config_class().model_validate(run_raw["model"])
     except ValidationError as e:
@@ -523,7 +529,8 @@ def _pentad_to_tencentpretrain(in_dir: Path, out_dir: Path, verify: bool, tolera
     report = ConversionReport("pentad-to-tencentpretrain", in_dir, out_dir, "tencentpretrain",
                               "+".join(t.type for t in cfg.model.targets), notes, tolerance=tolerance)
     written = tp.read_state_dict(out_dir / tp.WEIGHTS_NAME)
-    run_raw, back_layout, _ = tp.plan(hfio.read_json(out_dir / tp.CONFIG_NAME), written, str(out_dir))
+    run_raw, back_layout, _ = tp.plan(hfio.read_json(out_dir / tp.CONFIG_NAME), written, str(out_dir),
+                                      tags=(out_dir / LABEL2ID).is_file())
     back_cfg = model_config_class().model_validate(run_raw["model"])
     differences = model_differences(cfg.model, back_cfg)
     if differences:

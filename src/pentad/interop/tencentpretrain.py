@@ -38,6 +38,9 @@ TencentPretrain                                                 pentad
 ``output_layer_1`` / ``output_layer_2`` (a classifier           ``targets.cls.pooler`` / ``classifier``
 fine-tuned with ``finetune/run_classifier.py``)
 ``output_layer`` (a tagger fine-tuned with ``run_ner.py``)      ``targets.tagger.classifier``
+``output_layer`` with 2 outputs and no ``crf`` (the start/end   ``targets.span.qa_outputs``
+layer of ``run_cmrc.py``; a tagger when ``label2id.json``
+lies beside it)
 ``crf.start_transitions`` / ``end_transitions`` /               ``targets.tagger.crf.*`` (the same names)
 ``transitions`` (``run_ner.py --crf_target``)
 ==============================================================  ========================================
@@ -167,6 +170,8 @@ FINETUNED_CLASSIFIER: list[RuleSpec] = [
 TAGGER: list[RuleSpec] = [("targets.{name}.classifier.{wb}", "output_layer.{wb}")]
 TAGGER_CRF: list[RuleSpec] = [("targets.{name}.crf.{p}", "crf.{p}")]
 CRF_PARAMETERS = ("start_transitions", "end_transitions", "transitions")
+# run_cmrc.py's MachineReadingComprehension: one output layer of 2 (start, end) scores per token.
+SPAN: list[RuleSpec] = [("targets.{name}.qa_outputs.{wb}", "output_layer.{wb}")]
 
 
 @dataclass
@@ -275,6 +280,8 @@ def rules(model: Any, layout: Layout | bool | None = None) -> list[Rule]:
         head = list(FINETUNED_CLASSIFIER if layout.finetuned and target.type == "cls" else TARGETS.get(target.type, []))
         if target.type == "tagger":
             head = TAGGER + (TAGGER_CRF if target.crf else [])
+        elif target.type == "span":
+            head = SPAN
         elif target.type not in TARGETS:
             problems.append(f"target '{target.type}' has no TencentPretrain key map")
         if target.type in OUTPUT_TIED:
@@ -543,8 +550,11 @@ def export_tokenizer(tokenizer: Any, out_dir: Path) -> tuple[dict[str, Any], lis
 
 
 # ----------------------------------------------------------------------------------------- plans
-def plan(raw: dict[str, Any], state: dict[str, Tensor], label: str) -> tuple[dict[str, Any], Layout, list[str]]:
-    """(run-config dict, checkpoint layout, notes) of a TencentPretrain config + state dict."""
+def plan(raw: dict[str, Any], state: dict[str, Tensor], label: str, tags: bool = False
+         ) -> tuple[dict[str, Any], Layout, list[str]]:
+    """(run-config dict, checkpoint layout, notes) of a TencentPretrain config + state dict. ``tags``: a
+    ``label2id.json`` lies beside the checkpoint, so an ``output_layer`` of 2 outputs is a tagger's
+    (run_ner.py), not the start/end layer of run_cmrc.py."""
     from pentad.config.tencentpretrain import import_config
 
     word = state.get("embedding.word.embedding.weight")
@@ -579,6 +589,13 @@ def plan(raw: dict[str, Any], state: dict[str, Tensor], label: str) -> tuple[dic
         model["tie_word_embeddings"] = False
         notes.append(f"output_layer_1/2 found: a classifier fine-tuned with run_classifier.py ({labels} labels); "
                      "it becomes pentad's cls target, replacing the config's pre-training targets")
+    elif TAGGER_MARKER in state and int(state[TAGGER_MARKER].shape[0]) == 2 and CRF_MARKER not in state \
+            and not tags:
+        model["targets"] = [{"type": "span"}]
+        model["tie_word_embeddings"] = False
+        notes.append("output_layer with 2 outputs found: run_cmrc.py's start/end layer; it becomes pentad's span "
+                     "target (qa task), replacing the config's pre-training targets (a run_ner.py tagger of 2 tags "
+                     "converts as one when its label2id.json lies beside the checkpoint)")
     elif TAGGER_MARKER in state:
         labels = int(state[TAGGER_MARKER].shape[0])
         crf = CRF_MARKER in state
@@ -688,6 +705,12 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
     else:
         for key in ("decoder", "decoder_layers_num", "tgt_embedding", "share_embedding"):
             config.pop(key, None)
+    spans = [t for t in model.targets if t.type == "span"]
+    if spans:
+        # run_cmrc.py reads the embedding and encoder keys and builds its own 2-output layer.
+        config["target"] = [t for t in (base or {}).get("target", ["mlm"]) if t in _TARGETS.values()] or ["mlm"]
+        notes.append("a span head is run_cmrc.py's output_layer: the config keeps a pre-training target, which "
+                     "run_cmrc.py does not read")
     taggers = [t for t in model.targets if t.type == "tagger"]
     if taggers:
         # run_ner.py reads the embedding and encoder keys and takes its head from the command line.
@@ -698,7 +721,7 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
         notes.append("a tagger is run_ner.py's output_layer (and crf): the config keeps a pre-training target, "
                      "which run_ner.py does not read")
     for target in model.targets:
-        if target.type == "tagger":
+        if target.type in ("tagger", "span"):
             continue
         if target.type not in _TARGETS:
             problems.append(f"target '{target.type}' has no TencentPretrain name")

@@ -280,3 +280,44 @@ def test_run_ner_checkpoint_becomes_a_ner_run(tmp_path, crf):
     assert json.loads((tmp_path / "back" / "label2id.json").read_text()) == tags
     exported = json.loads((tmp_path / "back" / "config.json").read_text())
     assert exported["labels_num"] == 5 and exported.get("crf_target", False) == crf
+
+
+def test_run_cmrc_checkpoint_becomes_a_qa_run(tmp_path):
+    """A checkpoint as TencentPretrain's run_cmrc.py saves it (embedding, encoder, a 2-output output_layer):
+    a pentad qa run whose span head holds that layer, which predicts answers and converts back bitwise;
+    with a label2id.json beside it, the same layer is a 2-tag run_ner.py tagger."""
+    from pentad.cli.main import main
+
+    _, _, pretrained = tp_checkpoint(tmp_path / "pre", BERT, vocab_size=19)
+    g = torch.Generator().manual_seed(6)
+    state = {k: v for k, v in pretrained.items() if not k.startswith("target.")}
+    state["output_layer.weight"] = torch.randn(2, 32, generator=g)
+    state["output_layer.bias"] = torch.randn(2, generator=g)
+    (tmp_path / "tp").mkdir()
+    torch.save(state, tmp_path / "tp" / "model.bin")
+    (tmp_path / "tp" / "config.json").write_text(json.dumps(BERT))
+    write_wordpiece(tmp_path / "words")
+    (tmp_path / "tp" / "google_uncased_en_vocab.txt").write_bytes((tmp_path / "words" / "vocab.txt").read_bytes())
+    report = convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "out", verify=True)
+    assert report.ok and any("run_cmrc.py" in n for n in report.notes)
+    cfg, _ = load_run(tmp_path / "out")
+    assert [t.type for t in cfg.model.targets] == ["span"] and cfg.task.type == "qa"
+    weights = read_weights(find_weights(tmp_path / "out"))
+    assert torch.equal(weights["targets.span.qa_outputs.weight"], state["output_layer.weight"])
+    context = "the quick brown fox jumps over the lazy dog ."
+    squad = {"data": [{"paragraphs": [{"context": context, "qas": [{"id": "q1", "question": "the fox ?"}]}]}]}
+    (tmp_path / "q.json").write_text(json.dumps(squad))
+    assert main(["infer", "--model", str(tmp_path / "out"), f"data.test={tmp_path / 'q.json'}",
+                 "--output", str(tmp_path / "answers.json")]) == 0
+    answers = json.loads((tmp_path / "answers.json").read_text())
+    assert list(answers) == ["q1"] and answers["q1"] and answers["q1"] in context
+    convert("pentad-to-tencentpretrain", tmp_path / "out", tmp_path / "back")
+    back = torch.load(tmp_path / "back" / "model.bin", weights_only=True)
+    assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state)
+    assert not (tmp_path / "back" / "label2id.json").exists()
+
+    (tmp_path / "tp" / "label2id.json").write_text(json.dumps({"O": 0, "S-PER": 1}))
+    convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "tagger")
+    cfg, _ = load_run(tmp_path / "tagger")
+    assert [(t.type, t.num_labels) for t in cfg.model.targets] == [("tagger", 2)] and cfg.task.type == "ner"
+    convert("pentad-to-tencentpretrain", tmp_path / "tagger", tmp_path / "tagger_back")  # verified as a tagger
