@@ -210,15 +210,18 @@ def test_models_and_options_that_cannot_work(tokenizer):
         _ = Text2TextTask(Text2TextTaskConfig(), tokenizer, 24).provides
 
 
-@pytest.mark.parametrize("recipe", ["t5/small", "gpt2/tiny"])
-def test_generation_reads_what_training_taught(tokenizer, tmp_path, recipe):
+@pytest.mark.parametrize("recipe, mask", [("t5/small", None), ("gpt2/tiny", None), ("gpt2/tiny", "prefix")])
+def test_generation_reads_what_training_taught(tokenizer, tmp_path, recipe, mask):
     """A model trained on the task's batches until it knows four pairs by heart generates exactly
-    their targets: the prompts, decoder start and end token of generation are those of training."""
+    their targets: the prompts, decoder start and end token of generation are those of training (and
+    a prefix-LM's prefix is the same prompt in both)."""
     pairs = [("the cat", "猫坐"), ("the dog sat", "上。"), ("a mat", "垫子"), ("cat on the mat", "猫在垫子上")]
     path = write(tmp_path / "train.tsv", "text_a\tlabel\n" + "".join(f"{a}\t{b}\n" for a, b in pairs))
     no_dropout = ["model.embedding.dropout=0", "model.encoder.dropout=0"]
     if recipe.startswith("t5"):
         no_dropout += ["model.decoder.dropout=0", "model.target_embedding.dropout=0"]
+    if mask is not None:
+        no_dropout.append(f"model.encoder.mask={mask}")
     task, cfg = make_task(tokenizer, recipe, ["model.hidden_size=32", *no_dropout])
     task.fit(path)
     torch.manual_seed(0)
