@@ -66,6 +66,8 @@ class Text2TextTaskConfig(TaskConfig):
     num_beams: int = Field(1, ge=1, description="beam search with this many hypotheses; 1: greedy decoding")
     length_penalty: float = Field(1.0, description="beam search: score = sum of log-probs / length ** "
                                   "length_penalty")
+    repetition_penalty: float = Field(1.0, gt=0.0, description="divide the positive scores (multiply the negative "
+                                      "ones) of tokens already in the source or the output by this; 1: off")
     decoder_start: str | None = Field(None, description="encoder-decoder models: the decoder's first token, "
                                       "'bos', 'cls', 'pad', 'eos' or a token string; default: "
                                       "data.objective.decoder_start, else bos, else cls (converted T5: "
@@ -334,7 +336,7 @@ class Text2TextTask(Task):
 
         return GenerationConfig(
             max_new_tokens=self.new_tokens, num_beams=self.cfg.num_beams, length_penalty=self.cfg.length_penalty,
-            stop_token_ids=[self.end_id], pad_token_id=self.pad_id,
+            repetition_penalty=self.cfg.repetition_penalty, stop_token_ids=[self.end_id], pad_token_id=self.pad_id,
             decoder_start_token_id=self.seq2seq.decoder_start_id if self.encoder_decoder else None)
 
     def predict(self, model, data: TextPairs, batch_size: int, device, progress: str | None = None) -> Generated:

@@ -172,6 +172,17 @@ def test_predictions_keep_the_file_order(tokenizer, tmp_path, recipe):
     assert set(metrics) == set(task.metric_names) and all(math.isfinite(v) for v in metrics.values())
 
 
+def test_generation_options_reach_the_generator(tokenizer):
+    task, _ = make_task(tokenizer, num_beams=4, length_penalty=0.6, repetition_penalty=1.3, max_new_tokens=12)
+    config = task.generation_config()
+    assert (config.num_beams, config.length_penalty, config.repetition_penalty, config.max_new_tokens) == \
+        (4, 0.6, 1.3, 12)
+    assert config.stop_token_ids == [3] and config.decoder_start_token_id == 2  # [SEP] ends, [CLS] starts
+    task, _ = make_task(tokenizer, "gpt2/tiny")
+    config = task.generation_config()
+    assert config.max_new_tokens == 8 and config.decoder_start_token_id is None  # target_seq_length
+
+
 def test_prediction_file(tokenizer, tmp_path):
     task, _ = make_task(tokenizer)
     out = tmp_path / "predictions.tsv"
