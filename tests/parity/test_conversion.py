@@ -76,6 +76,8 @@ CASES = [
     ("bert-token", "BertForTokenClassification", lambda: bert_config(num_labels=5, classifier_dropout=0.2),
      {"tagger": "logits"}),
     ("roberta-token", "RobertaForTokenClassification", lambda: roberta_config(num_labels=4), {"tagger": "logits"}),
+    ("bert-qa", "BertForQuestionAnswering", bert_config, {}),  # start/end logits: test_question_answering_heads
+    ("roberta-qa", "RobertaForQuestionAnswering", roberta_config, {}),
     ("xlm-roberta-mlm", "XLMRobertaForMaskedLM", lambda: roberta_config(transformers.XLMRobertaConfig),
      {"mlm": "logits"}),
     ("gpt2-lm", "GPT2LMHeadModel", gpt2_config, {"lm": "logits"}),
@@ -147,6 +149,27 @@ def test_hf_to_pentad_outputs_match(tmp_path, case):
         torch.testing.assert_close(pooled, ref.pooler_output, atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("class_name, make_config", [("BertForQuestionAnswering", bert_config),
+                                                      ("RobertaForQuestionAnswering", roberta_config)])
+def test_question_answering_heads_give_hf_start_and_end_logits(tmp_path, class_name, make_config):
+    """A *ForQuestionAnswering model becomes a qa run whose span head's two columns are HF's start and end
+    logits (at real positions: pentad gives padding the lowest score)."""
+    hf = save_hf(tmp_path / "hf", class_name, make_config)
+    report = convert("hf-to-pentad", tmp_path / "hf", tmp_path / "pentad", verify=True)
+    assert report.ok, report.render()
+    assert any("span start logits" in c.name for c in report.verification)
+    cfg, ours = pentad_model(tmp_path / "pentad")
+    assert [t.type for t in cfg.model.targets] == ["span"] and cfg.task.type == "qa"
+    tokens, padding, segments = inputs(hf.config.pad_token_id, two_segments=class_name.startswith("Bert"))
+    keep = ~padding
+    with torch.no_grad():
+        ref = hf(input_ids=tokens, attention_mask=keep.long(), token_type_ids=segments)
+        logits = ours(Batch(tokens=tokens, segments=segments, padding_mask=padding))["span"].logits
+    torch.testing.assert_close(logits[..., 0][keep], ref.start_logits[keep], atol=TOL, rtol=0)
+    torch.testing.assert_close(logits[..., 1][keep], ref.end_logits[keep], atol=TOL, rtol=0)
+    assert (logits[..., 0][padding] == torch.finfo(torch.float32).min).all()
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_hf_to_pentad_to_hf_is_bitwise(tmp_path, case):
     _, class_name, make_config, _ = case
@@ -171,8 +194,9 @@ def test_hf_to_pentad_to_hf_is_bitwise(tmp_path, case):
     ("bert", variant(BERT, targets=[{"type": "tagger", "num_labels": 5}]), "AutoModelForTokenClassification"),
     ("roberta", ROBERTA, "AutoModelForMaskedLM"), ("xlm-roberta", ROBERTA, "AutoModelForMaskedLM"),
     ("roberta", variant(ROBERTA, targets=[{"type": "tagger", "num_labels": 3}]), "AutoModelForTokenClassification"),
+    ("bert", variant(BERT, targets=[{"type": "span"}]), "AutoModelForQuestionAnswering"),
     ("gpt2", GPT2, "AutoModelForCausalLM")],
-    ids=["bert", "bert-cls", "bert-token", "roberta", "xlm-roberta", "roberta-token", "gpt2"])
+    ids=["bert", "bert-cls", "bert-token", "roberta", "xlm-roberta", "roberta-token", "bert-qa", "gpt2"])
 def test_pentad_to_hf_loads_with_auto_classes(tmp_path, family, model, auto):
     make_run(tmp_path / "run", model)
     report = convert("pentad-to-hf", tmp_path / "run", tmp_path / "hf", family=family, verify=True)

@@ -100,6 +100,7 @@ CASES = [
     ("albert-token", "AlbertForTokenClassification", lambda: albert_config(num_labels=4), {"tagger": "logits"},
      None),
     ("albert-model", "AlbertModel", albert_config, {}, None),
+    ("albert-qa", "AlbertForQuestionAnswering", albert_config, {}, None),  # start/end compared by --verify
 ]
 IDS = [c[0] for c in CASES]
 
@@ -208,7 +209,8 @@ def test_hf_to_pentad_to_hf_is_bitwise(tmp_path, case):
     ("albert", ALBERT, "AutoModelForPreTraining"),
     ("albert", variant(ALBERT, targets=[{"type": "cls", "num_labels": 4}]), "AutoModelForSequenceClassification"),
     ("albert", variant(ALBERT, targets=[{"type": "tagger", "num_labels": 4}]), "AutoModelForTokenClassification"),
-], ids=["t5", "t5-v1_1", "bart", "pegasus", "llama", "bloom", "albert", "albert-cls", "albert-token"])
+    ("albert", variant(ALBERT, targets=[{"type": "span"}]), "AutoModelForQuestionAnswering"),
+], ids=["t5", "t5-v1_1", "bart", "pegasus", "llama", "bloom", "albert", "albert-cls", "albert-token", "albert-qa"])
 def test_pentad_to_hf_loads_with_auto_classes(tmp_path, family, model, auto):
     make_run(tmp_path / "run", model)
     report = convert("pentad-to-hf", tmp_path / "run", tmp_path / "hf", verify=True)  # family guessed

@@ -803,6 +803,11 @@ def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config:
             logits = outputs[name].logits
             theirs = getattr(reference, fields[target.type])
             rows.append(_compare(f"{name} logits", logits, theirs, head_keep if logits.dim() == 3 else None))
+        for column, part in ((0, "start"), (1, "end")):
+            field = fields.get(f"{target.type}:{part}")
+            if field and getattr(reference, field, None) is not None:  # span heads: start and end scores
+                rows.append(_compare(f"{name} {part} logits", outputs[name].logits[..., column],
+                                     getattr(reference, field), head_keep))
         pooled_field = fields.get(f"{target.type}:pooled")
         if pooled_field and getattr(reference, pooled_field, None) is not None \
                 and f"targets.{name}.pooler.weight" not in synthesized:

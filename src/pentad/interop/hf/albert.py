@@ -10,6 +10,7 @@ Hugging Face                      pentad targets
 ``AlbertForMaskedLM``             ``mlm``
 ``AlbertForSequenceClassification``  ``cls`` (pooling ``first`` through the pooler)
 ``AlbertForTokenClassification``  ``tagger`` (``classifier`` -> ``tagger.classifier``; no pooler)
+``AlbertForQuestionAnswering``  ``span`` (``qa_outputs`` -> ``span.qa_outputs``; no pooler)
 ``AlbertModel``                   ``sop`` holding the pooler, its classifier synthesized as zeros
 ================================  ============================================================
 
@@ -68,6 +69,7 @@ MLM_UNTIED: list[RuleSpec] = [
 SOP_HEAD: list[RuleSpec] = [("targets.{sp}.classifier.{wb}", "sop_classifier.classifier.{wb}")]
 SEQUENCE_HEAD: list[RuleSpec] = [("targets.{cls}.classifier.{wb}", "classifier.{wb}")]
 TOKEN_HEAD: list[RuleSpec] = [("targets.{tagger}.classifier.{wb}", "classifier.{wb}")]
+QA_HEAD: list[RuleSpec] = [("targets.{span}.qa_outputs.{wb}", "qa_outputs.{wb}")]
 
 # AlbertConfig's defaults.
 DEFAULTS: dict[str, Any] = {
@@ -110,6 +112,8 @@ class AlbertFamily(BertLikeFamily):
             return {"cls": "logits"}
         if architecture.endswith("ForTokenClassification"):
             return {"tagger": "logits"}
+        if architecture.endswith("ForQuestionAnswering"):
+            return {"span:start": "start_logits", "span:end": "end_logits"}
         return {"sop:pooled": "pooler_output"}
 
     def rules(self, *, prefix: str, num_layers: int, offset: int, heads: set[str], names: dict[str, str],
@@ -125,11 +129,13 @@ class AlbertFamily(BertLikeFamily):
             specs += SEQUENCE_HEAD
         if "token" in heads:
             specs += TOKEN_HEAD
+        if "qa" in heads:
+            specs += QA_HEAD
         if "ignored_pooler" in heads:
             specs += UNUSED_POOLER
         return expand(specs, prefix=prefix, wb=WB, pooled=pooled, mlm=names.get("mlm", "mlm"),
                       sp=names.get("sp", self.sentence_target), cls=names.get("cls", "cls"),
-                      tagger=names.get("tagger", "tagger"))
+                      tagger=names.get("tagger", "tagger"), span=names.get("span", "span"))
 
     def plan_import(self, config: dict[str, Any], keys: dict[str, tuple[int, ...]], label: str,
                     max_length: int | None) -> ImportPlan:

@@ -10,6 +10,7 @@ Hugging Face                        pentad targets
 ``BertForNextSentencePrediction``   ``sp``
 ``BertForSequenceClassification``   ``cls`` (pooling ``first``, HF pooler -> ``cls.pooler``)
 ``BertForTokenClassification``      ``tagger`` (HF ``classifier`` -> ``tagger.classifier``; no pooler)
+``BertForQuestionAnswering``        ``span`` (HF ``qa_outputs`` -> ``span.qa_outputs``; no pooler)
 ``BertModel``                       ``sp`` whose classifier is not in the checkpoint: it is written
                                     as zeros, recorded in ``interop.json``, and left out again on
                                     export while it is still zero (pentad needs a target; ``sp``
@@ -73,6 +74,7 @@ MLM_UNTIED: list[RuleSpec] = [
 NSP_HEAD: list[RuleSpec] = [("targets.{sp}.classifier.{wb}", "cls.seq_relationship.{wb}")]
 SEQUENCE_HEAD: list[RuleSpec] = [("targets.{cls}.classifier.{wb}", "classifier.{wb}")]
 TOKEN_HEAD: list[RuleSpec] = [("targets.{tagger}.classifier.{wb}", "classifier.{wb}")]
+QA_HEAD: list[RuleSpec] = [("targets.{span}.qa_outputs.{wb}", "qa_outputs.{wb}")]
 # A token classifier saved with a pooler it never reads (its encoder built with one).
 UNUSED_POOLER: list[RuleSpec] = [((), ("{prefix}pooler.dense.weight?", "{prefix}pooler.dense.bias?"), "ignore")]
 
@@ -108,13 +110,14 @@ class BertLikeFamily(HFFamily):
     nsp_marker: str | None = "cls.seq_relationship.weight"
     sequence_marker = "classifier.weight"
     token_marker = "classifier.weight"  # the same tensor as the sequence head's: the pooler tells them apart
+    qa_marker = "qa_outputs.weight"
     mlm_head, mlm_tied, mlm_untied = MLM_HEAD, MLM_TIED, MLM_UNTIED
     nsp_head: list[RuleSpec] | None = NSP_HEAD
     sequence_head = SEQUENCE_HEAD
     token_head = TOKEN_HEAD
     sequence_head_has_pooler = False  # RoBERTa's classification head holds its own dense layer
     mlm_activation: str | None = None  # None: the MLM head uses hidden_act (BERT); RoBERTa: always gelu
-    unsupported = ("ForQuestionAnswering", "ForMultipleChoice", "LMHeadModel", "ForCausalLM")
+    unsupported = ("ForMultipleChoice", "LMHeadModel", "ForCausalLM")
     pooler_key = "pooler.dense.weight"  # under the base prefix
     sentence_target = "sp"  # pentad target of the next-sentence head (ALBERT: sop)
     classifier_dropout_key = "classifier_dropout"
@@ -137,6 +140,8 @@ class BertLikeFamily(HFFamily):
             return {"cls": "logits", "sp": "logits"}
         if architecture.endswith("ForTokenClassification"):
             return {"tagger": "logits"}
+        if architecture.endswith("ForQuestionAnswering"):
+            return {"span:start": "start_logits", "span:end": "end_logits"}
         return {"sp:pooled": "pooler_output"}
 
     def rules(self, *, prefix: str, num_layers: int, offset: int, heads: set[str], names: dict[str, str],
@@ -153,12 +158,14 @@ class BertLikeFamily(HFFamily):
             specs += self.sequence_head
         if "token" in heads:
             specs += self.token_head
+        if "qa" in heads:
+            specs += QA_HEAD
         if "ignored_pooler" in heads:
             specs += UNUSED_POOLER
         return expand(specs, prefix=prefix, layer=range(num_layers), wb=WB, pooled=pooled,
                       position_transform=f"leading_rows:{offset}" if offset else "copy",
                       mlm=names.get("mlm", "mlm"), sp=names.get("sp", "sp"), cls=names.get("cls", "cls"),
-                      tagger=names.get("tagger", "tagger"))
+                      tagger=names.get("tagger", "tagger"), span=names.get("span", "span"))
 
     # -- import -----------------------------------------------------------------------------------
     def plan_import(self, config: dict[str, Any], keys: dict[str, tuple[int, ...]], label: str,
@@ -191,12 +198,16 @@ class BertLikeFamily(HFFamily):
             # BERT/ALBERT heads share the name 'classifier'; only the sequence head has a pooler
             # (HF builds a token classifier's encoder without one).
             has_token = not has_pooler
+        has_qa = self.qa_marker in keys
         has_seq = self.sequence_marker in keys and not has_token
         if has_seq and not (has_pooler or self.sequence_head_has_pooler):
             problems.append(f"{self.architecture(model_type, 'ForSequenceClassification')} needs the pooler "
                             f"'{prefix}{self.pooler_key}', which the checkpoint lacks")
         if (has_seq or has_token) and (has_mlm or has_nsp):
             problems.append("a checkpoint with both a classifier and pre-training heads is not a HF architecture")
+        if has_qa and (has_seq or has_token or has_mlm or has_nsp):
+            problems.append("a checkpoint with both a question-answering head (qa_outputs) and another head is not a "
+                            "HF architecture")
         if problems:
             raise UserError(f"cannot convert {label} ({self.name}): " + "; ".join(problems) + ".")
         eps = float(c["layer_norm_eps"])
@@ -208,7 +219,17 @@ class BertLikeFamily(HFFamily):
         mlm_target = {"type": "mlm", "activation": self.mlm_activation or act, "layer_norm_eps": eps}
         sentence = self.sentence_target
         head_dropout = c.get(self.classifier_dropout_key)
-        if has_token:
+        if has_qa:
+            arch, heads = "ForQuestionAnswering", {"qa"}
+            if int(keys[self.qa_marker][0]) != 2:
+                raise UserError(f"cannot convert {label} ({self.name}): qa_outputs has {keys[self.qa_marker][0]} "
+                                "outputs; the span target has 2 (start, end).")
+            targets = [{"type": "span"}]
+            if has_pooler:
+                notes.append(f"the checkpoint has a pooler, which {self.architecture(model_type, arch)} does not "
+                             "use; it is left out")
+                heads.add("ignored_pooler")
+        elif has_token:
             arch, heads = "ForTokenClassification", {"token"}
             num_labels = int(keys[self.token_marker][0])
             if num_labels < 2:
@@ -379,6 +400,8 @@ class BertLikeFamily(HFFamily):
             heads |= {"sequence"} | ({"pooler"} if not self.sequence_head_has_pooler else set())
         if "tagger" in types:
             heads.add("token")
+        if "span" in types:
+            heads.add("qa")
         pad = pad_id if pad_id is not None else int(self.defaults["pad_token_id"])
         base = dict(base_config or {})
         if base.get("pad_token_id") is not None:
@@ -430,11 +453,12 @@ class BertLikeFamily(HFFamily):
     def _export_architecture(self, types: list[str], headless: bool) -> str | None:
         table = {("mlm", "sp"): "ForMaskedLM" if headless else "ForPreTraining", ("mlm",): "ForMaskedLM",
                  ("cls",): "ForSequenceClassification", ("tagger",): "ForTokenClassification",
+                 ("span",): "ForQuestionAnswering",
                  ("sp",): "Model" if headless else "ForNextSentencePrediction"}
         return table.get(tuple(types))
 
     def _supported_targets(self) -> str:
-        return "mlm + sp, mlm, sp, cls, tagger"
+        return "mlm + sp, mlm, sp, cls, tagger, span"
 
 
 def _activation_name(original: Any, activation: str, default: str) -> str:

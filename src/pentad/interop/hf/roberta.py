@@ -5,6 +5,7 @@ Architectures: ``RobertaForMaskedLM`` / ``XLMRobertaForMaskedLM`` (pentad ``mlm`
 ``...ForSequenceClassification`` (pentad ``cls``: HF's ``classifier.dense`` is the pooler and
 ``classifier.out_proj`` the classifier; both read the first token, as pentad's ``pooling: first``),
 ``...ForTokenClassification`` (pentad ``tagger``: ``classifier`` -> ``tagger.classifier``),
+``...ForQuestionAnswering`` (pentad ``span``: ``qa_outputs`` -> ``span.qa_outputs``),
 ``RobertaModel`` / ``XLMRobertaModel`` (pentad ``sp`` holding the pooler, classifier zeros, as for
 ``BertModel``).
 
@@ -85,14 +86,14 @@ class RobertaFamily(BertLikeFamily):
 
     def _export_architecture(self, types: list[str], headless: bool) -> str | None:
         table = {("mlm",): "ForMaskedLM", ("cls",): "ForSequenceClassification",
-                 ("tagger",): "ForTokenClassification"}
+                 ("tagger",): "ForTokenClassification", ("span",): "ForQuestionAnswering"}
         if headless:  # a RobertaModel, or a RobertaForMaskedLM checkpoint that also kept a pooler
             table[("sp",)] = "Model"
             table[("mlm", "sp")] = "ForMaskedLM"
         return table.get(tuple(types))
 
     def _supported_targets(self) -> str:
-        return "mlm, cls, tagger, or an sp target imported from a RobertaModel"
+        return "mlm, cls, tagger, span, or an sp target imported from a RobertaModel"
 
 
 FAMILY = RobertaFamily()
