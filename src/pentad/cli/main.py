@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("infer", help="predict with a fine-tuned run directory")
     p.add_argument("--task", help="task name; must match the run's task")
     p.add_argument("--model", required=True, type=Path, help="fine-tuned run directory")
-    p.add_argument("--output", "-o", type=Path, help="predictions file (default: MODEL/predictions.tsv)")
+    p.add_argument("--output", "-o", type=Path, help="predictions file (default: MODEL/predictions.tsv, or .json/.jsonl for tasks that "
+                   "write JSON: qa, chid, multiple_choice)")
     p.add_argument("--overwrite", action="store_true", help="replace the predictions file if it exists")
     p.add_argument("--probabilities", action="store_true", help="also write class probabilities")
     p.add_argument("--batch-size", type=int, default=64)
@@ -199,7 +200,9 @@ def run(args: argparse.Namespace) -> int:
             test = Path(value)
         if test is None:
             raise UserError("infer needs the input file: data.test=FILE")
-        check_output_file(args.output or args.model / "predictions.tsv", args.overwrite)
+        from pentad.tasks.runner import default_predictions
+
+        check_output_file(args.output or default_predictions(args.model), args.overwrite)
         infer(args.model, test, args.output, args.probabilities or None, args.batch_size, task=args.task)
         return 0
     extra = [f"task.type={args.task}"] if getattr(args, "task", None) else []
@@ -303,7 +306,9 @@ def _outputs(args: argparse.Namespace) -> list[Path]:
     if cfg is not None:
         found += [cfg.output, cfg.data.output if args.command == "preprocess" else None]
     if args.command == "infer" and args.output is None:
-        found.append(args.model / "predictions.tsv")
+        from pentad.tasks.runner import default_predictions
+
+        found.append(default_predictions(args.model))
     return [Path(p) for p in found if p is not None and str(p) != "-"]
 
 

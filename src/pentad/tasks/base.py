@@ -48,6 +48,7 @@ class Task(ABC):
     Config: ClassVar[type[TaskConfig]]
     provides: ClassVar[frozenset[str]] = frozenset()
     input_format: ClassVar[str] = ""
+    predictions_file: ClassVar[str] = "predictions.tsv"  # inference's default output name, in the run directory
     metric_names: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: Any, tokenizer: Any, seq_length: int, state: dict[str, Any] | None = None):

@@ -201,6 +201,8 @@ class ChidTask(ChoiceTaskBase):
                 table[:, candidate] = -1.0
         return chosen
 
+    predictions_file = "predictions.json"
+
     def write_predictions(self, path: Path, logits: torch.Tensor, instances: ChoiceQuestions,
                           probabilities: bool) -> None:
         """A JSON object ``{tag: index}`` (values ``{"label", "probabilities"}`` on request)."""

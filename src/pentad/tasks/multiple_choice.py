@@ -228,6 +228,8 @@ class ChoiceTaskBase(Task):
         chosen = self.choose(predictions, instances)
         return {"accuracy": float((chosen == gold).mean()) if len(gold) else 0.0}
 
+    predictions_file = "predictions.jsonl"
+
     def write_predictions(self, path: Path, logits: torch.Tensor, instances: ChoiceQuestions,
                           probabilities: bool) -> None:
         """JSON lines ``{"id", "label", "answer"}`` (and ``"probabilities"`` on request)."""

@@ -453,6 +453,8 @@ class QaTask(Task):
     def score(self, predictions: QaPredictions, instances: QaWindows, gold) -> dict[str, float]:
         return qa_metrics(gold, predictions.answers)
 
+    predictions_file = "predictions.json"
+
     def write_predictions(self, path: Path, predictions: QaPredictions, instances: QaWindows,
                           probabilities: bool) -> None:
         """JSON ``{question id: answer text}`` (the official CMRC 2018 / SQuAD prediction file); with

@@ -13,6 +13,7 @@ from pentad.builder import build_model
 from pentad.errors import UserError
 from pentad.registry import TASKS
 from pentad.runs import absolute_paths, complete_vocab, info, load_run, load_tokenizer
+from pentad.tasks.base import Task
 from pentad.training import checkpoint as ckpt
 from pentad.training.distributed import pick_device
 from pentad.training.session import Session
@@ -220,11 +221,21 @@ def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: 
     model.to(device)
     instances = task.read(test_path, with_labels=False)
     predictions = task.predict(model, instances, batch_size, device, "infer" if cfg.train.progress else None)
-    output = output or model_dir / "predictions.tsv"
+    output = output or model_dir / task.predictions_file
     want_probs = cfg.task.probabilities if probabilities is None else probabilities
     task.write_predictions(output, predictions, instances, want_probs)
     info(f"wrote {task.num_predictions(instances):,} predictions to {output}")
     return output
+
+
+def default_predictions(model_dir: Path) -> Path:
+    """Where ``pentad infer`` writes without ``--output``: the run's task's ``predictions_file`` in the run
+    (``predictions.tsv`` when the run cannot be read: the command's own checks report why)."""
+    try:
+        cfg, _ = load_run(model_dir)
+    except (UserError, OSError):
+        return model_dir / Task.predictions_file
+    return model_dir / (TASKS.get(cfg.task.type).predictions_file if cfg.task is not None else Task.predictions_file)
 
 
 def read_task_state(run_dir: Path) -> dict[str, Any]:

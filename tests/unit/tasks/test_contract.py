@@ -67,3 +67,22 @@ def test_list_tasks_shows_format_and_metrics(capsys):
         cls = TASKS.get(name)
         assert f"\n{name} " in "\n" + out and cls.input_format in out
         assert ", ".join(cls.metric_names) in out
+
+
+def test_infer_writes_by_default_where_the_task_says(tmp_path, monkeypatch):
+    """``pentad infer`` without --output: the run's task's predictions_file (JSON for JSON-writing tasks)."""
+    from pentad.tasks.runner import default_predictions
+
+    for name in TASKS.names():
+        suffix = Path(TASKS.get(name).predictions_file).suffix
+        assert suffix in (".tsv", ".json", ".jsonl"), name
+    assert TASKS.get("qa").predictions_file == "predictions.json"
+    assert default_predictions(tmp_path / "missing") == tmp_path / "missing" / "predictions.tsv"
+    import types
+
+    import pentad.tasks.runner as runner
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(runner, "load_run", lambda d: (types.SimpleNamespace(task=types.SimpleNamespace(type="qa")),
+                                                       None))
+    assert default_predictions(run) == run / "predictions.json"
