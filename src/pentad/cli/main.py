@@ -92,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("infer", help="predict with a fine-tuned run directory")
     p.add_argument("--task", help="task name; must match the run's task")
     p.add_argument("--model", required=True, type=Path, help="fine-tuned run directory")
-    p.add_argument("--output", "-o", type=Path, help="predictions file (default: MODEL/predictions.tsv, or .json/.jsonl for tasks that "
-                   "write JSON: qa, chid, multiple_choice)")
+    p.add_argument("--output", "-o", type=Path, help="predictions file (default: MODEL/predictions.tsv, "
+                   "or .json/.jsonl for tasks that write JSON: qa, chid, multiple_choice)")
     p.add_argument("--overwrite", action="store_true", help="replace the predictions file if it exists")
     p.add_argument("--probabilities", action="store_true", help="also write class probabilities")
     p.add_argument("--batch-size", type=int, default=64)
