@@ -36,7 +36,7 @@ def run(out_dir: Path, shared: Path, quick: bool) -> dict:
 
     work = out_dir / "multi_task"
     book, msra = shared / "datasets" / "book_review", shared / "datasets" / "msra_ner"
-    n = 1000 if quick else 10000
+    n = 400 if quick else 10000
     sentiment = {"name": "sentiment", "train": head_tsv(book / "train.tsv", work / "sentiment" / "train.tsv", n),
                  "dev": head_tsv(book / "dev.tsv", work / "sentiment" / "dev.tsv", 400 if quick else 0)}
     person = {"name": "person", "train": msra_person(msra / "test.tsv", work / "person" / "train.tsv", n),
@@ -44,7 +44,8 @@ def run(out_dir: Path, shared: Path, quick: bool) -> dict:
     init = pretrained_bert(out_dir, shared, quick)
     results, seconds = finetune("multi_task", work / "run", [
         *small_bert(shared, quick), f"init={init}", datasets_override([sentiment, person]),
-        "train.epochs=1" if quick else "train.epochs=2", "train.batch_size=32", "train.lr=1e-4"])
+        "train.epochs=4" if quick else "train.epochs=2", "train.batch_size=16", "train.lr=1e-3", "train.warmup=0",
+        "train.adam_bias_correction=true"])
     baselines = [majority_accuracy(d["train"], d["dev"]) for d in (sentiment, person)]
     dev = results["dev"]
     return {"task": "multi_task", "dataset": "book_review + MSRA person (dev)", "metric": "mean_accuracy",

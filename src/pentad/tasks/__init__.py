@@ -7,6 +7,7 @@ from pentad.tasks import (  # noqa: F401
     multi_task,
     multiple_choice,
     ner,
+    prompt,
     qa,
     ranking,
     regression,

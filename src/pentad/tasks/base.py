@@ -71,6 +71,13 @@ class Task(ABC):
             raise UserError("data.train is not set: give the training TSV file")
         return {"train": data.train, "dev": data.dev, "test": data.test}
 
+    @property
+    def trains(self) -> bool:
+        """Whether fine-tuning trains. False (a zero-shot task): ``pentad finetune`` only scores the
+        initial model on dev/test and keeps it as the run's model; the training input is not read
+        (:meth:`fit` gets ``sources["train"]``, which may then be None). Default: True."""
+        return True
+
     # ---------------------------------------------------------------- fitting and state
     def bind(self, run_cfg: Any) -> None:
         """Take what the task needs from the run's config (the model: encoder-decoder or decoder-only,

@@ -70,7 +70,7 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
     model_dict["targets"] = task.head_configs()
     model_dict = task.model_config(model_dict)
     cfg.model = type(cfg.model).model_validate(model_dict)
-    train = task.read(sources["train"])
+    train = task.read(sources["train"]) if task.trains else None
     evaluation = {name: task.read(sources[name]) for name in ("dev", "test") if sources.get(name) is not None}
     model = session.build(cfg.model, task.provides, cfg.init, new_heads=task.head_names(), drop_heads=True)
     if cfg.init is None:
@@ -79,6 +79,8 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
     changes = session.prepare_run_dir(tokenizer, extra={STATE: task.state()},
                                       unused=("train.steps", "data.dataset"))
     device = session.dist.device
+    if not task.trains:
+        return _evaluate_only(cfg, session, task, model, evaluation)
     batches = task.train_batches(train, cfg.train.batch_size, cfg.train.seed)
     steps_per_epoch = max(1, math.ceil(batches.batches_per_epoch / cfg.train.grad_accum))
     total = steps_per_epoch * cfg.train.epochs
@@ -142,6 +144,27 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
         info(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in results[name].items()))
     if session.is_main:
         ckpt.write_json(run_dir / RESULTS, results)
+    return results
+
+
+def _evaluate_only(cfg: Any, session: Session, task: Any, model: Any, evaluation: dict[str, Any]) -> dict[str, Any]:
+    """A task that does not train (zero-shot): the initial model is scored on dev/test and saved as the
+    run's model (``RUN/model.safetensors``), which ``pentad infer`` then uses."""
+    if session.dist.world_size > 1:
+        raise UserError("a fine-tuning run that does not train (zero-shot) runs in one process; run it without "
+                        "the launcher")
+    run_dir, device = Path(cfg.output), session.dist.device
+    model.to(device)
+    info(f"no training ({cfg.task.type} evaluates the initial model) on {device}")
+    start = time.perf_counter()
+    results: dict[str, Any] = {"best_step": 0}
+    for name, instances in evaluation.items():
+        results[name] = task.evaluate(model, instances, task.gold(instances), cfg.train.batch_size * 2, device,
+                                      progress=f"evaluate {name}" if cfg.train.progress else None)
+        info(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in results[name].items()))
+    results["seconds"] = round(time.perf_counter() - start, 1)
+    ckpt.save_weights(model, run_dir / ckpt.WEIGHTS)
+    ckpt.write_json(run_dir / RESULTS, results)
     return results
 
 

@@ -10,6 +10,7 @@ from pentad.components.targets import (  # noqa: F401
     mlm,
     multi_label,
     pair_cls,
+    prompt,
     regression,
     sp,
     span,
