@@ -22,7 +22,7 @@ def run(out_dir: Path, shared: Path, quick: bool) -> dict:
                                                             "task.zero_shot=true", f"data.dev={dev}"])
     results, seconds = finetune("prompt", work / "run", [
         *small_bert(shared, quick), f"init={init}", *PROMPT, f"data.train={train}", f"data.dev={dev}",
-        "train.epochs=4" if quick else "train.epochs=3", "train.batch_size=16", "train.lr=1e-3", "train.warmup=0",
+        "train.epochs=8" if quick else "train.epochs=3", "train.batch_size=16", "train.lr=1e-3", "train.warmup=0",
         "train.adam_bias_correction=true"])
     return {"task": "prompt", "dataset": "MSRA person (dev)", "metric": "accuracy",
             "score": results["dev"]["accuracy"], "baseline_name": "majority class",
