@@ -1,9 +1,9 @@
 """Prompt-based classification through ``pentad finetune --task prompt`` and ``pentad infer``: a tiny Chinese
 BERT pre-trained with MLM on book-review text in the test keeps its MLM head as the prompt head; zero-shot
-evaluation runs without training; fine-tuning on 400 labelled sentences of "does it name a person" (from MSRA
-NER's tags, bench/downstream_tasks/multi_task.py) beats the majority class. (Through the prompt, this tiny model stayed at the
-majority class on book-review sentiment with 160 or 1,000 training reviews; a person's name is a
-character-level cue it picks up.)"""
+evaluation runs without training; fine-tuning on 400 labelled sentences of "does it name a person" (from
+MSRA NER's tags, bench/downstream_tasks/multi_task.py) beats the majority class. (Through the prompt, this
+tiny model stayed at the majority class on book-review sentiment with 160 or 1,000 training reviews; a
+person's name is a character-level cue it picks up.)"""
 
 from __future__ import annotations
 
