@@ -133,7 +133,8 @@ def complete_vocab(cfg: Any, tokenizer) -> Any:
 # train.* keys that do not change the course of training: they may differ when a run is resumed
 FREE_TRAIN_KEYS = frozenset({"progress", "log_every", "threads", "device", "save_every", "save_minutes",
                              "keep_checkpoints", "stop_at", "resume_from", "allow_changes", "eval_every",
-                             "tensorboard", "strategy", "dist_backend", "dist_timeout", "activation_checkpointing",
+                             "tensorboard", "peak_tflops", "strategy", "dist_backend", "dist_timeout",
+                             "activation_checkpointing",
                              "deepspeed"})
 # data.* keys that do
 GUARDED_DATA_KEYS = ("dataset", "train", "dev", "objective")

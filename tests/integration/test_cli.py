@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import torch
+
 from pentad.cli.main import main
 
 
@@ -60,6 +62,15 @@ def test_bf16_and_grad_accum_pretraining_runs(english, tmp_path):
                  f"output={tmp_path / 'run'}"]) == 0
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2] and all(r["loss"] > 0 for r in records)
+    # bf16-true from the command line: bf16 weights in the checkpoint, MFU against a given peak
+    assert main(["pretrain", "--config", "bert/tiny", *base, f"data.dataset={tmp_path / 'ds'}", "train.steps=2",
+                 "train.precision=bf16-true", "train.peak_tflops=0.5", f"output={tmp_path / 'true'}"]) == 0
+    records = [json.loads(line) for line in (tmp_path / "true" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["loss"] > 0 and records[-1]["mfu"] > 0 and records[-1]["peak_memory_gib"] > 0
+    from pentad.training import checkpoint as ckpt
+
+    weights = ckpt.read_weights(ckpt.latest_checkpoint(tmp_path / "true") / ckpt.WEIGHTS)
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16}
 
 
 def test_validate_takes_the_config_first_or_as_option(capsys):

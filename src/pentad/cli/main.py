@@ -39,7 +39,7 @@ MAIN_KEYS: dict[str, list[tuple[str, str]]] = {
         ("train.lr", "peak learning rate (default 1e-4); train.warmup, train.schedule"),
         ("train.save_every", "checkpoint interval in steps"),
         ("train.threads", "CPU threads (default: one per core)"),
-        ("train.device", "auto (default), cpu or cuda; train.precision=bf16"),
+        ("train.device", "auto (default), cpu or cuda; train.precision: auto, fp32, tf32, bf16, bf16-true, fp16"),
         ("init", "start from the weights of a run directory or checkpoint"),
     ],
     "finetune": [

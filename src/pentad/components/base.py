@@ -64,17 +64,35 @@ class Batch:
     negative: Batch | None = None
     group_padding_mask: Tensor | None = None
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        """A copy with every tensor (the pair's included) moved to ``device``."""
+    def to(self, device: torch.device | str, non_blocking: bool = False, dtype: torch.dtype | None = None) -> Batch:
+        """A copy with every tensor (the pair's included) moved to ``device``; ``dtype``: also cast the
+        floating-point inputs (pixels, audio features), not the labels, for a model whose weights
+        are in that dtype."""
         moved: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, (Tensor, Batch)):
-                value = value.to(device, non_blocking=non_blocking)
+            if isinstance(value, Batch):
+                value = value.to(device, non_blocking=non_blocking, dtype=dtype)
+            elif isinstance(value, Tensor):
+                cast = dtype if dtype is not None and value.is_floating_point() else None
+                value = value.to(device, dtype=cast, non_blocking=non_blocking)
             elif isinstance(value, dict):
                 value = {k: v.to(device, non_blocking=non_blocking) for k, v in value.items()}
             moved[f.name] = value
         return Batch(**moved)
+
+    def pin_memory(self) -> Batch:
+        """A copy with every tensor in pinned (page-locked) host memory, whose copy to a GPU with
+        ``non_blocking=True`` overlaps the work already queued there."""
+        pinned: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (Tensor, Batch)):
+                value = value.pin_memory()
+            elif isinstance(value, dict):
+                value = {k: v.pin_memory() for k, v in value.items()}
+            pinned[f.name] = value
+        return Batch(**pinned)
 
     def rows(self, index: Tensor) -> Batch:
         """The rows ``index`` (a 1-D long tensor) of every batch-major tensor, labels and pair included:

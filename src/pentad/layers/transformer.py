@@ -108,8 +108,11 @@ class TransformerStack(nn.Module):
                            if final_norm else None)
 
     def attention_inputs(self, q_len: int, padding_mask: Tensor | None, prefix_lengths: Tensor | None,
-                         positions: Tensor | None, offset: int, device: torch.device) -> AttentionInputs:
-        """Mask, position bias and rotary tables for queries at positions offset..offset+q_len-1."""
+                         positions: Tensor | None, offset: int, device: torch.device,
+                         dtype: torch.dtype = torch.float32) -> AttentionInputs:
+        """Mask, position bias and rotary tables for queries at positions offset..offset+q_len-1.
+        ``dtype``: the hidden states' (rotary tables are computed in fp32 and stored in it, so that
+        bf16 weights give bf16 queries and keys; under autocast the hidden states stay fp32)."""
         k_len = offset + q_len
         if padding_mask is not None and padding_mask.shape[1] != k_len:
             raise ValueError(f"padding_mask covers {padding_mask.shape[1]} positions but the attention sees "
@@ -127,7 +130,7 @@ class TransformerStack(nn.Module):
         if self.position_kind == "rotary":
             if positions is None:
                 positions = torch.arange(offset, k_len, device=device)[None]
-            rotary = rotary_cos_sin(positions, self.rotary_dim, self.rotary_base)
+            rotary = rotary_cos_sin(positions, self.rotary_dim, self.rotary_base, dtype=dtype)
         return AttentionInputs(mask, is_causal, rotary)
 
     def run(self, hidden: Tensor, padding_mask: Tensor | None, prefix_lengths: Tensor | None = None,
@@ -137,7 +140,7 @@ class TransformerStack(nn.Module):
         ``padding_mask`` covers all of them ([B, cached + q])."""
         offset = cache.length if cache is not None else 0
         inputs = self.attention_inputs(hidden.shape[1], padding_mask, prefix_lengths, positions, offset,
-                                       hidden.device)
+                                       hidden.device, hidden.dtype)
         memory_inputs = None
         if memory is not None or (cache is not None and cache.layers and cache.layers[0].cross_keys is not None):
             memory_mask = None

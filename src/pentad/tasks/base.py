@@ -216,6 +216,13 @@ def classification_metrics(predictions: np.ndarray, labels: np.ndarray, num_labe
     return {"accuracy": accuracy, "macro_f1": float(np.mean(f1s)) if f1s else 0.0}
 
 
+def input_dtype(model: torch.nn.Module) -> torch.dtype | None:
+    """The dtype float inputs (pixels, audio features) must have for ``model``: its weights' when they
+    are not fp32 (a bf16-true run), else None (left as they are)."""
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return None if dtype == torch.float32 else dtype
+
+
 @torch.no_grad()
 def predict_logits(model: torch.nn.Module, batches: Iterator[Batch], head: str, device: torch.device
                    ) -> torch.Tensor:
@@ -223,9 +230,10 @@ def predict_logits(model: torch.nn.Module, batches: Iterator[Batch], head: str, 
     was_training = model.training
     model.eval()
     out = []
+    dtype = input_dtype(model)
     try:
         for batch in batches:
-            batch = batch.to(device)
+            batch = batch.to(device, dtype=dtype)
             batch.labels = {}
             out.append(model(batch)[head].logits.float().cpu())
     finally:

@@ -50,7 +50,12 @@ class TrainConfig(StrictModel):
     schedule: Literal["linear", "cosine", "constant"] = "linear"
     warmup: float = Field(0.1, ge=0.0, description="warmup: a fraction of the steps if < 1, else a step count")
     clip_grad_norm: float | None = Field(1.0, gt=0.0, description="None disables clipping")
-    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 = bf16 autocast")
+    precision: Literal["auto", "fp32", "tf32", "bf16", "bf16-true", "fp16"] = Field(
+        "auto", description="fp32; tf32 (fp32 weights, TF32 matmuls on GPUs that have them); bf16 (autocast, fp32 "
+        "weights); bf16-true (bf16 weights and optimizer state); fp16 (autocast + gradient scaler, GPUs only); "
+        "auto: tf32 on a GPU of compute capability >= 8, else fp32 (docs/training.md)")
+    peak_tflops: float | None = Field(None, gt=0.0, description="the device's peak TFLOP/s in this precision, for "
+                                      "the logged model FLOPs utilisation (mfu); default: a table of known GPUs")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: a GPU when there is one "
                                                    "(cuda:LOCAL_RANK under a launcher), else the CPU")
     strategy: Literal["single", "ddp", "fsdp", "deepspeed"] = Field(

@@ -28,6 +28,16 @@ from pentad.training import checkpoint as ckpt
 from pentad.training.config import TrainConfig
 from pentad.training.distributed import Dist, describe_failure, pick_device
 from pentad.training.optim import build_optimizer, build_schedule
+from pentad.training.precision import (
+    apply_matmul_precision,
+    autocast_dtype,
+    describe,
+    model_flops_per_token,
+    peak_memory_gib,
+    peak_tflops,
+    resolve,
+    synchronize,
+)
 from pentad.training.recompute import checkpoint_blocks
 from pentad.training.strategies.base import Strategy
 from pentad.training.strategies.single import SingleStrategy
@@ -197,6 +207,14 @@ class Trainer:
         if cfg.activation_checkpointing and not checkpoint_blocks(model):
             raise UserError("train.activation_checkpointing=true, but this model has no repeated blocks to "
                             "recompute (its encoder has no layers: an RNN or bag-of-words encoder); set it to false")
+        self.precision = resolve(cfg.precision, self.device)
+        strategy.set_precision(self.precision)
+        apply_matmul_precision(self.precision, self.device)
+        if self.dist.is_main:
+            print(describe(cfg.precision, self.precision, self.device), file=sys.stderr)
+        # model FLOPs per token (6 N, 12 L H; times the sequence length) and the peak they are compared with
+        self.flops_per_token = model_flops_per_token(model)
+        self.peak_tflops = peak_tflops(self.precision, self.device, cfg.peak_tflops)
         self.forward_model = strategy.setup(model, lambda m: build_optimizer(m, cfg))
         self.optimizer = strategy.optimizer
         self.schedule = build_schedule(self.optimizer, cfg, total_steps)
@@ -225,6 +243,8 @@ class Trainer:
         }
         if self.device.type == "cuda":
             state["rng_cuda"] = torch.cuda.get_rng_state(self.device)
+        if self.strategy.scaler is not None:
+            state["grad_scaler"] = self.strategy.scaler.state_dict()
         if self.dist.world_size > 1:
             state["world_size"] = self.dist.world_size
             state["rng_cpu_ranks"] = self.dist.gather_objects(state["rng_cpu"])
@@ -291,6 +311,8 @@ class Trainer:
             raise UserError(f"{e}. Kept checkpoints: {', '.join(earlier) or 'no other'}; resume from another with "
                             "train.resume_from=STEP") from None
         self.schedule.load_state_dict(state["schedule"])
+        if self.strategy.scaler is not None and "grad_scaler" in state:
+            self.strategy.scaler.load_state_dict(state["grad_scaler"])
         self._apply_hyperparameters()
         self._restore_rng(state)
         if wanted is not None and self.dist.is_main:  # the later checkpoints belong to the abandoned continuation
@@ -345,9 +367,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def autocast(self):
-        if self.cfg.precision == "bf16" and self.strategy.autocast:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        dtype = autocast_dtype(self.precision)
+        if dtype is not None and self.strategy.autocast:
+            return torch.autocast(self.device.type, dtype=dtype)
         return nullcontext()
+
+    def to_device(self, batch: Batch) -> Batch:
+        """The batch on the training device: through pinned host memory with a non-blocking copy on a
+        GPU (the copy overlaps the queued work), its float inputs in the weights' dtype under bf16-true."""
+        if self.device.type == "cuda":
+            batch = batch.pin_memory()
+        return batch.to(self.device, non_blocking=True, dtype=self.strategy.param_dtype)
 
     def _rank_rows(self, batch: Batch) -> tuple[Batch, float]:
         """This rank's rows of a global micro-batch, and their weight (0 for the stand-in row a rank
@@ -411,6 +441,8 @@ class Trainer:
         self.forward_model.train()
         sums: dict[str, torch.Tensor] = {}
         tokens = torch.zeros((), dtype=torch.long, device=self.device)
+        seq_len = 0  # the last micro-batch's sequence length, for the model FLOPs
+        synchronize(self.device)
         interval_start, interval_steps = time.perf_counter(), 0
         last_save = time.monotonic()
         last: dict[str, Any] = {}
@@ -427,7 +459,9 @@ class Trainer:
                     except StopIteration:
                         raise UserError("the data ran out before the last step") from None
                     batch, weight = self._rank_rows(batch)
-                    batch = batch.to(self.device, non_blocking=True)
+                    batch = self.to_device(batch)
+                    ref = batch.tokens if batch.tokens is not None else batch.decoder_tokens
+                    seq_len = ref.shape[-1] if ref is not None else seq_len
                     self.micro_batches += 1
                     with strategy.accumulate(last=micro == cfg.grad_accum - 1):
                         with self.autocast():
@@ -454,12 +488,13 @@ class Trainer:
                     signum, agreed_timed = self.dist.agree_max([float(stop.signum), float(timed)])
                     signum, timed = int(signum), bool(agreed_timed)
                 if self.step % cfg.log_every == 0 or done or signum:
-                    last = self._record(sums, interval_steps, tokens, interval_start, lr)
+                    last = self._record(sums, interval_steps, tokens, interval_start, lr, seq_len)
                     if main:
                         self._write(last)
                     bar.set_postfix(loss=f"{last['loss']:.4f}")
                     sums, interval_steps = {}, 0
                     tokens = torch.zeros((), dtype=torch.long, device=self.device)
+                    synchronize(self.device)
                     interval_start = time.perf_counter()
                 if evaluate is not None and (eval_steps is not None and self.step in eval_steps):
                     metrics = evaluate(self.step)
@@ -504,7 +539,7 @@ class Trainer:
                 add(f"{name}_{key}", value if weight == 1.0 else value * weight)
 
     def _record(self, sums: dict[str, torch.Tensor], steps: int, tokens: torch.Tensor, interval_start: float,
-                lr: float) -> dict[str, Any]:
+                lr: float, seq_len: int = 0) -> dict[str, Any]:
         if self.dist.world_size > 1:  # sums over ranks: losses are shares of the global mean (x world), counts add up
             keys = sorted(sums)
             packed = torch.stack([sums[k].to(self.device).float().reshape(()) for k in keys]
@@ -516,7 +551,8 @@ class Trainer:
                     for i, k in enumerate(keys)}
             tokens = packed[-1]
         values = {k: float(v) for k, v in sums.items()}  # the one host sync per logging interval
-        elapsed = time.perf_counter() - interval_start  # after the sync: the interval's work is done
+        synchronize(self.device)  # all of the interval's work is done (not only what the sums needed)
+        elapsed = time.perf_counter() - interval_start
         micro = values.pop("micro_batches", 1.0) or 1.0
         record: dict[str, Any] = {"step": self.step, "loss": values.pop("loss") / micro}
         names = sorted({k[: -len("_loss")] for k in values if k.endswith("_loss")})
@@ -528,6 +564,12 @@ class Trainer:
             record["grad_norm"] = values["grad_norm"] / steps
         record["lr"] = lr
         record["tokens_per_s"] = float(tokens) / elapsed if elapsed > 0 else 0.0
+        if self.peak_tflops is not None and elapsed > 0:
+            # model FLOPs of the interval over what the devices of every rank could have done
+            linear, attention = self.flops_per_token
+            flops = float(tokens) * (linear + attention * seq_len)
+            record["mfu"] = flops / elapsed / (self.peak_tflops * 1e12 * self.dist.world_size)
+        record["peak_memory_gib"] = round(peak_memory_gib(self.device), 3)
         return record
 
 

@@ -38,7 +38,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from pentad.errors import UserError
 from pentad.registry import Registry
+from pentad.training.precision import make_grad_scaler, param_dtype
 
 STRATEGIES: Registry[Any] = Registry("strategies", singular="strategy")
 
@@ -50,14 +52,18 @@ class Strategy(ABC):
 
     ``sharded``: parameters are split across ranks (build on the meta device, sharded checkpoints).
     ``needs_launcher``: must run under torchrun/deepspeed even with one process.
-    ``autocast``: the trainer runs forward under ``torch.autocast`` for ``train.precision=bf16``
-    (False: the engine applies the precision itself, as DeepSpeed's bf16 does).
+    ``autocast``: the trainer runs forward under ``torch.autocast`` for ``train.precision=bf16`` and
+    ``fp16`` (False: the engine applies the precision itself, as DeepSpeed's bf16 and fp16 do).
+    ``precisions``: the ``train.precision`` modes the engine trains in (others are refused by
+    :meth:`set_precision`, with ``precision_note`` saying why).
     """
 
     registry_name: ClassVar[str]
     sharded: ClassVar[bool] = False
     needs_launcher: ClassVar[bool] = False
     autocast: bool = True
+    precisions: ClassVar[tuple[str, ...]] = ("fp32", "tf32", "bf16", "bf16-true", "fp16")
+    precision_note: ClassVar[str] = ""
 
     def __init__(self, cfg: Any, dist: Any):
         self.cfg = cfg          # the TrainConfig
@@ -65,6 +71,22 @@ class Strategy(ABC):
         self.model: nn.Module | None = None
         self.module: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
+        self.precision = "fp32"  # the resolved train.precision (set_precision)
+        self.scaler: Any = None  # torch.amp.GradScaler under fp16 autocast
+
+    def set_precision(self, precision: str) -> None:
+        """Train in ``precision`` (resolved: not ``auto``); called before :meth:`setup`. A mode the
+        engine does not offer is a UserError."""
+        if precision not in self.precisions:
+            raise UserError(f"train.precision={precision} is not offered with train.strategy={self.registry_name} "
+                            f"(it trains in {', '.join(self.precisions)}){self.precision_note}")
+        self.precision = precision
+        self.scaler = make_grad_scaler(precision, self.device) if self.autocast else None
+
+    @property
+    def param_dtype(self) -> torch.dtype | None:
+        """The dtype the engine casts the weights to (None: they stay as built, fp32)."""
+        return param_dtype(self.precision)
 
     @classmethod
     def check_installed(cls) -> None:
@@ -90,19 +112,32 @@ class Strategy(ABC):
         yield
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Backward of one micro-batch's loss (already divided by ``grad_accum``)."""
+        """Backward of one micro-batch's loss (already divided by ``grad_accum``; scaled by the
+        gradient scaler under fp16)."""
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
         loss.backward()
 
     def step(self, clip_grad_norm: float | None) -> torch.Tensor | None:
         """Clip the gradients (when ``clip_grad_norm`` is set), step the optimizer and zero the
         gradients; returns the total gradient norm before clipping (a tensor, no host sync), or
-        None when not clipping. Engines whose parameters are torch tensors or DTensors share this."""
+        None when not clipping. Engines whose parameters are torch tensors or DTensors share this.
+        Under fp16 the gradients are unscaled before clipping, and the scaler skips a step whose
+        gradients overflowed."""
         norm = None
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
         if clip_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip_grad_norm)
+            # foreach: one fused kernel over all gradients on a GPU (torch has no CPU foreach kernels)
+            norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip_grad_norm,
+                                                  foreach=True if self.device.type == "cuda" else None)
             if hasattr(norm, "full_tensor"):  # a DTensor (sharded parameters): the norm over every rank's shards
                 norm = norm.full_tensor()
-        self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 

@@ -97,7 +97,7 @@ def build_config(cfg: Any, world_size: int, user: dict[str, Any] | None = None, 
         ("gradient_accumulation_steps", cfg.grad_accum, "train.grad_accum", ()),
         ("gradient_clipping", cfg.clip_grad_norm or 0.0, "train.clip_grad_norm", ()),
         ("bf16.enabled", cfg.precision == "bf16", "train.precision", ()),
-        ("fp16.enabled", False, "train.precision (fp32 or bf16; fp16 is not offered)", ()),
+        ("fp16.enabled", cfg.precision == "fp16", "train.precision", ()),
         ("zero_optimization.stage", ds.stage, "train.deepspeed.stage", ()),
         ("zero_optimization.offload_optimizer.device", "cpu" if ds.offload_optimizer else "none",
          "train.deepspeed.offload_optimizer", ("cpu", "nvme") if ds.offload_optimizer else (None,)),
@@ -141,14 +141,17 @@ class DeepSpeedStrategy(Strategy):
     """DeepSpeed ZeRO over every rank of a torchrun or deepspeed launch (see the module docstring)."""
 
     needs_launcher = True
+    precisions = ("fp32", "tf32", "bf16", "fp16")
+    precision_note = ("; DeepSpeed's bf16 keeps fp32 master weights in the optimizer (train.precision=bf16), and "
+                      "bf16 weights without them are not one of its modes")
 
     def __init__(self, cfg: Any, dist: Any):
         super().__init__(cfg, dist)
         self.engine: Any = None
         self.deepspeed: Any = None
         self.config: dict[str, Any] = {}
-        # bf16 is DeepSpeed's own (bf16 weights and gradients, fp32 master weights in the optimizer):
-        # the trainer does not add torch.autocast on top of it
+        # bf16 and fp16 are DeepSpeed's own (16-bit weights and gradients, fp32 master weights in the
+        # optimizer; fp16 with its dynamic loss scaling): the trainer does not add torch.autocast on top
         self.autocast = False
 
     @classmethod

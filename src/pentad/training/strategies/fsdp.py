@@ -42,6 +42,9 @@ class FsdpStrategy(Strategy):
 
     sharded = True
     needs_launcher = True
+    precisions = ("fp32", "tf32", "bf16")
+    precision_note = ("; for bf16 weights in forward and backward use train.fsdp.param_dtype=bf16 (the shards "
+                      "stay fp32); fp16 would need a sharded gradient scaler, which is not offered")
 
     # ------------------------------------------------------------------ placement
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> nn.Module:

@@ -27,7 +27,7 @@ class SingleStrategy(Strategy):
     """One process, one device: today's training loop, bit for bit."""
 
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> nn.Module:
-        self.module = self.model = model.to(self.device)
+        self.module = self.model = model.to(self.device, dtype=self.param_dtype)
         self.optimizer = make_optimizer(self.module)
         return self.model
 
@@ -86,7 +86,7 @@ class DDPStrategy(SingleStrategy):
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel
 
-        self.module = model.to(self.device)
+        self.module = model.to(self.device, dtype=self.param_dtype)
         ids = [self.device.index] if self.device.type == "cuda" else None
         # every parameter takes part in every step of pentad's models; unused ones would be a bug
         # buffers (position ids, masks) are constants, the same on every rank: no per-forward broadcast
