@@ -16,7 +16,7 @@ Conventions used everywhere:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 import torch
@@ -80,6 +80,19 @@ class Batch:
                 value = {k: v.to(device, non_blocking=non_blocking) for k, v in value.items()}
             moved[f.name] = value
         return Batch(**moved)
+
+    def without_empty_padding(self) -> Batch:
+        """This batch with padding masks that mark no position (all False) left out (None): the same
+        batch for every slot, decided here on the host, so that attention on a GPU needs no device
+        sync to find there is no padding and runs without a mask (SDPA's fastest kernels)."""
+        changes: dict[str, Any] = {}
+        for name in ("padding_mask", "decoder_padding_mask"):
+            mask = getattr(self, name)
+            if mask is not None and mask.device.type == "cpu" and not bool(mask.any()):
+                changes[name] = None
+        if self.pair is not None:
+            changes["pair"] = self.pair.without_empty_padding()
+        return replace(self, **changes) if changes else self
 
     def pin_memory(self) -> Batch:
         """A copy with every tensor in pinned (page-locked) host memory, whose copy to a GPU with

@@ -373,10 +373,12 @@ class Trainer:
         return nullcontext()
 
     def to_device(self, batch: Batch) -> Batch:
-        """The batch on the training device: through pinned host memory with a non-blocking copy on a
-        GPU (the copy overlaps the queued work), its float inputs in the weights' dtype under bf16-true."""
+        """The batch on the training device: on a GPU without the padding masks that mark nothing
+        (found on the host: no device sync in attention, which then runs without a mask) and through
+        pinned host memory with a non-blocking copy (it overlaps the queued work); its float inputs in
+        the weights' dtype under bf16-true."""
         if self.device.type == "cuda":
-            batch = batch.pin_memory()
+            batch = batch.without_empty_padding().pin_memory()
         return batch.to(self.device, non_blocking=True, dtype=self.strategy.param_dtype)
 
     def _rank_rows(self, batch: Batch) -> tuple[Batch, float]:

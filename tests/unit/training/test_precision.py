@@ -122,16 +122,28 @@ def test_batch_to_casts_float_inputs_only_and_pins():
 
 def test_batches_go_to_a_gpu_through_pinned_memory_without_blocking(monkeypatch):
     calls = []
+    monkeypatch.setattr(Batch, "without_empty_padding", lambda self: calls.append("unpad") or self)
     monkeypatch.setattr(Batch, "pin_memory", lambda self: calls.append("pin") or self)
     monkeypatch.setattr(Batch, "to", lambda self, device, non_blocking=False, dtype=None:
                         calls.append((str(device), non_blocking, dtype)) or self)
     batch = Batch(tokens=torch.zeros(1, 2, dtype=torch.long))
     gpu = SimpleNamespace(device=CUDA, strategy=SimpleNamespace(param_dtype=torch.bfloat16))
     Trainer.to_device(gpu, batch)
-    assert calls == ["pin", ("cuda:0", True, torch.bfloat16)]
+    assert calls == ["unpad", "pin", ("cuda:0", True, torch.bfloat16)]
     calls.clear()
     Trainer.to_device(SimpleNamespace(device=CPU, strategy=SimpleNamespace(param_dtype=None)), batch)
     assert calls == [("cpu", True, None)]  # no pinning for a CPU run
+
+
+def test_padding_masks_that_mark_nothing_are_left_out():
+    none = torch.zeros(2, 3, dtype=torch.bool)
+    some = none.clone()
+    some[1, -1] = True
+    batch = Batch(tokens=torch.ones(2, 3, dtype=torch.long), padding_mask=none, decoder_padding_mask=some,
+                  pair=Batch(tokens=torch.ones(2, 2, dtype=torch.long), padding_mask=none[:, :2]))
+    out = batch.without_empty_padding()
+    assert out.padding_mask is None and out.decoder_padding_mask is some and out.pair.padding_mask is None
+    assert batch.padding_mask is none  # the batch itself is unchanged
 
 
 def test_the_clock_waits_for_the_gpu(monkeypatch):
@@ -235,3 +247,21 @@ def test_unpadded_batches_take_the_maskless_kernel_with_the_same_output(kind):
     padded = no_padding.clone()
     padded[0, -2:] = True
     assert attention_mask(kind, s, padded)[0] is not None
+
+
+@pytest.mark.parametrize("name", ["bert/tiny", "gpt2/base", "t5/small", "sbert/base"])
+def test_a_model_gives_the_same_losses_without_an_empty_padding_mask(name):
+    torch.manual_seed(0)
+    model = build_model(shrunk_model_config(name)).eval()
+    batch = batch_for(model, 97)
+    batch.padding_mask = torch.zeros_like(batch.padding_mask)
+    if batch.decoder_padding_mask is not None:
+        batch.decoder_padding_mask = torch.zeros_like(batch.decoder_padding_mask)
+    if batch.pair is not None:
+        batch.pair.padding_mask = torch.zeros_like(batch.pair.padding_mask)
+    unpadded = batch.without_empty_padding()
+    assert unpadded.padding_mask is None
+    with torch.no_grad():
+        first, second = model(batch), model(unpadded)
+    for key in first:
+        torch.testing.assert_close(first[key].loss, second[key].loss, rtol=1e-6, atol=1e-6)
