@@ -265,3 +265,11 @@ def test_a_model_gives_the_same_losses_without_an_empty_padding_mask(name):
         first, second = model(batch), model(unpadded)
     for key in first:
         torch.testing.assert_close(first[key].loss, second[key].loss, rtol=1e-6, atol=1e-6)
+
+
+def test_evaluation_inputs_follow_the_weights_dtype():
+    from pentad.tasks.base import input_dtype
+
+    model = torch.nn.Linear(2, 2)
+    assert input_dtype(model) is None
+    assert input_dtype(model.to(torch.bfloat16)) == torch.bfloat16
