@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p = _add_run_command(sub, "finetune", "fine-tune on a downstream task")
     p.add_argument("--task", help="task name (e.g. classification); sets task.type")
+    p.add_argument("--folds", type=int, metavar="K", help="k-fold cross-validation over the training file; sets "
+                   "train.folds")
+    p.add_argument("--grid", action="append", metavar="KEY=V1,V2,...", help="search these values of a config key "
+                   "(repeat for several keys; every combination runs); sets train.grid")
     _config_args(p)
     p = sub.add_parser("infer", help="predict with a fine-tuned run directory")
     p.add_argument("--task", help="task name; must match the run's task")
@@ -150,6 +154,28 @@ def _load(args: argparse.Namespace, extra: Sequence[str] = ()):
     return cfg
 
 
+def grid_option(items: Sequence[str]) -> dict[str, list[Any]]:
+    """``--grid KEY=V1,V2`` options as ``train.grid`` (values parsed as YAML, like overrides)."""
+    import yaml
+
+    grid: dict[str, list[Any]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or not key.strip() or not values.strip():
+            raise UserError(f"--grid {item!r}: expected KEY=V1,V2,... (e.g. --grid train.lr=1e-4,3e-5)")
+        parsed = []
+        for v in values.split(","):
+            try:
+                value = yaml.safe_load(v) if v.strip() else v
+            except yaml.YAMLError:
+                value = v
+            if isinstance(value, str) and re.fullmatch(r"\s*[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+\s*", value):
+                value = float(value)  # 1e-4: a number (YAML 1.1 reads it as text)
+            parsed.append(value)
+        grid[key.strip()] = parsed
+    return grid
+
+
 def run(args: argparse.Namespace) -> int:
     cmd = args.command
     if cmd == "list":
@@ -206,6 +232,13 @@ def run(args: argparse.Namespace) -> int:
         infer(args.model, test, args.output, args.probabilities or None, args.batch_size, task=args.task)
         return 0
     extra = [f"task.type={args.task}"] if getattr(args, "task", None) else []
+    if getattr(args, "folds", None) is not None:
+        extra.append(f"train.folds={args.folds}")
+    if getattr(args, "grid", None):
+        import yaml  # (YAML, not JSON: JSON's 1e-05 would read back as text)
+
+        extra.append("train.grid=" + yaml.safe_dump(grid_option(args.grid), default_flow_style=True, sort_keys=False,
+                                                    width=1 << 30).strip())
     cfg = _load(args, extra)
     if cfg is None:
         return 0

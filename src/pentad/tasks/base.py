@@ -71,6 +71,28 @@ class Task(ABC):
             raise UserError("data.train is not set: give the training TSV file")
         return {"train": data.train, "dev": data.dev, "test": data.test}
 
+    @classmethod
+    def examples(cls, source: Any) -> list[Any]:
+        """The training input's examples, in file order, as the units cross-validation (``train.folds``)
+        deals into folds: what one fold holds out stays together (a ranking question's candidates, a
+        QA paragraph's questions). Opaque to the runner, handed back to :meth:`write_examples`.
+        Default: the data lines of a TSV file with a header line."""
+        header, lines = read_tsv_lines(Path(source))
+        return lines
+
+    @classmethod
+    def write_examples(cls, source: Any, examples: Sequence[Any], out: Path) -> Path:
+        """Write ``examples`` (some of :meth:`examples` of ``source``, in order) as an input in the same
+        format as ``source``, at ``out`` plus the source's suffix; returns what ``data.train`` /
+        ``data.dev`` then name. Companion files (ChID's answers) are written beside it. Default: the
+        TSV header line, then the lines."""
+        from pentad.training.checkpoint import atomic_write_text
+
+        header, _ = read_tsv_lines(Path(source))
+        path = out.with_suffix(Path(source).suffix or ".tsv")
+        atomic_write_text(path, "".join(line + "\n" for line in [header, *examples]))
+        return path
+
     @property
     def trains(self) -> bool:
         """Whether fine-tuning trains. False (a zero-shot task): ``pentad finetune`` only scores the
@@ -163,6 +185,23 @@ class Task(ABC):
     @abstractmethod
     def write_predictions(self, path: Path, predictions: Any, instances: Any, probabilities: bool) -> None:
         """Write :meth:`predict`'s output for ``instances`` to ``path`` (atomically)."""
+
+
+def read_tsv_lines(path: Path) -> tuple[str, list[str]]:
+    """A TSV file's header line and its non-empty data lines (as text, without line ends)."""
+    from pentad.errors import UserError
+
+    if not path.is_file():
+        raise UserError(f"{path} does not exist (the training file)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text ({e})") from None
+    lines = [line.rstrip("\r") for line in text.split("\n")]
+    lines = [line for line in lines if line.strip()]
+    if len(lines) < 2:
+        raise UserError(f"{path}: expected a header line and data lines, found {len(lines)} non-empty line(s)")
+    return lines[0], lines[1:]
 
 
 class EpochBatches:

@@ -83,6 +83,28 @@ class ChidTask(ChoiceTaskBase):
     Config = ChidTaskConfig
     input_format = "JSON lines {content: [passages with #idiomN# blanks], candidates}; answers in <name>_answer.json"
 
+    @classmethod
+    def examples(cls, source: Any) -> list[Any]:
+        """The lines (a line's blanks, which share candidates, stay in one fold)."""
+        return [record for _, record in load_json(Path(source), "a ChID line {\"content\": [...], \"candidates\": "
+                                                  "[...]}", lines=True)]
+
+    @classmethod
+    def write_examples(cls, source: Any, examples: list[Any], out: Path) -> Path:
+        """The lines, and beside them their blanks' answers (``<name>_answer.json``)."""
+        from pentad.training.checkpoint import atomic_write_text
+
+        path = out.with_suffix(".json")
+        answers_file = answer_path(Path(source))
+        answers = load_json(answers_file, "a JSON object {\"#idiom000001#\": index}") if answers_file.is_file() else {}
+        tags = {tag for record in examples if isinstance(record, dict)
+                for passage in record.get("content") or [] if isinstance(passage, str)
+                for tag in BLANK.findall(passage)}
+        atomic_write_text(answer_path(path), json.dumps({t: v for t, v in answers.items() if t in tags},
+                                                        ensure_ascii=False))
+        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in examples))
+        return path
+
     def read(self, path: Path, with_labels: bool = True) -> ChoiceQuestions:
         tokenizer = self.tokenizer
         if tokenizer.mask_id is None:

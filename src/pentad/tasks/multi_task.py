@@ -149,6 +149,12 @@ class MultiTaskTask(Task):
 
     Config = MultiTaskConfig
     input_format = "task.datasets: [{name, train, dev, test}], each label<TAB>text_a[<TAB>text_b]"
+
+    @classmethod
+    def examples(cls, source: Any) -> list[Any]:
+        raise UserError("train.folds (cross-validation) does not run multi_task, whose training data is several "
+                        "files; cross-validate each dataset with the classification task, or fine-tune without "
+                        "train.folds")
     metric_names = ("mean_accuracy", "mean_macro_f1", "<name>/accuracy", "<name>/macro_f1")
 
     def __init__(self, cfg: MultiTaskConfig, tokenizer, seq_length: int, state=None):

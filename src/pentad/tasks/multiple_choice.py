@@ -257,6 +257,23 @@ class MultipleChoiceTask(ChoiceTaskBase):
     Config = MultipleChoiceTaskConfig
     input_format = "JSON [[context sentences], [{question, choice: [...], answer}], id] (C3)"
 
+    @classmethod
+    def examples(cls, source: Any) -> list[Any]:
+        """The documents (a document's questions stay in one fold)."""
+        data = load_json(Path(source), "a C3-format JSON list of [context sentences, questions, id] documents")
+        if not isinstance(data, list):
+            raise UserError(f"{source}: expected a JSON list of documents [[context sentences], [questions], id], "
+                            f"found {type(data).__name__}.")
+        return data
+
+    @classmethod
+    def write_examples(cls, source: Any, examples: Sequence[Any], out: Path) -> Path:
+        from pentad.training.checkpoint import atomic_write_text
+
+        path = out.with_suffix(".json")
+        atomic_write_text(path, json.dumps(list(examples), ensure_ascii=False))
+        return path
+
     def read(self, path: Path, with_labels: bool = True) -> ChoiceQuestions:
         data = load_json(path, "a C3-format JSON list of [context sentences, questions, id] documents")
         if not isinstance(data, list):

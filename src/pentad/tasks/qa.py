@@ -349,6 +349,26 @@ class QaTask(Task):
     head = "span"
     provides = frozenset({"tokens", "segments", "padding_mask", "labels.span"})
     input_format = "SQuAD/CMRC 2018 JSON: data -> paragraphs -> context, qas (id, question, answers)"
+
+    @classmethod
+    def examples(cls, source: Any) -> list[Any]:
+        """The paragraphs with their article's title (a context's questions stay in one fold)."""
+        read_squad(Path(source), with_labels=False)  # the layout checked, with errors naming where
+        data = json.loads(Path(source).read_text(encoding="utf-8"))
+        return [(article.get("title"), para) for article in data["data"] for para in article["paragraphs"]]
+
+    @classmethod
+    def write_examples(cls, source: Any, examples: Sequence[Any], out: Path) -> Path:
+        from pentad.training.checkpoint import atomic_write_text
+
+        articles: list[dict[str, Any]] = []
+        for title, para in examples:  # consecutive paragraphs of one article stay one article
+            if not articles or articles[-1].get("title") != title:
+                articles.append({"title": title, "paragraphs": []} if title is not None else {"paragraphs": []})
+            articles[-1]["paragraphs"].append(para)
+        path = out.with_suffix(".json")
+        atomic_write_text(path, json.dumps({"version": "pentad-fold", "data": articles}, ensure_ascii=False))
+        return path
     metric_names = ("f1", "em")
 
     def __init__(self, cfg: QaTaskConfig, tokenizer, seq_length: int, state=None):

@@ -30,7 +30,7 @@ from pentad.errors import UserError
 from pentad.layers.pooling import PoolingKind
 from pentad.log import get_logger
 from pentad.registry import TASKS
-from pentad.tasks.base import Task, TaskConfig
+from pentad.tasks.base import Task, TaskConfig, read_tsv_lines
 from pentad.tasks.texts import TextExamples, collate_texts, line_numbers, predict_texts, text_objective
 
 log = get_logger(__name__)
@@ -99,6 +99,25 @@ class RankingTask(Task):
     head = "cls"
     provides = frozenset({"tokens", "segments", "padding_mask", "labels.cls"})
     input_format = "label<TAB>qid<TAB>text_a<TAB>text_b, label 1 when text_b answers question text_a"
+
+    @classmethod
+    def examples(cls, source: Any) -> list[Any]:
+        """Each question's candidate lines, together (cross-validation holds out whole questions)."""
+        header, lines = read_tsv_lines(Path(source))
+        columns = header.split("\t")
+        if "qid" not in columns:
+            raise UserError(f"{source}, line 1: the header {header!r} has no qid column; expected "
+                            f"{chr(9).join(COLUMNS)}")
+        at = columns.index("qid")
+        groups: dict[str, list[str]] = {}
+        for line in lines:
+            fields = line.split("\t")
+            groups.setdefault(fields[at] if at < len(fields) else "", []).append(line)
+        return list(groups.values())
+
+    @classmethod
+    def write_examples(cls, source: Any, examples: Sequence[Any], out: Path) -> Path:
+        return super().write_examples(source, [line for group in examples for line in group], out)
     metric_names = ("mrr", "map")
 
     def __init__(self, cfg: RankingTaskConfig, tokenizer, seq_length: int, state=None):

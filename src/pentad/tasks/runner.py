@@ -13,6 +13,7 @@ from pentad.builder import build_model
 from pentad.errors import UserError
 from pentad.registry import TASKS
 from pentad.runs import absolute_paths, complete_vocab, info, load_run, load_tokenizer
+from pentad.tasks import search
 from pentad.tasks.base import Task
 from pentad.training import checkpoint as ckpt
 from pentad.training.distributed import pick_device
@@ -50,8 +51,27 @@ def finetune(cfg: Any) -> dict[str, Any]:
         raise UserError("output is not set: give the run directory, e.g. output=runs/finetune")
     absolute_paths(cfg)
     cfg.train = cfg.train.for_finetuning()
+    if cfg.train.grid:
+        return search.grid_search(cfg, _finetune_once, _finetune_or_cv)
+    return _finetune_or_cv(cfg)
+
+
+def _finetune_or_cv(cfg: Any) -> dict[str, Any]:
+    if cfg.train.folds:
+        return search.cross_validate(cfg, _finetune_once, _predict_heldout(cfg))
+    return _finetune_once(cfg)
+
+
+def _finetune_once(cfg: Any) -> dict[str, Any]:
     with Session(cfg, "finetune") as session:
         return _finetune(cfg, session)
+
+
+def _predict_heldout(cfg: Any):
+    def predict(run_dir: Path, path: Path, output: Path) -> Path:
+        return infer(run_dir, path, output, probabilities=True, batch_size=cfg.train.batch_size * 2,
+                     device_choice=cfg.train.device)
+    return predict
 
 
 def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
@@ -100,9 +120,23 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
     def evaluate(step: int) -> dict[str, float]:
         return score("dev") if "dev" in evaluation else {}
 
-    def keep_best(step: int, metrics: dict[str, float]) -> None:
+    patience = cfg.train.early_stopping
+    if patience is not None and "dev" not in evaluation:
+        raise UserError(f"train.early_stopping={patience} stops when the dev score stops improving, but there is no "
+                        "dev set: give data.dev, or leave train.early_stopping unset")
+
+    def stale(step: int) -> int:
+        """Dev evaluations up to ``step`` since the best one (all of them before any best)."""
+        return sum(1 for s in eval_steps if s <= step and (best.step is None or s > best.step))
+
+    def keep_best(step: int, metrics: dict[str, float]) -> bool:
         value = task.selection_score(metrics) if metrics else float(step)
         best.offer(trainer, step, value, metrics)
+        if patience is not None and step < total and stale(step) >= patience:
+            info(f"early stopping at step {step}: {patience} dev evaluation(s) without improving on step "
+                 f"{best.step}'s {best.score:.4f}")
+            return True
+        return False
 
     # set by the user (pre-training's length), not used here; a run's config.yaml spells out every default
     if "steps" in cfg.train.model_fields_set and cfg.train.steps != type(cfg.train).model_fields["steps"].default:
@@ -117,13 +151,21 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
     else:
         session.on_main(best.clear)  # an earlier attempt's best model belongs to a trajectory being redone
     start = time.perf_counter()
-    trainer.train(batches.iterate, evaluate=evaluate, eval_steps=eval_steps, on_eval=keep_best)
+    # a resumed run that had already stopped early stays stopped
+    stopped = patience is not None and 0 < trainer.step < total and best.step is not None \
+        and stale(trainer.step) >= patience
+    if not stopped:
+        trainer.train(batches.iterate, evaluate=evaluate, eval_steps=eval_steps, on_eval=keep_best)
+        stopped = trainer.stopped_early
     if session.is_main:
         plot_losses(run_dir / "metrics.jsonl", run_dir / "loss.png")
-    if trainer.step < total:
+    if trainer.step < total and not stopped:
         info(f"stopped at step {trainer.step} of {total} (train.stop_at); run the same command again to resume")
         return {"stopped_at": trainer.step}
-    results: dict[str, Any] = {"best_step": best.step, "seconds": round(time.perf_counter() - start, 1)}
+    results: dict[str, Any] = {"best_step": best.step, "selection": best.score,
+                               "seconds": round(time.perf_counter() - start, 1)}
+    if stopped:
+        results["early_stopped_at"] = trainer.step
     if best.step != trainer.step:  # the model in memory is the last step's; evaluate the best one
         weights = None
         if session.strategy.sharded:  # the main rank reads, the strategy sends each rank its shards
@@ -227,7 +269,9 @@ def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: 
           batch_size: int = 64, device_choice: str = "auto", task: str | None = None) -> Path:
     """Predict with a fine-tuned run directory on its task's input file (labels optional).
 
-    ``task``, when given (``--task``), must be the run's task."""
+    ``task``, when given (``--task``), must be the run's task. A grid search's run directory means its
+    best trial."""
+    model_dir = search.resolve_model(model_dir)
     cfg, tokenizer = load_run(model_dir)
     if cfg.task is None:
         raise UserError(f"{model_dir} is not a fine-tuned run (its config has no task)")
@@ -255,6 +299,7 @@ def default_predictions(model_dir: Path) -> Path:
     """Where ``pentad infer`` writes without ``--output``: the run's task's ``predictions_file`` in the run
     (``predictions.tsv`` when the run cannot be read: the command's own checks report why)."""
     try:
+        model_dir = search.resolve_model(model_dir, quiet=True)
         cfg, _ = load_run(model_dir)
     except (UserError, OSError):
         return model_dir / Task.predictions_file

@@ -81,6 +81,13 @@ class TrainConfig(StrictModel):
                                                    "change the course of training differ from the run's")
     eval_every: int | None = Field(None, ge=1, description="fine-tuning: evaluate on dev every N steps; "
                                                            "default: once per epoch")
+    early_stopping: int | None = Field(None, ge=1, description="fine-tuning: stop when this many dev evaluations "
+                                       "in a row did not improve on the best one (patience); null: train all epochs")
+    folds: int | None = Field(None, ge=2, description="fine-tuning: k-fold cross-validation over the training file "
+                              "(one run per fold in RUN/fold-K, out-of-fold predictions, mean scores; docs/tasks.md)")
+    grid: dict[str, list[Any]] | None = Field(None, description="fine-tuning: a grid search, config key -> values "
+                                              "(e.g. {train.lr: [1e-4, 3e-5], train.epochs: [2, 3]}): one run per "
+                                              "combination in RUN/grid/, picked by dev score (docs/tasks.md)")
     threads: int | None = Field(None, ge=1, description="CPU threads per operation (torch intra-op threads); "
                                 "default: one per core. 1 on a machine shared with busy jobs (docs/config.md)")
     stop_at: int | None = Field(None, ge=1, description="stop with a checkpoint at this step, as if "

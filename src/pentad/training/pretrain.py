@@ -22,6 +22,10 @@ def pretrain(cfg: Any) -> dict[str, Any]:
         raise UserError("data.objective is not set (e.g. data.objective=bert)")
     if cfg.output is None:
         raise UserError("output is not set: give the run directory, e.g. output=runs/pretrain")
+    for key in ("early_stopping", "folds", "grid"):
+        if getattr(cfg.train, key) is not None:
+            raise UserError(f"train.{key} is a fine-tuning option (pentad finetune); pre-training has no dev set "
+                            f"to stop on or to pick by. Remove train.{key}")
     absolute_paths(cfg)
     with Session(cfg, "pretrain") as session:
         return _pretrain(cfg, session)

@@ -188,7 +188,8 @@ class Trainer:
     process computes on the whole batch.
 
     evaluate(step) -> dict of metrics is called (on every rank) at the steps in ``eval_steps``; its
-    result is logged, and ``on_eval(step, metrics)`` may save a best model.
+    result is logged, and ``on_eval(step, metrics)`` may save a best model and, by returning True, stop
+    training there (with a checkpoint: early stopping).
     """
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, run_dir: Path, total_steps: int,
@@ -224,6 +225,7 @@ class Trainer:
         self.events = EventLog(run_dir, cfg.tensorboard and self.dist.is_main)
         self.step = 0
         self.micro_batches = 0  # the data position: (global) micro-batches consumed
+        self.stopped_early = False  # on_eval asked to stop (fine-tuning's early stopping)
 
     @property
     def model(self) -> nn.Module:
@@ -409,7 +411,7 @@ class Trainer:
 
     def train(self, stream: BatchStream, evaluate: Callable[[int], dict[str, float]] | None = None,
               eval_steps: set[int] | None = None,
-              on_eval: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+              on_eval: Callable[[int, dict[str, float]], bool | None] | None = None) -> dict[str, Any]:
         """Train to ``total_steps`` (or ``train.stop_at``), saving a checkpoint every ``save_every`` steps,
         every ``save_minutes`` minutes and at the end. SIGINT (Ctrl-C) or SIGTERM stops at the next step
         boundary with a checkpoint and raises :class:`Interrupted`; a second Ctrl-C stops at once.
@@ -431,7 +433,7 @@ class Trainer:
             raise
 
     def _train(self, stream: BatchStream, evaluate: Callable[[int], dict[str, float]] | None,
-               eval_steps: set[int] | None, on_eval: Callable[[int, dict[str, float]], None] | None
+               eval_steps: set[int] | None, on_eval: Callable[[int, dict[str, float]], bool | None] | None
                ) -> dict[str, Any]:
         from tqdm import tqdm
 
@@ -505,8 +507,8 @@ class Trainer:
                         self._write({"step": self.step, **{f"dev_{k}": v for k, v in metrics.items()}})
                         bar.write(f"step {self.step}: " + ", ".join(f"dev {k} {v:.4f}" for k, v in metrics.items()),
                                   file=sys.stderr)  # with the other progress messages, not into the command's output
-                    if on_eval is not None:
-                        on_eval(self.step, metrics)
+                    if on_eval is not None and on_eval(self.step, metrics):
+                        self.stopped_early = done = True  # every rank decides alike (same metrics)
                 if (cfg.save_every and self.step % cfg.save_every == 0) or done or timed or signum:
                     saved = self.save()
                     last_save = time.monotonic()
@@ -515,6 +517,8 @@ class Trainer:
                             f"stopped by {signal.Signals(signum).name} after step {self.step} of "
                             f"{self.total_steps}; saved {saved}. Run the same command again to resume from "
                             f"there.", signum)
+                if self.stopped_early:
+                    break
         finally:
             stop.restore()
             self.events.close()
