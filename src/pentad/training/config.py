@@ -32,6 +32,38 @@ class DeepSpeedConfig(StrictModel):
                                "file that contradicts them")
 
 
+class AdversarialConfig(StrictModel):
+    """``train.adversarial``: adversarial training on the word embeddings (docs/tasks.md). After each
+    micro-batch's backward the embedding table(s) move along their gradient, the loss of the perturbed
+    model is backpropagated as well, and the tables are restored: FGM (Miyato et al. 2017) takes one
+    step of length ``epsilon``; PGD (Madry et al. 2018) takes ``steps`` steps of length ``alpha``, each
+    projected back into the ball of radius ``epsilon`` around the clean table."""
+
+    method: Literal["none", "fgm", "pgd"] = Field("none", description="none (off), fgm or pgd")
+    epsilon: float = Field(1.0, gt=0.0, description="fgm: the perturbation's norm; pgd: the radius of the ball "
+                           "the perturbation stays in (the L2 norm over each whole table)")
+    alpha: float = Field(0.3, gt=0.0, description="pgd: the length of each step")
+    steps: int = Field(3, ge=1, description="pgd: steps per micro-batch (each one more forward and backward)")
+    parameter: str | None = Field(None, description="which parameter(s) to perturb: a glob over parameter names "
+                                  "(e.g. 'embedding.word.weight'); default: every word-embedding table")
+
+
+class DistillConfig(StrictModel):
+    """``train.distill``: soft-label distillation from a fine-tuned teacher run (docs/tasks.md). Each head's
+    loss becomes ``(1 - alpha) * hard + alpha * soft``, the soft loss comparing the head's logits with the
+    teacher's on the same batch (Hinton et al. 2015)."""
+
+    teacher: Path | None = Field(None, description="a fine-tuned run directory of the same task, labels and "
+                                 "vocabulary (pentad finetune --teacher RUN); None: no distillation")
+    temperature: float = Field(2.0, gt=0.0, description="kl: the softmax temperature T of both sides (the loss "
+                               "is multiplied by T^2)")
+    alpha: float = Field(0.5, ge=0.0, le=1.0, description="weight of the soft loss; the head's own loss gets "
+                         "1 - alpha")
+    loss: Literal["kl", "mse"] = Field("kl", description="kl: KL(teacher || student) of the softened "
+                                       "distributions; mse: mean squared error of the raw logits (TencentPretrain's "
+                                       "--soft_targets)")
+
+
 class TrainConfig(StrictModel):
     """Optimisation and bookkeeping options shared by pre-training and fine-tuning."""
 
@@ -69,6 +101,8 @@ class TrainConfig(StrictModel):
                                            "in backward instead of keeping them (less memory, ~30% more compute)")
     fsdp: FsdpConfig = Field(default_factory=FsdpConfig)
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
+    adversarial: AdversarialConfig = Field(default_factory=AdversarialConfig)
+    distill: DistillConfig = Field(default_factory=DistillConfig)
     seed: int = 7
     log_every: int = Field(10, ge=1)
     save_every: int | None = Field(None, ge=1, description="also save a checkpoint every N steps")

@@ -25,6 +25,7 @@ from pentad.components.base import Batch
 from pentad.errors import Interrupted, RankFailure, UserError
 from pentad.model import total_loss
 from pentad.training import checkpoint as ckpt
+from pentad.training.adversarial import Adversary
 from pentad.training.config import TrainConfig
 from pentad.training.distributed import Dist, describe_failure, pick_device
 from pentad.training.optim import build_optimizer, build_schedule
@@ -190,11 +191,15 @@ class Trainer:
     evaluate(step) -> dict of metrics is called (on every rank) at the steps in ``eval_steps``; its
     result is logged, and ``on_eval(step, metrics)`` may save a best model and, by returning True, stop
     training there (with a checkpoint: early stopping).
+
+    ``train.adversarial`` adds an adversarial forward and backward to each micro-batch
+    (:mod:`pentad.training.adversarial`); ``distiller`` (:mod:`pentad.training.distill`), when given,
+    runs a teacher on each micro-batch and mixes soft-label losses into the heads' losses.
     """
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, run_dir: Path, total_steps: int,
                  strategy: Strategy | None = None, weights_metadata: dict[str, str] | None = None,
-                 description: str = "train"):
+                 description: str = "train", distiller: Any = None):
         if strategy is None:  # one process, as a library caller builds it
             strategy = SingleStrategy(cfg, Dist(device=pick_device(cfg.device)))
         self.strategy = strategy
@@ -218,6 +223,11 @@ class Trainer:
         self.peak_tflops = peak_tflops(self.precision, self.device, cfg.peak_tflops)
         self.forward_model = strategy.setup(model, lambda m: build_optimizer(m, cfg))
         self.optimizer = strategy.optimizer
+        self.adversary = Adversary(cfg.adversarial, strategy, cfg.grad_accum) \
+            if cfg.adversarial.method != "none" else None
+        if self.adversary is not None and self.dist.is_main:
+            print(self.adversary.describe(), file=sys.stderr)
+        self.distiller = distiller
         self.schedule = build_schedule(self.optimizer, cfg, total_steps)
         # the configured hyper-parameters of each group, re-applied over a loaded checkpoint's
         self._configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
@@ -409,6 +419,21 @@ class Trainer:
         shares = {n: outputs[n].loss * scale[i] for i, n in enumerate(names)}
         return sum(shares.values()), shares
 
+    def _losses(self, model: nn.Module, batch: Batch, weight: float, teacher: Any = None
+                ) -> tuple[dict[str, Any], torch.Tensor, dict[str, torch.Tensor] | None]:
+        """Forward of ``batch`` through ``model`` under autocast: (outputs, this rank's loss, its
+        per-target shares); with a distiller, each head's loss mixed with its soft-label loss against
+        the ``teacher`` outputs."""
+        with self.autocast():
+            outputs = model(batch)
+            if self.distiller is not None:
+                outputs = self.distiller.combine(self.model, outputs, teacher, batch)
+            if self.dist.world_size > 1:
+                loss, shares = self._rank_loss(outputs, batch.batch_size, weight)
+            else:
+                loss, shares = total_loss(outputs), None
+        return outputs, loss, shares
+
     def train(self, stream: BatchStream, evaluate: Callable[[int], dict[str, float]] | None = None,
               eval_steps: set[int] | None = None,
               on_eval: Callable[[int, dict[str, float]], bool | None] | None = None) -> dict[str, Any]:
@@ -467,14 +492,22 @@ class Trainer:
                     ref = batch.tokens if batch.tokens is not None else batch.decoder_tokens
                     seq_len = ref.shape[-1] if ref is not None else seq_len
                     self.micro_batches += 1
-                    with strategy.accumulate(last=micro == cfg.grad_accum - 1):
-                        with self.autocast():
-                            outputs = self.forward_model(batch)
-                            loss, shares = self._rank_loss(outputs, batch.batch_size, weight) if several \
-                                else (total_loss(outputs), None)
+                    last_micro = micro == cfg.grad_accum - 1
+                    adversary = self.adversary
+                    teacher = self.distiller.teach(batch, self.autocast) if self.distiller is not None else None
+                    # with an adversarial pass to come, its backward is the one that reduces gradients
+                    with strategy.accumulate(last=last_micro and adversary is None), \
+                            (adversary.capture() if adversary is not None else nullcontext()):
+                        outputs, loss, shares = self._losses(self.forward_model, batch, weight, teacher)
                         strategy.backward(loss / cfg.grad_accum)
+                    if adversary is not None:
+                        adversarial = adversary.attack(
+                            lambda module, b=batch, w=weight, t=teacher: self._losses(module, b, w, t)[1], last_micro)
                     with torch.no_grad():
                         self._accumulate(sums, outputs, loss, weight, shares)
+                        if adversary is not None:
+                            sums["adv_loss"] = sums["adv_loss"] + adversarial.float() if "adv_loss" in sums \
+                                else adversarial.float()
                         if weight:
                             tokens += batch_tokens(batch)
                 norm = strategy.step(cfg.clip_grad_norm)
