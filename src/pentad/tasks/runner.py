@@ -172,11 +172,11 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
 
             def read() -> None:
                 nonlocal weights
-                weights = ckpt.read_weights(best.weights)
+                weights = ckpt.read_weights(best.weights, merge_adapters=False)
 
             session.on_main(read)
         else:
-            weights = ckpt.read_weights(best.weights)
+            weights = ckpt.read_weights(best.weights, merge_adapters=False)
         trainer.strategy.load_full_state_dict(weights)
     for name in evaluation:
         if name == "dev" and best.metrics:  # scored when it was chosen; evaluation is deterministic
@@ -236,9 +236,9 @@ class BestModel:
         record = {"step": step, "score": score, "metrics": metrics}
         tensors = trainer.strategy.full_state_dict()  # gathered on the main rank
         if tensors is not None:
-            aliases = {head for head, _ in getattr(trainer.model, "tied", [])}
-            tensors = {k: v for k, v in tensors.items() if k not in aliases}
-            ckpt.save_tensors(tensors, self.weights, {self.KEY: json.dumps(record)})
+            tensors = ckpt.saved_part(trainer.model, tensors)  # no tied aliases; a LoRA run's adapters only
+            ckpt.save_tensors(tensors, self.weights,
+                              {self.KEY: json.dumps(record), **ckpt.model_metadata(trainer.model)})
             ckpt.write_json(self.directory / "best.json", {"step": step, **metrics})
         self.step, self.score, self.metrics = step, score, dict(metrics)
         return True

@@ -33,6 +33,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from pentad.errors import UserError, writing
+from pentad.training import lora
 
 WEIGHTS = "model.safetensors"
 STATE = "state.pt"
@@ -67,15 +68,29 @@ def _tensor_bytes(value: Any) -> int:
     return 0
 
 
-def weights_to_save(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict without tied aliases (a tied head weight is stored once, under the embedding)."""
+def saved_part(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Of ``model``'s state dict ``tensors``, what its weights files hold: tied aliases left out (a tied
+    head weight is stored once, under the embedding) and, for a LoRA model (``model.lora``), only the
+    tensors that train (adapters, trained heads): the frozen rest is its base's."""
     aliases = {head for head, _ in getattr(model, "tied", [])}
-    return {k: v.detach().contiguous() for k, v in model.state_dict().items() if k not in aliases}
+    lora = getattr(model, "lora", None)
+    return {k: v for k, v in tensors.items() if k not in aliases and (lora is None or k in lora.saved)}
+
+
+def model_metadata(model: nn.Module) -> dict[str, str]:
+    """Metadata a weights file of ``model`` carries: the LoRA record of a LoRA model (how to merge it)."""
+    lora = getattr(model, "lora", None)
+    return lora.metadata() if lora is not None else {}
+
+
+def weights_to_save(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict as weights files hold it (:func:`saved_part`)."""
+    return {k: v.detach().contiguous() for k, v in saved_part(model, model.state_dict()).items()}
 
 
 def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
     """Write ``model``'s weights to a safetensors file atomically."""
-    save_tensors(weights_to_save(model), path, metadata)
+    save_tensors(weights_to_save(model), path, {**(metadata or {}), **model_metadata(model)})
 
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
@@ -93,18 +108,55 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[st
         raise
 
 
-def read_weights(path: Path) -> dict[str, torch.Tensor]:
+def read_weights(path: Path, merge_adapters: bool = True, base: Path | None = None,
+                 _seen: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file, or the whole model of a checkpoint directory in any
-    format (:func:`read_checkpoint_weights`; what :func:`find_weights` returns for a sharded one)."""
+    format (:func:`read_checkpoint_weights`; what :func:`find_weights` returns for a sharded one).
+
+    A LoRA run's file (adapters only, :mod:`pentad.training.lora`) is merged into its base's weights
+    (read the same way: the base may be a LoRA run too) unless ``merge_adapters`` is false (resuming
+    the run itself); ``base``: the base's weights instead of the path the adapters recorded."""
     if path.is_dir():
-        return read_checkpoint_weights(path)
+        return read_checkpoint_weights(path, merge_adapters)
     if not path.is_file():
         raise UserError(f"weights file {path} does not exist")
     try:
-        return load_file(str(path))
+        tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
         raise UserError(f"weights file {path} is truncated or corrupt and cannot be read ({e}); "
                         "use an earlier checkpoint") from None
+    if not merge_adapters or not any(lora.is_adapter_key(k) for k in tensors):
+        return tensors
+    raw = read_metadata(path).get(lora.METADATA_KEY)
+    if raw is None:
+        raise UserError(f"weights file {path} holds LoRA adapters but not the record of how they apply "
+                        f"({lora.METADATA_KEY} in its metadata)")
+    record = lora.parse_record(raw, str(path))
+    base_path = Path(base) if base is not None else Path(record["base"])
+    if str(path.resolve()) in _seen or len(_seen) > 16:
+        raise UserError(f"the LoRA adapters in {path} lead back to themselves through their bases: "
+                        + " -> ".join(_seen))
+    if not base_path.exists():
+        raise UserError(f"the LoRA adapters in {path} were trained on the base weights {base_path}, which do not "
+                        "exist any more: put them back, or give their new place with `pentad merge-lora RUN "
+                        "--base PATH`")
+    base_tensors = read_weights(find_weights(base_path), _seen=(*_seen, str(path.resolve())))
+    return lora.merge(base_tensors, tensors, record, str(path))
+
+
+def check_adapter_base(model: nn.Module, path: Path) -> None:
+    """Before a LoRA model (``model.lora``) resumes from the weights file ``path``: the adapters there must
+    have been trained on the base the model was just built on (a base trained further or replaced since
+    is a UserError, not a silent change of course)."""
+    own = getattr(model, "lora", None)
+    raw = read_metadata(path).get(lora.METADATA_KEY) if own is not None else None
+    if raw is None:
+        return
+    saved = lora.parse_record(raw, str(path))
+    if saved.get("base_fingerprint") != own.record.get("base_fingerprint"):
+        raise UserError(f"the LoRA adapters in {path} were trained on other base weights than init= holds now "
+                        f"({own.record.get('base')}): was the base run trained further, or replaced? Resume with "
+                        "the base they were trained on, or start a new run")
 
 
 def read_metadata(path: Path) -> dict[str, str]:
@@ -153,6 +205,7 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str
     """
     aliases = {head for head, _ in getattr(model, "tied", [])}
     own = {k: v for k, v in model.state_dict().items() if k not in aliases}
+    adapted = getattr(model, "lora", None)  # a LoRA model: its frozen base weights may be left out
     problems: dict[str, list[str]] = defaultdict(list)
     notes: list[str] = []
     new_prefixes = tuple(f"targets.{h}." for h in new_heads)
@@ -172,6 +225,8 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str
     fresh: set[str] = set()
     for key, value in own.items():
         if key not in tensors:
+            if adapted is not None and key not in adapted.saved:
+                continue
             if key.startswith(new_prefixes):
                 fresh.add(key.split(".")[1])
             else:
@@ -338,12 +393,13 @@ def checkpoint_format(checkpoint: Path) -> str | None:
     return sharded_format(checkpoint)
 
 
-def read_checkpoint_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+def read_checkpoint_weights(checkpoint: Path, merge_adapters: bool = True) -> dict[str, torch.Tensor]:
     """The whole model's tensors of a checkpoint directory, whatever wrote it, consolidated in this
     process: ``model.safetensors``, or a sharded format of :data:`SHARDED_FORMATS`. Tied aliases are
-    left out, as in ``model.safetensors`` (:func:`weights_to_save`)."""
+    left out, as in ``model.safetensors`` (:func:`weights_to_save`); LoRA adapters are merged into
+    their base unless ``merge_adapters`` is false (:func:`read_weights`)."""
     if (checkpoint / WEIGHTS).is_file():
-        return read_weights(checkpoint / WEIGHTS)
+        return read_weights(checkpoint / WEIGHTS, merge_adapters)
     name = sharded_format(checkpoint)
     if name is None:
         raise UserError(f"{checkpoint} holds no weights: expected {WEIGHTS} or a sharded checkpoint "

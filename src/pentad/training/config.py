@@ -64,6 +64,37 @@ class DistillConfig(StrictModel):
                                        "--soft_targets)")
 
 
+# LoRA targets: the projections of every attention (self and cross) and feed-forward block, by role,
+# whatever their layout (a fused qkv projection adapts only the rows of the named part); groups name
+# several at once. docs/training.md, "LoRA".
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+LORA_GROUPS = {"attention": ("q", "k", "v", "o"), "ffn": ("gate", "up", "down"), "all": LORA_TARGETS}
+LoraTarget = Literal["q", "k", "v", "o", "gate", "up", "down", "attention", "ffn", "all"]
+
+
+class LoraConfig(StrictModel):
+    """``train.lora``: train low-rank adapters on a frozen base (``init``) instead of every weight."""
+
+    rank: int = Field(8, ge=1, description="rank r of each adapter (B [rows, r] A [r, in])")
+    alpha: float = Field(16.0, gt=0.0, description="the adapters' output is scaled by alpha / rank")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapters' input")
+    targets: list[LoraTarget] = Field(
+        default_factory=lambda: ["q", "v"], min_length=1,
+        description="projections to adapt: q, k, v, o (attention: queries, keys, values, output; the rows of a "
+        "fused projection), gate, up, down (feed-forward); groups: attention, ffn, all")
+    modules: str | None = Field(None, description="a regular expression: adapt only the projections whose "
+                                "module name it matches (re.search), e.g. 'encoder\\.layers\\.(10|11)\\.'")
+    heads: Literal["task", "all", "none"] = Field(
+        "task", description="heads that train (and are saved) beside the adapters: task: a fine-tuning "
+        "task's heads (none in pre-training); all: every target head; none. Weights tied to the word "
+        "embedding stay frozen")
+
+    def expanded_targets(self) -> list[str]:
+        """``targets`` with groups replaced by their members, in the order of ``LORA_TARGETS``."""
+        chosen = {name for target in self.targets for name in LORA_GROUPS.get(target, (target,))}
+        return [name for name in LORA_TARGETS if name in chosen]
+
+
 class TrainConfig(StrictModel):
     """Optimisation and bookkeeping options shared by pre-training and fine-tuning."""
 
@@ -103,6 +134,8 @@ class TrainConfig(StrictModel):
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
     adversarial: AdversarialConfig = Field(default_factory=AdversarialConfig)
     distill: DistillConfig = Field(default_factory=DistillConfig)
+    lora: LoraConfig | None = Field(None, description="train LoRA adapters on the frozen init weights (needs "
+                                    "init); null: train every weight (docs/training.md)")
     seed: int = 7
     log_every: int = Field(10, ge=1)
     save_every: int | None = Field(None, ge=1, description="also save a checkpoint every N steps")

@@ -27,6 +27,7 @@ from pentad import runs
 from pentad.builder import build_model, summarize
 from pentad.errors import UserError
 from pentad.training import checkpoint as ckpt
+from pentad.training import lora
 from pentad.training.distributed import Dist, connect, mark_failed
 from pentad.training.strategies import STRATEGIES, Strategy
 from pentad.training.trainer import Trainer
@@ -139,17 +140,34 @@ class Session:
         With a sharding strategy only the main rank materialises the whole model (on the CPU);
         the others build it on the meta device and receive their shards from the main rank when
         the strategy is set up. ``load_options`` go to :func:`~pentad.training.checkpoint.load_weights`.
+        With ``train.lora`` the model is then adapted (:func:`pentad.training.lora.apply_lora`): its
+        ``init`` weights are the frozen base, ``new_heads`` the task's heads, which train by default.
         """
+        adapters = self.cfg.train.lora
+        if adapters is not None:
+            lora.check_usable(self.cfg.train.strategy, init)
         on_meta = self.strategy.sharded and not self.dist.is_main
         model = build_model(model_cfg, provided=provided, device="meta" if on_meta else None)
         runs.info(summarize(model))
+        base: dict[str, Any] = {}
         if init is not None:
-            def load() -> list[str]:
-                return ckpt.load_weights(model, ckpt.read_weights(ckpt.find_weights(Path(init))), str(init),
-                                         **load_options)
-            notes = self.on_main(load) if self.strategy.sharded else load()
+            def load() -> tuple[list[str], dict[str, Any]]:
+                path = ckpt.find_weights(Path(init))
+                tensors = ckpt.read_weights(path)
+                notes = ckpt.load_weights(model, tensors, str(init), **load_options)
+                if adapters is None:
+                    return notes, {}
+                # a LoRA run records its base: the weights it starts from, a fingerprint of them, and
+                # which heads it has that they lack (saved with the adapters, trained or not)
+                heads = {k.split(".")[1] for k in tensors if k.startswith("targets.")}
+                return notes, {"base": str(path.resolve()), "base_fingerprint": lora.fingerprint(tensors),
+                               "fresh_heads": tuple(h for h in load_options.get("new_heads", ()) if h not in heads)}
+            notes, base = self.on_main(load) if self.strategy.sharded else load()
             for note in notes:
                 runs.info(note)
+        if adapters is not None:
+            lora.apply_lora(model, adapters, task_heads=tuple(load_options.get("new_heads", ())), **base)
+            runs.info(lora.describe(model))
         if self.dist.world_size > 1:  # dropout: each rank its own random stream
             torch.manual_seed(self.cfg.train.seed + 1_000_003 * self.dist.rank)
         return model

@@ -140,7 +140,7 @@ class FsdpStrategy(Strategy):
         outcome: tuple[str, Any] = ("ok", None)
         if self.dist.is_main:
             try:
-                weights = ckpt.read_weights(directory / ckpt.WEIGHTS)
+                weights = ckpt.read_weights(directory / ckpt.WEIGHTS, merge_adapters=False)
                 state = ckpt.load_state(directory)
                 optimizer = _by_name(self.module, self.optimizer, state.pop("optimizer"))
                 ckpt.load_weights(self.module, weights, str(directory), check_only=True)

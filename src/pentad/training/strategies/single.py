@@ -44,7 +44,10 @@ class SingleStrategy(Strategy):
             return load_sharded(self.module, self.optimizer, directory)
         if ckpt.checkpoint_format(directory) == "deepspeed":  # a deepspeed run's: its partitions made whole
             return self._load_deepspeed(directory)
-        ckpt.load_weights(self.module, ckpt.read_weights(directory / ckpt.WEIGHTS), str(directory))
+        # as saved: a LoRA run's adapters stay adapters (its frozen base is loaded already)
+        ckpt.check_adapter_base(self.module, directory / ckpt.WEIGHTS)
+        ckpt.load_weights(self.module, ckpt.read_weights(directory / ckpt.WEIGHTS, merge_adapters=False),
+                          str(directory))
         state = ckpt.load_state(directory)
         self.optimizer.load_state_dict(state.pop("optimizer"))
         return state

@@ -1,0 +1,99 @@
+"""``pentad merge-lora RUN --output OUT``: a LoRA run's adapters folded into its base weights.
+
+OUT is a plain run directory: ``model.safetensors`` (the base with ``W += alpha/rank * B A`` on every
+adapted block of rows, and the run's trained heads), the run's ``config.yaml`` without ``train.lora``,
+its tokenizer(s) and task state. ``pentad infer``, ``generate``, ``export``, ``convert pentad-to-hf``
+and ``init=OUT`` read it like any run, without the base.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pentad.builder import build_model
+from pentad.config.loader import dump_config
+from pentad.errors import UserError, writing
+from pentad.runs import CONFIG, load_run
+from pentad.training import checkpoint as ckpt
+from pentad.training import lora
+from pentad.training.export import CARRIED
+
+MERGED_KEY = "pentad_merged_lora"  # metadata of OUT/model.safetensors: where it came from
+
+
+@dataclass
+class Merged:
+    out: Path
+    source: Path
+    base: str
+    modules: int
+    rank: int
+    tensors: int
+    bytes: int
+
+    def render(self) -> str:
+        return (f"merged the LoRA adapters of {self.source} (rank {self.rank}, {self.modules} projection(s)) into "
+                f"their base {self.base}: wrote {self.out / ckpt.WEIGHTS}, {self.tensors} tensors, "
+                f"{self.bytes / 1e6:,.1f} MB")
+
+
+def merge_run(run: Path, out: Path, base: Path | None = None, overwrite: bool = False) -> Merged:
+    """Write the merged model of the LoRA run ``run`` (its best model, else its latest checkpoint) to
+    ``out`` (see the module docstring). ``base``: the base weights, when they moved since training."""
+    run, out = Path(run), Path(out)
+    cfg, _ = load_run(run)
+    if cfg.train.lora is None:
+        raise UserError(f"{run} is not a LoRA run (its config has no train.lora): its weights are whole already; "
+                        "`pentad export` writes them as one file")
+    if out.exists() and out.resolve() == run.resolve():
+        raise UserError(f"--output {out} is the run directory itself; merge into a new directory")
+    if out.exists() and not overwrite:
+        raise UserError(f"--output {out} already exists; pass --overwrite to replace it, or choose another directory "
+                        "(outputs are never replaced silently)")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--output {out} is a file; merge-lora writes a directory")
+    source = ckpt.find_weights(run)
+    if source.is_dir():
+        raise UserError(f"{run} holds sharded weights ({source}); LoRA runs save one adapters file")
+    raw = ckpt.read_metadata(source).get(lora.METADATA_KEY)
+    if raw is None:
+        raise UserError(f"{source} holds no LoRA adapters (no {lora.METADATA_KEY} record in its metadata)")
+    record = lora.parse_record(raw, str(source))
+    tensors = ckpt.read_weights(source, base=base)
+    model = build_model(cfg.model, device="meta")
+    ckpt.load_weights(model, tensors, str(source), check_only=True)  # every weight present, the run's shapes
+    aliases = {head for head, _ in getattr(model, "tied", [])}
+    tensors = {k: v for k, v in tensors.items() if k not in aliases}
+    merged_cfg = cfg.model_copy(deep=True)
+    merged_cfg.train.lora = None
+    info = {"run": str(run.resolve()), "weights": str(source.resolve()), "base": str(base or record["base"]),
+            "rank": record.get("rank"), "alpha": record.get("alpha"), "modules": len(record["modules"])}
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        for name in CARRIED:
+            item = run / name
+            if name == CONFIG:
+                continue
+            if item.is_dir():
+                shutil.copytree(item, staged / name)
+            elif item.is_file():
+                with writing(staged / name):
+                    shutil.copy2(item, staged / name)
+        ckpt.atomic_write_text(staged / CONFIG, dump_config(merged_cfg))
+        ckpt.save_tensors(tensors, staged / ckpt.WEIGHTS, {MERGED_KEY: json.dumps(info)})
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(staged, out)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return Merged(out=out, source=source, base=info["base"], modules=len(record["modules"]),
+                  rank=int(record.get("rank", 0)), tensors=len(tensors),
+                  bytes=sum(t.numel() * t.element_size() for t in tensors.values()))

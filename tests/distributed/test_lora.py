@@ -1,0 +1,28 @@
+"""``train.lora`` under ``ddp``: two gloo ranks train the adapters exactly as one process does, and save
+only the adapters and the task head; ``fsdp`` is refused with the reason."""
+
+from __future__ import annotations
+
+from tests.distributed.conftest import launch, losses, single
+
+from pentad.training import checkpoint as ckpt
+from pentad.training import lora
+
+
+def test_lora_finetune_under_ddp_matches_single(english, pretrain_data, tmp_path):  # noqa: F811 - fixture
+    base_run = tmp_path / "base"
+    single("pretrain", "--config", "bert/tiny", *pretrain_data, "train.steps=2", f"output={base_run}")
+    base = [a for a in pretrain_data if not a.startswith("data.dataset")]
+    common = ["finetune", "--task", "classification", "--config", "bert/tiny", *base, f"init={base_run}",
+              f"data.train={english['train']}", f"data.dev={english['dev']}", "train.epochs=2",
+              "task.head_dropout=0", "train.lora.rank=4", "train.lora.targets=[q,v,up]", "train.lr=1e-2"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    single(*common, f"output={one}")
+    launch(2, *common, f"output={two}", "train.strategy=ddp")
+    a, b = losses(one), losses(two)
+    assert len(a) == len(b) > 2 and max(abs(x - y) for x, y in zip(a, b)) < 1e-5
+    raw = ckpt.read_weights(two / "best" / "model.safetensors", merge_adapters=False)
+    assert all(lora.is_adapter_key(k) or k.startswith("targets.") for k in raw)
+
+    proc = launch(2, *common, f"output={tmp_path / 'fsdp'}", "train.strategy=fsdp", expect=2, retries=0)
+    assert "train.lora is not offered with train.strategy=fsdp" in proc.stderr
