@@ -129,9 +129,15 @@ def select(model: nn.Module, cfg: LoraConfig) -> dict[str, dict[str, tuple[int, 
 
 
 # ----------------------------------------------------------------------------- applying
-def check_usable(strategy: str, init: Any) -> None:
-    """A UserError when LoRA cannot run as configured: no base weights (``init``), or a strategy
-    that cannot train adapters alone."""
+def check_usable(train: Any, init: Any) -> None:
+    """A UserError when LoRA cannot run as configured (``train``: the TrainConfig): no base weights
+    (``init``), a strategy that cannot train adapters alone, or an option that needs frozen weights'
+    gradients."""
+    strategy = train.strategy
+    adversarial = getattr(getattr(train, "adversarial", None), "method", "none")
+    if adversarial != "none":
+        raise UserError(f"train.adversarial.method={adversarial} cannot be combined with train.lora: it moves the "
+                        "word embeddings along their gradient, and under LoRA they are frozen and get none")
     if init is None:
         raise UserError("train.lora needs base weights to adapt: set init=RUN (a run directory, checkpoint or "
                         ".safetensors file); LoRA freezes them and trains only the adapters")

@@ -145,7 +145,7 @@ class Session:
         """
         adapters = self.cfg.train.lora
         if adapters is not None:
-            lora.check_usable(self.cfg.train.strategy, init)
+            lora.check_usable(self.cfg.train, init)
         on_meta = self.strategy.sharded and not self.dist.is_main
         model = build_model(model_cfg, provided=provided, device="meta" if on_meta else None)
         runs.info(summarize(model))

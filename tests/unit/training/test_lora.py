@@ -226,12 +226,14 @@ def test_a_changed_or_missing_base_is_refused(tmp_path):
         ckpt.read_weights(adapters)
 
 
-def test_lora_needs_a_base_and_a_supported_strategy():
+def test_lora_needs_a_base_a_supported_strategy_and_trained_embeddings_for_adversarial_training():
     with pytest.raises(UserError, match="needs base weights"):
-        lora.check_usable("single", None)
+        lora.check_usable(TrainConfig(), None)
     with pytest.raises(UserError, match="train.strategy=deepspeed"):
-        lora.check_usable("deepspeed", "runs/base")
-    lora.check_usable("ddp", "runs/base")
+        lora.check_usable(TrainConfig(strategy="deepspeed"), "runs/base")
+    with pytest.raises(UserError, match="adversarial.method=fgm cannot be combined with train.lora"):
+        lora.check_usable(TrainConfig.model_validate({"adversarial": {"method": "fgm"}}), "runs/base")
+    lora.check_usable(TrainConfig(strategy="ddp"), "runs/base")
 
 
 def test_resuming_on_another_base_is_refused(tmp_path):
@@ -252,3 +254,23 @@ def test_resuming_on_another_base_is_refused(tmp_path):
     lora.apply_lora(same, LoraConfig(), "base", "fingerprint-1")
     strategy.setup(same, lambda m: build_optimizer(m, TrainConfig()))
     assert strategy.load(directory) == {}
+
+
+def test_generation_loads_a_lora_run_as_its_merged_model(tmp_path):
+    from pentad.generation.text import load_model
+    from pentad.runs import prepare_run_dir
+
+    base_path = tmp_path / "base.safetensors"
+    ckpt.save_weights(llama(), base_path)
+    model = llama()
+    lora.apply_lora(model, LoraConfig(targets=["attention", "ffn"]), str(base_path),
+                    lora.fingerprint(ckpt.read_weights(base_path)))
+    perturb(model)
+    run_dir = tmp_path / "run"
+    cfg = load_config("llama2/7b", [*LLAMA_GQA, "train.lora.rank=8", f"init={base_path}"])
+    prepare_run_dir(run_dir, cfg, None)
+    ckpt.save_weights(model, run_dir / "model.safetensors")
+    loaded, loaded_cfg, _ = load_model(run_dir)
+    assert loaded_cfg.train.lora.rank == 8 and not any(isinstance(m, LoraLinear) for m in loaded.modules())
+    b = batch(loaded)
+    torch.testing.assert_close(hidden(loaded, b), hidden(model.eval(), b), rtol=1e-5, atol=1e-5)
