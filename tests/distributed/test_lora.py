@@ -1,5 +1,6 @@
-"""``train.lora`` under ``ddp``: two gloo ranks train the adapters exactly as one process does, and save
-only the adapters and the task head; ``fsdp`` is refused with the reason."""
+"""``train.lora`` under ``ddp`` and ``fsdp``: two gloo ranks train the adapters as one process does, save
+only the adapters and the task head (sharded under fsdp), resume, and their checkpoints read as the merged
+model; ``deepspeed`` is refused with the reason."""
 
 from __future__ import annotations
 
@@ -24,5 +25,21 @@ def test_lora_finetune_under_ddp_matches_single(english, pretrain_data, tmp_path
     raw = ckpt.read_weights(two / "best" / "model.safetensors", merge_adapters=False)
     assert all(lora.is_adapter_key(k) or k.startswith("targets.") for k in raw)
 
-    proc = launch(2, *common, f"output={tmp_path / 'fsdp'}", "train.strategy=fsdp", expect=2, retries=0)
-    assert "train.lora is not offered with train.strategy=fsdp" in proc.stderr
+    # fsdp: the frozen base sharded with the adapters; sharded checkpoints of the adapters alone
+    sharded, split = tmp_path / "fsdp", tmp_path / "fsdp_split"
+    launch(2, *common, f"output={sharded}", "train.strategy=fsdp")
+    c = losses(sharded)
+    assert len(c) == len(a) and max(abs(x - y) for x, y in zip(a, c)) < 1e-5
+    last = ckpt.latest_checkpoint(sharded)
+    assert ckpt.checkpoint_format(last) == ckpt.DCP
+    raw = ckpt.read_checkpoint_weights(last, merge_adapters=False)
+    assert all(lora.is_adapter_key(k) or k.startswith("targets.") for k in raw)
+    merged, reference = ckpt.read_checkpoint_weights(last), ckpt.read_weights(ckpt.latest_checkpoint(one))
+    assert sorted(merged) == sorted(reference)
+    assert max((merged[k] - reference[k]).abs().max().item() for k in reference) < 1e-5
+    launch(2, *common, f"output={split}", "train.strategy=fsdp", "train.stop_at=3")
+    launch(2, *common, f"output={split}", "train.strategy=fsdp")
+    assert losses(split) == c
+
+    proc = launch(2, *common, f"output={tmp_path / 'ds'}", "train.strategy=deepspeed", expect=2, retries=0)
+    assert "train.lora is not offered with train.strategy=deepspeed" in proc.stderr

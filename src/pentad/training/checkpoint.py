@@ -117,7 +117,7 @@ def read_weights(path: Path, merge_adapters: bool = True, base: Path | None = No
     (read the same way: the base may be a LoRA run too) unless ``merge_adapters`` is false (resuming
     the run itself); ``base``: the base's weights instead of the path the adapters recorded."""
     if path.is_dir():
-        return read_checkpoint_weights(path, merge_adapters)
+        return read_checkpoint_weights(path, merge_adapters, base)
     if not path.is_file():
         raise UserError(f"weights file {path} does not exist")
     try:
@@ -127,11 +127,27 @@ def read_weights(path: Path, merge_adapters: bool = True, base: Path | None = No
                         "use an earlier checkpoint") from None
     if not merge_adapters or not any(lora.is_adapter_key(k) for k in tensors):
         return tensors
-    raw = read_metadata(path).get(lora.METADATA_KEY)
-    if raw is None:
-        raise UserError(f"weights file {path} holds LoRA adapters but not the record of how they apply "
+    return merge_adapters_into_base(tensors, path, base, _seen)
+
+
+def adapter_record(path: Path) -> dict[str, Any] | None:
+    """The LoRA record (:mod:`pentad.training.lora`) of a weights file's metadata, or of a sharded
+    checkpoint directory's format marker; None when there is none."""
+    if path.is_dir() and not (path / WEIGHTS).is_file():
+        raw = (format_marker(path).get("metadata") or {}).get(lora.METADATA_KEY)
+    else:
+        raw = read_metadata(path / WEIGHTS if path.is_dir() else path).get(lora.METADATA_KEY)
+    return lora.parse_record(raw, str(path)) if raw is not None else None
+
+
+def merge_adapters_into_base(tensors: dict[str, torch.Tensor], path: Path, base: Path | None = None,
+                             _seen: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """A LoRA run's saved ``tensors`` (read from ``path``) merged into its base's weights, which are read
+    with :func:`read_weights` (from ``base`` when given, else from where the adapters' record says)."""
+    record = adapter_record(path)
+    if record is None:
+        raise UserError(f"{path} holds LoRA adapters but not the record of how they apply "
                         f"({lora.METADATA_KEY} in its metadata)")
-    record = lora.parse_record(raw, str(path))
     base_path = Path(base) if base is not None else Path(record["base"])
     if str(path.resolve()) in _seen or len(_seen) > 16:
         raise UserError(f"the LoRA adapters in {path} lead back to themselves through their bases: "
@@ -145,14 +161,14 @@ def read_weights(path: Path, merge_adapters: bool = True, base: Path | None = No
 
 
 def check_adapter_base(model: nn.Module, path: Path) -> None:
-    """Before a LoRA model (``model.lora``) resumes from the weights file ``path``: the adapters there must
+    """Before a LoRA model (``model.lora``) resumes from ``path`` (a weights file or a sharded checkpoint
+    directory, :func:`adapter_record`): the adapters there must
     have been trained on the base the model was just built on (a base trained further or replaced since
     is a UserError, not a silent change of course)."""
     own = getattr(model, "lora", None)
-    raw = read_metadata(path).get(lora.METADATA_KEY) if own is not None else None
-    if raw is None:
+    saved = adapter_record(path) if own is not None else None
+    if saved is None:
         return
-    saved = lora.parse_record(raw, str(path))
     if saved.get("base_fingerprint") != own.record.get("base_fingerprint"):
         raise UserError(f"the LoRA adapters in {path} were trained on other base weights than init= holds now "
                         f"({own.record.get('base')}): was the base run trained further, or replaced? Resume with "
@@ -393,18 +409,22 @@ def checkpoint_format(checkpoint: Path) -> str | None:
     return sharded_format(checkpoint)
 
 
-def read_checkpoint_weights(checkpoint: Path, merge_adapters: bool = True) -> dict[str, torch.Tensor]:
+def read_checkpoint_weights(checkpoint: Path, merge_adapters: bool = True, base: Path | None = None
+                            ) -> dict[str, torch.Tensor]:
     """The whole model's tensors of a checkpoint directory, whatever wrote it, consolidated in this
     process: ``model.safetensors``, or a sharded format of :data:`SHARDED_FORMATS`. Tied aliases are
     left out, as in ``model.safetensors`` (:func:`weights_to_save`); LoRA adapters are merged into
-    their base unless ``merge_adapters`` is false (:func:`read_weights`)."""
+    their base (or ``base``) unless ``merge_adapters`` is false (:func:`read_weights`)."""
     if (checkpoint / WEIGHTS).is_file():
-        return read_weights(checkpoint / WEIGHTS, merge_adapters)
+        return read_weights(checkpoint / WEIGHTS, merge_adapters, base)
     name = sharded_format(checkpoint)
     if name is None:
         raise UserError(f"{checkpoint} holds no weights: expected {WEIGHTS} or a sharded checkpoint "
                         f"({', '.join(f'{d}/' for d in SHARDED_FORMATS)})")
-    return SHARDED_FORMATS[name](checkpoint)
+    tensors = SHARDED_FORMATS[name](checkpoint)
+    if merge_adapters and any(lora.is_adapter_key(k) for k in tensors):
+        return merge_adapters_into_base(tensors, checkpoint, base)
+    return tensors
 
 
 def format_marker(checkpoint: Path) -> dict[str, Any]:

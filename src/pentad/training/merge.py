@@ -58,12 +58,9 @@ def merge_run(run: Path, out: Path, base: Path | None = None, overwrite: bool = 
     if out.exists() and not out.is_dir():
         raise UserError(f"--output {out} is a file; merge-lora writes a directory")
     source = ckpt.find_weights(run)
-    if source.is_dir():
-        raise UserError(f"{run} holds sharded weights ({source}); LoRA runs save one adapters file")
-    raw = ckpt.read_metadata(source).get(lora.METADATA_KEY)
-    if raw is None:
+    record = ckpt.adapter_record(source)
+    if record is None:
         raise UserError(f"{source} holds no LoRA adapters (no {lora.METADATA_KEY} record in its metadata)")
-    record = lora.parse_record(raw, str(source))
     tensors = ckpt.read_weights(source, base=base)
     model = build_model(cfg.model, device="meta")
     ckpt.load_weights(model, tensors, str(source), check_only=True)  # every weight present, the run's shapes

@@ -108,11 +108,12 @@ class FsdpStrategy(Strategy):
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_state, optim_state = get_state_dict(self.module, self.optimizer)
+        model_state = ckpt.saved_part(self.module, model_state) if _adapted(self.module) else model_state
         with writing(directory / ckpt.DCP):
             dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / ckpt.DCP))
         if self.dist.is_main:
             marker = {"format": ckpt.DCP, "world_size": self.dist.world_size, "aliases": self._aliases(),
-                      "metadata": dict(metadata)}
+                      "metadata": {**metadata, **ckpt.model_metadata(self.module)}}
             with writing(directory / ckpt.STATE):
                 torch.save({**state, ckpt.FORMAT_KEY: marker}, directory / ckpt.STATE)
 
@@ -140,6 +141,7 @@ class FsdpStrategy(Strategy):
         outcome: tuple[str, Any] = ("ok", None)
         if self.dist.is_main:
             try:
+                ckpt.check_adapter_base(self.module, directory / ckpt.WEIGHTS)
                 weights = ckpt.read_weights(directory / ckpt.WEIGHTS, merge_adapters=False)
                 state = ckpt.load_state(directory)
                 optimizer = _by_name(self.module, self.optimizer, state.pop("optimizer"))
@@ -150,6 +152,7 @@ class FsdpStrategy(Strategy):
         outcome = self.dist.broadcast_object(outcome)
         if outcome[0] == "error":
             raise UserError(outcome[1])
+        weights = self._completed(weights)
         for head, shared in getattr(self.module, "tied", []):
             if shared in weights:
                 weights[head] = weights[shared]
@@ -158,6 +161,16 @@ class FsdpStrategy(Strategy):
         set_model_state_dict(self.module, weights, options=options)
         set_optimizer_state_dict(self.module, self.optimizer, optimizer, options=options)
         return outcome[1]
+
+    def _completed(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A LoRA model's saved tensors (main rank) completed with the frozen base weights it holds, so
+        that a whole-model state dict is broadcast; ``tensors`` as they are otherwise. Every rank calls."""
+        if not _adapted(self.module):
+            return tensors
+        current = self.full_state_dict()
+        if current is None:  # not the main rank: it receives the main rank's broadcast
+            return tensors
+        return {**current, **tensors}
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -169,8 +182,8 @@ class FsdpStrategy(Strategy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         problem = None
+        tensors = self._completed(dict(tensors or {}) if self.dist.is_main else {})  # a LoRA model's adapters
         if self.dist.is_main:
-            tensors = dict(tensors or {})
             for head, shared in getattr(self.module, "tied", []):
                 if head not in tensors and shared in tensors:
                     tensors[head] = tensors[shared]
@@ -192,14 +205,25 @@ def load_sharded(module: nn.Module, optimizer: torch.optim.Optimizer, directory:
     """Model and optimizer state from the ``dcp/`` checkpoint in ``directory`` into ``module`` (sharded by
     FSDP, or whole: ``single`` and ``ddp`` resume an fsdp checkpoint through this) and its optimizer,
     resharded for this world size; returns the trainer's state. Every rank calls it."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
     state = ckpt.load_state(directory)
     state.pop(ckpt.FORMAT_KEY, None)
+    ckpt.check_adapter_base(module, directory)
     model_state, optim_state = get_state_dict(module, optimizer)
+    adapted = _adapted(module)
+    if adapted:  # a LoRA run's checkpoint holds its adapters (and trained heads); the base is loaded already
+        model_state = ckpt.saved_part(module, model_state)
     ckpt.load_dcp({"model": model_state, "optim": optim_state}, directory)
-    set_state_dict(module, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
+    set_state_dict(module, optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
+                   options=StateDictOptions(strict=not adapted))
     return state
+
+
+def _adapted(module: nn.Module) -> bool:
+    """Whether ``module`` carries LoRA adapters (:mod:`pentad.training.lora`): its checkpoints hold only
+    what trains."""
+    return getattr(module, "lora", None) is not None
 
 
 def _by_name(module: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> dict[str, Any]:
