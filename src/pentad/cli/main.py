@@ -88,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p = _add_run_command(sub, "finetune", "fine-tune on a downstream task")
     p.add_argument("--task", help="task name (e.g. classification); sets task.type")
+    p.add_argument("--teacher", metavar="RUN", help="distil from this fine-tuned run of the same task; sets "
+                   "train.distill.teacher (train.distill.alpha, .temperature, .loss: docs/tasks.md)")
     p.add_argument("--folds", type=int, metavar="K", help="k-fold cross-validation over the training file; sets "
                    "train.folds")
     p.add_argument("--grid", action="append", metavar="KEY=V1,V2,...", help="search these values of a config key "
@@ -238,6 +240,8 @@ def run(args: argparse.Namespace) -> int:
         infer(args.model, test, args.output, args.probabilities or None, args.batch_size, task=args.task)
         return 0
     extra = [f"task.type={args.task}"] if getattr(args, "task", None) else []
+    if getattr(args, "teacher", None):
+        extra.append(f"train.distill.teacher={args.teacher}")
     if getattr(args, "folds", None) is not None:
         extra.append(f"train.folds={args.folds}")
     if getattr(args, "grid", None):

@@ -22,6 +22,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from pentad.layers.soft_labels import SoftLoss, soft_label_loss
+
 IGNORE_INDEX = -100
 
 # Fields of a Batch that hold model inputs (as opposed to labels).
@@ -271,3 +273,21 @@ class Target(nn.Module):
 
     def forward(self, hidden: Tensor, batch: Batch) -> TargetOutput:  # pragma: no cover
         raise NotImplementedError
+
+    def distill_positions(self, batch: Batch) -> Tensor | None:
+        """Which distributions of this head's logits its loss scores, as a bool tensor of the logits'
+        shape without the class dimension (e.g. [B,S] for token heads: True where a label is); None: all.
+        The default soft-label loss averages over these, as the head's own loss does."""
+        return None
+
+    def distill_loss(self, student: TargetOutput, teacher: TargetOutput | None, batch: Batch, temperature: float,
+                     kind: SoftLoss) -> Tensor | None:
+        """The soft-label loss of this head's outputs (``student``) against a teacher's on the same batch
+        (distillation; :func:`pentad.layers.soft_labels.soft_label_loss`, ``kind`` ``kl`` or ``mse``),
+        averaged over the items the head's own loss averages over, so that the two mix with one weight.
+        None: the head takes no soft labels (no logits while training, or logits that are not class
+        scores). The default: the logits' last dimension holds the classes, scored where
+        :meth:`distill_positions` says."""
+        if student.logits is None or teacher is None or teacher.logits is None:
+            return None
+        return soft_label_loss(student.logits, teacher.logits, temperature, kind, rows=self.distill_positions(batch))

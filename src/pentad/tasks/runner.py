@@ -16,6 +16,7 @@ from pentad.runs import absolute_paths, complete_vocab, info, load_run, load_tok
 from pentad.tasks import search
 from pentad.tasks.base import Task
 from pentad.training import checkpoint as ckpt
+from pentad.training.distill import make_distiller
 from pentad.training.distributed import pick_device
 from pentad.training.session import Session
 from pentad.training.trainer import plot_losses
@@ -92,6 +93,9 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
     cfg.model = type(cfg.model).model_validate(model_dict)
     train = task.read(sources["train"]) if task.trains else None
     evaluation = {name: task.read(sources[name]) for name in ("dev", "test") if sources.get(name) is not None}
+    distiller = make_distiller(cfg.train, task_type=cfg.task.type, task_state=task.state(), tokenizer=tokenizer,
+                               provided=task.provides, seq_length=seq_length, device=session.dist.device,
+                               state_file=STATE)
     model = session.build(cfg.model, task.provides, cfg.init, new_heads=task.head_names(), drop_heads=True)
     if cfg.init is None:
         info("no init: training from randomly initialised weights")
@@ -144,7 +148,7 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
              f"{cfg.train.epochs} epoch(s) of {steps_per_epoch:,} steps = {total:,} steps; set train.epochs to "
              "change it")
     info(f"train {len(train):,} examples, {total:,} steps ({cfg.train.epochs} epochs) on {device}")
-    trainer = session.trainer(model, total, "finetune")
+    trainer = session.trainer(model, total, "finetune", distiller=distiller)
     if trainer.resume(changes):
         session.on_main(best.restore)
         best.share()

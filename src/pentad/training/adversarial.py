@@ -59,16 +59,21 @@ def embedding_parameters(model: nn.Module, pattern: str | None = None) -> list[t
                             "none (no embedding slot with a 'word' part); name the parameter(s) to perturb with "
                             "train.adversarial.parameter=PATTERN (a glob over parameter names). "
                             + _candidates(names.values()))
-        return list(found.values())
-    matched = [(n, p) for n, p in model.named_parameters() if fnmatchcase(n, pattern)]
-    if not matched:
-        raise UserError(f"train.adversarial.parameter={pattern!r} matches no parameter of the model (it is a glob "
-                        f"over full parameter names, e.g. 'embedding.word.weight' or '*word.weight'). "
-                        + _candidates(names.values()))
+        matched = list(found.values())
+    else:
+        matched = [(n, p) for n, p in model.named_parameters() if fnmatchcase(n, pattern)]
+        if not matched:
+            raise UserError(f"train.adversarial.parameter={pattern!r} matches no parameter of the model (it is a "
+                            f"glob over full parameter names, e.g. 'embedding.word.weight' or '*word.weight'). "
+                            + _candidates(names.values()))
     frozen = [n for n, p in matched if not p.requires_grad or not p.is_floating_point()]
     if frozen:
-        raise UserError(f"train.adversarial.parameter={pattern!r} matches parameters that are not trained: "
-                        f"{', '.join(frozen)}; perturb trained floating-point weights only")
+        chosen = f"train.adversarial.parameter={pattern!r} matches" if pattern else "train.adversarial perturbs"
+        one = len(frozen) == 1
+        raise UserError(f"{chosen} {', '.join(frozen)}, which {'is' if one else 'are'} not trained (frozen: "
+                        f"train.lora trains its adapters only), so no gradient reaches {'it' if one else 'them'} to "
+                        "perturb along. Adversarial training needs trained embedding weights: leave train.lora "
+                        "unset, or set train.adversarial.method=none.")
     return matched
 
 

@@ -49,6 +49,9 @@ def test_the_default_table_is_the_word_embedding_and_patterns_are_checked():
     assert [n for n, _ in embedding_parameters(model, "*.pos.weight")] == ["embedding.pos.weight"]
     with pytest.raises(UserError, match=r"matches no parameter.*embedding\.word\.weight"):
         embedding_parameters(model, "embeddings.word_embeddings.weight")
+    model.embedding.word.weight.requires_grad_(False)  # as train.lora leaves it
+    with pytest.raises(UserError, match=r"perturbs embedding\.word\.weight, which is not trained"):
+        embedding_parameters(model)
 
 
 def test_unit_steps_have_the_asked_length_and_projection_stays_in_the_ball():

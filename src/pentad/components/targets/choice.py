@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from pentad.components.base import Batch, Target, TargetOutput
 from pentad.components.targets.common import TargetConfigBase, classification_loss
 from pentad.layers.pooling import PoolingKind, pool
+from pentad.layers.soft_labels import SoftLoss, soft_label_loss
 from pentad.registry import TARGETS
 
 
@@ -66,3 +67,12 @@ class ChoiceTarget(Target):
             return TargetOutput(loss=None, logits=logits)
         loss, metrics = classification_loss(logits, labels)
         return TargetOutput(loss=loss, metrics=metrics, logits=logits)
+
+    def distill_loss(self, student: TargetOutput, teacher: TargetOutput | None, batch: Batch, temperature: float,
+                     kind: SoftLoss) -> Tensor | None:
+        """Each question's distribution over its real choices (dummy choices left out)."""
+        if student.logits is None or teacher is None or teacher.logits is None:
+            return None
+        groups = batch.group_padding_mask
+        return soft_label_loss(student.logits, teacher.logits, temperature, kind,
+                               entries=None if groups is None else ~groups)

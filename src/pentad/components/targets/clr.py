@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from pentad.components.base import Batch, PooledPair, Target, TargetOutput
 from pentad.components.targets.common import TargetConfigBase
 from pentad.components.targets.pair_cls import _widths
+from pentad.layers.soft_labels import SoftLoss
 from pentad.registry import TARGETS
 
 
@@ -151,6 +152,13 @@ class ClrTarget(Target):
             count *= 2
         metrics = {"correct": correct, "count": torch.tensor(count, device=a.device)}
         return TargetOutput(loss=loss, metrics=metrics, logits=logits[local])
+
+    def distill_loss(self, student: TargetOutput, teacher: TargetOutput | None, batch: Batch, temperature: float,
+                     kind: SoftLoss) -> Tensor | None:
+        """None: the logits score a batch against itself (and, while training with data parallelism,
+        against the other ranks' rows, which a teacher in eval mode does not gather); they are not class
+        scores a teacher could soften."""
+        return None
 
 
 def _gathered(x: Tensor) -> tuple[Tensor, int]:

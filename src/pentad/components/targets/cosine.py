@@ -8,10 +8,12 @@ from typing import Literal
 
 import torch.nn.functional as F
 from pydantic import Field
+from torch import Tensor
 
 from pentad.components.base import Batch, PooledPair, Target, TargetOutput
 from pentad.components.targets.common import TargetConfigBase
 from pentad.components.targets.pair_cls import _widths
+from pentad.layers.soft_labels import SoftLoss
 from pentad.registry import TARGETS
 
 
@@ -50,3 +52,11 @@ class CosineTarget(Target):
             return TargetOutput(loss=None, logits=cosine[:, None])
         loss = F.mse_loss(cosine, labels.float() / self.scale)
         return TargetOutput(loss=loss, logits=cosine[:, None])
+
+    def distill_loss(self, student: TargetOutput, teacher: TargetOutput | None, batch: Batch, temperature: float,
+                     kind: SoftLoss) -> Tensor | None:
+        """The mean squared error to the teacher's cosines, whatever ``kind`` (on the scale of the head's
+        own loss: the gold scores are divided by ``scale``, the cosines are not)."""
+        if student.logits is None or teacher is None or teacher.logits is None:
+            return None
+        return F.mse_loss(student.logits[:, 0].float(), teacher.logits[:, 0].detach().float())

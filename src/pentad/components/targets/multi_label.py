@@ -14,6 +14,7 @@ from pentad.components.base import Batch, TargetOutput
 from pentad.components.targets.cls import ClsTarget
 from pentad.components.targets.common import TargetConfigBase
 from pentad.layers.pooling import PoolingKind
+from pentad.layers.soft_labels import SoftLoss, binary_soft_label_loss
 from pentad.registry import TARGETS
 
 
@@ -54,3 +55,11 @@ class MultiLabelTarget(ClsTarget):
             correct = ((logits > 0) == (labels > 0.5)).all(dim=-1).sum()
         return TargetOutput(loss=loss, logits=logits,
                             metrics={"correct": correct, "count": torch.tensor(labels.shape[0], device=labels.device)})
+
+    def distill_loss(self, student: TargetOutput, teacher: TargetOutput | None, batch: Batch, temperature: float,
+                     kind: SoftLoss) -> Tensor | None:
+        """One sigmoid per label: the Bernoulli KL of the softened sigmoids (or the logits' MSE), averaged
+        over rows and labels like the binary cross-entropy."""
+        if student.logits is None or teacher is None or teacher.logits is None:
+            return None
+        return binary_soft_label_loss(student.logits, teacher.logits, temperature, kind)

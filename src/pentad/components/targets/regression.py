@@ -13,6 +13,7 @@ from pentad.components.base import Batch, TargetOutput
 from pentad.components.targets.cls import ClsTarget
 from pentad.components.targets.common import TargetConfigBase
 from pentad.layers.pooling import PoolingKind
+from pentad.layers.soft_labels import SoftLoss
 from pentad.registry import TARGETS
 
 
@@ -43,3 +44,11 @@ class RegressionTarget(ClsTarget):
         if labels is None:
             return TargetOutput(loss=None, logits=values)
         return TargetOutput(loss=F.mse_loss(values[:, 0].float(), labels.float()), logits=values)
+
+    def distill_loss(self, student: TargetOutput, teacher: TargetOutput | None, batch: Batch, temperature: float,
+                     kind: SoftLoss) -> Tensor | None:
+        """The mean squared error to the teacher's predicted values, whatever ``kind`` (a value has no
+        distribution to soften)."""
+        if student.logits is None or teacher is None or teacher.logits is None:
+            return None
+        return F.mse_loss(student.logits[:, 0].float(), teacher.logits[:, 0].detach().float())

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from pentad.components.base import Batch, Target, TargetOutput
 from pentad.components.targets.common import TargetConfigBase
+from pentad.layers.soft_labels import SoftLoss, soft_label_loss
 from pentad.registry import TARGETS
 
 
@@ -53,3 +54,14 @@ class SpanTarget(Target):
         return TargetOutput(loss=loss, metrics={"correct": correct,
                                                 "count": torch.tensor(labels.shape[0], device=labels.device)},
                             logits=logits)
+
+    def distill_loss(self, student: TargetOutput, teacher: TargetOutput | None, batch: Batch, temperature: float,
+                     kind: SoftLoss) -> Tensor | None:
+        """The start and the end distributions over each row's positions (padding left out), the mean of
+        their soft-label losses, averaged over rows like the head's own loss."""
+        if student.logits is None or teacher is None or teacher.logits is None:
+            return None
+        real = None if batch.padding_mask is None else ~batch.padding_mask
+        s, t = student.logits, teacher.logits
+        return (soft_label_loss(s[..., 0], t[..., 0], temperature, kind, entries=real)
+                + soft_label_loss(s[..., 1], t[..., 1], temperature, kind, entries=real)) / 2

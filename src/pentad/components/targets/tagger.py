@@ -72,6 +72,15 @@ class TaggerTarget(Target):
             correct = ((logits.argmax(dim=-1) == labels) & scored).sum()
         return TargetOutput(loss=loss, metrics={"correct": correct, "count": count}, logits=logits)
 
+    def distill_positions(self, batch: Batch) -> Tensor | None:
+        """The positions with a label (those the loss scores); without labels, those that are not padding.
+        With ``crf`` the soft labels compare the per-position emission scores (the CRF's transitions are
+        learnt from the hard labels only)."""
+        labels = batch.labels.get(self.name)
+        if labels is not None:
+            return labels != IGNORE_INDEX
+        return None if batch.padding_mask is None else ~batch.padding_mask
+
     def _crf_output(self, logits: Tensor, labels: Tensor, scored: Tensor) -> TargetOutput:
         emissions, mask = compact(logits, scored)
         tags, _ = compact(labels, scored)

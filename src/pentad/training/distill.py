@@ -1,0 +1,223 @@
+"""Distillation from a teacher run (``train.distill``, ``pentad finetune --teacher RUN``).
+
+A :class:`Teacher` is a model loaded from a run directory, kept in eval mode without gradients on the
+training device; it runs on every micro-batch the student trains on (the rank's rows, the same autocast).
+A :class:`Distiller` mixes, for every head that has a loss, ``(1 - alpha) * hard + alpha * soft``, where
+``soft`` sums what its *transfers* give that head. The one transfer today is :class:`LogitsTransfer`:
+soft labels from the teacher's logits, each head saying how through ``Target.distill_loss`` (a softmax
+over classes, sigmoids for multi-label, the teacher's value for regression, start/end distributions over
+positions for span extraction; ``None`` where the head's logits are not class scores).
+
+The pieces are kept apart so that other transfers and other kinds of teacher can join without changing
+this code: a transfer is any object with ``name`` and ``losses(student, outputs, teacher_outputs, batch)
+-> {head: loss}`` (hidden-state or attention transfer would read what a teacher returns beside its
+heads' outputs), and :func:`load_teacher` reads any run directory (a pre-training run as well), while
+the checks that a fine-tuning teacher fits the student's task are :func:`check_teacher`.
+
+Each rank holds a whole teacher, so ``single`` and ``ddp`` are supported; ``fsdp`` and ``deepspeed``
+are refused (a teacher that needs sharding is beyond what this runs).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from pentad.builder import build_model
+from pentad.components.base import Batch, TargetOutput
+from pentad.errors import UserError
+from pentad.layers.soft_labels import SoftLoss
+from pentad.runs import info, load_run
+from pentad.training import checkpoint as ckpt
+from pentad.training.config import TrainConfig
+from pentad.training.precision import param_dtype, resolve
+
+SUPPORTED_STRATEGIES = ("single", "ddp")
+
+
+@dataclass
+class Teacher:
+    """A model loaded from ``run_dir`` (eval mode, no gradients) and its run's config and tokenizer."""
+
+    model: nn.Module
+    run_dir: Path
+    config: Any
+    tokenizer: Any
+
+    @torch.no_grad()
+    def outputs(self, batch: Batch) -> dict[str, TargetOutput]:
+        """The teacher's head outputs on ``batch`` (labels are not given: heads return their logits)."""
+        return self.model(replace(batch, labels={}))
+
+
+def load_teacher(run_dir: Path, provided: Any, device: torch.device | str, dtype: torch.dtype | None = None,
+                 loaded: tuple[Any, Any] | None = None) -> Teacher:
+    """The model of ``run_dir`` (its best model, as ``pentad infer`` reads it) on ``device``, for a batch that
+    provides the fields ``provided``; ``loaded``: the run's (config, tokenizer) when already read. The random
+    number generator is left as it was, so a student built after it starts from the weights it would have
+    without a teacher."""
+    run_dir = Path(run_dir)
+    cfg, tokenizer = loaded if loaded is not None else load_run(run_dir)
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(cfg.model, provided=provided, training=False)
+    ckpt.load_weights(model, ckpt.read_weights(ckpt.find_weights(run_dir)), str(run_dir))
+    model.to(device, dtype=dtype)
+    model.eval()
+    model.requires_grad_(False)
+    return Teacher(model, run_dir, cfg, tokenizer)
+
+
+def read_state(run_dir: Path, state_file: str) -> Any:
+    """A fine-tuned run's task state (``labels.json``)."""
+    path = run_dir / state_file
+    if not path.is_file():
+        raise UserError(f"the teacher {run_dir} has no {state_file} (the task state of a fine-tuned run): is it a "
+                        f"finished pentad finetune run directory?")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"the teacher's {path} is not valid JSON ({e})") from None
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def check_teacher(run_dir: Path, teacher_cfg: Any, teacher_tokenizer: Any, *, task_type: str, task_state: Any,
+                  tokenizer: Any, seq_length: int, state_file: str) -> None:
+    """A UserError naming what differs unless the run at ``run_dir`` is a fine-tuned run of the same task
+    type, with the same task state (labels), the same tokenizer vocabulary, and positions for
+    ``seq_length`` tokens."""
+    where = f"train.distill.teacher={run_dir}"
+    if teacher_cfg.task is None:
+        raise UserError(f"{where} is not a fine-tuned run (its config has no task); the teacher must be a run of "
+                        f"pentad finetune --task {task_type}")
+    if teacher_cfg.task.type != task_type:
+        raise UserError(f"{where} was fine-tuned for task {teacher_cfg.task.type}, this run is {task_type}: the "
+                        f"teacher must be a run of the same task")
+    state = read_state(run_dir, state_file)
+    if state != task_state:
+        raise UserError(f"{where} has other labels than this run: its {state_file} is {_short(state)}, this run's "
+                        f"training data gives {_short(task_state)}; the teacher's heads must score the same labels "
+                        f"(fine-tune the teacher on data with the same label set)")
+    if teacher_tokenizer is None:
+        raise UserError(f"{where} has no tokenizer files; the teacher must read the same token ids as the student")
+    size, mine = teacher_tokenizer.vocab_size, tokenizer.vocab_size
+    if size != mine:
+        raise UserError(f"{where} has another vocabulary: {size} tokens, this run's tokenizer has {mine}; the "
+                        f"teacher must read the same token ids (use the teacher's tokenizer.vocab)")
+    for i in range(size):
+        if teacher_tokenizer.id_to_token(i) != tokenizer.id_to_token(i):
+            raise UserError(f"{where} has another vocabulary: token id {i} is {teacher_tokenizer.id_to_token(i)!r} "
+                            f"for the teacher and {tokenizer.id_to_token(i)!r} here; the teacher must read the same "
+                            f"token ids (use the teacher's tokenizer.vocab)")
+    limit = teacher_cfg.model.max_seq_length
+    if limit < seq_length:
+        raise UserError(f"{where} takes at most {limit} tokens (its model.max_seq_length), this run's sequences "
+                        f"have up to {seq_length}: set data.objective.seq_length={limit} (or less)")
+
+
+class Transfer(Protocol):
+    """What the student learns from the teacher beside its hard labels: per head, a loss to mix in."""
+
+    name: str
+
+    def losses(self, student: nn.Module, outputs: dict[str, TargetOutput], teacher: dict[str, TargetOutput],
+               batch: Batch) -> dict[str, Tensor]: ...
+
+
+class LogitsTransfer:
+    """Soft labels from the teacher's logits, per head: ``Target.distill_loss`` of the student's head."""
+
+    name = "logits"
+
+    def __init__(self, temperature: float, kind: SoftLoss):
+        self.temperature = temperature
+        self.kind = kind
+
+    def losses(self, student: nn.Module, outputs: dict[str, TargetOutput], teacher: dict[str, TargetOutput],
+               batch: Batch) -> dict[str, Tensor]:
+        found: dict[str, Tensor] = {}
+        for name, out in outputs.items():
+            if out.loss is None:
+                continue
+            soft = student.targets[name].distill_loss(out, teacher.get(name), batch, self.temperature, self.kind)
+            if soft is not None:
+                found[name] = soft
+        return found
+
+
+class Distiller:
+    """Runs the teacher on each micro-batch (:meth:`teach`) and mixes the transfers' losses into the
+    student's heads (:meth:`combine`), for the Trainer.
+
+    A head's loss becomes ``(1 - alpha) * hard + alpha * soft``; its metrics gain ``distill_loss`` (soft)
+    and ``hard_loss``, logged as ``<head>_distill_loss`` and ``<head>_hard_loss``. Heads the transfers
+    give nothing keep their loss. The first batch on which no head takes a transfer is a UserError.
+    """
+
+    def __init__(self, teacher: Teacher, alpha: float, transfers: Sequence[Transfer], task: str = ""):
+        self.teacher = teacher
+        self.alpha = alpha
+        self.transfers = list(transfers)
+        self.task = task
+        self._checked = False
+
+    def teach(self, batch: Batch, autocast: Callable[[], AbstractContextManager[Any]]) -> dict[str, TargetOutput]:
+        with autocast():
+            return self.teacher.outputs(batch)
+
+    def combine(self, student: nn.Module, outputs: dict[str, TargetOutput], teacher: dict[str, TargetOutput],
+                batch: Batch) -> dict[str, TargetOutput]:
+        soft: dict[str, Tensor] = {}
+        for transfer in self.transfers:
+            for name, loss in transfer.losses(student, outputs, teacher, batch).items():
+                soft[name] = soft[name] + loss if name in soft else loss
+        if not self._checked:
+            scored = [n for n, out in outputs.items() if out.loss is not None]
+            if scored and not soft:
+                heads = ", ".join(f"{n} ({getattr(student.targets[n], 'registry_name', '?')})" for n in scored)
+                raise UserError(f"train.distill: no head of this model takes soft labels from the teacher "
+                                f"{self.teacher.run_dir} (heads {heads}: they give no class scores while "
+                                f"training){f', so task {self.task} cannot be distilled' if self.task else ''}; "
+                                "leave train.distill.teacher unset")
+            self._checked = bool(scored)
+        combined = dict(outputs)
+        for name, loss in soft.items():
+            out = outputs[name]
+            hard = out.loss
+            metrics = {**out.metrics, "distill_loss": loss.detach(), "hard_loss": hard.detach()}
+            combined[name] = TargetOutput(loss=(1 - self.alpha) * hard + self.alpha * loss, metrics=metrics,
+                                          logits=out.logits)
+        return combined
+
+
+def make_distiller(train: TrainConfig, *, task_type: str, task_state: Any, tokenizer: Any, provided: Any,
+                   seq_length: int, device: torch.device, state_file: str) -> Distiller | None:
+    """The Distiller ``train.distill`` asks for (None when ``teacher`` is unset), its teacher loaded from
+    the run directory (in the weights' dtype of ``train.precision``) and checked against the student's task
+    (:func:`check_teacher`)."""
+    options, strategy = train.distill, train.strategy
+    if options.teacher is None:
+        return None
+    if strategy not in SUPPORTED_STRATEGIES:
+        raise UserError(f"train.distill.teacher is set, and distillation is not available with "
+                        f"train.strategy={strategy}: every rank holds a whole copy of the teacher, which suits "
+                        f"single and ddp; use train.strategy=ddp (or single), or leave train.distill.teacher unset")
+    run_dir = Path(options.teacher)
+    teacher_cfg, teacher_tokenizer = load_run(run_dir)
+    check_teacher(run_dir, teacher_cfg, teacher_tokenizer, task_type=task_type, task_state=task_state,
+                  tokenizer=tokenizer, seq_length=seq_length, state_file=state_file)
+    teacher = load_teacher(run_dir, provided, device, param_dtype(resolve(train.precision, device)),
+                           loaded=(teacher_cfg, teacher_tokenizer))
+    info(f"distillation from {run_dir}: alpha {options.alpha:g}, {options.loss}"
+         + (f", temperature {options.temperature:g}" if options.loss == "kl" else ""))
+    return Distiller(teacher, options.alpha, [LogitsTransfer(options.temperature, options.loss)], task=task_type)
