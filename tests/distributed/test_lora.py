@@ -1,9 +1,10 @@
 """``train.lora`` under ``ddp`` and ``fsdp``: two gloo ranks train the adapters as one process does, save
 only the adapters and the task head (sharded under fsdp), resume, and their checkpoints read as the merged
-model; ``deepspeed`` is refused with the reason."""
+model; the same under ``deepspeed`` (ZeRO-2 and ZeRO-3), whose checkpoints leave the frozen weights out."""
 
 from __future__ import annotations
 
+import pytest
 from tests.distributed.conftest import launch, losses, single
 
 from pentad.training import checkpoint as ckpt
@@ -41,5 +42,32 @@ def test_lora_finetune_under_ddp_matches_single(english, pretrain_data, tmp_path
     launch(2, *common, f"output={split}", "train.strategy=fsdp")
     assert losses(split) == c
 
-    proc = launch(2, *common, f"output={tmp_path / 'ds'}", "train.strategy=deepspeed", expect=2, retries=0)
-    assert "train.lora is not offered with train.strategy=deepspeed" in proc.stderr
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("stage", [2, 3])
+def test_lora_finetune_under_deepspeed(english, pretrain_data, tmp_path, stage):  # noqa: F811 - fixture
+    pytest.importorskip("deepspeed")
+    from tests.distributed.test_deepspeed import ds_launch
+
+    base_run = tmp_path / "base"
+    single("pretrain", "--config", "bert/tiny", *pretrain_data, "train.steps=2", f"output={base_run}")
+    base = [a for a in pretrain_data if not a.startswith("data.dataset")]
+    common = ["finetune", "--task", "classification", "--config", "bert/tiny", *base, f"init={base_run}",
+              f"data.train={english['train']}", f"data.dev={english['dev']}", "train.epochs=2",
+              "task.head_dropout=0", "train.lora.rank=4", "train.lora.targets=[q,v,up]", "train.lr=1e-2"]
+    one, two, split = tmp_path / "one", tmp_path / "two", tmp_path / "split"
+    single(*common, f"output={one}")
+    zero = ["train.strategy=deepspeed", f"train.deepspeed.stage={stage}"]
+    ds_launch(2, *common, f"output={two}", *zero)
+    a, b = losses(one), losses(two)
+    assert len(a) == len(b) > 2 and max(abs(x - y) for x, y in zip(a, b)) < 1e-5
+    last = ckpt.latest_checkpoint(two)
+    assert ckpt.checkpoint_format(last) == "deepspeed"
+    raw = ckpt.read_checkpoint_weights(last, merge_adapters=False)
+    assert not any(k.startswith("encoder.") and not lora.is_adapter_key(k) for k in raw)  # no frozen weights
+    merged, reference = ckpt.read_checkpoint_weights(last), ckpt.read_weights(ckpt.latest_checkpoint(one))
+    assert sorted(merged) == sorted(reference)
+    assert max((merged[k] - reference[k]).abs().max().item() for k in reference) < 1e-5
+    ds_launch(2, *common, f"output={split}", *zero, "train.stop_at=3")
+    ds_launch(2, *common, f"output={split}", *zero)
+    assert max(abs(x - y) for x, y in zip(losses(split), b)) < 1e-6

@@ -134,7 +134,10 @@ def adapter_record(path: Path) -> dict[str, Any] | None:
     """The LoRA record (:mod:`pentad.training.lora`) of a weights file's metadata, or of a sharded
     checkpoint directory's format marker; None when there is none."""
     if path.is_dir() and not (path / WEIGHTS).is_file():
-        raw = (format_marker(path).get("metadata") or {}).get(lora.METADATA_KEY)
+        state = load_state(path) if (path / STATE).is_file() else {}
+        marker = state.get(FORMAT_KEY) if isinstance(state.get(FORMAT_KEY), dict) else {}
+        # fsdp keeps the weights' metadata in its format marker, deepspeed beside it
+        raw = (marker.get("metadata") or state.get("weights_metadata") or {}).get(lora.METADATA_KEY)
     else:
         raw = read_metadata(path / WEIGHTS if path.is_dir() else path).get(lora.METADATA_KEY)
     return lora.parse_record(raw, str(path)) if raw is not None else None

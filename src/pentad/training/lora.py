@@ -35,9 +35,7 @@ from pentad.training.config import LORA_TARGETS, LoraConfig
 
 METADATA_KEY = "pentad_lora"  # in a safetensors file's metadata: the JSON record of its adapters
 LORA_KEYS = (".lora_A.", ".lora_B.")
-UNSUPPORTED_STRATEGIES = {
-    "deepspeed": "its ZeRO partitions and checkpoints hold every weight, frozen or not",
-}
+UNSUPPORTED_STRATEGIES: dict[str, str] = {}  # strategy -> why it cannot train adapters alone (none today)
 
 
 @dataclass
@@ -142,8 +140,7 @@ def check_usable(train: Any, init: Any) -> None:
                         ".safetensors file); LoRA freezes them and trains only the adapters")
     if strategy in UNSUPPORTED_STRATEGIES:
         raise UserError(f"train.lora is not offered with train.strategy={strategy}: "
-                        f"{UNSUPPORTED_STRATEGIES[strategy]}. Use train.strategy=ddp (the adapters are small: "
-                        "sharding them saves little) or fsdp (which shards the frozen base)")
+                        f"{UNSUPPORTED_STRATEGIES[strategy]}; use train.strategy=ddp or fsdp")
 
 
 def apply_lora(model: nn.Module, cfg: LoraConfig, base: str, base_fingerprint: str,

@@ -226,10 +226,11 @@ def test_a_changed_or_missing_base_is_refused(tmp_path):
         ckpt.read_weights(adapters)
 
 
-def test_lora_needs_a_base_a_supported_strategy_and_trained_embeddings_for_adversarial_training():
+def test_lora_needs_a_base_a_supported_strategy_and_trained_embeddings_for_adversarial_training(monkeypatch):
     with pytest.raises(UserError, match="needs base weights"):
         lora.check_usable(TrainConfig(), None)
-    with pytest.raises(UserError, match="train.strategy=deepspeed"):
+    monkeypatch.setitem(lora.UNSUPPORTED_STRATEGIES, "deepspeed", "a reason")
+    with pytest.raises(UserError, match="not offered with train.strategy=deepspeed: a reason"):
         lora.check_usable(TrainConfig(strategy="deepspeed"), "runs/base")
     with pytest.raises(UserError, match="adversarial.method=fgm cannot be combined with train.lora"):
         lora.check_usable(TrainConfig.model_validate({"adversarial": {"method": "fgm"}}), "runs/base")

@@ -209,11 +209,19 @@ class DeepSpeedStrategy(Strategy):
 
     # ------------------------------------------------------------------ state
     def save(self, directory: Path, state: dict[str, Any], metadata: dict[str, str]) -> None:
-        self.engine.save_checkpoint(str(directory / zero.DIRECTORY), tag=zero.TAG, client_state={}, save_latest=False)
+        # a LoRA model's checkpoint holds what trains (adapters, trained heads); its frozen base is init's
+        self.engine.save_checkpoint(str(directory / zero.DIRECTORY), tag=zero.TAG, client_state={}, save_latest=False,
+                                    exclude_frozen_parameters=self._adapted)
         if self.dist.is_main:
             with writing(directory, needed=0):
                 torch.save({**state, "strategy": "deepspeed", "zero_stage": self.cfg.deepspeed.stage,
-                            "weights_metadata": dict(metadata)}, directory / ckpt.STATE)
+                            "weights_metadata": {**metadata, **ckpt.model_metadata(self.module)}},
+                           directory / ckpt.STATE)
+
+    @property
+    def _adapted(self) -> bool:
+        """Whether the model carries LoRA adapters (:mod:`pentad.training.lora`)."""
+        return getattr(self.module, "lora", None) is not None
 
     def load(self, directory: Path) -> dict[str, Any]:
         state = ckpt.load_state(directory)
@@ -239,10 +247,16 @@ class DeepSpeedStrategy(Strategy):
                             f"{stage}: DeepSpeed's checkpoints of stage 3 (partitioned parameters) and of stages 1 "
                             f"and 2 differ; resume with train.deepspeed.stage={saved_stage}, or continue from its "
                             "weights with a fresh optimizer: pentad export RUN OUT, then init=OUT in a new run")
+        ckpt.check_adapter_base(self.module, directory)
         if saved_world == self.dist.world_size:
             path, _ = self.engine.load_checkpoint(str(directory / zero.DIRECTORY), tag=zero.TAG,
-                                                  load_module_strict=True, load_optimizer_states=True,
+                                                  load_module_strict=not self._adapted, load_optimizer_states=True,
                                                   load_lr_scheduler_states=False)
+        elif self._adapted:
+            raise UserError(f"checkpoint {directory} of a LoRA run was written by {saved_world} process(es): under "
+                            f"train.strategy=deepspeed it resumes on as many (this launch has "
+                            f"{self.dist.world_size}); or resume it with train.strategy=ddp, which reads it on any "
+                            "number")
         else:
             path = self._load_resharded(directory, saved_world)
         if path is None:
@@ -323,7 +337,9 @@ class DeepSpeedStrategy(Strategy):
         from deepspeed.utils import safe_set_full_fp32_param
 
         own = self.module.state_dict(keep_vars=True)
-        missing = [k for k in own if k not in tensors and not any(k == a for a, _ in getattr(self.module, "tied", []))]
+        adapters = getattr(self.module, "lora", None)  # a LoRA model: its frozen base is loaded already
+        missing = [k for k in own if k not in tensors and not any(k == a for a, _ in getattr(self.module, "tied", []))
+                   and (adapters is None or k in adapters.saved)]
         if missing:
             raise UserError(f"the best model's weights lack {', '.join(missing[:4])}"
                             + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))

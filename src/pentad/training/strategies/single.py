@@ -57,7 +57,8 @@ class SingleStrategy(Strategy):
         ZeRO partitions (every rank reads them), in this optimizer's own state format."""
         from pentad.training import zero_checkpoint
 
-        ckpt.load_weights(self.module, ckpt.read_checkpoint_weights(directory), str(directory))
+        ckpt.check_adapter_base(self.module, directory)
+        ckpt.load_weights(self.module, ckpt.read_checkpoint_weights(directory, merge_adapters=False), str(directory))
         names = {id(p): n for n, p in self.module.named_parameters()}
         order = [p for group in self.optimizer.param_groups for p in group["params"]]
         step, moments = zero_checkpoint.read_adam_states(directory, [names[id(p)] for p in order])
