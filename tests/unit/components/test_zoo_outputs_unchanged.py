@@ -1,0 +1,96 @@
+"""Every zoo recipe keeps its parameter names, initial weights and outputs bit for bit across
+refactors of the transformer stack (the block seam): a shrunken copy of each recipe is built on a
+fixed seed, and its state-dict layout, weights, eval losses, train-mode (dropout) losses and
+gradients are compared with checksums recorded before the refactor in
+``data/zoo_outputs.json``. Regenerate only for an intended change:
+``python -m tests.unit.components.test_zoo_outputs_unchanged``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from pentad.builder import build_model
+from pentad.config.loader import zoo_names
+from pentad.model import total_loss
+from tests.unit.test_zoo import batch_for, shrunk_model_config
+
+FIXTURE = Path(__file__).parent / "data" / "zoo_outputs.json"
+
+
+def _digest(tensors) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
+def fingerprint(name: str) -> dict:
+    """Layout, weight, output and gradient checksums of recipe ``name`` shrunk, on seed 0."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # reductions are bitwise reproducible for one thread count
+    try:
+        torch.manual_seed(0)
+        model = build_model(shrunk_model_config(name))
+        state = model.state_dict()
+        layout = [f"{k}:{tuple(v.shape)}" for k, v in state.items()]
+        batch = batch_for(model, 97)
+        model.eval()
+        with torch.no_grad():
+            outputs = model(batch)
+            hidden, _ = model.encode(batch) if model.pair is None else (model.encode_pair(batch).first, None)
+        eval_losses = {k: repr(float(o.loss)) for k, o in outputs.items() if o.loss is not None}
+        cached = _cached_hidden(model, batch)
+        model.train()
+        torch.manual_seed(1)
+        loss = total_loss(model(batch))
+        loss.backward()
+        loss = loss.detach()
+        grads = [p.grad for _, p in model.named_parameters() if p.grad is not None]
+        return {"layout": hashlib.sha256("\n".join(layout).encode()).hexdigest()[:32],
+                "num_tensors": len(layout), "weights": _digest(state.values()), "eval_losses": eval_losses,
+                "hidden": _digest([hidden]), "train_loss": repr(float(loss)), "grads": _digest(grads),
+                **({"cached": cached} if cached is not None else {})}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _cached_hidden(model, batch) -> str | None:
+    """Checksum of a causal encoder's states computed in two cached chunks (8 + rest), else None."""
+    from pentad.components.base import Batch
+    from pentad.layers.cache import KVCache
+
+    if model.pair is not None or getattr(model.encoder, "mask_kind", None) != "causal":
+        return None
+    cache = KVCache()
+    first = Batch(tokens=batch.tokens[:, :8], padding_mask=batch.padding_mask[:, :8],
+                  positions=torch.arange(8)[None].expand(2, 8))
+    rest = Batch(tokens=batch.tokens[:, 8:], padding_mask=batch.padding_mask,
+                 positions=torch.arange(8, batch.tokens.shape[1])[None].expand(2, -1))
+    with torch.no_grad():
+        a, _ = model.encode(first, cache)
+        b, _ = model.encode(rest, cache)
+    return _digest([a, b])
+
+
+def _recorded() -> dict:
+    return json.loads(FIXTURE.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("name", zoo_names())
+def test_recipe_is_bitwise_unchanged(name):
+    recorded = _recorded()
+    if name not in recorded:
+        pytest.fail(f"{name}: not in {FIXTURE.name}; a new recipe adds its entry by regenerating the fixture")
+    assert fingerprint(name) == recorded[name]
+
+
+if __name__ == "__main__":
+    FIXTURE.parent.mkdir(exist_ok=True)
+    old = _recorded() if FIXTURE.exists() else {}
+    old.update({name: fingerprint(name) for name in zoo_names() if name not in old})
+    FIXTURE.write_text(json.dumps(old, indent=1, sort_keys=True) + "\n", encoding="utf-8")
