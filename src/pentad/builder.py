@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from pentad.errors import ConfigError, ConfigProblem, UserError
+from pentad.layers.block import Block
 from pentad.model import EmbeddingSlot, Model
 from pentad.registry import DECODERS, EMBEDDINGS, ENCODERS, TARGETS
 
@@ -120,15 +121,29 @@ class SlotSizes:
         return getattr(self._cfg, name)
 
 
+def _preorder(module: nn.Module, seen: set[int]) -> Iterable[nn.Module]:
+    """``module.modules()`` order (each module once), except that a block's children are left to it."""
+    if id(module) in seen:
+        return
+    seen.add(id(module))
+    yield module
+    if isinstance(module, Block):
+        return
+    for child in module.children():
+        yield from _preorder(child, seen)
+
+
 def init_weights(model: nn.Module, std: float) -> None:
     """Normal(0, std) weights, zero biases, unit norms (BERT / GPT-2 initialisation); RMSNorm
-    scales start at one (never random, unlike TencentPretrain)."""
+    scales start at one (never random, unlike TencentPretrain). Transformer blocks (attention,
+    feed-forward, experts, position bias) initialise themselves (``Block.reset_parameters``)."""
     from pentad.components.base import EmbeddingPart
     from pentad.layers.norms import RMSNorm, UnbiasedLayerNorm
-    from pentad.layers.positions import RelativePositionBias
 
-    for module in model.modules():
-        if isinstance(module, nn.Linear):
+    for module in _preorder(model, set()):
+        if isinstance(module, Block):
+            module.reset_parameters(std, "normal")
+        elif isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
@@ -139,41 +154,20 @@ def init_weights(model: nn.Module, std: float) -> None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, (RMSNorm, UnbiasedLayerNorm)):
             module.reset_parameters()
-        elif isinstance(module, RelativePositionBias):
-            nn.init.normal_(module.weight, std=std)
         elif isinstance(module, EmbeddingPart) and isinstance(getattr(module, "weight", None), nn.Parameter):
             nn.init.normal_(module.weight, std=std)
 
 
 def init_t5(model: nn.Module) -> None:
     """T5's initialisation (Mesh TensorFlow, as in Raffel et al.): unit-variance embeddings and
-    fan-in-scaled projections. T5 has no 1/sqrt(d) in attention and scales the tied output by
-    d^-0.5, so with the BERT-style N(0, 0.02) everywhere its logits start near zero and it learns
-    slowly from scratch."""
+    fan-in-scaled projections (each block's ``reset_parameters(scheme="t5")``). T5 has no 1/sqrt(d)
+    in attention and scales the tied output by d^-0.5, so with the BERT-style N(0, 0.02) everywhere
+    its logits start near zero and it learns slowly from scratch. Applied after ``init_weights``."""
     from pentad.components.base import EmbeddingPart
-    from pentad.layers.attention import Attention
-    from pentad.layers.feed_forward import FeedForward
-    from pentad.layers.positions import RelativePositionBias
 
     for module in model.modules():
-        if isinstance(module, Attention):
-            hidden = module.out.weight.shape[0]
-            q_std, kv_std = (hidden * module.head_size) ** -0.5, hidden ** -0.5
-            if module.cross:
-                nn.init.normal_(module.q.weight, std=q_std)
-                nn.init.normal_(module.kv.weight, std=kv_std)
-            else:
-                nn.init.normal_(module.qkv.weight[:module.q_dim], std=q_std)
-                nn.init.normal_(module.qkv.weight[module.q_dim:], std=kv_std)
-            nn.init.normal_(module.out.weight, std=module.q_dim ** -0.5)
-        elif isinstance(module, FeedForward):
-            hidden = module.up.weight.shape[1]
-            for linear in (module.up, module.gate):
-                if linear is not None:
-                    nn.init.normal_(linear.weight, std=hidden ** -0.5)
-            nn.init.normal_(module.down.weight, std=module.down.weight.shape[1] ** -0.5)
-        elif isinstance(module, RelativePositionBias):
-            nn.init.normal_(module.weight, std=module.weight.shape[1] ** -0.5)
+        if isinstance(module, Block):
+            module.reset_parameters(scheme="t5")
         elif isinstance(module, EmbeddingPart) and isinstance(getattr(module, "weight", None), nn.Parameter):
             nn.init.normal_(module.weight, std=1.0)
     for target in getattr(model, "targets", {}).values():

@@ -5,7 +5,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from pentad.components.base import Batch, Embedded, EmbeddingPart, Encoder, PooledPair, Target, TargetOutput
+from pentad.components.base import (
+    Batch,
+    Embedded,
+    EmbeddingPart,
+    Encoder,
+    ModelOutput,
+    PooledPair,
+    Target,
+    TargetOutput,
+)
+from pentad.layers.block import Block
 from pentad.layers.cache import KVCache
 from pentad.layers.norms import make_norm
 
@@ -62,7 +72,7 @@ def run_stream(embedding: EmbeddingSlot, encoder: Encoder, batch: Batch, cache: 
     """
     embedded = embedding(batch)
     prefix_lengths = None
-    if getattr(encoder, "mask_kind", None) == "prefix" and batch.segments is not None:
+    if encoder.mask_kind == "prefix" and batch.segments is not None:
         # Prefix positions are segment 0 (and, with left padding, the padding before them).
         prefix_lengths = _prefix_lengths(batch.segments, embedded.padding_mask)
     hidden = encoder(embedded.hidden, embedded.padding_mask, prefix_lengths, batch.positions, cache)
@@ -93,6 +103,7 @@ class Model(nn.Module):
         self.decoder = decoder
         self.targets = nn.ModuleDict(targets)
         self.tied: list[tuple[str, str]] = []  # (head parameter, shared parameter) declared by the builder
+        self._aux_blocks: list[Block] | None = None  # found at the first forward
 
     def blocks(self) -> list[nn.Module]:
         """The repeated blocks of every stack (transformer layers, CNN blocks; encoder, decoder and
@@ -130,14 +141,30 @@ class Model(nn.Module):
         return self.decoder(embedded.hidden, embedded.padding_mask, memory, memory_padding_mask,
                             view.positions, cache)
 
-    def forward(self, batch: Batch) -> dict[str, TargetOutput]:
+    def forward(self, batch: Batch) -> ModelOutput:
+        """{target name: TargetOutput}, with the blocks' auxiliary losses and metrics of this forward."""
         if self.pair is not None:
             pooled = self.encode_pair(batch)
-            return {name: target(pooled, batch) for name, target in self.targets.items()}
+            return self._output({name: target(pooled, batch) for name, target in self.targets.items()})
         hidden, padding_mask = self.encode(batch)
         if self.decoder is not None:
             hidden = self.decode(batch, hidden, padding_mask)
-        return {name: target(hidden, batch) for name, target in self.targets.items()}
+        return self._output({name: target(hidden, batch) for name, target in self.targets.items()})
+
+    def _output(self, targets: dict[str, TargetOutput]) -> ModelOutput:
+        if self._aux_blocks is None:
+            self._aux_blocks = [m for m in self.modules() if isinstance(m, Block) and m.has_aux]
+        if not self._aux_blocks:
+            return ModelOutput(targets)
+        losses: dict[str, Tensor] = {}
+        metrics: dict[str, list[Tensor]] = {}
+        for block in self._aux_blocks:
+            block_losses, block_metrics = block.pop_aux()
+            for name, value in block_losses.items():
+                losses[name] = losses[name] + value if name in losses else value
+            for name, value in block_metrics.items():
+                metrics.setdefault(name, []).append(value)
+        return ModelOutput(targets, losses, {k: torch.stack(v).mean() for k, v in metrics.items()})
 
 
 def _prefix_lengths(segments: Tensor, padding_mask: Tensor | None) -> Tensor:
@@ -151,11 +178,21 @@ def _prefix_lengths(segments: Tensor, padding_mask: Tensor | None) -> Tensor:
 
 
 def total_loss(outputs: dict[str, TargetOutput]) -> Tensor:
-    """Sum of the targets' losses (several targets train jointly, e.g. BERT's mlm + sp)."""
+    """Sum of the targets' losses (several targets train jointly, e.g. BERT's mlm + sp), plus the
+    auxiliary losses of a :class:`ModelOutput` (MoE load balancing, router z-loss)."""
     losses = [out.loss for out in outputs.values() if out.loss is not None]
     if not losses:
         raise ValueError("no target returned a loss: the batch has no labels")
-    return torch.stack(losses).sum() if len(losses) > 1 else losses[0]
+    loss = torch.stack(losses).sum() if len(losses) > 1 else losses[0]
+    return loss + aux_loss(outputs) if isinstance(outputs, ModelOutput) and outputs.aux_losses else loss
+
+
+def aux_loss(outputs: dict[str, TargetOutput]) -> Tensor | float:
+    """The sum of a model output's auxiliary losses (0.0 when it has none)."""
+    values = list(outputs.aux_losses.values()) if isinstance(outputs, ModelOutput) else []
+    if not values:
+        return 0.0
+    return torch.stack(values).sum() if len(values) > 1 else values[0]
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -71,6 +71,9 @@ TARGETS: Registry[Any] = Registry("targets")
 OBJECTIVES: Registry[Any] = Registry("objectives")
 TASKS: Registry[Any] = Registry("tasks")
 TOKENIZERS: Registry[Any] = Registry("tokenizers")
+# Blocks a transformer layer is assembled from (``components/blocks.py``), chosen by the stack config.
+ATTENTION_BLOCKS: Registry[Any] = Registry("attention blocks", "attention block")
+FFN_BLOCKS: Registry[Any] = Registry("feed-forward blocks", "feed-forward block")
 
 ALL = {
     r.kind: r

@@ -196,13 +196,37 @@ class TargetOutput:
     logits: Tensor | None = None
 
 
+class ModelOutput(dict):
+    """What a model's forward returns: target name -> :class:`TargetOutput` (a dict, so
+    ``outputs["mlm"].loss`` reads as before), plus the auxiliary terms of its blocks.
+
+    aux_losses: name -> scalar tensor, already weighted as configured (MoE load balancing
+    ``moe_balance``, router z-loss ``moe_z``; summed over layers), added to the training loss
+    and logged as ``<name>_loss``; aux_metrics: name -> scalar tensor averaged over the layers
+    that report it (``moe_dropped``: the fraction of token-expert assignments over capacity),
+    logged as ``aux_<name>``.
+    """
+
+    def __init__(self, targets: dict[str, TargetOutput] | None = None, aux_losses: dict[str, Tensor] | None = None,
+                 aux_metrics: dict[str, Tensor] | None = None):
+        super().__init__(targets or {})
+        self.aux_losses: dict[str, Tensor] = dict(aux_losses or {})
+        self.aux_metrics: dict[str, Tensor] = dict(aux_metrics or {})
+
+    @property
+    def targets(self) -> dict[str, TargetOutput]:
+        return dict(self)
+
+
 class EmbeddingPart(nn.Module):
     """One summand of the embedding slot (word, position, segment, ...).
 
     ``forward(batch) -> [B, S, E]``. ``requires`` lists the Batch fields it reads.
+    ``max_positions``: how many positions an absolute position part covers (None: unlimited).
     """
 
     requires: ClassVar[tuple[str, ...]] = ()
+    max_positions: int | None = None
     registry_name: ClassVar[str]
 
     def forward(self, batch: Batch) -> Tensor:  # pragma: no cover - abstract
@@ -219,10 +243,16 @@ class Encoder(nn.Module):
     ``cache`` (a ``pentad.layers.cache.KVCache``) enables incremental decoding: ``hidden`` holds
     only the new positions and ``padding_mask`` covers cached and new ones. Encoders that cannot
     decode incrementally raise ValueError when given a cache.
+
+    Declared capabilities (read directly, never probed): ``mask_kind`` (``bidirectional``,
+    ``causal`` or ``prefix``: which positions attend to which), ``supports_cache`` (incremental
+    decoding with a KV cache).
     """
 
     registry_name: ClassVar[str]
     requires: ClassVar[tuple[str, ...]] = ()
+    mask_kind: str = "bidirectional"
+    supports_cache: ClassVar[bool] = False
 
     def forward(self, hidden: Tensor, padding_mask: Tensor | None, prefix_lengths: Tensor | None = None,
                 positions: Tensor | None = None, cache: Any = None) -> Tensor:  # pragma: no cover
@@ -232,9 +262,11 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """``forward(hidden [B,T,H], padding_mask [B,T] | None, memory [B,S,H], memory_padding_mask [B,S]
     | None, positions [B,T] | None, cache | None) -> [B,T,H]``: the target side of an
-    encoder-decoder model, attending to the encoder output ``memory``."""
+    encoder-decoder model, attending to the encoder output ``memory``. ``supports_cache`` as for
+    :class:`Encoder`."""
 
     registry_name: ClassVar[str]
+    supports_cache: ClassVar[bool] = False
 
     def forward(self, hidden: Tensor, padding_mask: Tensor | None, memory: Tensor | None,
                 memory_padding_mask: Tensor | None, positions: Tensor | None = None,

@@ -24,7 +24,6 @@ from pentad.generation.session import (
     position_limit,
     repad,
 )
-from pentad.layers.transformer import TransformerStack
 from pentad.model import Model
 
 Prompts = Sequence[Sequence[int]] | Tensor
@@ -119,8 +118,7 @@ def start_session(model: Model, prompts: Prompts, config: GenerationConfig,
         tokens, padding = pack(prompts, fill, side, device)
     new = config.max_new_tokens
     # Recurrent and convolutional stacks keep no key/value cache: they re-run the sequence.
-    use_cache = config.use_cache and isinstance(model.decoder if encoder_decoder else model.encoder,
-                                                TransformerStack)
+    use_cache = config.use_cache and (model.decoder if encoder_decoder else model.encoder).supports_cache
     if encoder_decoder:
         limit, need = position_limit(model.embedding), tokens.shape[1]
         if limit is not None and need > limit:

@@ -26,8 +26,6 @@ import torch
 from torch import Tensor
 
 from pentad.components.base import Batch, Target
-from pentad.components.embeddings.pos import PosEmbedding
-from pentad.components.embeddings.sinusoidal import SinusoidalEmbedding
 from pentad.generation.config import GenerationInputError
 from pentad.layers.cache import KVCache
 from pentad.model import EmbeddingSlot, Model
@@ -48,12 +46,7 @@ def position_limit(slot: EmbeddingSlot | None) -> int | None:
     """How many positions the absolute position parts of ``slot`` have (None: unlimited)."""
     if slot is None:
         return None
-    limits = []
-    for part in slot.parts():
-        if isinstance(part, PosEmbedding):
-            limits.append(part.weight.shape[0])
-        elif isinstance(part, SinusoidalEmbedding):
-            limits.append(part.max_positions)
+    limits = [part.max_positions for part in slot.parts() if part.max_positions is not None]
     return min(limits) if limits else None
 
 
@@ -111,7 +104,7 @@ class DecoderOnlySession:
             self.positions[:, :prompt_len] = torch.arange(prompt_len, device=device)
             self.next_position = torch.full((rows,), prompt_len, dtype=torch.long, device=device)
             self.padding = None
-        prefix = getattr(model.encoder, "mask_kind", None) == "prefix"
+        prefix = model.encoder.mask_kind == "prefix"
         self.segments: Tensor | None = None
         if prefix or _reads(model.embedding, "segments"):
             # The prompt is segment 0 (a prefix-LM's bidirectional prefix); generated tokens 1.

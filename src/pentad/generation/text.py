@@ -199,7 +199,7 @@ class TextGenerator:
             return cls(model, tokenizer, prefix, suffix, [target_end], pad, start, output)
         if decoder_start is not None:
             raise UserError(f"{label} is not an encoder-decoder model: it has no decoder start token to set")
-        if getattr(model.encoder, "mask_kind", None) == "prefix":
+        if model.encoder.mask_kind == "prefix":
             cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
             if sep_id is None:
                 raise UserError(f"{label}: a prefix-LM prompt ends with [SEP], which the tokenizer does not have")

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pentad.layers.block import Block, InitScheme, init_linear
 from pentad.layers.cache import LayerCache
 from pentad.layers.positions import apply_rotary
 
@@ -44,7 +45,7 @@ class AttentionInputs:
         return converted
 
 
-class Attention(nn.Module):
+class Attention(Block):
     """Multi-head attention, [B,q,H] -> [B,q,H].
 
     Self-attention keeps one fused projection ``qkv`` ([q_dim + 2 kv_dim, H], rows = queries, keys,
@@ -76,6 +77,28 @@ class Attention(nn.Module):
         else:
             self.qkv = nn.Linear(hidden_size, self.q_dim + 2 * self.kv_dim, bias=bias)
         self.out = nn.Linear(self.q_dim, hidden_size, bias=bias)
+
+    def reset_parameters(self, std: float = 0.02, scheme: InitScheme = "normal") -> None:
+        """``normal``: N(0, std) projections, zero biases. ``t5`` (Mesh TensorFlow): queries
+        N(0, (H * head_size)^-1/2), keys and values N(0, H^-1/2), output N(0, q_dim^-1/2): T5 has no
+        1/sqrt(head_size) in its scores, its initialisation absorbs it."""
+        projections = (self.q, self.kv, self.out) if self.cross else (self.qkv, self.out)
+        if scheme == "normal":
+            for linear in projections:
+                init_linear(linear, std)
+            return
+        hidden = self.out.weight.shape[0]
+        q_std, kv_std = (hidden * self.head_size) ** -0.5, hidden ** -0.5
+        if self.cross:
+            nn.init.normal_(self.q.weight, std=q_std)
+            nn.init.normal_(self.kv.weight, std=kv_std)
+        else:
+            nn.init.normal_(self.qkv.weight[:self.q_dim], std=q_std)
+            nn.init.normal_(self.qkv.weight[self.q_dim:], std=kv_std)
+        nn.init.normal_(self.out.weight, std=self.q_dim ** -0.5)
+        for linear in projections:
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
 
     def _heads(self, x: Tensor, heads: int) -> Tensor:
         b, s, _ = x.shape

@@ -5,9 +5,10 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from pentad.layers.activations import get_activation
+from pentad.layers.block import Block, InitScheme, init_linear
 
 
-class FeedForward(nn.Module):
+class FeedForward(Block):
     """[B,S,H] -> [B,S,H] through width ``ffn_size``.
 
     dense: ``down(act(up(x)))`` (BERT, GPT-2, T5 v1.0).
@@ -22,6 +23,23 @@ class FeedForward(nn.Module):
         self.up = nn.Linear(hidden_size, ffn_size, bias=bias)
         self.down = nn.Linear(ffn_size, hidden_size, bias=bias)
         self.act = get_activation(activation)
+
+    def reset_parameters(self, std: float = 0.02, scheme: InitScheme = "normal") -> None:
+        """``normal``: N(0, std) weights, zero biases; ``t5``: N(0, H^-1/2) into the width and
+        N(0, ffn_size^-1/2) out of it (fan-in scaled, Mesh TensorFlow)."""
+        linears = (self.gate, self.up, self.down)
+        if scheme == "normal":
+            for linear in linears:
+                init_linear(linear, std)
+            return
+        hidden = self.up.weight.shape[1]
+        for linear in (self.up, self.gate):
+            if linear is not None:
+                nn.init.normal_(linear.weight, std=hidden ** -0.5)
+        nn.init.normal_(self.down.weight, std=self.down.weight.shape[1] ** -0.5)
+        for linear in linears:
+            if linear is not None and linear.bias is not None:
+                nn.init.zeros_(linear.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gate is not None:

@@ -12,6 +12,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from pentad.layers.block import Block, InitScheme
+
 # ---- rotary (Su et al. 2021) -------------------------------------------------------------------
 
 
@@ -65,7 +67,7 @@ def relative_buckets(relative: Tensor, bidirectional: bool, num_buckets: int, ma
     return buckets + torch.where(is_small, distance, large)
 
 
-class RelativePositionBias(nn.Module):
+class RelativePositionBias(Block):
     """Learned scalar bias per (bucket, head): ``weight`` [num_buckets, num_heads].
 
     forward(q_len, k_len, offset) -> [1, heads, q_len, k_len]; query i sits at position offset + i
@@ -87,6 +89,10 @@ class RelativePositionBias(nn.Module):
         key = torch.arange(k_len, device=device)[None, :]
         buckets = relative_buckets(key - query, self.bidirectional, self.num_buckets, self.max_distance)
         return nn.functional.embedding(buckets, self.weight).permute(2, 0, 1).unsqueeze(0)
+
+    def reset_parameters(self, std: float = 0.02, scheme: InitScheme = "normal") -> None:
+        """N(0, std); ``t5``: N(0, heads^-1/2)."""
+        nn.init.normal_(self.weight, std=std if scheme == "normal" else self.weight.shape[1] ** -0.5)
 
 
 # ---- ALiBi (Press et al. 2022) -------------------------------------------------------------------

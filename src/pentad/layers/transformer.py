@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from pentad.layers.attention import Attention, AttentionInputs
+from pentad.layers.attention import AttentionInputs
 from pentad.layers.cache import KVCache, LayerCache
-from pentad.layers.feed_forward import FeedForward
 from pentad.layers.masks import additive, attention_mask
 from pentad.layers.norms import make_norm
 from pentad.layers.positions import RelativePositionBias, alibi_bias, rotary_cos_sin
@@ -17,31 +17,34 @@ from pentad.layers.positions import RelativePositionBias, alibi_bias, rotary_cos
 PositionKind = Literal["none", "rotary", "relative", "alibi"]
 
 
+BlockFactory = Callable[[int], nn.Module]
+"""Layer index -> a new block (attention or feed-forward, a :class:`~pentad.layers.block.Block`)."""
+
+
 class TransformerLayer(nn.Module):
-    """A transformer layer, [B,S,H] -> [B,S,H]: self-attention, optional cross-attention over an
-    encoder memory (decoder layers), feed-forward; each sub-layer with a residual and a norm.
+    """A transformer layer, [B,S,H] -> [B,S,H], assembled from blocks passed in: self-attention,
+    optional cross-attention over an encoder memory (decoder layers), feed-forward; each
+    sub-layer with a residual and a norm. The blocks are built by the caller (``attention``: an
+    :class:`~pentad.layers.attention.Attention`; ``ffn``: a dense or gated ``FeedForward`` or a
+    ``MoE``); the layer owns only the norms, the residuals and their dropout.
 
     ``post`` norm (BERT, BART; Vaswani et al. 2017): x = norm(x + sublayer(x)).
     ``pre`` norm (GPT-2, T5, LLaMA; Xiong et al. 2020): x = x + sublayer(norm(x)).
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, ffn_size: int, activation: str,
-                 dropout: float, attention_dropout: float, norm_position: Literal["pre", "post"],
-                 bias: bool, layer_norm_eps: float, *, num_kv_heads: int | None = None,
-                 head_size: int | None = None, norm: str = "layernorm", gated: bool = False,
-                 scale: bool = True, residual_attention: bool = False, cross_attention: bool = False):
+    def __init__(self, attention: nn.Module, ffn: nn.Module, hidden_size: int, *,
+                 norm_position: Literal["pre", "post"] = "post", norm: str = "layernorm",
+                 layer_norm_eps: float = 1e-12, dropout: float = 0.1, cross_attention: nn.Module | None = None):
         super().__init__()
         self.pre_norm = norm_position == "pre"
-        self.attention = Attention(hidden_size, num_heads, num_kv_heads, head_size, attention_dropout, bias,
-                                   scale, residual=residual_attention)
+        self.attention = attention
         self.attention_norm = make_norm(norm, hidden_size, layer_norm_eps)
-        if cross_attention:
-            self.cross_attention = Attention(hidden_size, num_heads, num_kv_heads, head_size, attention_dropout,
-                                             bias, scale, cross=True)
+        if cross_attention is not None:
+            self.cross_attention = cross_attention
             self.cross_attention_norm = make_norm(norm, hidden_size, layer_norm_eps)
         else:
             self.cross_attention = None
-        self.ffn = FeedForward(hidden_size, ffn_size, activation, bias, gated)
+        self.ffn = ffn
         self.ffn_norm = make_norm(norm, hidden_size, layer_norm_eps)
         self.dropout = nn.Dropout(dropout)
 
@@ -54,37 +57,51 @@ class TransformerLayer(nn.Module):
 
     def forward(self, x: Tensor, inputs: AttentionInputs, cache: LayerCache | None = None,
                 memory: Tensor | None = None, memory_inputs: AttentionInputs | None = None,
-                prev_scores: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Returns (hidden, raw attention scores when residual attention is on, else None)."""
+                prev_scores: Tensor | None = None, padding_mask: Tensor | None = None,
+                router_input: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Returns (hidden, raw attention scores when residual attention is on, else None).
+        ``padding_mask`` [B,q] (of these positions) and ``router_input`` [B,q,H] are read only by a
+        routed feed-forward (mixture of experts)."""
         x, scores = self._sublayer(x, self.attention_norm,
                                    lambda h: self.attention(h, inputs, cache, prev_scores=prev_scores))
         if self.cross_attention is not None:
             x, _ = self._sublayer(x, self.cross_attention_norm,
                                   lambda h: self.cross_attention(h, memory_inputs, cache, memory=memory))
-        x, _ = self._sublayer(x, self.ffn_norm, lambda h: (self.ffn(h), None))
+        if self.ffn.routed:
+            x, _ = self._sublayer(x, self.ffn_norm, lambda h: (self.ffn(h, padding_mask, router_input), None))
+        else:
+            x, _ = self._sublayer(x, self.ffn_norm, lambda h: (self.ffn(h), None))
         return x, scores
 
 
 class TransformerStack(nn.Module):
     """``num_layers`` transformer layers with their shared inputs built once per forward.
 
-    Owns what every layer reads: the attention mask (``mask_kind``), the in-attention position
-    signal (``positions``: rotary, T5 relative bias held once in ``relative_bias``, or ALiBi), and
-    an optional final norm (of the layers' kind and eps unless ``final_norm_kind`` /
-    ``final_norm_eps`` say otherwise: TencentPretrain's decoder ends with its own).
-    ``share_layers`` applies one layer ``num_layers`` times (ALBERT).
+    Layer i is assembled from ``attention(i)``, ``cross_attention(i)`` (decoders) and ``ffn(i)``:
+    block factories that the builder makes from the config (``components/blocks.py``), so the
+    stack knows nothing of the blocks' options. It owns what every layer reads: the attention mask
+    (``mask``), the in-attention position signal (``positions``: rotary, T5 relative bias held once
+    in ``relative_bias``, or ALiBi; ``num_heads`` and ``head_size`` size them), and an optional
+    final norm (of the layers' kind and eps unless ``final_norm_kind`` / ``final_norm_eps`` say
+    otherwise: TencentPretrain's decoder ends with its own). ``share_layers`` applies one layer
+    ``num_layers`` times (ALBERT). Residual attention (RealFormer) is on when the attention blocks
+    say so (``Attention.residual``). A routed feed-forward (MoE) also gets the padding mask and
+    its router input: the stack's input (the token embeddings) or the layer's own hidden states.
+
+    Declared capabilities: ``mask_kind``, ``supports_cache`` (True: a ``KVCache`` runs only the
+    new positions).
     """
 
-    def __init__(self, hidden_size: int, num_layers: int, num_heads: int, ffn_size: int, *,
-                 activation: str = "gelu", norm_position: Literal["pre", "post"] = "post",
-                 final_norm: bool = False, mask: str = "bidirectional", dropout: float = 0.1,
-                 attention_dropout: float = 0.1, bias: bool = True, layer_norm_eps: float = 1e-12,
-                 num_kv_heads: int | None = None, head_size: int | None = None, norm: str = "layernorm",
-                 gated: bool = False, scale: bool = True, positions: PositionKind = "none",
-                 rotary_base: float = 10000.0, rotary_dim: int | None = None, relative_buckets: int = 32,
-                 relative_max_distance: int = 128, share_layers: bool = False,
-                 residual_attention: bool = False, cross_attention: bool = False,
-                 final_norm_kind: str | None = None, final_norm_eps: float | None = None):
+    supports_cache = True
+
+    def __init__(self, hidden_size: int, num_layers: int, num_heads: int, *, attention: BlockFactory,
+                 ffn: BlockFactory, cross_attention: BlockFactory | None = None, head_size: int | None = None,
+                 norm_position: Literal["pre", "post"] = "post", final_norm: bool = False,
+                 mask: str = "bidirectional", dropout: float = 0.1, layer_norm_eps: float = 1e-12,
+                 norm: str = "layernorm", positions: PositionKind = "none", rotary_base: float = 10000.0,
+                 rotary_dim: int | None = None, relative_buckets: int = 32, relative_max_distance: int = 128,
+                 share_layers: bool = False, final_norm_kind: str | None = None,
+                 final_norm_eps: float | None = None):
         super().__init__()
         self.mask_kind = mask
         self.num_layers = num_layers
@@ -93,13 +110,18 @@ class TransformerStack(nn.Module):
         self.position_kind = positions
         self.rotary_base = rotary_base
         self.rotary_dim = rotary_dim or self.head_size
-        self.residual_attention = residual_attention
-        self.layers = nn.ModuleList(
-            TransformerLayer(hidden_size, num_heads, ffn_size, activation, dropout, attention_dropout,
-                             norm_position, bias, layer_norm_eps, num_kv_heads=num_kv_heads, head_size=head_size,
-                             norm=norm, gated=gated, scale=scale, residual_attention=residual_attention,
-                             cross_attention=cross_attention)
-            for _ in range(1 if share_layers else num_layers))
+
+        def layer(i: int) -> TransformerLayer:
+            # blocks in this order (self-attention, cross-attention, feed-forward): the order their
+            # construction draws random numbers in, which fixes the weights of a seeded build
+            self_attention = attention(i)
+            cross = cross_attention(i) if cross_attention is not None else None
+            return TransformerLayer(self_attention, ffn(i), hidden_size, norm_position=norm_position, norm=norm,
+                                    layer_norm_eps=layer_norm_eps, dropout=dropout, cross_attention=cross)
+
+        self.layers = nn.ModuleList(layer(i) for i in range(1 if share_layers else num_layers))
+        self.residual_attention = bool(self.layers[0].attention.residual)
+        self.routed = any(layer.ffn.routed for layer in self.layers)
         self.relative_bias = (RelativePositionBias(num_heads, relative_buckets, relative_max_distance,
                                                    bidirectional=mask == "bidirectional")
                               if positions == "relative" else None)
@@ -149,10 +171,14 @@ class TransformerStack(nn.Module):
                 memory_mask = (~memory_padding_mask)[:, None, None, :]
             memory_inputs = AttentionInputs(memory_mask, False, None)
         scores = None
+        routing: dict[str, Tensor | None] = {}
+        if self.routed:  # the padding of these positions, and the token embeddings for word-vector routing
+            routing = {"padding_mask": padding_mask[:, -hidden.shape[1]:] if padding_mask is not None else None,
+                       "router_input": hidden}
         for i in range(self.num_layers):
             layer = self.layers[i % len(self.layers)]
             hidden, scores = layer(hidden, inputs, cache.layer(i) if cache is not None else None, memory,
-                                   memory_inputs, scores if self.residual_attention else None)
+                                   memory_inputs, scores if self.residual_attention else None, **routing)
         if self.final_norm is not None:
             hidden = self.final_norm(hidden)
         return hidden

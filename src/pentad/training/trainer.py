@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from pentad.components.base import Batch
+from pentad.components.base import Batch, ModelOutput
 from pentad.errors import Interrupted, RankFailure, UserError
-from pentad.model import total_loss
+from pentad.model import aux_loss, total_loss
 from pentad.training import checkpoint as ckpt
 from pentad.training.adversarial import Adversary
 from pentad.training.config import TrainConfig
@@ -417,7 +417,8 @@ class Trainer:
         totals = self.dist.all_reduce(counts.detach().clone()).clamp_min(1.0)
         scale = counts * self.dist.world_size / totals
         shares = {n: outputs[n].loss * scale[i] for i, n in enumerate(names)}
-        return sum(shares.values()), shares
+        # auxiliary losses (MoE) are means over this rank's tokens: averaging over ranks averages them
+        return sum(shares.values()) + aux_loss(outputs), shares
 
     def _losses(self, model: nn.Module, batch: Batch, weight: float, teacher: Any = None
                 ) -> tuple[dict[str, Any], torch.Tensor, dict[str, torch.Tensor] | None]:
@@ -427,7 +428,10 @@ class Trainer:
         with self.autocast():
             outputs = model(batch)
             if self.distiller is not None:
+                aux = outputs if isinstance(outputs, ModelOutput) else ModelOutput()
                 outputs = self.distiller.combine(self.model, outputs, teacher, batch)
+                if not isinstance(outputs, ModelOutput):  # keep the auxiliary losses beside the mixed heads
+                    outputs = ModelOutput(outputs, aux.aux_losses, aux.aux_metrics)
             if self.dist.world_size > 1:
                 loss, shares = self._rank_loss(outputs, batch.batch_size, weight)
             else:
@@ -576,6 +580,11 @@ class Trainer:
                 add(f"{name}_loss", out.loss if shares is None else shares[name])
             for key, value in out.metrics.items():
                 add(f"{name}_{key}", value if weight == 1.0 else value * weight)
+        if isinstance(outputs, ModelOutput):  # logged as <name>_loss and aux_<metric>, means per micro-batch
+            for name, value in outputs.aux_losses.items():
+                add(f"{name}_loss", value)
+            for name, value in outputs.aux_metrics.items():
+                add(f"aux_{name}", value)
 
     def _record(self, sums: dict[str, torch.Tensor], steps: int, tokens: torch.Tensor, interval_start: float,
                 lr: float, seq_len: int = 0) -> dict[str, Any]:
@@ -586,7 +595,7 @@ class Trainer:
             self.dist.all_reduce(packed)
             world = self.dist.world_size
             averaged = ("loss", "micro_batches", "grad_norm")
-            sums = {k: packed[i] / world if k in averaged or k.endswith("_loss") else packed[i]
+            sums = {k: packed[i] / world if k in averaged or k.endswith("_loss") or k.startswith("aux_") else packed[i]
                     for i, k in enumerate(keys)}
             tokens = packed[-1]
         values = {k: float(v) for k, v in sums.items()}  # the one host sync per logging interval
@@ -599,6 +608,8 @@ class Trainer:
             record[f"{name}_loss"] = values[f"{name}_loss"] / micro
             if values.get(f"{name}_count"):
                 record[f"{name}_accuracy"] = values[f"{name}_correct"] / values[f"{name}_count"]
+        for key in sorted(k for k in values if k.startswith("aux_")):
+            record[key] = values[key] / micro
         if "grad_norm" in values:
             record["grad_norm"] = values["grad_norm"] / steps
         record["lr"] = lr

@@ -13,6 +13,7 @@ from pentad.components.base import Batch
 from pentad.config.model import model_config_class
 from pentad.layers.attention import Attention, AttentionInputs
 from pentad.layers.cache import KVCache
+from pentad.layers.feed_forward import FeedForward
 from pentad.layers.norms import RMSNorm
 from pentad.layers.positions import alibi_bias, alibi_slopes, apply_rotary, relative_buckets, rotary_cos_sin
 from pentad.layers.transformer import TransformerStack
@@ -60,8 +61,9 @@ def test_relative_buckets_match_the_t5_reference():
 
 
 def test_relative_bias_changes_scores_as_the_formula_says():
-    stack = TransformerStack(16, 1, 2, 32, mask="bidirectional", positions="relative", relative_buckets=8,
-                             relative_max_distance=16, dropout=0.0, attention_dropout=0.0)
+    stack = TransformerStack(16, 1, 2, attention=lambda i: Attention(16, 2), ffn=lambda i: FeedForward(16, 32),
+                             mask="bidirectional", positions="relative", relative_buckets=8,
+                             relative_max_distance=16, dropout=0.0)
     inputs = stack.attention_inputs(5, None, None, None, 0, torch.device("cpu"))
     buckets = relative_buckets(torch.arange(5)[None, :] - torch.arange(5)[:, None], True, 8, 16)
     expected = stack.relative_bias.weight[buckets].permute(2, 0, 1)  # [heads, q, k]

@@ -13,13 +13,32 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.unit.test_zoo import batch_for, shrunk_model_config
 
 from pentad.builder import build_model
 from pentad.config.loader import zoo_names
 from pentad.model import total_loss
-from tests.unit.test_zoo import batch_for, shrunk_model_config
 
 FIXTURE = Path(__file__).parent / "data" / "zoo_outputs.json"
+# Options no recipe uses, on a recipe's shrunken config: recipe, encoder/decoder overrides.
+VARIANTS = {
+    "bert/tiny+residual_attention": ("bert/tiny", {"residual_attention": True}),
+    "bert/tiny+prefix_nobias": ("bert/tiny", {"mask": "prefix", "bias": False}),
+    "gpt2/tiny+residual_attention_share": ("gpt2/tiny", {"residual_attention": True, "share_layers": True}),
+    "llama/7b+gqa_head": ("llama/7b", {"num_heads": 4, "num_kv_heads": 2, "head_size": 8}),
+    "t5/small+gated": ("t5/small", {"ffn": "gated", "activation": "gelu_tanh", "attention_scale": True}),
+}
+
+
+def _config(name: str):
+    if name not in VARIANTS:
+        return shrunk_model_config(name)
+    recipe, overrides = VARIANTS[name]
+    raw = shrunk_model_config(recipe).model_dump(mode="json")
+    for slot in ("encoder", "decoder"):
+        if raw.get(slot) is not None:
+            raw[slot].update({k: v for k, v in overrides.items() if slot == "encoder" or k != "mask"})
+    return type(shrunk_model_config(recipe)).model_validate(raw)
 
 
 def _digest(tensors) -> str:
@@ -35,7 +54,7 @@ def fingerprint(name: str) -> dict:
     torch.set_num_threads(1)  # reductions are bitwise reproducible for one thread count
     try:
         torch.manual_seed(0)
-        model = build_model(shrunk_model_config(name))
+        model = build_model(_config(name))
         state = model.state_dict()
         layout = [f"{k}:{tuple(v.shape)}" for k, v in state.items()]
         batch = batch_for(model, 97)
@@ -81,7 +100,7 @@ def _recorded() -> dict:
     return json.loads(FIXTURE.read_text(encoding="utf-8"))
 
 
-@pytest.mark.parametrize("name", zoo_names())
+@pytest.mark.parametrize("name", [*zoo_names(), *VARIANTS])
 def test_recipe_is_bitwise_unchanged(name):
     recorded = _recorded()
     if name not in recorded:
@@ -92,5 +111,5 @@ def test_recipe_is_bitwise_unchanged(name):
 if __name__ == "__main__":
     FIXTURE.parent.mkdir(exist_ok=True)
     old = _recorded() if FIXTURE.exists() else {}
-    old.update({name: fingerprint(name) for name in zoo_names() if name not in old})
+    old.update({name: fingerprint(name) for name in (*zoo_names(), *VARIANTS) if name not in old})
     FIXTURE.write_text(json.dumps(old, indent=1, sort_keys=True) + "\n", encoding="utf-8")

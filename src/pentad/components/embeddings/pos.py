@@ -27,6 +27,7 @@ class PosEmbedding(EmbeddingPart):
 
     def __init__(self, max_positions: int, hidden_size: int):
         super().__init__()
+        self.max_positions = max_positions
         self.weight = nn.Parameter(torch.empty(max_positions, hidden_size))
 
     @classmethod

@@ -13,15 +13,17 @@ from pydantic import Field
 from torch import Tensor
 
 from pentad.components.base import Encoder
+from pentad.components.blocks import FFN_BLOCKS
 from pentad.config.base import StrictModel
 from pentad.layers.activations import ACTIVATION_NAMES
 from pentad.layers.cache import KVCache
 from pentad.layers.norms import NORM_DESCRIPTION, NORM_KINDS
 from pentad.layers.transformer import TransformerStack
-from pentad.registry import ENCODERS
+from pentad.registry import ATTENTION_BLOCKS, ENCODERS
 
 Activation = Literal[ACTIVATION_NAMES]  # type: ignore[valid-type]
 Norm = Literal[NORM_KINDS]  # type: ignore[valid-type]
+FfnKind = Literal[tuple(FFN_BLOCKS.names())]  # type: ignore[valid-type]
 
 
 class TransformerStackConfig(StrictModel):
@@ -33,8 +35,8 @@ class TransformerStackConfig(StrictModel):
                                      "grouped-query attention, 1 is multi-query; default num_heads")
     head_size: int | None = Field(None, ge=1, description="per-head width; default hidden_size / num_heads")
     ffn_size: int | None = Field(None, ge=1, description="feed-forward width; default 4 * hidden_size")
-    ffn: Literal["dense", "gated"] = Field("dense", description="gated: down(act(gate x) * up x), i.e. "
-                                           "SwiGLU with silu, GeGLU with gelu")
+    ffn: FfnKind = Field("dense", description="feed-forward block (components/blocks.py): dense down(act(up x)); "
+                         "gated down(act(gate x) * up x), i.e. SwiGLU with silu, GeGLU with gelu")
     activation: Activation = "gelu"
     norm: Norm = Field("layernorm", description=f"the layers' norms: {NORM_DESCRIPTION}")
     norm_position: Literal["post", "pre"] = "post"
@@ -78,20 +80,19 @@ class TransformerStackConfig(StrictModel):
             problems.append(("rotary_dim", f"set but positions is '{self.positions}', not 'rotary'"))
         return problems
 
-    def stack_kwargs(self, model: Any) -> dict[str, Any]:
-        """Keyword arguments of ``TransformerStack`` (everything except the mask)."""
+    def stack_kwargs(self, model: Any, cross_attention: bool = False) -> dict[str, Any]:
+        """Keyword arguments of ``TransformerStack`` (everything except the mask): the block factories
+        of the registered attention and feed-forward kinds, and what the stack itself owns."""
+        attention = ATTENTION_BLOCKS.get("multihead")
         return dict(
             hidden_size=model.hidden_size, num_layers=self.num_layers, num_heads=self.num_heads,
-            ffn_size=self.ffn_size or 4 * model.hidden_size, activation=self.activation,
-            norm_position=self.norm_position,
+            attention=attention.factory(self, model), ffn=FFN_BLOCKS.get(self.ffn).factory(self, model),
+            cross_attention=attention.factory(self, model, cross=True) if cross_attention else None,
+            head_size=self.head_size, norm_position=self.norm_position,
             final_norm=self.final_norm if self.final_norm is not None else self.norm_position == "pre",
-            dropout=self.dropout,
-            attention_dropout=self.dropout if self.attention_dropout is None else self.attention_dropout,
-            bias=self.bias, layer_norm_eps=self.layer_norm_eps, num_kv_heads=self.num_kv_heads,
-            head_size=self.head_size, norm=self.norm, gated=self.ffn == "gated", scale=self.attention_scale,
-            positions=self.positions, rotary_base=self.rotary_base, rotary_dim=self.rotary_dim,
-            relative_buckets=self.relative_buckets, relative_max_distance=self.relative_max_distance,
-            share_layers=self.share_layers, residual_attention=self.residual_attention,
+            dropout=self.dropout, layer_norm_eps=self.layer_norm_eps, norm=self.norm, positions=self.positions,
+            rotary_base=self.rotary_base, rotary_dim=self.rotary_dim, relative_buckets=self.relative_buckets,
+            relative_max_distance=self.relative_max_distance, share_layers=self.share_layers,
             final_norm_kind=self.final_norm_kind, final_norm_eps=self.final_norm_eps)
 
 
