@@ -1,13 +1,25 @@
-"""Distillation under ``ddp``: each rank holds the teacher and scores its rows; two gloo ranks train what one
-process trains (the same losses, soft and hard)."""
+"""Distillation on several ranks: each rank holds the whole teacher and scores its own rows, and two gloo
+ranks train what one process trains (the same losses, soft and hard, and gradient norms) under ``ddp``,
+``fsdp`` and ``deepspeed`` (ZeRO-2)."""
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
-from tests.distributed.conftest import launch, losses, single
+from tests.distributed.conftest import launch, launch_env, losses, single
 
 
-def test_distillation_under_ddp_matches_single(english, pretrain_data, tmp_path):  # noqa: F811 - fixture
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.heavy),
+                                      pytest.param("deepspeed", marks=pytest.mark.heavy)])
+def test_distillation_on_two_ranks_matches_single(english, pretrain_data, tmp_path, strategy):  # noqa: F811
+    env = None
+    if strategy == "deepspeed":
+        pytest.importorskip("deepspeed")
+        env = launch_env(TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR",
+                                                             str(Path(sys.prefix) / "torch_extensions")))
     base = [a for a in pretrain_data if not a.startswith("data.dataset")]
     data = [f"data.train={english['train']}", f"data.dev={english['dev']}", "task.head_dropout=0"]
     teacher = tmp_path / "teacher"
@@ -17,7 +29,7 @@ def test_distillation_under_ddp_matches_single(english, pretrain_data, tmp_path)
               "model.encoder.num_layers=1", "train.epochs=2", "train.batch_size=6", "train.grad_accum=2"]
     one, two = tmp_path / "one", tmp_path / "two"
     single(*common, f"output={one}")
-    launch(2, *common, f"output={two}", "train.strategy=ddp")
+    launch(2, *common, f"output={two}", f"train.strategy={strategy}", env=env, timeout=600)
     for key in ("loss", "cls_distill_loss", "cls_hard_loss", "grad_norm"):
         a, b = losses(one, key), losses(two, key)
         assert a and len(a) == len(b), key

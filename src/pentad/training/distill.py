@@ -14,8 +14,9 @@ this code: a transfer is any object with ``name`` and ``losses(student, outputs,
 heads' outputs), and :func:`load_teacher` reads any run directory (a pre-training run as well), while
 the checks that a fine-tuning teacher fits the student's task are :func:`check_teacher`.
 
-Each rank holds a whole teacher, so ``single`` and ``ddp`` are supported; ``fsdp`` and ``deepspeed``
-are refused (a teacher that needs sharding is beyond what this runs).
+Each rank holds a whole teacher (not sharded, not wrapped: it needs no gradient and no reduction) and
+scores its own rows, so every strategy works alike: ``single``, ``ddp``, ``fsdp`` and ``deepspeed`` (the
+student sharded as usual; a teacher too large for one device is beyond what this runs).
 """
 
 from __future__ import annotations
@@ -38,8 +39,6 @@ from pentad.runs import info, load_run
 from pentad.training import checkpoint as ckpt
 from pentad.training.config import TrainConfig
 from pentad.training.precision import param_dtype, resolve
-
-SUPPORTED_STRATEGIES = ("single", "ddp")
 
 
 @dataclass
@@ -205,13 +204,9 @@ def make_distiller(train: TrainConfig, *, task_type: str, task_state: Any, token
     """The Distiller ``train.distill`` asks for (None when ``teacher`` is unset), its teacher loaded from
     the run directory (in the weights' dtype of ``train.precision``) and checked against the student's task
     (:func:`check_teacher`)."""
-    options, strategy = train.distill, train.strategy
+    options = train.distill
     if options.teacher is None:
         return None
-    if strategy not in SUPPORTED_STRATEGIES:
-        raise UserError(f"train.distill.teacher is set, and distillation is not available with "
-                        f"train.strategy={strategy}: every rank holds a whole copy of the teacher, which suits "
-                        f"single and ddp; use train.strategy=ddp (or single), or leave train.distill.teacher unset")
     run_dir = Path(options.teacher)
     teacher_cfg, teacher_tokenizer = load_run(run_dir)
     check_teacher(run_dir, teacher_cfg, teacher_tokenizer, task_type=task_type, task_state=task_state,
