@@ -95,7 +95,7 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
     evaluation = {name: task.read(sources[name]) for name in ("dev", "test") if sources.get(name) is not None}
     distiller = make_distiller(cfg.train, task_type=cfg.task.type, task_state=task.state(), tokenizer=tokenizer,
                                provided=task.provides, seq_length=seq_length, device=session.dist.device,
-                               state_file=STATE)
+                               state_file=STATE, trains=task.trains)
     model = session.build(cfg.model, task.provides, cfg.init, new_heads=task.head_names(), drop_heads=True)
     if cfg.init is None:
         info("no init: training from randomly initialised weights")

@@ -200,13 +200,17 @@ class Distiller:
 
 
 def make_distiller(train: TrainConfig, *, task_type: str, task_state: Any, tokenizer: Any, provided: Any,
-                   seq_length: int, device: torch.device, state_file: str) -> Distiller | None:
+                   seq_length: int, device: torch.device, state_file: str, trains: bool = True) -> Distiller | None:
     """The Distiller ``train.distill`` asks for (None when ``teacher`` is unset), its teacher loaded from
     the run directory (in the weights' dtype of ``train.precision``) and checked against the student's task
-    (:func:`check_teacher`)."""
+    (:func:`check_teacher`). ``trains``: False for a run that only evaluates (zero-shot), which is refused."""
     options = train.distill
     if options.teacher is None:
         return None
+    if not trains:
+        raise UserError(f"train.distill.teacher is set, but this {task_type} run does not train (it scores the "
+                        "initial model, zero-shot), so there is nothing to distil into: leave --teacher out (or "
+                        "let it train, e.g. task.zero_shot=false with a training file)")
     run_dir = Path(options.teacher)
     teacher_cfg, teacher_tokenizer = load_run(run_dir)
     check_teacher(run_dir, teacher_cfg, teacher_tokenizer, task_type=task_type, task_state=task_state,

@@ -173,3 +173,24 @@ def test_sharded_strategies_are_refused():
 
     with pytest.raises(UserError, match="not available with train.strategy=fsdp"):
         Adversary(AdversarialConfig(method="pgd"), Fsdp())
+
+
+def test_under_a_gradient_scaler_the_steps_are_those_of_unscaled_gradients():
+    # fp16 (on a GPU) scales every backward; the perturbation directions, and so the unscaled gradients,
+    # must not change: here a CPU GradScaler stands in for the GPU one
+    batch = _batch()
+    grads = {}
+    for scale in (None, 1024.0):
+        model = _model()
+        strategy = _strategy(model)
+        if scale is not None:
+            strategy.scaler = torch.amp.GradScaler("cpu", init_scale=scale)
+        adversary = _Recorder(AdversarialConfig(method="pgd", epsilon=0.5, alpha=0.3, steps=3), strategy)
+        _clean_backward(adversary, strategy, batch)
+        adversary.attack(lambda m: _loss(m, batch), last=True)
+        grads[scale] = ({n: p.grad / (scale or 1.0) for n, p in model.named_parameters()}, adversary.seen)
+    (plain, seen), (scaled, seen_scaled) = grads[None], grads[1024.0]
+    for a, b in zip(seen, seen_scaled):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    for name in plain:
+        torch.testing.assert_close(scaled[name], plain[name], rtol=1e-4, atol=1e-7, msg=name)

@@ -232,6 +232,10 @@ def test_no_teacher_no_distiller():
 
     assert make_distiller(TrainConfig(), task_type="classification", task_state={}, tokenizer=None, provided=(),
                           seq_length=8, device=torch.device("cpu"), state_file="labels.json") is None
+    with pytest.raises(UserError, match="does not train"):
+        make_distiller(TrainConfig(distill={"teacher": "runs/teacher"}), task_type="prompt", task_state={},
+                       tokenizer=None, provided=(), seq_length=8, device=torch.device("cpu"),
+                       state_file="labels.json", trains=False)
 
 
 def test_every_kind_of_head_distils_end_to_end():
