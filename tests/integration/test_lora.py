@@ -108,3 +108,39 @@ def test_lora_refuses_a_missing_base_and_unsupported_strategies(english, tmp_pat
     assert run("finetune", "--task", "classification", "--config", "bert/tiny", *common,
                f"data.train={english['train']}", "train.lora.rank=2", f"output={tmp_path / 'a'}") == 2
     assert "train.lora needs base weights" in capsys.readouterr().err
+
+
+def _slice(source, target, start: int, rows: int):
+    lines = source.read_text(encoding="utf-8").splitlines()
+    target.write_text("\n".join([lines[0], *lines[1 + start:1 + start + rows]]) + "\n", encoding="utf-8")
+    return target
+
+
+def test_lora_on_a_real_slice_infers_the_same_before_and_after_merging(tp, tmp_path):
+    # book_review (Chinese sentiment): a tiny classifier fine-tuned on 300 reviews is the base; LoRA adapts
+    # its attention and trains its head on 300 others; predictions on 40 unlabelled reviews
+    reviews = tp / "datasets" / "book_review"
+    train_a = _slice(reviews / "train.tsv", tmp_path / "a.tsv", 0, 300)
+    train_b = _slice(reviews / "train.tsv", tmp_path / "b.tsv", 300, 300)
+    dev = _slice(reviews / "dev.tsv", tmp_path / "dev.tsv", 0, 60)
+    test = _slice(reviews / "test_nolabel.tsv", tmp_path / "test.tsv", 0, 40)
+    model = ["--task", "classification", "--config", "bert/tiny", "tokenizer.type=wordpiece",
+             f"tokenizer.vocab={tp / 'models' / 'google_zh_vocab.txt'}", "model.hidden_size=64",
+             "model.max_seq_length=64", "model.encoder.num_layers=1", "model.encoder.num_heads=2",
+             "model.encoder.ffn_size=128", "train.batch_size=32", "train.progress=false", "train.log_every=5",
+             f"data.dev={dev}"]
+    base, adapted, merged = tmp_path / "base", tmp_path / "adapted", tmp_path / "merged"
+    assert run("finetune", *model, f"data.train={train_a}", f"output={base}", "train.epochs=1", "train.lr=3e-3") == 0
+    assert run("finetune", *model, f"data.train={train_b}", f"init={base}", f"output={adapted}", "train.epochs=2",
+               "train.lr=1e-2", "train.lora.rank=4", "train.lora.targets=[attention]") == 0
+    sizes = [(run_dir / "best" / "model.safetensors").stat().st_size for run_dir in (adapted, base)]
+    assert sizes[0] * 5 < sizes[1]  # adapters and the head only
+    assert run("merge-lora", adapted, "--output", merged) == 0
+    outputs = []
+    for run_dir in (adapted, merged):
+        out = tmp_path / f"{run_dir.name}.tsv"
+        assert run("infer", "--model", run_dir, f"data.test={test}", "--output", out, "--probabilities") == 0
+        outputs.append([line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()])
+    a, b = outputs
+    assert len(a) == 41 and [r[0] for r in a] == [r[0] for r in b]
+    assert max(abs(float(p) - float(q)) for x, y in zip(a[1:], b[1:]) for p, q in zip(x[1:], y[1:])) < 1e-4

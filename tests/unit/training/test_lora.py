@@ -29,6 +29,15 @@ T5 = ["model.hidden_size=32", "model.vocab_size=64", "model.max_seq_length=16", 
       "model.decoder.dropout=0", "model.embedding.dropout=0"]
 
 
+GPT2 = ["model.hidden_size=32", "model.vocab_size=64", "model.max_seq_length=16", "model.encoder.ffn_size=48",
+        "model.encoder.dropout=0", "model.embedding.dropout=0"]
+
+
+def gpt2():
+    torch.manual_seed(0)
+    return build_model(load_config("gpt2/tiny", GPT2).model)
+
+
 def bert():
     torch.manual_seed(0)
     return build_model(model_config_class().model_validate(tiny_model_dict()))
@@ -114,6 +123,17 @@ def test_cross_attention_q_and_fused_kv():
     assert model.decoder.layers[0].attention.qkv.parts == {"q": (0, 32), "k": (32, 64), "v": (64, 96)}
 
 
+def test_gpt2_layout_with_tied_output():
+    model = gpt2()
+    adapt(model, targets=["k", "o", "up"], heads="all")
+    attention = model.encoder.layers[0].attention
+    assert attention.qkv.parts == {"k": (32, 64)} and attention.out.parts == {"o": (0, 32)}
+    assert model.encoder.layers[0].ffn.up.parts == {"up": (0, 48)}
+    # the LM head's output is the word embedding: frozen, not saved, even with heads: all
+    assert not model.embedding.word.weight.requires_grad
+    assert "embedding.word.weight" not in model.lora.saved and "targets.lm.output.weight" not in model.lora.saved
+
+
 def test_bert_layout_and_module_pattern():
     model = bert()
     adapt(model, targets=["attention"], modules=r"layers\.1\.")
@@ -135,7 +155,7 @@ def test_a_target_or_pattern_that_matches_nothing_lists_what_there_is():
 
 
 # ----------------------------------------------------------------------------- behaviour
-@pytest.mark.parametrize("make,decoder", [(bert, False), (llama, False), (t5, True)])
+@pytest.mark.parametrize("make,decoder", [(bert, False), (gpt2, False), (llama, False), (t5, True)])
 def test_starts_equal_to_the_base_and_merges_to_the_same_outputs(make, decoder):
     base = make().eval()
     b = batch(base, decoder)
@@ -275,3 +295,43 @@ def test_generation_loads_a_lora_run_as_its_merged_model(tmp_path):
     assert loaded_cfg.train.lora.rank == 8 and not any(isinstance(m, LoraLinear) for m in loaded.modules())
     b = batch(loaded)
     torch.testing.assert_close(hidden(loaded, b), hidden(model.eval(), b), rtol=1e-5, atol=1e-5)
+
+
+def test_merge_lora_with_a_moved_base_and_adapters_on_adapters(tmp_path):
+    from pentad.runs import prepare_run_dir
+    from pentad.training.merge import merge_run
+
+    base_path = tmp_path / "base.safetensors"
+    ckpt.save_weights(llama(), base_path)
+    # first adapters on the base, second adapters on the first (their base: the first run's file)
+    first = llama()
+    lora.apply_lora(first, LoraConfig(rank=2), str(base_path), lora.fingerprint(ckpt.read_weights(base_path)))
+    perturb(first, seed=4)
+    first_path = tmp_path / "first.safetensors"
+    ckpt.save_weights(first, first_path)
+    second = llama()
+    ckpt.load_weights(second, ckpt.read_weights(first_path), "first")
+    lora.apply_lora(second, LoraConfig(targets=["o", "down"]), str(first_path),
+                    lora.fingerprint(ckpt.read_weights(first_path)))
+    perturb(second, seed=5)
+    run_dir = tmp_path / "run"
+    prepare_run_dir(run_dir, load_config("llama2/7b", [*LLAMA_GQA, "train.lora.rank=8", f"init={first_path}"]), None)
+    ckpt.save_weights(second, run_dir / "model.safetensors")
+    b = batch(second)
+    expected = hidden(second.eval(), b)
+
+    moved = tmp_path / "moved.safetensors"
+    first_path.rename(moved)
+    with pytest.raises(UserError, match="do not exist any more"):
+        merge_run(run_dir, tmp_path / "out")
+    with pytest.raises(UserError, match="not the ones the LoRA adapters"):
+        merge_run(run_dir, tmp_path / "out", base=base_path)  # the first run's own base is not its merged model
+    result = merge_run(run_dir, tmp_path / "out", base=moved)
+    assert "merged the LoRA adapters" in result.render()
+    merged_cfg = load_config(tmp_path / "out" / "config.yaml")
+    assert merged_cfg.train.lora is None
+    plain = build_model(merged_cfg.model)
+    ckpt.load_weights(plain, ckpt.read_weights(tmp_path / "out" / "model.safetensors"), "merged")
+    torch.testing.assert_close(hidden(plain.eval(), b), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(UserError, match="already exists"):
+        merge_run(run_dir, tmp_path / "out", base=moved)

@@ -18,9 +18,10 @@ Life of a strategy, as the Trainer and the run session use it::
     strategy.save(directory, state)  /  state = strategy.load(directory)   (every rank calls)
     strategy.full_state_dict()       /  strategy.load_full_state_dict(tensors)
 
-Transformations of the model itself (activation checkpointing, and later adapters such as LoRA that
-replace linear layers) are applied before ``setup``, so every engine wraps or shards the modules as
-they will train.
+Transformations of the model itself (activation checkpointing; LoRA adapters, which replace linear
+layers and freeze the rest: :mod:`pentad.training.lora`) are applied before ``setup``, so every engine
+wraps or shards the modules as they will train. A LoRA model's checkpoints hold only what trains
+(:func:`pentad.training.checkpoint.saved_part`); its frozen base is loaded again from ``init``.
 
 ``strategy.model`` is what forward runs through (a DDP/FSDP/DeepSpeed wrapper or the model);
 ``strategy.module`` is the pentad :class:`~pentad.model.Model` itself, for evaluation and names.
