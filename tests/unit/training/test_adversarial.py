@@ -194,3 +194,21 @@ def test_under_a_gradient_scaler_the_steps_are_those_of_unscaled_gradients():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     for name in plain:
         torch.testing.assert_close(scaled[name], plain[name], rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_pgd_with_activation_checkpointing_gives_the_same_gradients():
+    from pentad.training.recompute import checkpoint_blocks
+
+    batch = _batch()
+    grads = []
+    for recompute in (False, True):
+        model = _model()
+        if recompute:
+            assert checkpoint_blocks(model) == 2
+        strategy = _strategy(model)
+        adversary = Adversary(AdversarialConfig(method="pgd", steps=3), strategy)
+        _clean_backward(adversary, strategy, batch)
+        adversary.attack(lambda m: _loss(m, batch), last=True)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-6, atol=1e-8, msg=name)
