@@ -130,8 +130,11 @@ def model_flops_per_token(model: nn.Module) -> tuple[float, float]:
     """Training FLOPs per token, ``6 N + 12 L H S`` (forward + backward; Kaplan et al. 2020, PaLM's
     appendix B), as the pair ``(6 N, 12 L H)`` to be completed with the sequence length S: N trainable
     parameters (a tied one counted once), and over the transformer stacks L layers of attention
-    width H (heads x head size): the attention scores and their weighted sum over S positions."""
-    n = sum(p.numel() for p in model.parameters() if p.requires_grad)  # parameters() lists a tied one once
+    width H (heads x head size): the attention scores and their weighted sum over S positions.
+    A frozen parameter (LoRA's base) counts 4 instead of 6: forward and the input's gradient, no
+    gradient of its own."""
+    # parameters() lists a tied one once
+    linear = sum(p.numel() * (6 if p.requires_grad else 4) for p in model.parameters())
     attention = sum(m.num_layers * m.num_heads * m.head_size for m in model.modules()
                     if isinstance(m, TransformerStack))
-    return 6.0 * n, 12.0 * attention
+    return float(linear), 12.0 * attention

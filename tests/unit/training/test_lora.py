@@ -335,3 +335,14 @@ def test_merge_lora_with_a_moved_base_and_adapters_on_adapters(tmp_path):
     torch.testing.assert_close(hidden(plain.eval(), b), expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(UserError, match="already exists"):
         merge_run(run_dir, tmp_path / "out", base=moved)
+
+
+def test_model_flops_count_the_frozen_base_forward_and_input_gradients():
+    from pentad.training.precision import model_flops_per_token
+
+    model = llama()
+    full, _ = model_flops_per_token(model)
+    adapt(model)
+    adapters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    assert model_flops_per_token(model)[0] == 6 * adapters + 4 * frozen and frozen * 6 == full
