@@ -1,6 +1,7 @@
 """The registered blocks of a transformer layer: attention and feed-forward factories.
 
-The transformer encoder and decoder configs name a block kind per role (``ffn: dense | gated``;
+The transformer encoder and decoder configs name a block kind per role (``ffn: dense | gated | moe``,
+the mixture of experts configured by the ``moe`` section;
 attention is ``multihead``: multi-head, grouped-query or multi-query, optionally with RealFormer
 residual scores); the registered class turns the stack config into a
 ``BlockFactory`` (layer index -> module) that ``TransformerStack`` calls for each layer. A new
@@ -10,10 +11,15 @@ the stack itself does not change.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import Field
+from torch import nn
+
+from pentad.config.base import StrictModel
 from pentad.layers.attention import Attention
 from pentad.layers.feed_forward import FeedForward
+from pentad.layers.moe import MoE, RouterInput, Routing
 from pentad.layers.transformer import BlockFactory
 from pentad.registry import ATTENTION_BLOCKS, FFN_BLOCKS
 
@@ -51,3 +57,54 @@ class GatedBlock(DenseBlock):
     """``down(act(gate x) * up x)``: SwiGLU with silu (LLaMA), GeGLU with gelu (T5 v1.1)."""
 
     gated = True
+
+
+class MoEConfig(StrictModel):
+    """``model.encoder.moe`` / ``model.decoder.moe`` (with ``ffn: moe``): see ``layers/moe.py``."""
+
+    num_experts: int = Field(8, ge=2)
+    top_k: int = Field(2, ge=1, description="experts per token (token choice); expert choice: the mean number "
+                       "of experts per token when capacity_factor is unset")
+    expert: Literal["dense", "gated"] = Field("gated", description="each expert's feed-forward kind")
+    expert_ffn_size: int | None = Field(None, ge=1, description="width of each expert; default the stack's "
+                                        "ffn_size")
+    routing: Routing = Field("top_k", description="top_k: each token picks its experts (Switch k=1, Mixtral k=2); "
+                             "expert_choice: each expert picks its tokens (Zhou et al. 2022; not for causal stacks)")
+    capacity_factor: float | None = Field(None, gt=0.0, description="assignments per expert = ceil(factor * "
+                                          "tokens * top_k / num_experts), the rest dropped (they pass through "
+                                          "the residual); unset: dropless")
+    normalize: bool = Field(True, description="renormalise the top-k gates to sum to one (Mixtral); false: the "
+                            "router probabilities themselves (Switch)")
+    router_input: RouterInput = Field("hidden", description="hidden: the router reads the layer's hidden "
+                                      "states; word: the stack's input, i.e. the token embeddings (word-vector "
+                                      "routing)")
+    every: int = Field(1, ge=1, description="MoE in every k-th layer (layers k-1, 2k-1, ...); the others get "
+                       "one feed-forward of the expert kind and the stack's ffn_size")
+    shared_experts: int = Field(0, ge=0, description="always-on experts added to the routed output, as one "
+                                "feed-forward of shared_experts * expert_ffn_size (DeepSeek-MoE, Qwen-MoE)")
+    balance_loss_weight: float = Field(0.01, ge=0.0, description="weight of the load-balancing loss moe_balance")
+    z_loss_weight: float = Field(0.0, ge=0.0, description="weight of the router z-loss moe_z (ST-MoE: 0.001)")
+
+
+@FFN_BLOCKS.register("moe")
+class MoEBlock:
+    """A mixture of experts (``moe`` section) in every ``moe.every``-th layer, the expert kind's dense or
+    gated feed-forward in the others."""
+
+    @staticmethod
+    def factory(cfg: Any, model: Any) -> BlockFactory:
+        moe: MoEConfig = cfg.moe_config
+        size = cfg.ffn_size or 4 * model.hidden_size
+        expert_size = moe.expert_ffn_size or size
+        gated = moe.expert == "gated"
+
+        def make(index: int) -> nn.Module:
+            if (index + 1) % moe.every:
+                return FeedForward(model.hidden_size, size, cfg.activation, cfg.bias, gated)
+            return MoE(model.hidden_size, expert_size, moe.num_experts, moe.top_k, activation=cfg.activation,
+                       bias=cfg.bias, gated=gated, routing=moe.routing, capacity_factor=moe.capacity_factor,
+                       normalize=moe.normalize, router_input=moe.router_input,
+                       shared_ffn_size=moe.shared_experts * expert_size, balance_loss_weight=moe.balance_loss_weight,
+                       z_loss_weight=moe.z_loss_weight)
+
+        return make

@@ -13,7 +13,7 @@ from pydantic import Field
 from torch import Tensor
 
 from pentad.components.base import Encoder
-from pentad.components.blocks import FFN_BLOCKS
+from pentad.components.blocks import FFN_BLOCKS, MoEConfig
 from pentad.config.base import StrictModel
 from pentad.layers.activations import ACTIVATION_NAMES
 from pentad.layers.cache import KVCache
@@ -37,6 +37,8 @@ class TransformerStackConfig(StrictModel):
     ffn_size: int | None = Field(None, ge=1, description="feed-forward width; default 4 * hidden_size")
     ffn: FfnKind = Field("dense", description="feed-forward block (components/blocks.py): dense down(act(up x)); "
                          "gated down(act(gate x) * up x), i.e. SwiGLU with silu, GeGLU with gelu")
+    moe: MoEConfig | None = Field(None, description="the mixture of experts of ffn: moe (docs/moe.md); default "
+                                  "8 experts, top-2, gated, dropless")
     activation: Activation = "gelu"
     norm: Norm = Field("layernorm", description=f"the layers' norms: {NORM_DESCRIPTION}")
     norm_position: Literal["post", "pre"] = "post"
@@ -78,7 +80,32 @@ class TransformerStackConfig(StrictModel):
                                            f"got {rot}"))
         if self.rotary_dim is not None and self.positions != "rotary":
             problems.append(("rotary_dim", f"set but positions is '{self.positions}', not 'rotary'"))
+        problems += self._moe_problems()
         return problems
+
+    def causal(self) -> bool:
+        """Whether a position must not see later ones (a decoder always; an encoder by its mask)."""
+        return True
+
+    def _moe_problems(self) -> list[tuple[str, str]]:
+        if self.ffn != "moe":
+            return [("moe", f"set, but ffn is '{self.ffn}'; set ffn: moe to use it")] if self.moe is not None else []
+        moe = self.moe_config
+        problems = []
+        if moe.top_k > moe.num_experts:
+            problems.append(("moe.top_k", f"{moe.top_k} experts per token, but there are only {moe.num_experts}"))
+        if moe.every > self.num_layers:
+            problems.append(("moe.every", f"{moe.every} is more than num_layers {self.num_layers}: no layer would "
+                                          "have experts"))
+        if moe.routing == "expert_choice" and self.causal():
+            problems.append(("moe.routing", "expert_choice compares all tokens of a batch, so a position's output "
+                                            "would depend on later positions; use top_k in a causal stack"))
+        return problems
+
+    @property
+    def moe_config(self) -> MoEConfig:
+        """The ``moe`` section, or its defaults when ``ffn: moe`` leaves it out."""
+        return self.moe if self.moe is not None else MoEConfig()
 
     def stack_kwargs(self, model: Any, cross_attention: bool = False) -> dict[str, Any]:
         """Keyword arguments of ``TransformerStack`` (everything except the mask): the block factories
@@ -99,6 +126,9 @@ class TransformerStackConfig(StrictModel):
 class TransformerEncoderConfig(TransformerStackConfig):
     type: Literal["transformer"] = "transformer"
     mask: Literal["bidirectional", "causal", "prefix"] = "bidirectional"
+
+    def causal(self) -> bool:
+        return self.mask != "bidirectional"
 
 
 @ENCODERS.register("transformer")
