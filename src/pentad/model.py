@@ -17,6 +17,7 @@ from pentad.components.base import (
 )
 from pentad.layers.block import Block
 from pentad.layers.cache import KVCache
+from pentad.layers.moe import MoE
 from pentad.layers.norms import make_norm
 
 
@@ -193,6 +194,18 @@ def aux_loss(outputs: dict[str, TargetOutput]) -> Tensor | float:
     if not values:
         return 0.0
     return torch.stack(values).sum() if len(values) > 1 else values[0]
+
+
+def count_active_parameters(model: nn.Module) -> int:
+    """Parameters one token passes through: the unique total less, in each mixture of experts, the
+    experts a token does not use (N - k of N; expert choice: k is the mean experts per token).
+    Equals ``count_parameters`` for a model without experts."""
+    total = count_parameters(model)
+    for module in model.modules():
+        if isinstance(module, MoE):
+            per_expert = sum(p.numel() for p in module.experts.parameters()) // module.num_experts
+            total -= per_expert * (module.num_experts - module.top_k)
+    return total
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -33,7 +33,13 @@ def _stack(cfg: Any, hidden: int) -> str:
         extra = ", ".join(f"{k}={v}" for k, v in cfg.model_dump().items() if k in shown and v not in (None, False))
         return f"{cfg.type} ({extra})" if extra else cfg.type
     heads = f"{cfg.num_heads} heads" + (f" / {cfg.num_kv_heads} kv" if cfg.num_kv_heads else "")
-    bits = [f"{cfg.num_layers}×{hidden}", heads, f"{cfg.ffn} {cfg.activation}", f"{cfg.norm_position}-{cfg.norm}"]
+    ffn = cfg.ffn
+    if ffn == "moe":
+        moe = cfg.moe_config
+        ffn = (f"moe {moe.num_experts}×{moe.expert} " + ("expert-choice" if moe.routing == "expert_choice"
+                                                          else f"top-{moe.top_k}")
+               + (f" every {moe.every}" if moe.every > 1 else ""))
+    bits = [f"{cfg.num_layers}×{hidden}", heads, f"{ffn} {cfg.activation}", f"{cfg.norm_position}-{cfg.norm}"]
     if getattr(cfg, "mask", None):
         bits.append(cfg.mask)
     if cfg.positions != "none":
@@ -53,13 +59,14 @@ def _embedding(slot: Any, width: int | None) -> str:
 def rows() -> list[dict[str, str]]:
     from pentad.builder import build_model
     from pentad.config.loader import load_config, zoo_names
-    from pentad.model import count_parameters
+    from pentad.model import count_active_parameters, count_parameters
 
     table = []
     for name in zoo_names():
         cfg = load_config(name)
         m = cfg.model
-        count = count_parameters(build_model(m, device="meta"))
+        model = build_model(m, device="meta")
+        count, active = count_parameters(model), count_active_parameters(model)
         slots = [_embedding(m.embedding, m.embedding_size), _stack(m.encoder, m.hidden_size)]
         if m.decoder is not None:
             slots += [_embedding(m.target_embedding, None), _stack(m.decoder, m.hidden_size)]
@@ -67,7 +74,8 @@ def rows() -> list[dict[str, str]]:
         entry = published().get(name, {})
         figure = entry.get("source", "")
         table.append({"recipe": name, "modules": " → ".join(slots), "objective": cfg.data.objective.type,
-                      "parameters": f"{count:,}", "published": figure})
+                      "parameters": f"{count:,}" + (f" ({active:,} active)" if active != count else ""),
+                      "published": figure})
     return table
 
 

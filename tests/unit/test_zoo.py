@@ -19,7 +19,7 @@ from pentad.builder import build_model
 from pentad.components.base import IGNORE_INDEX, Batch
 from pentad.config.loader import load_config, zoo_names
 from pentad.config.model import model_config_class
-from pentad.model import count_parameters, total_loss
+from pentad.model import count_active_parameters, count_parameters, total_loss
 from pentad.training import checkpoint as ckpt
 
 # Size fields shrunk wherever they appear in a model config (nested stream configs included);
@@ -108,6 +108,13 @@ def test_recipe_builds_with_published_parameter_count(name):
         expected = float(entry["params"])
         assert abs(params - expected) <= entry["tolerance"] * expected + 0.5, \
             f"{name}: {params:,} parameters, published {expected:,.0f} ({entry['source']})"
+    active = count_active_parameters(model)
+    if entry.get("active") is not None:  # mixtures of experts: parameters a token passes through
+        expected = float(entry["active"])
+        assert abs(active - expected) <= entry["active_tolerance"] * expected + 0.5, \
+            f"{name}: {active:,} active parameters, published {expected:,.0f} ({entry['source']})"
+    else:
+        assert active == params, f"{name} has experts: add its published active parameter count"
 
 
 def test_published_table_names_only_recipes():
