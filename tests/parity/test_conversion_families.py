@@ -19,7 +19,18 @@ import json
 
 import pytest
 import torch
-from tests.unit.interop.helpers import ALBERT, BART, BLOOM, LLAMA, PEGASUS, T5, T5_V1_1, make_run, variant
+from tests.unit.interop.helpers import (
+    ALBERT,
+    BART,
+    BLOOM,
+    LLAMA,
+    MIXTRAL,
+    PEGASUS,
+    T5,
+    T5_V1_1,
+    make_run,
+    variant,
+)
 
 from pentad.builder import build_model
 from pentad.components.base import Batch
@@ -63,6 +74,13 @@ def llama_config(**over):
                                        "num_key_value_heads": 2, "max_position_embeddings": POSITIONS, **over})
 
 
+def mixtral_config(**over):
+    return transformers.MixtralConfig(**{"vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": FFN,
+                                         "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
+                                         "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
+                                         "max_position_embeddings": POSITIONS, **over})
+
+
 def albert_config(**over):
     return transformers.AlbertConfig(**{"vocab_size": VOCAB, "embedding_size": 16, "hidden_size": HIDDEN,
                                         "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
@@ -90,6 +108,10 @@ CASES = [
     ("llama-tied", "LlamaForCausalLM", lambda: llama_config(num_key_value_heads=HEADS, tie_word_embeddings=True,
                                                            rope_theta=500.0), {"lm": "logits"}, None),
     ("llama-model", "LlamaModel", llama_config, {}, None),
+    ("mixtral", "MixtralForCausalLM", mixtral_config, {"lm": "logits"}, None),
+    ("mixtral-top1-tied", "MixtralForCausalLM",
+     lambda: mixtral_config(num_experts_per_tok=1, tie_word_embeddings=True, router_aux_loss_coef=0.02),
+     {"lm": "logits"}, None),
     ("bloom", "BloomForCausalLM",
      lambda: transformers.BloomConfig(vocab_size=VOCAB, hidden_size=HIDDEN, n_layer=LAYERS, n_head=HEADS),
      {"lm": "logits"}, None),
@@ -206,11 +228,13 @@ def test_hf_to_pentad_to_hf_is_bitwise(tmp_path, case):
     ("t5", T5, "AutoModelForSeq2SeqLM"), ("t5", T5_V1_1, "AutoModelForSeq2SeqLM"),
     ("bart", BART, "AutoModelForSeq2SeqLM"), ("pegasus", PEGASUS, "AutoModelForSeq2SeqLM"),
     ("llama", LLAMA, "AutoModelForCausalLM"), ("bloom", BLOOM, "AutoModelForCausalLM"),
+    ("mixtral", MIXTRAL, "AutoModelForCausalLM"),
     ("albert", ALBERT, "AutoModelForPreTraining"),
     ("albert", variant(ALBERT, targets=[{"type": "cls", "num_labels": 4}]), "AutoModelForSequenceClassification"),
     ("albert", variant(ALBERT, targets=[{"type": "tagger", "num_labels": 4}]), "AutoModelForTokenClassification"),
     ("albert", variant(ALBERT, targets=[{"type": "span"}]), "AutoModelForQuestionAnswering"),
-], ids=["t5", "t5-v1_1", "bart", "pegasus", "llama", "bloom", "albert", "albert-cls", "albert-token", "albert-qa"])
+], ids=["t5", "t5-v1_1", "bart", "pegasus", "llama", "bloom", "mixtral", "albert", "albert-cls", "albert-token",
+        "albert-qa"])
 def test_pentad_to_hf_loads_with_auto_classes(tmp_path, family, model, auto):
     make_run(tmp_path / "run", model)
     report = convert("pentad-to-hf", tmp_path / "run", tmp_path / "hf", verify=True)  # family guessed

@@ -1,6 +1,6 @@
 """Generation parity with Hugging Face ``generate``: the same random-init models, converted with
-``pentad convert hf-to-pentad``, give the same greedy tokens, beam hypotheses (tokens and scores),
-samples (same seed) and repetition-penalised tokens.
+``pentad convert hf-to-pentad`` (Mixtral's mixture of experts included), give the same greedy
+tokens, beam hypotheses (tokens and scores), samples (same seed) and repetition-penalised tokens.
 
 Decoder-only prompts are a left-padded batch of different lengths (HF is given the attention mask;
 both derive positions from it); encoder-decoder sources are right-padded. HF fills finished rows
@@ -52,6 +52,10 @@ def _hf_config(family: str) -> Any:
         return t.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                              bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    if family == "mixtral":
+        return t.MixtralConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                               max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if family == "bloom":
         return t.BloomConfig(vocab_size=96, hidden_size=32, n_layer=2, n_head=4, bos_token_id=1, eos_token_id=2,
                              pad_token_id=0)
@@ -67,9 +71,10 @@ def _hf_config(family: str) -> Any:
     raise AssertionError(family)
 
 
-HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "bloom": "BloomForCausalLM",
+HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM",
+              "bloom": "BloomForCausalLM",
               "t5": "T5ForConditionalGeneration", "bart": "BartForConditionalGeneration"}
-SCALES = {"gpt2": 0.3, "llama": 0.3, "bloom": 1.0, "t5": 1.0, "bart": 0.3}  # picked by trying a few
+SCALES = {"gpt2": 0.3, "llama": 0.3, "mixtral": 0.3, "bloom": 1.0, "t5": 1.0, "bart": 0.3}  # picked by trying a few
 
 
 class Pair:
@@ -108,7 +113,7 @@ class Pair:
         return ours, new, theirs
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama", "t5", "bart", "bloom"])
+@pytest.fixture(scope="module", params=["gpt2", "llama", "mixtral", "t5", "bart", "bloom"])
 def pair(request, tmp_path_factory) -> Pair:
     return Pair(request.param, tmp_path_factory.mktemp(request.param))
 

@@ -173,7 +173,7 @@ def convert(direction: str, in_dir: str | Path, out_dir: str | Path, family: str
     """Convert the model in ``in_dir`` into ``out_dir`` (created; must not hold files yet).
 
     family: HF family (``bert``, ``roberta``, ``xlm-roberta``, ``gpt2``, ``albert``, ``t5``, ``bart``,
-    ``pegasus``, ``llama``, ``bloom``); by default the one ``config.json`` names (import) or the one
+    ``pegasus``, ``llama``, ``mixtral``, ``bloom``); by default the one ``config.json`` names (import) or the one
     recorded / guessed from the pentad config (export).
     allow_norm_change: ``pentad-to-hf`` of a model with TencentPretrain's LayerNorm
     (``layernorm_unbiased``), which Hugging Face has no equivalent of, is refused with the measured
@@ -357,6 +357,8 @@ def guess_family(model_cfg: Any) -> str:
             return "t5"
         return "pegasus" if "sinusoidal" in parts else "bart"
     if getattr(enc, "mask", None) == "causal" or any(t.type == "lm" for t in model_cfg.targets):
+        if positions == "rotary" and getattr(enc, "ffn", None) == "moe":
+            return "mixtral"
         return {"rotary": "llama", "alibi": "bloom"}.get(positions, "gpt2")
     if getattr(enc, "share_layers", False) or model_cfg.embedding_size not in (None, model_cfg.hidden_size):
         return "albert"

@@ -25,6 +25,8 @@ name                 pentad : foreign       what it does (import direction; the 
 ``heads_qkv:A``      1 : 1                  a fused projection whose rows are grouped per head
                                             ([q_h; k_h; v_h] for each of the A heads: BLOOM) <->
                                             pentad's [q; k; v]
+``stack_experts``    1 : N                  N per-expert matrices (``experts.E.w1.weight``, each [F, H]) <->
+                                            pentad's stacked expert tensor [N, F, H]; the export unstacks
 ``row_vector``       1 : 1                  a [1, N] table (BART's ``final_logits_bias``) <-> [N]
 ``rotate_rows:N``    1 : 1                  a table whose first N rows pentad keeps last (the padding
                                             row of TencentPretrain's segment table, when pentad keeps all
@@ -242,6 +244,20 @@ class FuseKV(Transform):
         return [part.clone() for part in ours[0].chunk(2, dim=0)]
 
 
+class StackExperts(Transform):
+    """N per-expert tensors, each [rows, cols] <-> one stacked [N, rows, cols] (mixture of experts)."""
+
+    n_theirs = None
+
+    def to_ours(self, theirs: list[Tensor]) -> tuple[list[Tensor], Tensor | None]:
+        if len({tuple(t.shape) for t in theirs}) != 1:
+            raise ValueError(f"expert shapes differ: {sorted({tuple(t.shape) for t in theirs})}")
+        return [torch.stack(theirs)], None
+
+    def to_theirs(self, ours: list[Tensor], extra: Tensor | None) -> list[Tensor]:
+        return [part.clone() for part in ours[0].unbind(0)]
+
+
 class HeadsQKV(Transform):
     """One fused projection whose rows are grouped per head, [q_h; k_h; v_h] for h = 0..A-1
     (BLOOM's ``query_key_value``), <-> pentad's [q; k; v]."""
@@ -431,7 +447,7 @@ def get_transform(name: str) -> Transform:
         return GatedConvPair(params[0])
     table: dict[str, Transform] = {"copy": Copy(), "tied": Tied(), "shadow": Shadow(), "ignore": Ignore(),
                                    "fuse_qkv": FuseQKV(), "fuse_kv": FuseKV(), "row_vector": RowVector(),
-                                   "conv1d": Conv1D(), "seg_pad_row": LeadingRows(1)}
+                                   "conv1d": Conv1D(), "seg_pad_row": LeadingRows(1), "stack_experts": StackExperts()}
     if base not in table or params:
         raise ValueError(f"unknown key-map transform {name!r}; known: {', '.join(table)}, leading_rows:N, "
                          "rotate_rows:N, heads_qkv:A, fuse_qkv:A:K[:meta], sinusoidal:P:D, "

@@ -84,6 +84,10 @@ LLAMA: dict[str, Any] = {
                 "layer_norm_eps": 1e-6, "positions": "rotary", "rotary_base": 10000.0},
     "targets": [{"type": "lm"}],
 }
+MIXTRAL: dict[str, Any] = {
+    **LLAMA, "encoder": {**LLAMA["encoder"], "ffn": "moe", "layer_norm_eps": 1e-5,
+                         "moe": {"num_experts": 4, "top_k": 2, "balance_loss_weight": 0.02}},
+}
 BLOOM: dict[str, Any] = {
     "hidden_size": H, "vocab_size": 60, "max_seq_length": POSITIONS, "tie_word_embeddings": True,
     "embedding": {"parts": ["word"], "norm": True, "layer_norm_eps": 1e-5, "dropout": 0.0},
@@ -124,6 +128,7 @@ PENTAD_MODELS = [
     ("pegasus", "pegasus", PEGASUS),
     ("llama", "llama", LLAMA),
     ("llama-tied", "llama", variant(LLAMA, tie_word_embeddings=True)),
+    ("mixtral", "mixtral", MIXTRAL),
     ("bloom", "bloom", BLOOM),
 ]
 

@@ -6,7 +6,7 @@ weights (``model.safetensors``, sharded safetensors with ``model.safetensors.ind
 WordPiece, ``vocab.json`` + ``merges.txt`` for byte-level BPE, ``tokenizer_config.json``).
 
 One module per family (:mod:`.bert`, :mod:`.roberta`, :mod:`.gpt2`, :mod:`.albert`, :mod:`.t5`,
-:mod:`.bart`, :mod:`.pegasus`, :mod:`.llama`, :mod:`.bloom`) holds its key map (data, see
+:mod:`.bart`, :mod:`.pegasus`, :mod:`.llama`, :mod:`.mixtral`, :mod:`.bloom`) holds its key map (data, see
 :mod:`pentad.interop.keymap`) and translates ``config.json`` <-> pentad's model config both ways.
 Reading and writing HF files needs no ``transformers`` install; only ``--verify`` runs it.
 SentencePiece tokenizers (``spiece.model``, ``tokenizer.model``, XLM-R's ``sentencepiece.bpe.model``)
@@ -197,6 +197,8 @@ def guess_layout(keys: set[str] | dict[str, Any]) -> str | None:
         return "t5"
     if any("self_attention.query_key_value" in k or "word_embeddings_layernorm" in k for k in keys):
         return "bloom"
+    if any(".block_sparse_moe." in k for k in keys):
+        return "mixtral"
     if any(".mlp.gate_proj." in k for k in keys):
         return "llama"
     if any("encoder_attn.q_proj" in k for k in keys):

@@ -1,0 +1,181 @@
+"""Mixtral (``model_type: mixtral``: ``MixtralForCausalLM``), both ways.
+
+A LLaMA body (:mod:`pentad.interop.hf.llama`: fused ``qkv`` from ``q_proj``/``k_proj``/``v_proj``,
+RMSNorm, rotary positions) whose feed-forwards are sparse mixtures of SwiGLU experts: pentad
+``ffn: moe`` with ``moe: {num_experts: num_local_experts, top_k: num_experts_per_tok, expert: gated,
+normalize: true}`` and no capacity (dropless), as Mixtral routes. Keys, in the layout every
+published Mixtral checkpoint has (and transformers 5 writes back on ``save_pretrained``):
+
+* ``block_sparse_moe.gate.weight`` [N, H] -> ``ffn.router.weight``;
+* ``block_sparse_moe.experts.E.w1`` (gate), ``w3`` (up) [F, H] and ``w2`` (down) [H, F] for each
+  expert E -> stacked ``ffn.experts.gate``, ``ffn.experts.up`` [N, F, H] and ``ffn.experts.down``
+  [N, H, F] (transform ``stack_experts``).
+
+``router_aux_loss_coef`` weighs a load-balancing loss that sums its token fractions over the k
+choices, k times pentad's (whose fractions are over assignments): pentad's ``balance_loss_weight``
+is ``router_aux_loss_coef * num_experts_per_tok``. ``router_jitter_noise`` (training-time input
+noise) has no pentad counterpart and must be 0; sliding-window attention is not converted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pentad.errors import UserError
+from pentad.interop.hf import (
+    ExportPlan,
+    ImportPlan,
+    activation,
+    activation_name,
+    hinted_problems,
+    merge_config,
+    seq_length,
+    stack_problems,
+)
+from pentad.interop.hf.llama import BODY, HEADS, LlamaFamily, rope
+from pentad.interop.keymap import Rule, RuleSpec, expand
+
+ATTENTION: list[RuleSpec] = [
+    ("encoder.layers.{layer}.attention.qkv.weight",
+     ("{p}layers.{layer}.self_attn.q_proj.weight", "{p}layers.{layer}.self_attn.k_proj.weight",
+      "{p}layers.{layer}.self_attn.v_proj.weight"), "fuse_qkv:{heads}:{kv_heads}"),
+    ("encoder.layers.{layer}.attention.out.weight", "{p}layers.{layer}.self_attn.o_proj.weight"),
+    ("encoder.layers.{layer}.attention_norm.weight", "{p}layers.{layer}.input_layernorm.weight"),
+    ("encoder.layers.{layer}.ffn.router.weight", "{p}layers.{layer}.block_sparse_moe.gate.weight"),
+    ("encoder.layers.{layer}.ffn_norm.weight", "{p}layers.{layer}.post_attention_layernorm.weight"),
+]
+EXPERTS = (("gate", "w1"), ("up", "w3"), ("down", "w2"))
+
+DEFAULTS: dict[str, Any] = {
+    "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": None, "hidden_act": "silu",
+    "max_position_embeddings": 4096 * 32, "initializer_range": 0.02, "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False, "attention_dropout": 0.0, "num_experts_per_tok": 2, "num_local_experts": 8,
+    "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0, "sliding_window": None,
+}
+OWNED = ("architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+         "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings",
+         "initializer_range", "rms_norm_eps", "tie_word_embeddings", "attention_dropout", "num_experts_per_tok",
+         "num_local_experts", "router_aux_loss_coef", "router_jitter_noise", "sliding_window", "rope_theta",
+         "rope_parameters", "rope_scaling", "output_router_logits")
+SUPPORTED = ("MixtralForCausalLM",)
+
+
+class MixtralFamily(LlamaFamily):
+    name = "mixtral"
+    model_types = ("mixtral",)
+
+    def rules(self, *, prefix: str, num_layers: int, heads: int, kv_heads: int, experts: int,  # type: ignore[override]
+              head: str, lm: str) -> list[Rule]:
+        stacked: list[RuleSpec] = [
+            (f"encoder.layers.{{layer}}.ffn.experts.{ours}",
+             tuple(f"{{p}}layers.{{layer}}.block_sparse_moe.experts.{e}.{theirs}.weight" for e in range(experts)),
+             "stack_experts")
+            for ours, theirs in EXPERTS]
+        return expand(BODY + ATTENTION + stacked + HEADS[head], p=prefix, layer=range(num_layers), heads=heads,
+                      kv_heads=kv_heads, lm=lm)
+
+    def plan_import(self, config: dict[str, Any], keys: dict[str, tuple[int, ...]], label: str,
+                    max_length: int | None) -> ImportPlan:
+        c = {**DEFAULTS, **config}
+        problems = hinted_problems(config, SUPPORTED)
+        act = activation(c["hidden_act"], problems)
+        base = rope(config, problems)
+        if c["sliding_window"] is not None:
+            problems.append(f"sliding_window {c['sliding_window']} (pentad's attention is not windowed)")
+        if float(c["router_jitter_noise"]):
+            problems.append(f"router_jitter_noise {c['router_jitter_noise']} (pentad's router adds no noise)")
+        if problems:
+            raise UserError(f"cannot convert {label} (mixtral): " + "; ".join(problems) + ".")
+        hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+        kv_heads = int(c["num_key_value_heads"] or heads)
+        head = int(c["head_dim"] or hidden // heads)
+        experts, top_k = int(c["num_local_experts"]), int(c["num_experts_per_tok"])
+        encoder: dict[str, Any] = {
+            "type": "transformer", "num_layers": int(c["num_hidden_layers"]), "num_heads": heads,
+            "ffn_size": int(c["intermediate_size"]), "ffn": "moe", "activation": act, "norm": "rmsnorm",
+            "norm_position": "pre", "final_norm": True, "mask": "causal", "dropout": 0.0,
+            "attention_dropout": float(c["attention_dropout"]), "bias": False,
+            "layer_norm_eps": float(c["rms_norm_eps"]), "positions": "rotary", "rotary_base": base,
+            "moe": {"num_experts": experts, "top_k": top_k, "expert": "gated", "normalize": True,
+                    "balance_loss_weight": float(c["router_aux_loss_coef"]) * top_k}}
+        if kv_heads != heads:
+            encoder["num_kv_heads"] = kv_heads
+        if head * heads != hidden:
+            encoder["head_size"] = head
+        tied = bool(c["tie_word_embeddings"])
+        model = {
+            "hidden_size": hidden, "vocab_size": int(c["vocab_size"]),
+            "max_seq_length": seq_length(max_length, int(c["max_position_embeddings"])),
+            "tie_word_embeddings": tied, "init_std": float(c["initializer_range"]),
+            "embedding": {"parts": [{"type": "word"}], "norm": False, "dropout": 0.0},
+            "encoder": encoder, "targets": [{"type": "lm"}],
+        }
+        rules = self.rules(prefix="model.", num_layers=encoder["num_layers"], heads=heads, kv_heads=kv_heads,
+                           experts=experts, head="tied" if tied else "untied", lm="lm")
+        return ImportPlan(model, rules, "MixtralForCausalLM", [], [])
+
+    def plan_export(self, model: Any, *, label: str, model_type: str | None, base_config: dict[str, Any] | None,
+                    omittable: set[str], pad_id: int | None, eos_id: int | None,
+                    labels: list[str] | None) -> ExportPlan:
+        problems: list[str] = []
+        enc = model.encoder
+        if model.decoder is not None:
+            problems.append("the model has a decoder; Mixtral is decoder-only (one causal stack)")
+        if [p.type for p in model.embedding.parts] != ["word"] or model.embedding.norm or \
+                getattr(model.embedding.parts[0], "scale", False):
+            problems.append("model.embedding must be an unscaled word table alone without a norm")
+        final = enc.final_norm if enc.final_norm is not None else enc.norm_position == "pre"
+        if enc.type != "transformer" or enc.norm_position != "pre" or not final or enc.mask != "causal":
+            problems.append("model.encoder must be a pre-norm causal transformer with a final norm")
+        else:
+            problems += stack_problems(enc, "model.encoder", "mixtral", model.hidden_size, grouped=True,
+                                       head_size=True, norm=enc.norm if enc.norm in ("rmsnorm", "t5") else "rmsnorm",
+                                       ffn="moe", positions="rotary", bias=False)
+            moe = enc.moe_config
+            want = {"routing": "top_k", "expert": "gated", "normalize": True, "capacity_factor": None,
+                    "router_input": "hidden", "every": 1, "shared_experts": 0}
+            problems += [f"model.encoder.moe.{k} is {getattr(moe, k)!r} where mixtral has {v!r}"
+                         for k, v in want.items() if getattr(moe, k) != v]
+        targets = list(model.targets)
+        if len(targets) != 1 or targets[0].type != "lm" or targets[0].bias or targets[0].scale_hidden:
+            problems.append(f"targets {[t.type for t in targets]}: Mixtral has one lm head without a bias")
+        base = dict(base_config or {})
+        act = activation_name(base.get("hidden_act"), enc.activation)
+        if act is None:
+            problems.append(f"activation '{enc.activation}' has no HF name")
+        if problems:
+            raise UserError(f"cannot export {label} as mixtral: " + "; ".join(problems) + ".")
+        heads = enc.num_heads
+        moe = enc.moe_config
+        config: dict[str, Any] = {
+            "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": model.vocab_size,
+            "hidden_size": model.hidden_size,
+            "intermediate_size": moe.expert_ffn_size or enc.ffn_size or 4 * model.hidden_size,
+            "num_hidden_layers": enc.num_layers, "num_attention_heads": heads,
+            "num_key_value_heads": enc.num_kv_heads or heads, "head_dim": enc.head_size,
+            "hidden_act": act, "max_position_embeddings": model.max_seq_length,
+            "initializer_range": model.init_std, "rms_norm_eps": float(enc.layer_norm_eps),
+            "tie_word_embeddings": model.tie_word_embeddings,
+            "attention_dropout": float(enc.attention_dropout if enc.attention_dropout is not None else enc.dropout),
+            "num_local_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
+            "router_aux_loss_coef": moe.balance_loss_weight / moe.top_k, "router_jitter_noise": 0.0,
+            "output_router_logits": False, "sliding_window": None,
+            "rope_parameters": {"rope_theta": float(enc.rotary_base), "rope_type": "default"},
+        }
+        if "rope_theta" in base and "rope_parameters" not in base:
+            del config["rope_parameters"]
+            config["rope_theta"] = float(enc.rotary_base)
+        if "max_position_embeddings" in base and int(base["max_position_embeddings"]) >= model.max_seq_length:
+            config["max_position_embeddings"] = base["max_position_embeddings"]
+        for key, value in (("bos_token_id", None), ("eos_token_id", eos_id)):
+            if key not in base and value is not None:
+                config[key] = value
+        config = merge_config(base, OWNED, config)
+        rules = self.rules(prefix="model.", num_layers=enc.num_layers, heads=heads, kv_heads=enc.num_kv_heads or heads,
+                           experts=moe.num_experts, head="tied" if model.tie_word_embeddings else "untied",
+                           lm=targets[0].target_name)
+        return ExportPlan(config, rules, "MixtralForCausalLM", set(), [])
+
+
+FAMILY = MixtralFamily()
