@@ -26,7 +26,8 @@ def _gradients(name: str, recompute: bool) -> tuple[torch.Tensor, dict[str, torc
 
 
 @pytest.mark.parametrize("name", [n for n in zoo_names() if n.split("/")[0] in
-                                  ("bert", "gpt2", "t5", "llama", "bart", "albert", "cnn", "sbert")])
+                                  ("bert", "gpt2", "t5", "llama", "bart", "albert", "cnn", "sbert", "mixtral",
+                                   "switch")])
 def test_recomputed_blocks_give_bitwise_equal_gradients(name):
     loss, grads, blocks = _gradients(name, recompute=False)
     if blocks == 0:
