@@ -268,7 +268,7 @@ def check_requirements(model: Model, provided: set[str], training: bool = True) 
 
 def summarize(model: Model) -> str:
     """Modules per slot with their parameter counts, and the unique total (tied weights once)."""
-    from pentad.model import count_parameters
+    from pentad.model import count_active_parameters, count_parameters
 
     def n(m: nn.Module) -> str:
         return f"{sum(p.numel() for p in m.parameters()):,}"
@@ -293,5 +293,6 @@ def summarize(model: Model) -> str:
     lines.append("targets: " + ", ".join(f"{name}: {t.registry_name} ({n(t)})" for name, t in model.targets.items()))
     if model.tied:
         lines.append("tied: " + ", ".join(f"{a} = {b}" for a, b in model.tied))
-    lines.append(f"parameters: {count_parameters(model):,}")
+    total, active = count_parameters(model), count_active_parameters(model)
+    lines.append(f"parameters: {total:,}" + (f" ({active:,} active per token)" if active != total else ""))
     return "\n".join(lines)

@@ -146,9 +146,9 @@ class MoE(Block):
         if padding_mask is not None:
             rows = (~padding_mask.reshape(-1)).nonzero().squeeze(1)
             flat, route = flat.index_select(0, rows), route.index_select(0, rows)
-        if flat.shape[0] == 0:  # every position is padding
+        if flat.shape[0] == 0:  # every position is padding: zeros, with every parameter in the graph
             self._aux = ({}, {})
-            out = torch.zeros_like(x)
+            out = torch.zeros_like(x) + 0.0 * sum(p.sum() for p in self.parameters() if p.requires_grad)
             return out + self.shared(x) if self.shared is not None else out
         logits = F.linear(route.float(), self.router.weight.float())  # [T, N] in fp32
         probs = logits.softmax(dim=-1)
@@ -191,9 +191,10 @@ class MoE(Block):
         order = expert.argsort(stable=True)
         expert, token, gate = expert[order], token[order], gate[order]
         counts = torch.bincount(expert, minlength=n).tolist()  # one host sync per layer: the split sizes
-        outputs = [self.experts.one(chunk, e) for e, chunk in enumerate(x.index_select(0, token).split(counts))
-                   if counts[e]]
-        routed = torch.cat(outputs) if outputs else x.new_zeros(0, x.shape[1])
+        # every expert runs, an idle one on no rows: its parameters stay in the graph with zero gradients
+        # (ddp expects a gradient for every parameter)
+        routed = torch.cat([self.experts.one(chunk, e)
+                            for e, chunk in enumerate(x.index_select(0, token).split(counts))])
         out = torch.zeros_like(x).index_add_(0, token, (routed * gate[:, None].to(routed.dtype)).to(x.dtype))
         return out, losses, {"moe_dropped": torch.tensor(dropped, device=x.device)}
 

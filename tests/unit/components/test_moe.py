@@ -153,6 +153,21 @@ def test_gradients_reach_router_and_experts():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
+def test_idle_experts_get_zero_gradients_not_none():
+    """ddp needs a gradient for every parameter, also of experts no token chose, and of a layer whose
+    rows are all padding."""
+    module = moe(top_k=1)
+    x = tokens(1)
+    module(x).sum().backward()
+    grads = [module.experts.up.grad[e].abs().sum().item() for e in range(N)]
+    assert sum(g > 0 for g in grads) == 1 and sum(g == 0 for g in grads) == N - 1
+    module.zero_grad(set_to_none=True)
+    out = module(x, torch.ones(1, 1, dtype=torch.bool))
+    assert torch.equal(out, torch.zeros_like(out))
+    out.sum().backward()
+    assert all(p.grad is not None for p in module.parameters())
+
+
 def test_expert_choice_each_expert_takes_its_capacity():
     module = moe(routing="expert_choice", capacity_factor=1.0, normalize=False, gated=False)
     _signature_experts(module)
@@ -235,6 +250,12 @@ def test_model_places_experts_every_k_layers_and_trains_with_the_aux_losses():
     assert all(p.grad is not None for p in model.parameters())
     # the builder's initialisation reached the experts (std init_std), the norms are ones
     assert model.encoder.layers[1].ffn.experts.up.std().item() == pytest.approx(0.02, rel=0.3)
+    from pentad.builder import summarize
+    from pentad.model import count_active_parameters, count_parameters
+
+    idle = 2 * 2 * (3 * 16 * 8 + 8 + 16)  # two MoE layers, 4 - 2 idle experts: gate/up/down [8, 16], biases
+    assert count_parameters(model) - count_active_parameters(model) == idle
+    assert f"({count_active_parameters(model):,} active per token)" in summarize(model)
 
 
 def test_cached_decoding_equals_a_full_forward():
