@@ -255,6 +255,11 @@ def rules(model: Any, layout: Layout | bool | None = None) -> list[Rule]:
     if not isinstance(layout, Layout):
         layout = Layout(finetuned=bool(layout))
     problems: list[str] = []
+    for path, stack in (("model.encoder", model.encoder), ("model.decoder", model.decoder)):
+        if getattr(stack, "ffn", None) not in (None, *FEED_FORWARD):
+            raise UserError(f"cannot map this model to TencentPretrain's layout: {path}.ffn is '{stack.ffn}', and "
+                            f"TencentPretrain's feed-forwards are {' and '.join(FEED_FORWARD)} only (it has no "
+                            "mixture of experts); export it to Hugging Face instead (a Mixtral-style decoder).")
     hidden = model.hidden_size
     out = _embedding_specs(model.embedding, "embedding", "embedding", False, problems)
     enc = model.encoder

@@ -279,6 +279,8 @@ def test_config_problems_are_reported():
     text = str(caught.value)
     for key in ("moe.top_k", "moe.every", "moe.routing"):
         assert f"model.encoder.{key}" in text
+    with pytest.raises(ConfigError, match="model.encoder.moe.every.*share_layers"):
+        build_model(config({"every": 2}, share_layers=True), device="meta")
     with pytest.raises(ConfigError, match="set ffn: moe"):
         build_model(config({"num_experts": 2}, ffn="gated"), device="meta")
     assert build_model(config(mask="bidirectional", moe={"routing": "expert_choice"}), device="meta")

@@ -241,3 +241,11 @@ def test_gated_cnn_computes_what_tencentpretrain_computes(tmp_path):
         emb = state["embedding.word.embedding.weight"][tokens]
         theirs = tencentpretrain_gatedcnn(state, emb, layers=4, k=4, block=2)
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+
+
+def test_a_mixture_of_experts_is_refused_with_the_way_out(tmp_path):
+    from tests.unit.interop.helpers import MIXTRAL, make_run
+
+    make_run(tmp_path / "run", MIXTRAL)
+    with pytest.raises(UserError, match="model.encoder.ffn is 'moe'.*no mixture of experts.*Hugging Face"):
+        convert("pentad-to-tencentpretrain", tmp_path / "run", tmp_path / "tp")

@@ -97,6 +97,9 @@ class TransformerStackConfig(StrictModel):
         if moe.every > self.num_layers:
             problems.append(("moe.every", f"{moe.every} is more than num_layers {self.num_layers}: no layer would "
                                           "have experts"))
+        if moe.every > 1 and self.share_layers:
+            problems.append(("moe.every", f"{moe.every} with share_layers: the one shared layer is layer 0, which "
+                                          "would get no experts; use every: 1"))
         if moe.routing == "expert_choice" and self.causal():
             problems.append(("moe.routing", "expert_choice compares all tokens of a batch, so a position's output "
                                             "would depend on later positions; use top_k in a causal stack"))
