@@ -88,6 +88,21 @@ def _signature_experts(module: MoE) -> None:
         module.experts.down_bias.copy_(torch.eye(N, H))
 
 
+@pytest.mark.parametrize("top_k,normalize", [(1, False), (2, False), (2, True), (3, True)])
+def test_each_token_goes_to_k_distinct_experts_with_the_stated_gates(top_k, normalize):
+    module = moe(top_k=top_k, normalize=normalize, gated=False)
+    _signature_experts(module)  # output row = sum over the token's experts of gate * one-hot(expert)
+    x = tokens(16)
+    out = module(x)[0, :, :N]
+    assert ((out > 0).sum(-1) == top_k).all()  # k distinct experts per token
+    probs = (x[0] @ module.router.weight.t()).softmax(-1)
+    top = probs.topk(top_k)
+    torch.testing.assert_close(out.gather(1, top.indices), top.values / top.values.sum(-1, keepdim=True)
+                               if normalize else top.values)
+    if normalize:
+        torch.testing.assert_close(out.sum(-1), torch.ones(16))
+
+
 @pytest.mark.parametrize("top_k,factor", [(1, 1.0), (2, 1.0), (2, 0.5), (1, 0.25)])
 def test_capacity_is_respected_in_priority_order_and_dropped_tokens_pass_through(top_k, factor):
     module = moe(top_k=top_k, capacity_factor=factor, normalize=False, gated=False)
