@@ -26,6 +26,7 @@ from tests.unit.interop.helpers import (
     LLAMA,
     MIXTRAL,
     PEGASUS,
+    SWITCH,
     T5,
     T5_V1_1,
     make_run,
@@ -81,6 +82,14 @@ def mixtral_config(**over):
                                          "max_position_embeddings": POSITIONS, **over})
 
 
+def switch_config(**over):
+    return transformers.SwitchTransformersConfig(**{
+        "vocab_size": VOCAB, "d_model": HIDDEN, "d_kv": HIDDEN // HEADS, "d_ff": FFN, "num_layers": 4,
+        "num_sparse_encoder_layers": 2, "num_decoder_layers": 4, "num_sparse_decoder_layers": 2, "num_heads": HEADS,
+        "num_experts": 4, "expert_capacity": 64, "relative_attention_num_buckets": 8,
+        "relative_attention_max_distance": 16, **over})
+
+
 def albert_config(**over):
     return transformers.AlbertConfig(**{"vocab_size": VOCAB, "embedding_size": 16, "hidden_size": HIDDEN,
                                         "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
@@ -109,6 +118,10 @@ CASES = [
                                                            rope_theta=500.0), {"lm": "logits"}, None),
     ("llama-model", "LlamaModel", llama_config, {}, None),
     ("mixtral", "MixtralForCausalLM", mixtral_config, {"lm": "logits"}, None),
+    ("switch", "SwitchTransformersForConditionalGeneration", switch_config, {"lm": "logits"}, None),
+    ("switch-all-sparse", "SwitchTransformersForConditionalGeneration",
+     lambda: switch_config(num_sparse_encoder_layers=4, num_sparse_decoder_layers=1, router_jitter_noise=0.0),
+     {"lm": "logits"}, None),
     ("mixtral-top1-tied", "MixtralForCausalLM",
      lambda: mixtral_config(num_experts_per_tok=1, tie_word_embeddings=True, router_aux_loss_coef=0.02),
      {"lm": "logits"}, None),
@@ -228,13 +241,13 @@ def test_hf_to_pentad_to_hf_is_bitwise(tmp_path, case):
     ("t5", T5, "AutoModelForSeq2SeqLM"), ("t5", T5_V1_1, "AutoModelForSeq2SeqLM"),
     ("bart", BART, "AutoModelForSeq2SeqLM"), ("pegasus", PEGASUS, "AutoModelForSeq2SeqLM"),
     ("llama", LLAMA, "AutoModelForCausalLM"), ("bloom", BLOOM, "AutoModelForCausalLM"),
-    ("mixtral", MIXTRAL, "AutoModelForCausalLM"),
+    ("mixtral", MIXTRAL, "AutoModelForCausalLM"), ("switch_transformers", SWITCH, "AutoModelForSeq2SeqLM"),
     ("albert", ALBERT, "AutoModelForPreTraining"),
     ("albert", variant(ALBERT, targets=[{"type": "cls", "num_labels": 4}]), "AutoModelForSequenceClassification"),
     ("albert", variant(ALBERT, targets=[{"type": "tagger", "num_labels": 4}]), "AutoModelForTokenClassification"),
     ("albert", variant(ALBERT, targets=[{"type": "span"}]), "AutoModelForQuestionAnswering"),
-], ids=["t5", "t5-v1_1", "bart", "pegasus", "llama", "bloom", "mixtral", "albert", "albert-cls", "albert-token",
-        "albert-qa"])
+], ids=["t5", "t5-v1_1", "bart", "pegasus", "llama", "bloom", "mixtral", "switch", "albert", "albert-cls",
+        "albert-token", "albert-qa"])
 def test_pentad_to_hf_loads_with_auto_classes(tmp_path, family, model, auto):
     make_run(tmp_path / "run", model)
     report = convert("pentad-to-hf", tmp_path / "run", tmp_path / "hf", verify=True)  # family guessed

@@ -1,5 +1,6 @@
 """Generation parity with Hugging Face ``generate``: the same random-init models, converted with
-``pentad convert hf-to-pentad`` (Mixtral's mixture of experts included), give the same greedy
+``pentad convert hf-to-pentad`` (the mixtures of experts of Mixtral and Switch Transformers
+included), give the same greedy
 tokens, beam hypotheses (tokens and scores), samples (same seed) and repetition-penalised tokens.
 
 Decoder-only prompts are a left-padded batch of different lengths (HF is given the attention mask;
@@ -63,6 +64,13 @@ def _hf_config(family: str) -> Any:
         return t.T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                           relative_attention_num_buckets=8, relative_attention_max_distance=20,
                           decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    if family == "switch_transformers":
+        return t.SwitchTransformersConfig(vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                          num_sparse_encoder_layers=1, num_decoder_layers=2,
+                                          num_sparse_decoder_layers=1,
+                                          num_heads=4, num_experts=4, relative_attention_num_buckets=8,
+                                          relative_attention_max_distance=20, decoder_start_token_id=0, pad_token_id=0,
+                                          eos_token_id=1)
     if family == "bart":
         return t.BartConfig(vocab_size=96, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                             decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
@@ -73,8 +81,10 @@ def _hf_config(family: str) -> Any:
 
 HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM",
               "bloom": "BloomForCausalLM",
-              "t5": "T5ForConditionalGeneration", "bart": "BartForConditionalGeneration"}
-SCALES = {"gpt2": 0.3, "llama": 0.3, "mixtral": 0.3, "bloom": 1.0, "t5": 1.0, "bart": 0.3}  # picked by trying a few
+              "t5": "T5ForConditionalGeneration", "bart": "BartForConditionalGeneration",
+              "switch_transformers": "SwitchTransformersForConditionalGeneration"}
+SCALES = {"gpt2": 0.3, "llama": 0.3, "mixtral": 0.3, "bloom": 1.0, "t5": 1.0, "bart": 0.3,  # picked by trying a few
+          "switch_transformers": 1.0}
 
 
 class Pair:
@@ -113,7 +123,7 @@ class Pair:
         return ours, new, theirs
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama", "mixtral", "t5", "bart", "bloom"])
+@pytest.fixture(scope="module", params=["gpt2", "llama", "mixtral", "t5", "switch_transformers", "bart", "bloom"])
 def pair(request, tmp_path_factory) -> Pair:
     return Pair(request.param, tmp_path_factory.mktemp(request.param))
 

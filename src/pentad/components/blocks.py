@@ -78,8 +78,10 @@ class MoEConfig(StrictModel):
     router_input: RouterInput = Field("hidden", description="hidden: the router reads the layer's hidden "
                                       "states; word: the stack's input, i.e. the token embeddings (word-vector "
                                       "routing)")
-    every: int = Field(1, ge=1, description="MoE in every k-th layer (layers k-1, 2k-1, ...); the others get "
-                       "one feed-forward of the expert kind and the stack's ffn_size")
+    every: int = Field(1, ge=1, description="MoE in every k-th layer (layers k-1, 2k-1, ... unless first says "
+                       "otherwise); the others get one feed-forward of the expert kind and the stack's ffn_size")
+    first: int | None = Field(None, ge=0, description="index of the first MoE layer, then every every-th; "
+                              "default every - 1 (Hugging Face's Switch Transformers: 1 when every > 1)")
     shared_experts: int = Field(0, ge=0, description="always-on experts added to the routed output, as one "
                                 "feed-forward of shared_experts * expert_ffn_size (DeepSeek-MoE, Qwen-MoE)")
     balance_loss_weight: float = Field(0.01, ge=0.0, description="weight of the load-balancing loss moe_balance")
@@ -99,7 +101,8 @@ class MoEBlock:
         gated = moe.expert == "gated"
 
         def make(index: int) -> nn.Module:
-            if (index + 1) % moe.every:
+            first = moe.every - 1 if moe.first is None else moe.first
+            if index < first or (index - first) % moe.every:
                 return FeedForward(model.hidden_size, size, cfg.activation, cfg.bias, gated)
             return MoE(model.hidden_size, expert_size, moe.num_experts, moe.top_k, activation=cfg.activation,
                        bias=cfg.bias, gated=gated, routing=moe.routing, capacity_factor=moe.capacity_factor,

@@ -354,7 +354,7 @@ def guess_family(model_cfg: Any) -> str:
     positions = getattr(enc, "positions", "none")
     if model_cfg.decoder is not None:
         if positions == "relative":
-            return "t5"
+            return "switch_transformers" if getattr(enc, "ffn", None) == "moe" else "t5"
         return "pegasus" if "sinusoidal" in parts else "bart"
     if getattr(enc, "mask", None) == "causal" or any(t.type == "lm" for t in model_cfg.targets):
         if positions == "rotary" and getattr(enc, "ffn", None) == "moe":

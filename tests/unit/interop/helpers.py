@@ -58,6 +58,12 @@ T5_V1_1: dict[str, Any] = {
     "decoder": {**_T5_STACK, "ffn": "gated", "activation": "gelu_tanh", "head_size": 16},
     "targets": [{"type": "lm"}],
 }
+_SWITCH_MOE = {"num_experts": 4, "top_k": 1, "expert": "dense", "normalize": False, "every": 2,
+               "z_loss_weight": 0.001}
+SWITCH: dict[str, Any] = {
+    **T5, "encoder": {**T5["encoder"], "ffn": "moe", "moe": _SWITCH_MOE},
+    "decoder": {**T5["decoder"], "ffn": "moe", "moe": _SWITCH_MOE},
+}
 _BART_EMBEDDING = {"parts": ["word", {"type": "pos", "max_positions": POSITIONS}], "norm": True,
                    "layer_norm_eps": 1e-5, "dropout": 0.1}
 _BART_STACK = {**_STACK, "activation": "gelu", "norm_position": "post", "dropout": 0.1, "attention_dropout": 0.0,
@@ -129,6 +135,7 @@ PENTAD_MODELS = [
     ("llama", "llama", LLAMA),
     ("llama-tied", "llama", variant(LLAMA, tie_word_embeddings=True)),
     ("mixtral", "mixtral", MIXTRAL),
+    ("switch", "switch_transformers", SWITCH),
     ("bloom", "bloom", BLOOM),
 ]
 

@@ -94,12 +94,15 @@ class TransformerStackConfig(StrictModel):
         problems = []
         if moe.top_k > moe.num_experts:
             problems.append(("moe.top_k", f"{moe.top_k} experts per token, but there are only {moe.num_experts}"))
-        if moe.every > self.num_layers:
-            problems.append(("moe.every", f"{moe.every} is more than num_layers {self.num_layers}: no layer would "
-                                          "have experts"))
-        if moe.every > 1 and self.share_layers:
-            problems.append(("moe.every", f"{moe.every} with share_layers: the one shared layer is layer 0, which "
-                                          "would get no experts; use every: 1"))
+        first = moe.every - 1 if moe.first is None else moe.first
+        if first >= self.num_layers:
+            problems.append(("moe.every" if moe.first is None else "moe.first",
+                             f"the first MoE layer would be layer {first}, but there are {self.num_layers} layers: "
+                             "no layer would have experts"))
+        if first > 0 and self.share_layers:
+            problems.append(("moe.every" if moe.first is None else "moe.first",
+                             f"the first MoE layer is layer {first} with share_layers: the one shared layer is "
+                             "layer 0, which would get no experts; use every: 1"))
         if moe.routing == "expert_choice" and self.causal():
             problems.append(("moe.routing", "expert_choice compares all tokens of a batch, so a position's output "
                                             "would depend on later positions; use top_k in a causal stack"))

@@ -14,7 +14,7 @@ published Mixtral checkpoint has (and transformers 5 writes back on ``save_pretr
 ``router_aux_loss_coef`` weighs a load-balancing loss that sums its token fractions over the k
 choices, k times pentad's (whose fractions are over assignments): pentad's ``balance_loss_weight``
 is ``router_aux_loss_coef * num_experts_per_tok``. ``router_jitter_noise`` (training-time input
-noise) has no pentad counterpart and must be 0; sliding-window attention is not converted.
+noise) has no pentad counterpart (a note says so); sliding-window attention is not converted.
 """
 
 from __future__ import annotations
@@ -83,8 +83,6 @@ class MixtralFamily(LlamaFamily):
         base = rope(config, problems)
         if c["sliding_window"] is not None:
             problems.append(f"sliding_window {c['sliding_window']} (pentad's attention is not windowed)")
-        if float(c["router_jitter_noise"]):
-            problems.append(f"router_jitter_noise {c['router_jitter_noise']} (pentad's router adds no noise)")
         if problems:
             raise UserError(f"cannot convert {label} (mixtral): " + "; ".join(problems) + ".")
         hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
@@ -113,7 +111,11 @@ class MixtralFamily(LlamaFamily):
         }
         rules = self.rules(prefix="model.", num_layers=encoder["num_layers"], heads=heads, kv_heads=kv_heads,
                            experts=experts, head="tied" if tied else "untied", lm="lm")
-        return ImportPlan(model, rules, "MixtralForCausalLM", [], [])
+        notes = []
+        if float(c["router_jitter_noise"]):
+            notes.append(f"router_jitter_noise {c['router_jitter_noise']} (training-time noise on the router input) "
+                         "is not reproduced")
+        return ImportPlan(model, rules, "MixtralForCausalLM", [], notes)
 
     def plan_export(self, model: Any, *, label: str, model_type: str | None, base_config: dict[str, Any] | None,
                     omittable: set[str], pad_id: int | None, eos_id: int | None,
