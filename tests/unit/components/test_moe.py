@@ -273,6 +273,14 @@ def test_model_places_experts_every_k_layers_and_trains_with_the_aux_losses():
     assert f"({count_active_parameters(model):,} active per token)" in summarize(model)
 
 
+def test_first_places_the_first_moe_layer():
+    kinds = lambda cfg: [type(layer.ffn).__name__ for layer in build_model(cfg, device="meta").encoder.layers]  # noqa: E731
+    assert kinds(config({"every": 3, "first": 1})) == ["FeedForward", "MoE", "FeedForward", "FeedForward"]
+    assert kinds(config({"every": 2, "first": 0})) == ["MoE", "FeedForward", "MoE", "FeedForward"]
+    with pytest.raises(ConfigError, match="model.encoder.moe.first.*layer 4"):
+        build_model(config({"first": 4}), device="meta")
+
+
 def test_cached_decoding_equals_a_full_forward():
     from pentad.layers.cache import KVCache
 
