@@ -3,10 +3,10 @@
 The transformer encoder and decoder configs name a block kind per role (``ffn: dense | gated | moe``,
 the mixture of experts configured by the ``moe`` section;
 attention is ``multihead``: multi-head, grouped-query or multi-query, optionally with RealFormer
-residual scores); the registered class turns the stack config into a
-``BlockFactory`` (layer index -> module) that ``TransformerStack`` calls for each layer. A new
-feed-forward kind is one registered class here (or in its own file) plus a ``Literal`` member:
-the stack itself does not change.
+residual scores or attention-weight reuse, configured by the ``attention_reuse`` section); the
+registered class turns the stack config into a ``BlockFactory`` (layer index -> module) that
+``TransformerStack`` calls for each layer. A new feed-forward kind is one registered class here
+(or in its own file) plus a ``Literal`` member: the stack itself does not change.
 """
 
 from __future__ import annotations
@@ -17,25 +17,60 @@ from pydantic import Field
 from torch import nn
 
 from pentad.config.base import StrictModel
-from pentad.layers.attention import Attention
+from pentad.layers.attention import Attention, AttentionReuse
 from pentad.layers.feed_forward import FeedForward
 from pentad.layers.moe import MoE, RouterInput, Routing
 from pentad.layers.transformer import BlockFactory
 from pentad.registry import ATTENTION_BLOCKS, FFN_BLOCKS
 
 
+class AttentionReuseConfig(StrictModel):
+    """``model.encoder.attention_reuse`` / ``model.decoder.attention_reuse``: attention-weight reuse
+    with stochastic recomputation (self-attention only; see ``layers/attention.py``)."""
+
+    every: int = Field(2, ge=2, description="layers 0, every, 2*every, ... compute their attention; each of the "
+                       "others reuses the previous layer's attention probabilities (per head) and applies only its "
+                       "own value and output projections")
+    recompute_p: float = Field(0.0, ge=0.0, le=1.0, description="while training, the probability that a reusing "
+                               "layer recomputes its own attention instead (drawn per layer at every training "
+                               "forward, the same on every rank); 1: the plain model")
+    eval: Literal["reuse", "recompute"] = Field("reuse", description="what a reusing layer does in eval mode "
+                                                "(evaluation, inference, generation)")
+    keep_qk: bool | None = Field(None, description="keep the reusing layers' query/key projections; default: "
+                                 "kept when they are ever used (recompute_p > 0 or eval: recompute); false: "
+                                 "pure reuse, those layers have a value projection v alone")
+    seed: int = Field(0, ge=0, description="seed of the recomputation draws (independent of the ranks' random "
+                      "states)")
+
+    def keeps_qk(self) -> bool:
+        return self.keep_qk if self.keep_qk is not None else self.recompute_p > 0 or self.eval == "recompute"
+
+    def reuses(self, index: int) -> bool:
+        """Whether layer ``index`` is a reusing layer."""
+        return index % self.every != 0
+
+    def runtime(self) -> AttentionReuse:
+        """The stack's recomputation plan."""
+        return AttentionReuse(self.recompute_p, self.eval == "recompute", self.seed)
+
+
 @ATTENTION_BLOCKS.register("multihead")
 class MultiHeadAttentionBlock:
     """Multi-head attention with a fused ``qkv`` projection (``num_kv_heads``: grouped-query);
-    cross-attention (decoders) projects queries (``q``) and the memory's keys/values (``kv``)."""
+    cross-attention (decoders) projects queries (``q``) and the memory's keys/values (``kv``).
+    With ``attention_reuse`` every layer not a multiple of ``every`` may reuse the previous
+    layer's probabilities (without query/key projections when they are never used)."""
 
     @staticmethod
     def factory(cfg: Any, model: Any, cross: bool = False) -> BlockFactory:
         dropout = cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout
+        reuse: AttentionReuseConfig | None = None if cross else cfg.attention_reuse
 
         def make(index: int) -> Attention:
+            reuses = reuse is not None and reuse.reuses(index)
             return Attention(model.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_size, dropout, cfg.bias,
-                             cfg.attention_scale, cross=cross, residual=cfg.residual_attention and not cross)
+                             cfg.attention_scale, cross=cross, residual=cfg.residual_attention and not cross,
+                             reuse=reuses, reuse_qk=reuse.keeps_qk() if reuses else True)
 
         return make
 

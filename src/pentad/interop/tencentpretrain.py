@@ -653,6 +653,9 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
     act = _ACTIVATIONS.get(enc.activation)
     if act is None:
         problems.append(f"activation '{enc.activation}' has no TencentPretrain name")
+    for slot, stack in (("encoder", enc), ("decoder", dec)):
+        if getattr(stack, "attention_reuse", None) is not None:
+            problems.append(f"model.{slot}.attention_reuse (TencentPretrain has no attention-weight reuse)")
     positions = {p.type: p for p in model.embedding.parts}
     size = model.max_seq_length
     if "pos" in positions and positions["pos"].max_positions:

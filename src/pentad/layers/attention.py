@@ -1,7 +1,8 @@
 """Multi-head attention (self and cross), with grouped-query heads and a key/value cache.
 
 Scores go through ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels) unless
-residual attention needs the raw scores. Masks follow ``layers/masks.py``: a bool tensor where True
+residual attention needs the raw scores or a later layer reuses this layer's probabilities
+(attention-weight reuse, :class:`AttentionReuse`). Masks follow ``layers/masks.py``: a bool tensor where True
 means "may attend", or a float tensor added to the scores (it then also carries any position bias).
 """
 
@@ -55,13 +56,20 @@ class Attention(Block):
     H / num_heads (T5-3B/11B). ``scale=False`` drops the 1/sqrt(head_size) factor (T5, whose
     initialisation absorbs it). ``residual`` (RealFormer, He et al. 2021) adds the previous layer's
     raw scores to this layer's and returns its own, which needs the explicit (non-fused) path.
+
+    ``reuse`` (attention-weight reuse, :class:`AttentionReuse`): the stack may hand this layer the
+    previous layer's attention probabilities instead of letting it compute its own; it then applies
+    only its value and output projections. With ``reuse_qk=False`` (pure reuse: the layer never
+    recomputes) it has no query/key projections at all: ``v`` [kv_dim, H] replaces ``qkv``.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
                  head_size: int | None = None, dropout: float = 0.0, bias: bool = True,
-                 scale: bool = True, cross: bool = False, residual: bool = False):
+                 scale: bool = True, cross: bool = False, residual: bool = False, reuse: bool = False,
+                 reuse_qk: bool = True):
         super().__init__()
         self.residual = residual
+        self.reuse = reuse
         num_kv_heads = num_kv_heads or num_heads
         head_size = head_size or hidden_size // num_heads
         if num_heads % num_kv_heads:
@@ -71,9 +79,15 @@ class Attention(Block):
         self.dropout = dropout
         self.scale = None if scale else 1.0  # None: SDPA's default 1/sqrt(head_size)
         self.cross = cross
+        if cross and reuse:
+            raise ValueError("cross-attention cannot reuse self-attention probabilities")
+        self.v: nn.Linear | None = None  # the pure-reuse layer's value projection
         if cross:
             self.q = nn.Linear(hidden_size, self.q_dim, bias=bias)
             self.kv = nn.Linear(hidden_size, 2 * self.kv_dim, bias=bias)
+        elif reuse and not reuse_qk:
+            self.qkv: nn.Linear | None = None
+            self.v = nn.Linear(hidden_size, self.kv_dim, bias=bias)
         else:
             self.qkv = nn.Linear(hidden_size, self.q_dim + 2 * self.kv_dim, bias=bias)
         self.out = nn.Linear(self.q_dim, hidden_size, bias=bias)
@@ -82,14 +96,17 @@ class Attention(Block):
         """``normal``: N(0, std) projections, zero biases. ``t5`` (Mesh TensorFlow): queries
         N(0, (H * head_size)^-1/2), keys and values N(0, H^-1/2), output N(0, q_dim^-1/2): T5 has no
         1/sqrt(head_size) in its scores, its initialisation absorbs it."""
-        projections = (self.q, self.kv, self.out) if self.cross else (self.qkv, self.out)
+        projections = (self.q, self.kv, self.out) if self.cross else (self.qkv, self.v, self.out)
+        projections = tuple(linear for linear in projections if linear is not None)
         if scheme == "normal":
             for linear in projections:
                 init_linear(linear, std)
             return
         hidden = self.out.weight.shape[0]
         q_std, kv_std = (hidden * self.head_size) ** -0.5, hidden ** -0.5
-        if self.cross:
+        if self.v is not None:
+            nn.init.normal_(self.v.weight, std=kv_std)
+        elif self.cross:
             nn.init.normal_(self.q.weight, std=q_std)
             nn.init.normal_(self.kv.weight, std=kv_std)
         else:
@@ -105,14 +122,24 @@ class Attention(Block):
         return x.view(b, s, heads, self.head_size).transpose(1, 2)  # [B, heads, S, D]
 
     def forward(self, x: Tensor, inputs: AttentionInputs, cache: LayerCache | None = None,
-                memory: Tensor | None = None, prev_scores: Tensor | None = None
+                memory: Tensor | None = None, prev_scores: Tensor | None = None,
+                prev_probs: Tensor | None = None, want_probs: bool = False
                 ) -> tuple[Tensor, Tensor | None]:
         """x [B,q,H]; memory [B,m,H] for cross-attention (ignored when the cache already holds its
-        keys/values); prev_scores: the previous layer's raw scores for residual attention.
+        keys/values); prev_scores: the previous layer's raw scores for residual attention;
+        prev_probs: the previous layer's attention probabilities [B,heads,q,k] (before dropout) to
+        use instead of this layer's own (attention-weight reuse); want_probs: return the
+        probabilities this layer used, for the next layer to reuse (the explicit path instead of SDPA).
 
-        Returns (output [B,q,H], raw scores [B,heads,q,k] when residual attention is on, else None).
+        Returns (output [B,q,H], raw scores [B,heads,q,k] when residual attention is on, the
+        probabilities [B,heads,q,k] (float32) when want_probs, else None).
         """
         b, q_len, _ = x.shape
+        if prev_probs is not None:
+            return self._reuse(x, prev_probs, cache, want_probs)
+        if not self.cross and self.qkv is None:
+            raise ValueError("this attention layer has no query/key projections (attention_reuse with keep_qk "
+                             "false): it can only reuse the previous layer's probabilities")
         if self.cross:
             q = self._heads(self.q(x), self.num_heads)
             if cache is not None and cache.cross_keys is not None:
@@ -134,8 +161,11 @@ class Attention(Block):
         dropout = self.dropout if self.training else 0.0
         scores = None
         if self.residual:
-            context, scores = _attention_with_scores(q, k, v, inputs.mask, inputs.is_causal, self.scale,
-                                                     prev_scores, dropout)
+            context, scores, _ = _attention_with_scores(q, k, v, inputs.mask, inputs.is_causal, self.scale,
+                                                        prev_scores, dropout)
+        elif want_probs:
+            context, _, scores = _attention_with_scores(q, k, v, inputs.mask, inputs.is_causal, self.scale,
+                                                        None, dropout)
         else:
             gqa = self.num_kv_heads != self.num_heads
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=inputs.mask_for(q.dtype),
@@ -143,11 +173,42 @@ class Attention(Block):
                                                      dropout_p=dropout, scale=self.scale, enable_gqa=gqa)
         return self.out(context.transpose(1, 2).reshape(b, q_len, self.q_dim)), scores
 
+    def _values(self, x: Tensor) -> Tensor:
+        """The value heads [B, kv_heads, q, D] alone: the query/key rows of ``qkv`` are not computed
+        (unless ``qkv`` is wrapped, by LoRA say: then the whole projection runs and V is sliced)."""
+        if self.v is not None:
+            v = self.v(x)
+        elif type(self.qkv) is nn.Linear:
+            start = self.q_dim + self.kv_dim
+            bias = self.qkv.bias[start:] if self.qkv.bias is not None else None
+            v = F.linear(x, self.qkv.weight[start:], bias)
+        else:
+            v = self.qkv(x)[..., self.q_dim + self.kv_dim:]
+        return self._heads(v, self.num_kv_heads)
+
+    def _reuse(self, x: Tensor, probs: Tensor, cache: LayerCache | None, want_probs: bool
+               ) -> tuple[Tensor, Tensor | None]:
+        """softmax(Q K^T) of the previous layer times this layer's values, then this layer's output
+        projection (and its own attention dropout)."""
+        b, q_len, _ = x.shape
+        v = self._values(x)
+        if cache is not None:
+            v = cache.append_values(v)
+        if probs.shape[1] != self.num_heads or probs.shape[2] != q_len or probs.shape[3] != v.shape[2]:
+            raise ValueError(f"reused attention probabilities of shape {tuple(probs.shape)} do not fit this layer "
+                             f"({self.num_heads} heads, {q_len} queries, {v.shape[2]} keys)")
+        if self.num_kv_heads != self.num_heads:
+            v = v.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
+        dropout = self.dropout if self.training else 0.0
+        context = torch.matmul(F.dropout(probs, dropout).to(v.dtype), v)
+        return self.out(context.transpose(1, 2).reshape(b, q_len, self.q_dim)), probs if want_probs else None
+
 
 def _attention_with_scores(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
                            scale: float | None, prev_scores: Tensor | None, dropout: float
-                           ) -> tuple[Tensor, Tensor]:
-    """Explicit attention that returns the raw scores (RealFormer adds them to the next layer's)."""
+                           ) -> tuple[Tensor, Tensor, Tensor]:
+    """Explicit attention: (context, raw scores (RealFormer adds them to the next layer's),
+    probabilities before dropout (attention-weight reuse hands them to the next layer))."""
     if k.shape[1] != q.shape[1]:
         repeat = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
@@ -162,5 +223,39 @@ def _attention_with_scores(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
         scores = scores.masked_fill(~allowed, float("-inf"))
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    probs = F.dropout(scores.softmax(dim=-1), dropout)
-    return torch.matmul(probs.to(v.dtype), v), raw
+    probs = scores.softmax(dim=-1)
+    return torch.matmul(F.dropout(probs, dropout).to(v.dtype), v), raw, probs
+
+
+@dataclass
+class AttentionReuse:
+    """Attention-weight reuse with stochastic recomputation: which reusing layers recompute.
+
+    A layer whose attention block has ``reuse`` set takes the previous layer's attention
+    probabilities instead of computing softmax(Q K^T) itself. While training, each reusing layer
+    recomputes its own attention instead with probability ``recompute_p``, decided afresh at every
+    training forward (micro-batch) by a generator of its own, seeded by ``seed`` and the count of
+    training forwards so far (``draws``): the same decisions on every rank, whatever the ranks'
+    global random states, and the same in an activation-checkpointing replay (the stack decides
+    once per forward, outside the recomputed layers). In eval mode a reusing layer reuses
+    (``eval_recompute=False``) or always recomputes (``True``).
+    """
+
+    recompute_p: float = 0.0
+    eval_recompute: bool = False
+    seed: int = 0
+    draws: int = 0
+
+    def plan(self, reusing: list[bool], training: bool) -> list[bool]:
+        """Per layer: whether it computes its own attention (True for every non-reusing layer)."""
+        if not training or self.recompute_p in (0.0, 1.0):
+            recompute = self.eval_recompute if not training else self.recompute_p == 1.0
+            return [not reuse or recompute for reuse in reusing]
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.draws)
+        self.draws += 1
+        draws = torch.rand(len(reusing), generator=generator).tolist()
+        return [not reuse or draw < self.recompute_p for reuse, draw in zip(reusing, draws)]
+
+    def stochastic(self, training: bool) -> bool:
+        """Whether this forward's decisions are random (training with 0 < recompute_p < 1)."""
+        return training and 0.0 < self.recompute_p < 1.0

@@ -24,9 +24,27 @@ class LayerCache:
     cross_keys: Tensor | None = None
     cross_values: Tensor | None = None
 
+    def append_values(self, v: Tensor) -> Tensor:
+        """Store the new positions' values alone (a layer that reuses the previous layer's attention
+        probabilities has no keys); return all cached values [B, h, length, D]."""
+        if self.keys is not None:
+            raise ValueError("this layer's cache holds keys: it computed its own attention before, so it "
+                             "cannot switch to reusing probabilities within one cache")
+        new = v.shape[2]
+        if self.values is None:
+            self.values = v.new_empty(v.shape[0], v.shape[1], max(16, new), v.shape[3])
+        elif self.length + new > self.values.shape[2]:
+            self.values = _grow(self.values, max(2 * self.values.shape[2], self.length + new), self.length)
+        self.values[:, :, self.length:self.length + new] = v
+        self.length += new
+        return self.values[:, :, :self.length]
+
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store the new positions' k/v [B, h, q, D]; return all cached k/v [B, h, length, D]."""
         new = k.shape[2]
+        if self.keys is None and self.values is not None:
+            raise ValueError("this layer's cache holds values only: it reused the previous layer's attention "
+                             "probabilities before, so it cannot switch to computing its own within one cache")
         if self.keys is None:
             capacity = max(16, new)
             self.keys = k.new_empty(k.shape[0], k.shape[1], capacity, k.shape[3])

@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from pentad.layers.attention import AttentionInputs
+from pentad.layers.attention import AttentionInputs, AttentionReuse
 from pentad.layers.cache import KVCache, LayerCache
 from pentad.layers.masks import additive, attention_mask
 from pentad.layers.norms import make_norm
@@ -58,12 +58,19 @@ class TransformerLayer(nn.Module):
     def forward(self, x: Tensor, inputs: AttentionInputs, cache: LayerCache | None = None,
                 memory: Tensor | None = None, memory_inputs: AttentionInputs | None = None,
                 prev_scores: Tensor | None = None, padding_mask: Tensor | None = None,
-                router_input: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Returns (hidden, raw attention scores when residual attention is on, else None).
+                router_input: Tensor | None = None, prev_probs: Tensor | None = None,
+                want_probs: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Returns (hidden, raw attention scores when residual attention is on, the attention
+        probabilities when ``want_probs``, else None). ``prev_probs``: the previous layer's attention
+        probabilities, used instead of computing this layer's (attention-weight reuse).
         ``padding_mask`` [B,q] (of these positions) and ``router_input`` [B,q,H] are read only by a
         routed feed-forward (mixture of experts)."""
-        x, scores = self._sublayer(x, self.attention_norm,
-                                   lambda h: self.attention(h, inputs, cache, prev_scores=prev_scores))
+        if prev_probs is None and not want_probs:
+            attend = lambda h: self.attention(h, inputs, cache, prev_scores=prev_scores)  # noqa: E731
+        else:
+            attend = lambda h: self.attention(h, inputs, cache, prev_probs=prev_probs,  # noqa: E731
+                                              want_probs=want_probs)
+        x, scores = self._sublayer(x, self.attention_norm, attend)
         if self.cross_attention is not None:
             x, _ = self._sublayer(x, self.cross_attention_norm,
                                   lambda h: self.cross_attention(h, memory_inputs, cache, memory=memory))
@@ -85,8 +92,13 @@ class TransformerStack(nn.Module):
     final norm (of the layers' kind and eps unless ``final_norm_kind`` / ``final_norm_eps`` say
     otherwise: TencentPretrain's decoder ends with its own). ``share_layers`` applies one layer
     ``num_layers`` times (ALBERT). Residual attention (RealFormer) is on when the attention blocks
-    say so (``Attention.residual``). A routed feed-forward (MoE) also gets the padding mask and
-    its router input: the stack's input (the token embeddings) or the layer's own hidden states.
+    say so (``Attention.residual``). Attention-weight reuse (``attention_reuse``, an
+    :class:`~pentad.layers.attention.AttentionReuse`) hands a layer whose attention block has
+    ``reuse`` set the previous layer's attention probabilities, unless the reuse plan of this
+    forward has it recompute its own; only the layers before a reusing one take the explicit
+    (non-fused) attention path, to return their probabilities. A routed feed-forward (MoE) also
+    gets the padding mask and its router input: the stack's input (the token embeddings) or the
+    layer's own hidden states.
 
     Declared capabilities: ``mask_kind``, ``supports_cache`` (True: a ``KVCache`` runs only the
     new positions).
@@ -101,7 +113,7 @@ class TransformerStack(nn.Module):
                  norm: str = "layernorm", positions: PositionKind = "none", rotary_base: float = 10000.0,
                  rotary_dim: int | None = None, relative_buckets: int = 32, relative_max_distance: int = 128,
                  share_layers: bool = False, final_norm_kind: str | None = None,
-                 final_norm_eps: float | None = None):
+                 final_norm_eps: float | None = None, attention_reuse: AttentionReuse | None = None):
         super().__init__()
         self.mask_kind = mask
         self.num_layers = num_layers
@@ -121,6 +133,13 @@ class TransformerStack(nn.Module):
 
         self.layers = nn.ModuleList(layer(i) for i in range(1 if share_layers else num_layers))
         self.residual_attention = bool(self.layers[0].attention.residual)
+        self.reusing = [bool(layer.attention.reuse) for layer in self.layers]
+        if any(self.reusing) and attention_reuse is None:
+            raise ValueError("attention blocks set to reuse probabilities need the stack's attention_reuse plan")
+        if any(self.reusing) and (share_layers or self.residual_attention or self.reusing[0]):
+            raise ValueError("attention reuse needs distinct layers (no share_layers), no residual attention, "
+                             "and a first layer that computes its own attention")
+        self.attention_reuse = attention_reuse if any(self.reusing) else None
         self.routed = any(layer.ffn.routed for layer in self.layers)
         self.relative_bias = (RelativePositionBias(num_heads, relative_buckets, relative_max_distance,
                                                    bidirectional=mask == "bidirectional")
@@ -170,6 +189,8 @@ class TransformerStack(nn.Module):
             if memory_padding_mask is not None and (offset > 0 or bool(memory_padding_mask.any())):
                 memory_mask = (~memory_padding_mask)[:, None, None, :]
             memory_inputs = AttentionInputs(memory_mask, False, None)
+        if self.attention_reuse is not None:
+            return self._run_reusing(hidden, inputs, cache, memory, memory_inputs, padding_mask)
         scores = None
         routing: dict[str, Tensor | None] = {}
         if self.routed:  # the padding of these positions, and the token embeddings for word-vector routing
@@ -179,6 +200,30 @@ class TransformerStack(nn.Module):
             layer = self.layers[i % len(self.layers)]
             hidden, scores = layer(hidden, inputs, cache.layer(i) if cache is not None else None, memory,
                                    memory_inputs, scores if self.residual_attention else None, **routing)
+        if self.final_norm is not None:
+            hidden = self.final_norm(hidden)
+        return hidden
+
+    def _run_reusing(self, hidden: Tensor, inputs: AttentionInputs, cache: KVCache | None, memory: Tensor | None,
+                     memory_inputs: AttentionInputs | None, padding_mask: Tensor | None) -> Tensor:
+        """The layers with attention-weight reuse: this forward's plan says which reusing layers
+        recompute; a layer returns its probabilities only when the next one reuses them."""
+        plan = self.attention_reuse
+        if cache is not None and plan.stochastic(self.training):
+            raise ValueError("attention reuse with stochastic recomputation (0 < recompute_p < 1) in training mode "
+                             "cannot run with a key/value cache: a reusing layer caches no keys on the steps it "
+                             "reuses; generate in eval mode (model.eval())")
+        computes = plan.plan(self.reusing, self.training)
+        routing: dict[str, Tensor | None] = {}
+        if self.routed:
+            routing = {"padding_mask": padding_mask[:, -hidden.shape[1]:] if padding_mask is not None else None,
+                       "router_input": hidden}
+        probs = None
+        for i, layer in enumerate(self.layers):
+            reuse_next = i + 1 < len(self.layers) and not computes[i + 1]
+            hidden, probs = layer(hidden, inputs, cache.layer(i) if cache is not None else None, memory,
+                                  memory_inputs, None, prev_probs=None if computes[i] else probs,
+                                  want_probs=reuse_next, **routing)
         if self.final_norm is not None:
             hidden = self.final_norm(hidden)
         return hidden

@@ -7,7 +7,8 @@ excepted, by ``train.lora.heads``) and records on the model (``model.lora``, a :
 which tensors are saved and what the adapters are. Targets are roles, not layer names: ``q`` of a
 fused ``qkv`` projection is its first ``num_heads * head_size`` rows, ``k`` and ``v`` the
 ``num_kv_heads * head_size`` rows after (grouped-query attention), in cross-attention ``q`` is its
-own projection and ``k``/``v`` halves of ``kv``.
+own projection and ``k``/``v`` halves of ``kv``; a layer that only reuses attention probabilities
+(``attention_reuse`` with no query/key projections) has ``v`` alone.
 
 A LoRA run saves only what trains (the adapters, the trained heads) with the adapters' record in
 the weights file's metadata (:data:`METADATA_KEY`): the adapted rows of each module, the scaling,
@@ -66,6 +67,8 @@ def candidates(model: nn.Module) -> dict[str, dict[str, tuple[int, int]]]:
             if module.cross:
                 found[prefix + "q"] = {"q": (0, q)}
                 found[prefix + "kv"] = {"k": (0, kv), "v": (kv, 2 * kv)}
+            elif module.qkv is None:  # a layer that only reuses attention probabilities: values alone
+                found[prefix + "v"] = {"v": (0, kv)}
             else:
                 found[prefix + "qkv"] = {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)}
             found[prefix + "out"] = {"o": (0, module.out.out_features)}

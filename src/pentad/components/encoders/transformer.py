@@ -13,7 +13,7 @@ from pydantic import Field
 from torch import Tensor
 
 from pentad.components.base import Encoder
-from pentad.components.blocks import FFN_BLOCKS, MoEConfig
+from pentad.components.blocks import FFN_BLOCKS, AttentionReuseConfig, MoEConfig
 from pentad.config.base import StrictModel
 from pentad.layers.activations import ACTIVATION_NAMES
 from pentad.layers.cache import KVCache
@@ -61,6 +61,9 @@ class TransformerStackConfig(StrictModel):
     relative_max_distance: int = Field(128, ge=2)
     share_layers: bool = Field(False, description="one layer applied num_layers times (ALBERT)")
     residual_attention: bool = Field(False, description="add the previous layer's raw scores (RealFormer)")
+    attention_reuse: AttentionReuseConfig | None = Field(
+        None, description="attention-weight reuse with stochastic recomputation: every k-th layer computes its "
+        "attention probabilities, the layers between reuse them (docs/architecture.md); off when unset")
 
     def check(self, model) -> list[tuple[str, str]]:
         """Problems that need the model-level sizes: (sub-path, message)."""
@@ -81,6 +84,27 @@ class TransformerStackConfig(StrictModel):
         if self.rotary_dim is not None and self.positions != "rotary":
             problems.append(("rotary_dim", f"set but positions is '{self.positions}', not 'rotary'"))
         problems += self._moe_problems()
+        problems += self._reuse_problems()
+        return problems
+
+    def _reuse_problems(self) -> list[tuple[str, str]]:
+        reuse = self.attention_reuse
+        if reuse is None:
+            return []
+        problems = []
+        if reuse.every > self.num_layers:
+            problems.append(("attention_reuse.every", f"{reuse.every} with {self.num_layers} layers: no layer "
+                                                      "would reuse (every is at most num_layers)"))
+        if self.share_layers:
+            problems.append(("attention_reuse", "set with share_layers: the one shared layer cannot both compute "
+                                                "and reuse attention; unset one of them"))
+        if self.residual_attention:
+            problems.append(("attention_reuse", "set with residual_attention: a reusing layer has no scores of "
+                                                "its own to add to the next layer's; unset one of them"))
+        if reuse.keep_qk is False and (reuse.recompute_p > 0 or reuse.eval == "recompute"):
+            why = f"recompute_p is {reuse.recompute_p}" if reuse.recompute_p > 0 else "eval is 'recompute'"
+            problems.append(("attention_reuse.keep_qk", f"false, but {why}: recomputing needs the reusing layers' "
+                                                        "query/key projections; leave keep_qk unset or true"))
         return problems
 
     def causal(self) -> bool:
@@ -126,7 +150,8 @@ class TransformerStackConfig(StrictModel):
             dropout=self.dropout, layer_norm_eps=self.layer_norm_eps, norm=self.norm, positions=self.positions,
             rotary_base=self.rotary_base, rotary_dim=self.rotary_dim, relative_buckets=self.relative_buckets,
             relative_max_distance=self.relative_max_distance, share_layers=self.share_layers,
-            final_norm_kind=self.final_norm_kind, final_norm_eps=self.final_norm_eps)
+            final_norm_kind=self.final_norm_kind, final_norm_eps=self.final_norm_eps,
+            attention_reuse=self.attention_reuse.runtime() if self.attention_reuse is not None else None)
 
 
 class TransformerEncoderConfig(TransformerStackConfig):

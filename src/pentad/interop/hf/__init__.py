@@ -139,7 +139,7 @@ def stack_problems(stack: Any, path: str, family: str, hidden_size: int, *, grou
     ...); ``grouped`` allows fewer key/value heads, ``head_size`` a head width other than H / heads.
     """
     want: dict[str, Any] = {"norm": "layernorm", "ffn": "dense", "attention_scale": True, "positions": "none",
-                            "share_layers": False, "residual_attention": False}
+                            "share_layers": False, "residual_attention": False, "attention_reuse": None}
     want.update(expected)
     problems = []
     for key, value in want.items():
