@@ -5,8 +5,10 @@ Batch ``i`` of a run is a pure function of ``(seed, i)``: it belongs to epoch
 (``np.random.default_rng([seed, epoch])``) and masks them with
 ``np.random.default_rng([seed, epoch, i])``. Resuming at batch ``k`` therefore gives exactly the
 batches an uninterrupted run would have seen from ``k`` on, with any number of DataLoader
-workers. The incomplete last batch of an epoch is dropped (its instances come first in some
-later epoch's permutation with high probability; nothing is dropped from the dataset itself).
+workers. With a curriculum (``train.curriculum``, :mod:`pentad.data.curriculum`) batch ``i`` is then
+cut to the length of its step, also a pure function of ``i``. The incomplete last batch of an epoch
+is dropped (its instances come first in some later epoch's permutation with high probability;
+nothing is dropped from the dataset itself).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from pentad.components.base import Batch
+from pentad.data.curriculum import LengthSchedule, truncate
 from pentad.data.objectives.base import Objective
 from pentad.data.shards import ShardDataset, read_manifest
 from pentad.errors import UserError
@@ -73,7 +76,7 @@ class PretrainBatches:
     """
 
     def __init__(self, dataset: ShardDataset, objective: Objective, batch_size: int, seed: int,
-                 num_workers: int = 0):
+                 num_workers: int = 0, lengths: LengthSchedule | None = None):
         if batch_size < 1:
             raise UserError(f"batch size must be at least 1 (received {batch_size}).")
         self.dataset = dataset
@@ -81,6 +84,7 @@ class PretrainBatches:
         self.batch_size = batch_size
         self.seed = seed
         self.num_workers = num_workers
+        self.lengths = lengths  # train.curriculum: batch i cut to lengths.length_of_batch(i) positions
         self.batches_per_epoch = len(dataset) // batch_size
         if self.batches_per_epoch == 0:
             raise UserError(f"dataset {dataset.directory} has {len(dataset)} instances, fewer than "
@@ -108,8 +112,9 @@ class PretrainBatches:
     def batch(self, i: int) -> Batch:
         """Batch ``i`` (0-based count of batches since the start of training)."""
         epoch = i // self.batches_per_epoch
-        return self.objective.collate(self.dataset.take(self.indices(i)),
-                                      np.random.default_rng([self.seed, epoch, i]))
+        batch = self.objective.collate(self.dataset.take(self.indices(i)),
+                                       np.random.default_rng([self.seed, epoch, i]))
+        return batch if self.lengths is None else truncate(batch, self.lengths.length_of_batch(i))
 
     def __getitem__(self, i: int) -> Batch:
         return self.batch(int(i))

@@ -95,6 +95,22 @@ class LoraConfig(StrictModel):
         return [name for name in LORA_TARGETS if name in chosen]
 
 
+class CurriculumConfig(StrictModel):
+    """``train.curriculum``: sequence-length warm-up in pre-training (docs/training.md, "Curriculum").
+    Step ``s`` trains on its batches cut to the first ``length(s)`` positions, a length that grows from
+    ``start_length`` at step 0 to the objective's ``seq_length`` at step ``steps`` (and stays there)."""
+
+    start_length: int = Field(64, ge=1, description="the length at step 0 (tokens per sequence, special "
+                              "tokens included)")
+    steps: int = Field(1000, ge=1, description="the step from which batches have their full length")
+    schedule: Literal["linear", "step"] = Field(
+        "linear", description="linear: the length grows with every step; step: it grows in `stages` "
+        "equal jumps, each held for steps/stages steps")
+    stages: int = Field(4, ge=1, description="schedule step: how many lengths the warm-up trains at")
+    multiple_of: int = Field(8, ge=1, description="the length is rounded down to a multiple of this "
+                             "(never below start_length), so that few distinct shapes are compiled")
+
+
 class TrainConfig(StrictModel):
     """Optimisation and bookkeeping options shared by pre-training and fine-tuning."""
 
@@ -136,6 +152,9 @@ class TrainConfig(StrictModel):
     distill: DistillConfig = Field(default_factory=DistillConfig)
     lora: LoraConfig | None = Field(None, description="train LoRA adapters on the frozen init weights (needs "
                                     "init); null: train every weight (docs/training.md)")
+    curriculum: CurriculumConfig | None = Field(
+        None, description="pre-training: sequence-length warm-up, short sequences first (docs/training.md); "
+        "null: every step trains at full length")
     seed: int = 7
     log_every: int = Field(10, ge=1)
     save_every: int | None = Field(None, ge=1, description="also save a checkpoint every N steps")

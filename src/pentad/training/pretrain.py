@@ -32,6 +32,7 @@ def pretrain(cfg: Any) -> dict[str, Any]:
 
 
 def _pretrain(cfg: Any, session: Session) -> dict[str, Any]:
+    from pentad.data.curriculum import LengthSchedule, check_objective
     from pentad.data.loader import PretrainBatches, open_dataset
 
     tokenizer = load_tokenizer(cfg)
@@ -46,19 +47,25 @@ def _pretrain(cfg: Any, session: Session) -> dict[str, Any]:
     else:
         target_tokenizer = None
     dataset = open_dataset(cfg.data.dataset, tokenizer, objective)
+    lengths = None
+    if cfg.train.curriculum is not None:
+        check_objective(objective)
+        lengths = LengthSchedule.from_config(cfg.train.curriculum, objective.seq_length, cfg.train.grad_accum)
     model = session.build(cfg.model, objective.provides, cfg.init)
     changes = session.prepare_run_dir(tokenizer, target_tokenizer=target_tokenizer,
                                       unused=("train.epochs", "data.train", "data.dev", "task"))
     # every rank makes the same global batches and trains on its rows of each (Trainer)
     batches = PretrainBatches(dataset, objective, cfg.train.batch_size, cfg.train.seed,
-                              num_workers=cfg.data.loader_workers)
+                              num_workers=cfg.data.loader_workers, lengths=lengths)
     # set by the user (fine-tuning's length), not used here; a run's config.yaml spells out every default
     if "epochs" in cfg.train.model_fields_set and cfg.train.epochs != type(cfg.train).model_fields["epochs"].default:
         info(f"note: train.epochs={cfg.train.epochs} is not used by pre-training, whose length is train.steps "
              f"({cfg.train.steps:,} steps); set train.steps to change it")
     info(f"dataset {cfg.data.dataset}: {len(dataset):,} instances, {batches.batches_per_epoch:,} batches per "
          f"epoch; training {cfg.train.steps:,} steps on {session.dist.device}")
-    trainer = session.trainer(model, cfg.train.steps, "pretrain")
+    if lengths is not None:
+        info(lengths.describe())
+    trainer = session.trainer(model, cfg.train.steps, "pretrain", lengths=lengths)
     trainer.resume(changes)
     start = time.perf_counter()
     last = trainer.train(batches.iterate)

@@ -195,11 +195,13 @@ class Trainer:
     ``train.adversarial`` adds an adversarial forward and backward to each micro-batch
     (:mod:`pentad.training.adversarial`); ``distiller`` (:mod:`pentad.training.distill`), when given,
     runs a teacher on each micro-batch and mixes soft-label losses into the heads' losses.
+    ``lengths`` (:class:`pentad.data.curriculum.LengthSchedule`), with ``train.curriculum``: the stream
+    already cuts its batches; the trainer logs each interval's length as ``seq_length``.
     """
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, run_dir: Path, total_steps: int,
                  strategy: Strategy | None = None, weights_metadata: dict[str, str] | None = None,
-                 description: str = "train", distiller: Any = None):
+                 description: str = "train", distiller: Any = None, lengths: Any = None):
         if strategy is None:  # one process, as a library caller builds it
             strategy = SingleStrategy(cfg, Dist(device=pick_device(cfg.device)))
         self.strategy = strategy
@@ -228,6 +230,7 @@ class Trainer:
         if self.adversary is not None and self.dist.is_main:
             print(self.adversary.describe(), file=sys.stderr)
         self.distiller = distiller
+        self.lengths = lengths  # train.curriculum: its LengthSchedule; the length of each logged step is recorded
         self.schedule = build_schedule(self.optimizer, cfg, total_steps)
         # the configured hyper-parameters of each group, re-applied over a loaded checkpoint's
         self._configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
@@ -613,6 +616,8 @@ class Trainer:
         if "grad_norm" in values:
             record["grad_norm"] = values["grad_norm"] / steps
         record["lr"] = lr
+        if self.lengths is not None:  # the curriculum's length of the interval's last step
+            record["seq_length"] = self.lengths.length(self.step - 1)
         record["tokens_per_s"] = float(tokens) / elapsed if elapsed > 0 else 0.0
         if self.peak_tflops is not None and elapsed > 0:
             # model FLOPs of the interval over what the devices of every rank could have done

@@ -37,6 +37,9 @@ class AlbertObjective(BertObjective):
     """Consecutive segment pairs, swapped half of the time; masked at collate time."""
 
     Config = AlbertObjectiveConfig
+    truncation_refused: ClassVar[str | None] = (
+        "labels.sop (sentence-order prediction) is a label of both segments' order, and a shorter length cuts "
+        "the second segment away in part or whole")
     provides: ClassVar[frozenset[str]] = frozenset(
         {"tokens", "segments", "padding_mask", "labels.mlm", "labels.sop"})
     field_names: ClassVar[tuple[str, ...]] = ("split", "sop")

@@ -62,6 +62,10 @@ class Objective:
     collate_options: ClassVar[frozenset[str]] = frozenset({"mask_prob", "whole_word_masking"})
     # True when a chunk may only end after a blank line (corpora of sentence-per-line documents).
     documents_end_at_blank_lines: ClassVar[bool] = False
+    # Sequence-length warm-up (train.curriculum, pentad.data.curriculum): None when a batch cut to its
+    # first L positions is a valid batch of this objective (every label is a label of a position);
+    # otherwise why it is not, naming the field that cutting would make wrong.
+    truncation_refused: ClassVar[str | None] = "it does not declare that its batches may be cut"
 
     def __init__(self, cfg: ObjectiveConfig, tokenizer: Any):
         self.cfg = cfg

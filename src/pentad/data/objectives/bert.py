@@ -52,6 +52,9 @@ class BertObjective(Objective):
     """Sentence pairs with next-sentence labels; masked at collate time."""
 
     Config = BertObjectiveConfig
+    truncation_refused: ClassVar[str | None] = (
+        "labels.sp (next-sentence prediction) is a label of the second segment, which a shorter length cuts "
+        "away in part or whole")
     provides: ClassVar[frozenset[str]] = frozenset(
         {"tokens", "segments", "padding_mask", "labels.mlm", "labels.sp"})
     corpus_format: ClassVar[str] = ("one sentence per line, documents separated by a blank line "

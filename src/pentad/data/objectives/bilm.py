@@ -39,6 +39,7 @@ class BilmObjective(Objective):
     """Documents -> windows with forward and backward next-token labels."""
 
     Config = BilmObjectiveConfig
+    truncation_refused: ClassVar[str | None] = None  # labels.bilm: next and previous token per position
     provides: ClassVar[frozenset[str]] = frozenset({"tokens", "padding_mask", "labels.bilm"})
     corpus_format: ClassVar[str] = "one document per line (UTF-8 text)"
     collate_options: ClassVar[frozenset[str]] = frozenset()

@@ -30,6 +30,9 @@ class ClsObjective(Objective):
     """Labelled text (pairs) -> tokens, segments, padding_mask, labels.cls."""
 
     Config = ClsObjectiveConfig
+    truncation_refused: ClassVar[str | None] = (
+        "labels.cls is one label of the whole text (or text pair), and a shorter length would keep it for text "
+        "it cut away")
     provides: ClassVar[frozenset[str]] = frozenset(
         {"tokens", "segments", "padding_mask", "labels.cls"})
     corpus_format: ClassVar[str] = ("TSV (UTF-8) with a header line 'label<TAB>text_a' or "

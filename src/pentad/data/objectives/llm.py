@@ -92,6 +92,9 @@ class LlmSftObjective(Objective):
     """Instruction/response pairs -> causal-LM windows scored on the response only."""
 
     Config = LlmSftObjectiveConfig
+    truncation_refused: ClassVar[str | None] = (
+        "labels.lm scores only the response after the prompt, which a shorter length can cut away "
+        "entirely (leaving nothing to score)")
     provides: ClassVar[frozenset[str]] = frozenset({"tokens", "segments", "padding_mask", "labels.lm"})
     corpus_format: ClassVar[str] = ('JSON lines, one object {"instruction": "...", "input": "...", '
                                     '"output": "..."} per line ("input" optional; UTF-8)')

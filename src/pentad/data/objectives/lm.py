@@ -43,6 +43,7 @@ class LmObjective(Objective):
     """Documents -> next-token windows; provides tokens, padding_mask, labels.lm."""
 
     Config = LmObjectiveConfig
+    truncation_refused: ClassVar[str | None] = None  # labels.lm: one next token per position
     provides: ClassVar[frozenset[str]] = frozenset({"tokens", "padding_mask", "labels.lm"})
     corpus_format: ClassVar[str] = ('one document per line (UTF-8 text), or JSON lines '
                                     '{"text": "..."}')

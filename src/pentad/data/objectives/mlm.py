@@ -34,6 +34,7 @@ class MlmObjective(Objective):
     """Documents -> masked sequences; provides tokens, segments (all 0), padding_mask, labels.mlm."""
 
     Config = MlmObjectiveConfig
+    truncation_refused: ClassVar[str | None] = None  # labels.mlm: one per position
     provides: ClassVar[frozenset[str]] = frozenset(
         {"tokens", "segments", "padding_mask", "labels.mlm"})
     corpus_format: ClassVar[str] = "one document per line (UTF-8 text)"

@@ -110,6 +110,9 @@ class Seq2SeqObjective(Objective):
     objective has its own, as ``mt`` may).
     """
 
+    truncation_refused: ClassVar[str | None] = (
+        "its targets are decoder_tokens and labels.lm of the decoder side, whose positions are not the "
+        "encoder's: cutting the source would keep targets for text it removed")
     provides: ClassVar[frozenset[str]] = SEQ2SEQ_PROVIDES
     collate_options: ClassVar[frozenset[str]] = frozenset({"decoder_start"})
 

@@ -57,6 +57,9 @@ class PrefixLmObjective(Objective):
     """Pairs -> ``[CLS] source [SEP] target [SEP]`` with next-token labels on the target part."""
 
     Config = PrefixLmObjectiveConfig
+    truncation_refused: ClassVar[str | None] = (
+        "labels.lm scores only the target part after the source, which a shorter length can cut away "
+        "entirely (leaving nothing to score)")
     provides: ClassVar[frozenset[str]] = frozenset({"tokens", "segments", "padding_mask", "labels.lm"})
     corpus_format: ClassVar[str] = PAIR_FORMAT
     field_names: ClassVar[tuple[str, ...]] = ("split",)
