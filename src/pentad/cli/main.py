@@ -128,11 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
     from pentad.cli import embed as embed_cli
     from pentad.cli import export as export_cli
     from pentad.cli import generate as generate_cli
+    from pentad.cli import grow as grow_cli
     from pentad.cli import merge_lora as merge_lora_cli
 
     convert_cli.add_parser(sub)
     export_cli.add_parser(sub)
     merge_lora_cli.add_parser(sub)
+    grow_cli.add_parser(sub)
     generate_cli.add_parser(sub)
     embed_cli.add_parser(sub)
     p = sub.add_parser("demo", help="pre-train a small BERT on Wikipedia text, fine-tune on movie reviews")
@@ -210,6 +212,10 @@ def run(args: argparse.Namespace) -> int:
         from pentad.cli import merge_lora as merge_lora_cli
 
         return merge_lora_cli.run(args)
+    if cmd == "grow":
+        from pentad.cli import grow as grow_cli
+
+        return grow_cli.run(args)
     if cmd == "generate":
         from pentad.cli import generate as generate_cli
 
