@@ -50,10 +50,6 @@ def finetune(cfg: Any) -> dict[str, Any]:
     TASKS.get(cfg.task.type).sources(cfg.task, cfg.data)  # a missing input fails before the run starts
     if cfg.output is None:
         raise UserError("output is not set: give the run directory, e.g. output=runs/finetune")
-    if cfg.train.curriculum is not None:
-        raise UserError("train.curriculum (sequence-length warm-up) is a pre-training option: a task's inputs are "
-                        "cut to their length by the task itself, and cutting them further would change what its "
-                        "labels describe. Remove train.curriculum")
     absolute_paths(cfg)
     cfg.train = cfg.train.for_finetuning()
     if cfg.train.grid:

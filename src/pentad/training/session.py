@@ -60,6 +60,10 @@ class Session:
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> Session:
         train = self.cfg.train
+        if train.curriculum is not None and self.command != "pretrain":
+            raise UserError(f"train.curriculum (sequence-length warm-up) is a pre-training option, not one of "
+                            f"`pentad {self.command}`: a task's inputs are cut to their length by the task itself, "
+                            "and cutting them further would change what its labels describe. Remove train.curriculum")
         strategy_cls = STRATEGIES.get(train.strategy)
         strategy_cls.check_installed()
         self.dist = connect(train.strategy, train.device, train.dist_backend, train.dist_timeout,
