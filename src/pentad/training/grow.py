@@ -230,9 +230,16 @@ class _Widener:
             v = v.reshape(module.num_kv_heads, d, *rest)[kv_src].reshape(-1, *rest)
             return torch.cat([q, k, v], dim=0)
 
-        self._put(f"{name}.qkv.weight", self.hidden_in(rows(module.qkv.weight)))
-        if module.qkv.bias is not None:
-            self._put(f"{name}.qkv.bias", rows(module.qkv.bias))
+        def kv_rows(w: Tensor) -> Tensor:  # a pure-reuse layer's value rows (no queries, keys)
+            return w.reshape(module.num_kv_heads, d, *w.shape[1:])[kv_src].reshape(-1, *w.shape[1:])
+
+        for part, pick in (("qkv", rows), ("v", kv_rows)):
+            linear = getattr(module, part, None)
+            if linear is None:
+                continue
+            self._put(f"{name}.{part}.weight", self.hidden_in(pick(linear.weight)))
+            if linear.bias is not None:
+                self._put(f"{name}.{part}.bias", pick(linear.bias))
         w = module.out.weight.reshape(self.h, module.num_heads, d)[:, q_src] / q_div[None, :, None]
         self._put(f"{name}.out.weight", self.hidden_out(w.reshape(self.h, -1)))
         if module.out.bias is not None:

@@ -84,7 +84,8 @@ def grown(small_cfg, big_cfg, depth="stack", seed=0):
     ("bert/tiny", ["model.encoder.norm=layernorm_unbiased", "model.embedding.norm_kind=layernorm_unbiased"],
      bert_batch),                                                      # TencentPretrain's LayerNorm
     ("gpt2/tiny", ["model.encoder.positions=relative", "model.embedding.parts=[word]"], lm_batch),  # T5-style bias
-], ids=["gpt2", "bert", "llama-gqa", "bert-unbiased-ln", "relative-positions"])
+    ("gpt2/tiny", ["model.encoder.attention_reuse.keep_qk=false"], lm_batch),  # layer 1 reuses layer 0's weights
+], ids=["gpt2", "bert", "llama-gqa", "bert-unbiased-ln", "relative-positions", "attention-reuse"])
 def test_width_growth_preserves_the_loss(recipe, extra, batch):
     small_cfg = config(recipe, *extra)
     wide = [w for w in WIDE if not (extra == LLAMA and "num_heads" in w)] + (
