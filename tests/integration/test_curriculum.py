@@ -28,7 +28,7 @@ def lm_dataset(english, tmp_path_factory):
 @pytest.mark.heavy  # four short pre-training runs: ~20 s on 2 shared cores
 def test_length_warm_up_is_logged_and_resumes_exactly(english, lm_dataset, tmp_path):
     common = ["--config", "gpt2/tiny", *tiny(english["vocab"]), *CURRICULUM, f"data.dataset={lm_dataset}",
-              "train.steps=6", "train.save_every=2", "train.tensorboard=false"]
+              "train.steps=6", "train.save_every=2", "train.tensorboard=false", "train.threads=1"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert run("pretrain", *common, f"output={straight}") == 0
     records = MetricsLog(straight / "metrics.jsonl").read()
@@ -47,7 +47,7 @@ def test_length_warm_up_is_logged_and_resumes_exactly(english, lm_dataset, tmp_p
     assert "seq_length" not in MetricsLog(plain / "metrics.jsonl").read()[0]
 
 
-def test_objectives_that_cannot_be_cut_are_refused(english, tmp_path, capsys):
+def test_objectives_that_cannot_be_cut_are_refused_but_may_be_ordered(english, tmp_path, capsys):
     base = tiny(english["vocab"])
     dataset = tmp_path / "bert"
     assert run("preprocess", "--config", "bert/tiny", *base, f"data.corpus={english['bert']}",
@@ -58,6 +58,13 @@ def test_objectives_that_cannot_be_cut_are_refused(english, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "train.curriculum: objective 'bert' cannot be trained on shortened sequences" in err
     assert "labels.sp" in err
+    # difficulty ordering alone (no length warm-up) cuts nothing, so any objective may use it
+    ordered = tmp_path / "ordered"
+    assert run("pretrain", "--config", "bert/tiny", *base, f"data.dataset={dataset}", "train.steps=2",
+               "train.curriculum.start_length=null", "train.curriculum.shortest_first=2", "train.tensorboard=false",
+               f"output={ordered}") == 0
+    assert "the first 2 steps take the 16 shortest instances" in capsys.readouterr().err
+    assert all("seq_length" not in r for r in MetricsLog(ordered / "metrics.jsonl").read())
 
 
 def test_finetune_refuses_curriculum(english, tmp_path, capsys):

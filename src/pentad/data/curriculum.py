@@ -43,8 +43,11 @@ class LengthSchedule:
     grad_accum: int = 1
 
     @classmethod
-    def from_config(cls, cfg: Any, full_length: int, grad_accum: int = 1) -> LengthSchedule:
-        """From ``train.curriculum`` (a CurriculumConfig) and the objective's ``seq_length``."""
+    def from_config(cls, cfg: Any, full_length: int, grad_accum: int = 1) -> LengthSchedule | None:
+        """From ``train.curriculum`` (a CurriculumConfig) and the objective's ``seq_length``; None without a
+        length warm-up (``start_length`` null)."""
+        if cfg.start_length is None:
+            return None
         if cfg.start_length >= full_length:
             raise UserError(
                 f"train.curriculum.start_length={cfg.start_length} is not shorter than the sequences it warms "

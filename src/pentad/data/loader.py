@@ -6,9 +6,10 @@ Batch ``i`` of a run is a pure function of ``(seed, i)``: it belongs to epoch
 ``np.random.default_rng([seed, epoch, i])``. Resuming at batch ``k`` therefore gives exactly the
 batches an uninterrupted run would have seen from ``k`` on, with any number of DataLoader
 workers. With a curriculum (``train.curriculum``, :mod:`pentad.data.curriculum`) batch ``i`` is then
-cut to the length of its step, also a pure function of ``i``. The incomplete last batch of an epoch
-is dropped (its instances come first in some later epoch's permutation with high probability;
-nothing is dropped from the dataset itself).
+cut to the length of its step, also a pure function of ``i``, and with ``shortest_first`` the first
+epoch's order starts with the shortest instances (:func:`shortest_first`, a function of the seed
+too). The incomplete last batch of an epoch is dropped (its instances come first in some later
+epoch's permutation with high probability; nothing is dropped from the dataset itself).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class PretrainBatches:
     """
 
     def __init__(self, dataset: ShardDataset, objective: Objective, batch_size: int, seed: int,
-                 num_workers: int = 0, lengths: LengthSchedule | None = None):
+                 num_workers: int = 0, lengths: LengthSchedule | None = None, shortest_first: int = 0):
         if batch_size < 1:
             raise UserError(f"batch size must be at least 1 (received {batch_size}).")
         self.dataset = dataset
@@ -85,6 +86,8 @@ class PretrainBatches:
         self.seed = seed
         self.num_workers = num_workers
         self.lengths = lengths  # train.curriculum: batch i cut to lengths.length_of_batch(i) positions
+        # train.curriculum.shortest_first, in instances: epoch 0 starts with the shortest ones, in increasing length
+        self.shortest_first = shortest_first
         self.batches_per_epoch = len(dataset) // batch_size
         if self.batches_per_epoch == 0:
             raise UserError(f"dataset {dataset.directory} has {len(dataset)} instances, fewer than "
@@ -98,8 +101,10 @@ class PretrainBatches:
 
     def _order(self, epoch: int) -> np.ndarray:
         if epoch != self._epoch:  # cached: consecutive batches share an epoch
-            self._permutation = np.random.default_rng([self.seed, epoch]).permutation(
-                len(self.dataset))
+            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.dataset))
+            if epoch == 0 and self.shortest_first:
+                order = shortest_first(order, self.dataset.instance_lengths(), self.shortest_first)
+            self._permutation = order
             self._epoch = epoch
         return self._permutation
 
@@ -132,6 +137,15 @@ class PretrainBatches:
             # global RNG, whose state (dropout) a checkpoint restores; batches do not use it
             generator=torch.Generator().manual_seed(self.seed))
         yield from loader
+
+
+def shortest_first(order: np.ndarray, lengths: np.ndarray, count: int) -> np.ndarray:
+    """``order`` (a permutation of the instances) with its ``count`` shortest instances moved to the front in
+    increasing length, ties kept in ``order``'s order; the others follow in ``order``'s order."""
+    ranked = np.argsort(lengths[order], kind="stable")[:count]  # positions in ``order``
+    rest = np.ones(len(order), dtype=bool)
+    rest[ranked] = False
+    return np.concatenate([order[ranked], order[rest]])
 
 
 class _CountFrom(Sampler):

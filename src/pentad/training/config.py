@@ -98,10 +98,11 @@ class LoraConfig(StrictModel):
 class CurriculumConfig(StrictModel):
     """``train.curriculum``: sequence-length warm-up in pre-training (docs/training.md, "Curriculum").
     Step ``s`` trains on its batches cut to the first ``length(s)`` positions, a length that grows from
-    ``start_length`` at step 0 to the objective's ``seq_length`` at step ``steps`` (and stays there)."""
+    ``start_length`` at step 0 to the objective's ``seq_length`` at step ``steps`` (and stays there);
+    ``shortest_first`` also orders the first batches by the length of their instances."""
 
-    start_length: int = Field(64, ge=1, description="the length at step 0 (tokens per sequence, special "
-                              "tokens included)")
+    start_length: int | None = Field(64, ge=1, description="the length at step 0 (tokens per sequence, special "
+                                     "tokens included); null: no length warm-up (shortest_first alone)")
     steps: int = Field(1000, ge=1, description="the step from which batches have their full length")
     schedule: Literal["linear", "step"] = Field(
         "linear", description="linear: the length grows with every step; step: it grows in `stages` "
@@ -109,6 +110,9 @@ class CurriculumConfig(StrictModel):
     stages: int = Field(4, ge=1, description="schedule step: how many lengths the warm-up trains at")
     multiple_of: int = Field(8, ge=1, description="the length is rounded down to a multiple of this "
                              "(never below start_length), so that few distinct shapes are compiled")
+    shortest_first: int = Field(0, ge=0, description="difficulty ordering: during this many steps the batches of "
+                                "the first epoch take the dataset's shortest instances, in increasing length (ties "
+                                "in the seeded order); the rest of the epoch follows in its seeded order. 0: off")
 
 
 class TrainConfig(StrictModel):

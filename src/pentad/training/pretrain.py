@@ -47,16 +47,19 @@ def _pretrain(cfg: Any, session: Session) -> dict[str, Any]:
     else:
         target_tokenizer = None
     dataset = open_dataset(cfg.data.dataset, tokenizer, objective)
-    lengths = None
-    if cfg.train.curriculum is not None:
-        check_objective(objective)
-        lengths = LengthSchedule.from_config(cfg.train.curriculum, objective.seq_length, cfg.train.grad_accum)
+    lengths, shortest = None, 0
+    curriculum = cfg.train.curriculum
+    if curriculum is not None:
+        if curriculum.start_length is not None:
+            check_objective(objective)
+        lengths = LengthSchedule.from_config(curriculum, objective.seq_length, cfg.train.grad_accum)
+        shortest = curriculum.shortest_first * cfg.train.grad_accum * cfg.train.batch_size
     model = session.build(cfg.model, objective.provides, cfg.init)
     changes = session.prepare_run_dir(tokenizer, target_tokenizer=target_tokenizer,
                                       unused=("train.epochs", "data.train", "data.dev", "task"))
     # every rank makes the same global batches and trains on its rows of each (Trainer)
     batches = PretrainBatches(dataset, objective, cfg.train.batch_size, cfg.train.seed,
-                              num_workers=cfg.data.loader_workers, lengths=lengths)
+                              num_workers=cfg.data.loader_workers, lengths=lengths, shortest_first=shortest)
     # set by the user (fine-tuning's length), not used here; a run's config.yaml spells out every default
     if "epochs" in cfg.train.model_fields_set and cfg.train.epochs != type(cfg.train).model_fields["epochs"].default:
         info(f"note: train.epochs={cfg.train.epochs} is not used by pre-training, whose length is train.steps "
@@ -65,6 +68,9 @@ def _pretrain(cfg: Any, session: Session) -> dict[str, Any]:
          f"epoch; training {cfg.train.steps:,} steps on {session.dist.device}")
     if lengths is not None:
         info(lengths.describe())
+    if shortest:
+        info(f"curriculum: the first {curriculum.shortest_first:,} steps take the {shortest:,} shortest instances, "
+             "shortest first")
     trainer = session.trainer(model, cfg.train.steps, "pretrain", lengths=lengths)
     trainer.resume(changes)
     start = time.perf_counter()

@@ -123,3 +123,31 @@ def test_lm_batches(shared_data, tok, tok_config, tmp_path):
     assert batch.tokens.shape == batch.labels["lm"].shape == (4, 32)
     real = ~batch.padding_mask[:, 1:]
     assert batch.tokens[:, 1:][real].equal(batch.labels["lm"][:, :-1][real])  # labels are the shift
+
+
+def test_shortest_first_orders_the_first_batches_and_resumes(bert_dataset, tok):
+    """train.curriculum.shortest_first: epoch 0 starts with the shortest instances in increasing length, the
+    rest follows in the seeded order, later epochs are untouched, and a resumed stream gives the same batches
+    (also from DataLoader workers)."""
+    path, obj = bert_dataset
+    dataset = open_dataset(path, tok, obj)
+    lengths = dataset.instance_lengths()
+    assert len(lengths) == len(dataset) and lengths.tolist() == dataset.take(np.arange(len(dataset))).lengths.tolist()
+    plain = PretrainBatches(dataset, obj, batch_size=8, seed=5)
+    ordered = PretrainBatches(dataset, obj, batch_size=8, seed=5, shortest_first=24)
+    first = ordered.indices(0).tolist() + ordered.indices(1).tolist() + ordered.indices(2).tolist()
+    assert lengths[first].tolist() == sorted(lengths[first].tolist())
+    assert lengths[first].max() <= np.sort(lengths)[23]  # the 24 shortest
+    assert lengths[first].mean() < lengths.mean() - 5
+    # after them, the other instances in the plain seeded order; epoch 1 as without ordering
+    rest = [i for i in plain.indices(0).tolist() + np.concatenate(
+        [plain.indices(b) for b in range(1, plain.batches_per_epoch)]).tolist() if i not in set(first)]
+    later = np.concatenate([ordered.indices(b) for b in range(3, ordered.batches_per_epoch)]).tolist()
+    assert later == rest[:len(later)]
+    epoch1 = plain.batches_per_epoch
+    assert ordered.indices(epoch1).tolist() == plain.indices(epoch1).tolist()
+    straight = take(ordered.iterate(0), 5)
+    resumed = take(PretrainBatches(dataset, obj, batch_size=8, seed=5, shortest_first=24).iterate(2), 3)
+    assert all(same_batch(a, b) for a, b in zip(straight[2:], resumed))
+    workers = take(PretrainBatches(dataset, obj, batch_size=8, seed=5, shortest_first=24, num_workers=2).iterate(1), 3)
+    assert all(same_batch(a, b) for a, b in zip(straight[1:4], workers))
