@@ -27,6 +27,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="new layers: stack (the small stack repeated: 0 1 0 1), interleave (each layer repeated in "
                         "place: 0 0 1 1), identity (interleave with the copies' output projections zero: exact, "
                         "pre-norm models only); default stack")
+    p.add_argument("--noise", type=float, default=0.0, metavar="R",
+                   help="add N(0, (R x the weight's std)^2) to the incoming weights of the copied hidden features, "
+                        "feed-forward units and heads, so that copies can learn apart (they receive equal gradients "
+                        "otherwise); the function then changes by about R. Default 0: exact copies")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     return p
 
@@ -39,5 +43,6 @@ def run(args: argparse.Namespace) -> int:
     run_dir, overrides = Path(args.items[0]), list(args.items[1:])
     check_writable(args.output, "--output")
     cfg = load_config(args.config, overrides)
-    print(grow_run(run_dir, cfg, args.output, depth=args.depth, overwrite=args.overwrite).render(), flush=True)
+    print(grow_run(run_dir, cfg, args.output, depth=args.depth, noise=args.noise,
+                   overwrite=args.overwrite).render(), flush=True)
     return 0

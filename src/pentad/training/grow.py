@@ -83,7 +83,13 @@ class Grown:
 
     def render(self) -> str:
         sizes = ", ".join(f"{k} {self.small[k]} -> {self.big[k]}" for k in self.big if self.small[k] != self.big[k])
-        kind = "function-preserving" if self.preserving else f"depth by {self.depth}, not function-preserving"
+        deeper = any(self.small[k] != self.big[k] for k in self.big if k.endswith("num_layers"))
+        if self.preserving:
+            kind = "function-preserving"
+        elif deeper and self.depth != "identity":
+            kind = f"depth by {self.depth}, not function-preserving"
+        else:
+            kind = "function-preserving up to the noise on the copies"
         return (f"grew {self.source} into {self.out / ckpt.WEIGHTS} ({sizes or 'same sizes'}; {kind}): "
                 f"{self.tensors} tensors, {self.bytes / 1e6:,.1f} MB; largest output difference from the small "
                 f"model on a probe batch {self.max_difference:.3g}. Train it with init={self.out}")
@@ -173,8 +179,10 @@ def _copies(n: int, m: int) -> tuple[Tensor, Tensor]:
 class _Widener:
     """The big model's tensors at the small model's depth (see the module docstring)."""
 
-    def __init__(self, small: nn.Module, big: nn.Module, small_cfg: Any, k: int):
+    def __init__(self, small: nn.Module, big: nn.Module, small_cfg: Any, k: int, noise: float = 0.0, seed: int = 0):
         self.small, self.big, self.k = small, big, k
+        self.noise = noise
+        self.generator = torch.Generator().manual_seed(seed)
         self.big_modules = dict(big.named_modules())
         self.h = small_cfg.hidden_size
         self.aliases = {head for head, _ in getattr(small, "tied", [])}
@@ -206,9 +214,19 @@ class _Widener:
             raise UserError(f"grow: {name} became {tuple(value.shape)}, the big model has {self._big_shape(name)}")
         self.out[name] = value.contiguous()
 
-    def hidden_in(self, w: Tensor) -> Tensor:
-        """Columns that read a hidden vector (of scale 1): repeated, divided by k."""
-        return torch.cat([w] * self.k, dim=-1) / self.k
+    def hidden_in(self, w: Tensor, copies: Tensor | None = None) -> Tensor:
+        """Columns that read a hidden vector (of scale 1): repeated, divided by k. With ``noise``, the repeated
+        columns and the rows of copied units or heads (``copies``, bool per row) get N(0, (noise * std)^2)
+        added, ``std`` that of the small weight's entries, so that copies can learn apart."""
+        big = torch.cat([w] * self.k, dim=-1) / self.k
+        if not self.noise:
+            return big
+        mask = torch.zeros(big.shape, dtype=torch.bool)
+        mask[:, w.shape[1]:] = True
+        if copies is not None:
+            mask[copies] = True
+        jitter = torch.randn(big.shape, generator=self.generator) * (self.noise * float(w.std()) / self.k)
+        return big + jitter * mask
 
     def hidden_out(self, w: Tensor, scale: float = 1.0) -> Tensor:
         """Rows (or a bias) that write a hidden vector: repeated, times ``scale``."""
@@ -233,11 +251,13 @@ class _Widener:
         def kv_rows(w: Tensor) -> Tensor:  # a pure-reuse layer's value rows (no queries, keys)
             return w.reshape(module.num_kv_heads, d, *w.shape[1:])[kv_src].reshape(-1, *w.shape[1:])
 
-        for part, pick in (("qkv", rows), ("v", kv_rows)):
+        q_copy = (torch.arange(big.num_heads) >= module.num_heads).repeat_interleave(d)
+        kv_copy = (torch.arange(big.num_kv_heads) >= module.num_kv_heads).repeat_interleave(d)
+        for part, pick, copies in (("qkv", rows, torch.cat([q_copy, kv_copy, kv_copy])), ("v", kv_rows, kv_copy)):
             linear = getattr(module, part, None)
             if linear is None:
                 continue
-            self._put(f"{name}.{part}.weight", self.hidden_in(pick(linear.weight)))
+            self._put(f"{name}.{part}.weight", self.hidden_in(pick(linear.weight), copies))
             if linear.bias is not None:
                 self._put(f"{name}.{part}.bias", pick(linear.bias))
         w = module.out.weight.reshape(self.h, module.num_heads, d)[:, q_src] / q_div[None, :, None]
@@ -248,11 +268,12 @@ class _Widener:
     def ffn(self, name: str, module: FeedForward) -> None:
         big = self.big_modules[name]
         src, div = _copies(module.up.weight.shape[0], big.up.weight.shape[0])
+        copies = torch.arange(len(src)) >= module.up.weight.shape[0]  # the units added by the growth
         for part in ("gate", "up"):
             linear = getattr(module, part)
             if linear is None:
                 continue
-            self._put(f"{name}.{part}.weight", self.hidden_in(linear.weight[src]))
+            self._put(f"{name}.{part}.weight", self.hidden_in(linear.weight[src], copies))
             if linear.bias is not None:
                 self._put(f"{name}.{part}.bias", linear.bias[src])
         self._put(f"{name}.down.weight", self.hidden_out(module.down.weight[:, src] / div[None, :]))
@@ -407,8 +428,8 @@ def output_difference(small: nn.Module, big: nn.Module, batch: Batch) -> float:
 
 
 # ------------------------------------------------------------------------------------------ the whole step
-def grow_model(small: nn.Module, big: nn.Module, small_cfg: Any, big_cfg: Any, depth: DepthMode = "stack"
-               ) -> dict[str, Tensor]:
+def grow_model(small: nn.Module, big: nn.Module, small_cfg: Any, big_cfg: Any, depth: DepthMode = "stack",
+               noise: float = 0.0, seed: int = 0) -> dict[str, Tensor]:
     """The big model's weights grown from ``small``'s (model configs ``small_cfg``, ``big_cfg``, already
     checked by :func:`check_configs`); loaded into ``big`` as well."""
     k = big_cfg.hidden_size // small_cfg.hidden_size
@@ -417,7 +438,7 @@ def grow_model(small: nn.Module, big: nn.Module, small_cfg: Any, big_cfg: Any, d
     with torch.no_grad():
         if wider:
             check_widenable(small_cfg)
-            tensors = _Widener(small, big, small_cfg, k).run()
+            tensors = _Widener(small, big, small_cfg, k, noise, seed).run()
         else:
             aliases = {head for head, _ in getattr(small, "tied", [])}
             tensors = {n: v.detach().clone() for n, v in small.state_dict().items() if n not in aliases}
@@ -431,11 +452,15 @@ def grow_model(small: nn.Module, big: nn.Module, small_cfg: Any, big_cfg: Any, d
     return tensors
 
 
-def grow_run(run: Path, big_cfg: Any, out: Path, depth: DepthMode = "stack", overwrite: bool = False) -> Grown:
-    """Write OUT, the big model of config ``big_cfg`` grown from the run ``run`` (module docstring)."""
+def grow_run(run: Path, big_cfg: Any, out: Path, depth: DepthMode = "stack", noise: float = 0.0,
+             overwrite: bool = False) -> Grown:
+    """Write OUT, the big model of config ``big_cfg`` grown from the run ``run`` (module docstring); ``noise``:
+    relative noise on the copies' incoming weights (:meth:`_Widener.hidden_in`), 0 for an exact copy."""
     run, out = Path(run), Path(out)
     if depth not in DEPTH_MODES:
         raise UserError(f"--depth {depth!r}: expected one of {', '.join(DEPTH_MODES)}")
+    if not 0.0 <= noise < 1.0:
+        raise UserError(f"--noise {noise}: expected a small relative noise, 0 <= noise < 1 (e.g. 0.01)")
     small_cfg, tokenizer = load_run(run)
     if out.exists() and out.resolve() == run.resolve():
         raise UserError(f"--output {out} is the small run itself; grow into a new directory")
@@ -453,19 +478,19 @@ def grow_run(run: Path, big_cfg: Any, out: Path, depth: DepthMode = "stack", ove
     ckpt.load_weights(small, ckpt.read_weights(source), str(source))
     torch.manual_seed(big_cfg.train.seed)
     big = build_model(big_cfg.model, training=False)
-    tensors = grow_model(small, big, small_cfg.model, big_cfg.model, depth)
+    tensors = grow_model(small, big, small_cfg.model, big_cfg.model, depth, noise, big_cfg.train.seed)
     preserving = small_sizes.get("encoder.num_layers") == big_sizes.get("encoder.num_layers") and \
         small_sizes.get("decoder.num_layers") == big_sizes.get("decoder.num_layers") or depth == "identity"
     difference = output_difference(small, big, probe_batch(small_cfg.model))
-    if preserving and not difference <= TOLERANCE:
+    if preserving and not noise and not difference <= TOLERANCE:
         raise UserError(f"grow: the grown model's outputs differ from the small run's by {difference:.3g} on a probe "
                         f"batch (more than {TOLERANCE}), so this model's growth is not function-preserving; grow the "
                         "depth only (keep model.hidden_size, num_heads and ffn_size)")
-    info = {"run": str(run.resolve()), "weights": str(source.resolve()), "depth": depth,
+    info = {"run": str(run.resolve()), "weights": str(source.resolve()), "depth": depth, "noise": noise,
             "small": small_sizes, "big": big_sizes, "max_difference": difference}
     _write(run, out, big_cfg, tensors, info)
     return Grown(out=out, source=source, small=small_sizes, big=big_sizes, depth=depth, max_difference=difference,
-                 preserving=preserving, tensors=len(tensors),
+                 preserving=preserving and not noise, tensors=len(tensors),
                  bytes=sum(t.numel() * t.element_size() for t in tensors.values()))
 
 

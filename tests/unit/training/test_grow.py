@@ -110,6 +110,24 @@ def test_heads_and_ffn_grow_by_any_count_and_hidden_by_three():
     assert torch.allclose(down[:, 0], down[:, 48]) and torch.allclose(down[:32, 2] * 1, down[32:64, 2])
 
 
+def test_noise_lets_copies_differ_and_changes_the_loss_a_little():
+    small_cfg = config("gpt2/tiny", "model.encoder.dropout=0", "model.embedding.dropout=0")
+    big_cfg = config("gpt2/tiny", "model.encoder.dropout=0", "model.embedding.dropout=0", *WIDE)
+    small = perturbed(small_cfg)
+    torch.manual_seed(3)
+    exact, noisy = build_model(big_cfg, training=False).eval(), build_model(big_cfg, training=False).eval()
+    grow_model(small, exact, small_cfg, big_cfg)
+    grow_model(small, noisy, small_cfg, big_cfg, noise=0.01, seed=4)
+    up_exact, up_noisy = exact.encoder.layers[0].ffn.up.weight, noisy.encoder.layers[0].ffn.up.weight
+    assert torch.equal(up_exact[:48, :32], up_noisy[:48, :32])  # the originals' first copy of the hidden features
+    assert not torch.equal(up_noisy[:48, 32:], up_noisy[:48, :32])  # the repeated hidden columns differ
+    assert not torch.equal(up_noisy[48:80], up_noisy[:32])  # copied units differ from their sources
+    assert torch.equal(up_exact[48:80], up_exact[:32])
+    b = lm_batch()
+    assert 0 < abs(loss_of(noisy, b) - loss_of(small, b)) < 0.02
+    assert loss_of(exact, b) == pytest.approx(loss_of(small, b), abs=1e-5)
+
+
 def test_depth_growth_starts_near_the_small_loss_far_below_random():
     """Copying layers is not function-preserving; on a trained-like (perturbed) small model the grown
     model's loss stays within a few tenths of the small one's, far below a random model's (~ln V)."""
