@@ -29,6 +29,15 @@ def model_problems(cfg: Any) -> list[ConfigProblem]:
         for i, name in enumerate(names):
             if name in names[:i]:
                 problems.append(ConfigProblem(f"{path}.parts.{i}", f"embedding part '{name}' appears twice"))
+        leads = [name for name in names if getattr(EMBEDDINGS.get(name), "defines_sequence", False)]
+        if len(leads) != 1:
+            kinds = sorted(n for n, c in EMBEDDINGS.items() if getattr(c, "defines_sequence", False))
+            problems.append(ConfigProblem(f"{path}.parts", f"found {len(leads)} parts that make the sequence "
+                                          f"({', '.join(leads) or 'none'}) among {names}; a slot needs exactly "
+                                          f"one of {', '.join(kinds)}, the others (positions, segments) add to it"))
+        for i, part in enumerate(slot.parts):
+            for key, msg in getattr(part, "check", lambda m: [])(cfg):
+                problems.append(ConfigProblem(f"{path}.parts.{i}.{key}", msg))
     if (cfg.decoder is None) != (cfg.target_embedding is None):
         have, lack = ("decoder", "target_embedding") if cfg.decoder is not None else ("target_embedding", "decoder")
         problems.append(ConfigProblem(f"model.{lack}", f"missing: model.{have} is set, and an encoder-decoder "
@@ -136,7 +145,8 @@ def _preorder(module: nn.Module, seen: set[int]) -> Iterable[nn.Module]:
 def init_weights(model: nn.Module, std: float) -> None:
     """Normal(0, std) weights, zero biases, unit norms (BERT / GPT-2 initialisation); RMSNorm
     scales start at one (never random, unlike TencentPretrain). Transformer blocks (attention,
-    feed-forward, experts, position bias) initialise themselves (``Block.reset_parameters``)."""
+    feed-forward, experts, position bias) and embedding parts (a patch projection is a convolution)
+    initialise themselves (``Block.reset_parameters``, ``EmbeddingPart.initialise``)."""
     from pentad.components.base import EmbeddingPart
     from pentad.layers.norms import RMSNorm, UnbiasedLayerNorm
 
@@ -154,8 +164,8 @@ def init_weights(model: nn.Module, std: float) -> None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, (RMSNorm, UnbiasedLayerNorm)):
             module.reset_parameters()
-        elif isinstance(module, EmbeddingPart) and isinstance(getattr(module, "weight", None), nn.Parameter):
-            nn.init.normal_(module.weight, std=std)
+        elif isinstance(module, EmbeddingPart):
+            module.initialise(std)
 
 
 def init_t5(model: nn.Module) -> None:

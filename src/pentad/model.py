@@ -53,9 +53,14 @@ class EmbeddingSlot(nn.Module):
 
     def forward(self, batch: Batch) -> Embedded:
         parts = self.parts()
-        hidden = parts[0](batch)
-        for part in parts[1:]:
-            hidden = hidden + part(batch)
+        # The part that defines the sequence runs first; the sum keeps the configured order.
+        lead = next(i for i, part in enumerate(parts) if part.defines_sequence)
+        first = parts[lead](batch, None)
+        length = first.shape[1]
+        hidden = None
+        for i, part in enumerate(parts):
+            out = first if i == lead else part(batch, length)
+            hidden = out if hidden is None else hidden + out
         if self.norm is not None:
             hidden = self.norm(hidden)
         hidden = self.dropout(hidden)

@@ -52,7 +52,7 @@ def _stack(cfg: Any, hidden: int) -> str:
 
 
 def _embedding(slot: Any, width: int | None) -> str:
-    parts = "+".join(p.type for p in slot.parts)
+    parts = "+".join(p.type if p.type != "patch" else f"patch{p.patch_size}" for p in slot.parts)
     return parts + (" +norm" if slot.norm else "") + (f" (E={width})" if width else "")
 
 
@@ -73,7 +73,8 @@ def rows() -> list[dict[str, str]]:
         slots.append("+".join(t.target_name for t in m.targets))
         entry = published().get(name, {})
         figure = entry.get("source", "")
-        table.append({"recipe": name, "modules": " → ".join(slots), "objective": cfg.data.objective.type,
+        objective = cfg.data.objective.type if cfg.data.objective is not None else f"task {cfg.task.type}"
+        table.append({"recipe": name, "modules": " → ".join(slots), "objective": objective,
                       "parameters": f"{count:,}" + (f" ({active:,} active)" if active != count else ""),
                       "published": figure})
     return table

@@ -26,7 +26,7 @@ from pentad.training import checkpoint as ckpt
 # fields left unset (None) stay unset so the recipe keeps its modules.
 SHRINK = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "head_size": 8,
           "ffn_size": 48, "max_positions": 160, "relative_buckets": 8, "relative_max_distance": 16,
-          "embedding_size": 16, "max_seq_length": 160}
+          "embedding_size": 16, "max_seq_length": 160, "image_size": 32, "patch_size": 8}
 
 
 @cache
@@ -69,8 +69,17 @@ def example_labels(model, kind: str, tokens: torch.Tensor, padding: torch.Tensor
     pytest.fail(f"no example labels for target kind '{kind}': add them to tests/unit/test_zoo.py")
 
 
+def _patch(model):
+    return getattr(model.embedding, "patch", None)
+
+
 def batch_for(model, vocab: int, b: int = 2, s: int = 12, t: int = 9) -> Batch:
     g = torch.Generator().manual_seed(0)
+    patch = _patch(model)
+    if patch is not None:  # an image model: pixels instead of tokens
+        batch = Batch(pixels=torch.randn(b, patch.channels, *patch.image_size, generator=g))
+        batch.labels = {name: torch.arange(b) % 2 for name in model.targets}
+        return batch
     tokens = torch.randint(0, vocab, (b, s), generator=g)
     padding = torch.zeros(b, s, dtype=torch.bool)
     padding[1, -3:] = True
@@ -233,17 +242,47 @@ def _pair_batches(cfg, count: int = 4, batch_size: int = 8) -> list[Batch]:
     return batches
 
 
+def _image_batches(model_cfg, count: int = 4, batch_size: int = 8) -> list[Batch]:
+    """Digits drawn with Pillow's built-in font at random places (label: the digit), through the image
+    classification task's own batching, for image recipes."""
+    from PIL import Image, ImageDraw
+
+    from pentad.data.images import to_pixels
+
+    patch = next(p for p in model_cfg.embedding.parts if p.type == "patch")
+    height, width = patch.image_size
+    rng = np.random.default_rng(0)
+    images, labels = [], []
+    for i in range(count * batch_size):
+        digit = i % 10
+        image = Image.new("RGB" if patch.channels == 3 else "L", (width, height), "black")
+        ImageDraw.Draw(image).text((int(rng.integers(0, width - 8)), int(rng.integers(0, height - 12))),
+                                   str(digit), fill="white")
+        images.append(np.asarray(image).reshape(height, width, patch.channels))
+        labels.append(digit)
+    images, labels = np.stack(images), torch.tensor(labels)
+    name = model_cfg.targets[0].target_name
+    return [Batch(pixels=to_pixels(images[i * batch_size:(i + 1) * batch_size], (0.5,) * 3, (0.5,) * 3),
+                  labels={name: labels[i * batch_size:(i + 1) * batch_size]}) for i in range(count)]
+
+
 def loss_drop(name: str, tmp_path_factory, steps: int = 40) -> tuple[float, float]:
     """Mean loss of the first and of the last four of ``steps`` AdamW steps over four real batches.
 
     Sizes of one family shrink to the same model, so results are shared between them."""
     cfg = load_config(name)
-    objective_cfg = cfg.data.objective.model_copy(update={"seq_length": 64})
+    objective_cfg = cfg.data.objective.model_copy(update={"seq_length": 64}) if cfg.data.objective else None
     model_cfg = shrunk_model_config(name, vocab=_tokenizer().vocab_size)
-    key = model_cfg.model_dump_json() + objective_cfg.model_dump_json()
+    images = getattr(cfg.task, "type", None) == "image_classification"
+    key = model_cfg.model_dump_json() + ("images" if images else objective_cfg.model_dump_json())
     if key not in _DROPS:
         pairs = getattr(cfg.task, "pair_input", None) == "separate"
-        batches = _pair_batches(cfg) if pairs else _batches(objective_cfg, tmp_path_factory)
+        if images:
+            batches = _image_batches(model_cfg)
+        elif pairs:
+            batches = _pair_batches(cfg)
+        else:
+            batches = _batches(objective_cfg, tmp_path_factory)
         _DROPS[key] = _train(model_cfg, batches, steps)
     return _DROPS[key]
 

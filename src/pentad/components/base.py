@@ -219,18 +219,30 @@ class ModelOutput(dict):
 
 
 class EmbeddingPart(nn.Module):
-    """One summand of the embedding slot (word, position, segment, ...).
+    """One summand of the embedding slot (word, position, segment, image patches, ...).
 
-    ``forward(batch) -> [B, S, E]``. ``requires`` lists the Batch fields it reads.
+    ``forward(batch, length) -> [B|1, S, E]``. ``requires`` lists the Batch fields it reads.
+    ``defines_sequence``: the part makes the sequence the others add to (word: one position per
+    token; patch: a CLS position then one per image patch), so its output fixes S; every slot has
+    exactly one such part, computed first. The other parts receive ``length`` (that S) and need
+    not read the field the sequence came from (a position table serves tokens and patches alike).
     ``max_positions``: how many positions an absolute position part covers (None: unlimited).
     """
 
     requires: ClassVar[tuple[str, ...]] = ()
+    defines_sequence: ClassVar[bool] = False
     max_positions: int | None = None
     registry_name: ClassVar[str]
 
-    def forward(self, batch: Batch) -> Tensor:  # pragma: no cover - abstract
+    def forward(self, batch: Batch, length: int) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def initialise(self, std: float) -> None:
+        """Fresh weights (the builder's initialisation): N(0, std) for a ``weight`` table (word,
+        position, segment); parts with other parameters override this."""
+        weight = getattr(self, "weight", None)
+        if isinstance(weight, nn.Parameter):
+            nn.init.normal_(weight, std=std)
 
 
 class Encoder(nn.Module):

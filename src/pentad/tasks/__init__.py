@@ -3,6 +3,7 @@
 from pentad.tasks import (  # noqa: F401
     chid,
     classification,
+    image_classification,
     multi_label,
     multi_task,
     multiple_choice,

@@ -50,6 +50,7 @@ class Task(ABC):
     input_format: ClassVar[str] = ""
     predictions_file: ClassVar[str] = "predictions.tsv"  # inference's default output name, in the run directory
     metric_names: ClassVar[tuple[str, ...]] = ()
+    needs_tokenizer: ClassVar[bool] = True  # False: the task reads no text (image classification)
 
     def __init__(self, cfg: Any, tokenizer: Any, seq_length: int, state: dict[str, Any] | None = None):
         self.cfg = cfg

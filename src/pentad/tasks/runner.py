@@ -37,7 +37,8 @@ def _init_source(cfg: Any) -> tuple[Any, Any]:
         if tokenizer is None:
             tokenizer = init_tok
             cfg.tokenizer = init_cfg.tokenizer
-    if tokenizer is None:
+    needs = cfg.task is None or TASKS.get(cfg.task.type).needs_tokenizer
+    if tokenizer is None and needs:
         raise UserError("no tokenizer: set `tokenizer` in the config or initialise from a run directory (init=DIR)")
     return model_cfg, tokenizer
 

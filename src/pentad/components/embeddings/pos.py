@@ -20,10 +20,10 @@ class PosEmbeddingConfig(StrictModel):
 
 @EMBEDDINGS.register("pos")
 class PosEmbedding(EmbeddingPart):
-    """Positions 0..S-1 (or ``batch.positions``) -> [B|1,S,H] from a learned table."""
+    """Positions 0..S-1 (or ``batch.positions``) -> [B|1,S,H] from a learned table; S is the length of
+    the slot's sequence (tokens, or an image's CLS and patches)."""
 
     Config = PosEmbeddingConfig
-    requires = ("tokens",)
 
     def __init__(self, max_positions: int, hidden_size: int):
         super().__init__()
@@ -34,10 +34,10 @@ class PosEmbedding(EmbeddingPart):
     def from_config(cls, cfg: PosEmbeddingConfig, model) -> PosEmbedding:
         return cls(cfg.max_positions or model.max_seq_length, model.hidden_size)
 
-    def forward(self, batch: Batch) -> Tensor:
+    def forward(self, batch: Batch, length: int | None = None) -> Tensor:
         if batch.positions is not None:
             return nn.functional.embedding(batch.positions, self.weight)
-        seq_len = batch.tokens.shape[1]
+        seq_len = length if length is not None else batch.tokens.shape[1]
         if seq_len > self.weight.shape[0]:
             raise ValueError(f"sequence length {seq_len} exceeds the {self.weight.shape[0]} learned positions")
         return self.weight[:seq_len].unsqueeze(0)

@@ -33,5 +33,5 @@ class SegEmbedding(EmbeddingPart):
     def from_config(cls, cfg: SegEmbeddingConfig, model) -> SegEmbedding:
         return cls(cfg.num_segments, model.hidden_size)
 
-    def forward(self, batch: Batch) -> Tensor:
+    def forward(self, batch: Batch, length: int | None = None) -> Tensor:
         return nn.functional.embedding(batch.segments, self.weight)

@@ -52,7 +52,6 @@ class SinusoidalEmbedding(EmbeddingPart):
     """Positions -> [1|B,S,H]; no parameters (the table is a non-persistent buffer)."""
 
     Config = SinusoidalEmbeddingConfig
-    requires = ("tokens",)
 
     def __init__(self, max_positions: int, hidden_size: int, interleave: bool = True, spacing: str = "vaswani",
                  offset: int = 0):
@@ -73,7 +72,7 @@ class SinusoidalEmbedding(EmbeddingPart):
         self.table = sinusoidal_table(self.max_positions, self.hidden_size, **self.layout).to(
             self.table.device if self.table.device.type != "meta" else "cpu")
 
-    def forward(self, batch: Batch) -> Tensor:
+    def forward(self, batch: Batch, length: int | None = None) -> Tensor:
         if batch.positions is not None:
             return self.table[batch.positions]
-        return self.table[: batch.tokens.shape[1]].unsqueeze(0)
+        return self.table[: length if length is not None else batch.tokens.shape[1]].unsqueeze(0)

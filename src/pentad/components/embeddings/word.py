@@ -25,6 +25,7 @@ class WordEmbedding(EmbeddingPart):
 
     Config = WordEmbeddingConfig
     requires = ("tokens",)
+    defines_sequence = True
 
     def __init__(self, vocab_size: int, hidden_size: int, scale: bool = False):
         super().__init__()
@@ -35,6 +36,6 @@ class WordEmbedding(EmbeddingPart):
     def from_config(cls, cfg: WordEmbeddingConfig, model) -> WordEmbedding:
         return cls(model.vocab_size, model.hidden_size, cfg.scale)
 
-    def forward(self, batch: Batch) -> Tensor:
+    def forward(self, batch: Batch, length: int | None = None) -> Tensor:
         out = nn.functional.embedding(batch.tokens, self.weight)
         return out * self.scale if self.scale is not None else out

@@ -1,0 +1,146 @@
+"""Images as model input: decoding (Pillow), resizing, seeded augmentation and normalisation.
+
+Images are decoded once, when a file of examples is read, into uint8 arrays ``[N, H, W, C]`` at
+the model's image size (Pillow, bicubic, as Hugging Face's ViT image processor resizes); training
+batches then crop and flip those arrays with the batch's seeded generator, and every batch is
+normalised to float ``pixels [B, C, H, W]``. Nothing here needs a GPU, and nothing decodes an
+image inside the training loop.
+
+Colour: an image whose mode differs from the model's channels (grayscale for an RGB model, RGBA,
+palette) is converted, and the conversion is reported once per file. Bad input (a missing path, a
+file that is not an image or is truncated) is a :class:`~pentad.errors.UserError` naming the
+examples file, its line and the image path.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from pydantic import Field, field_validator
+
+from pentad.config.base import StrictModel
+from pentad.errors import UserError
+from pentad.log import info
+
+#: Normalisation presets: Hugging Face ViT's (0.5 everywhere) and ImageNet's (BEiT-style, timm).
+NORMALISE = {"half": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+             "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+             "clip": ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))}
+
+
+class AugmentConfig(StrictModel):
+    """Training-time augmentation (evaluation and inference never augment)."""
+
+    crop_scale: list[float] | None = Field(
+        [0.08, 1.0], description="random resized crop: the crop's share of the image area is drawn from "
+        "this range (and its aspect ratio from 3/4..4/3), then resized back to the image size; null: no crop")
+    flip: bool = Field(True, description="mirror half of the training images left to right (off for digits "
+                       "and text, whose meaning a mirror changes)")
+
+    @field_validator("crop_scale")
+    @classmethod
+    def _range(cls, value: list[float] | None) -> list[float] | None:
+        if value is not None and (len(value) != 2 or not 0.0 < value[0] <= value[1] <= 1.0):
+            raise ValueError(f"expected [low, high] with 0 < low <= high <= 1, found {value}")
+        return value
+
+
+def _mode(channels: int) -> str:
+    if channels == 3:
+        return "RGB"
+    if channels == 1:
+        return "L"
+    raise UserError(f"images with {channels} channels are not supported: the patch embedding's channels must "
+                    "be 3 (RGB) or 1 (grayscale)")
+
+
+def load_images(paths: Sequence[Path], lines: Sequence[int], source: Path, size: tuple[int, int],
+                channels: int) -> np.ndarray:
+    """Decode and resize ``paths`` -> uint8 ``[N, H, W, C]``; ``lines``: each path's line in ``source``
+    (the examples file), for errors."""
+    from PIL import Image, UnidentifiedImageError
+
+    mode = _mode(channels)
+    height, width = size
+    out = np.empty((len(paths), height, width, channels), dtype=np.uint8)
+    converted: Counter[str] = Counter()
+    for i, (path, line) in enumerate(zip(paths, lines)):
+        where = f"{source}, line {line}: image {path}"
+        if not path.is_file():
+            raise UserError(f"{where} does not exist (image paths are relative to the examples file's folder)")
+        try:
+            with Image.open(path) as image:
+                image.load()
+                if image.mode != mode:
+                    converted[image.mode] += 1
+                    image = image.convert(mode)
+                if image.size != (width, height):
+                    image = image.resize((width, height), Image.Resampling.BICUBIC)
+                array = np.asarray(image, dtype=np.uint8)
+        except UnidentifiedImageError:
+            raise UserError(f"{where} is not an image file Pillow can read") from None
+        except OSError as error:
+            raise UserError(f"{where} could not be decoded ({error}); the file may be truncated") from None
+        out[i] = array.reshape(height, width, channels)
+    if converted:
+        found = ", ".join(f"{n} {m}" for m, n in sorted(converted.items()))
+        info(f"{source}: converted {found} image(s) to {mode} (the model takes {channels} channel(s))")
+    return out
+
+
+def random_resized_crop(image: np.ndarray, scale: Sequence[float], rng: np.random.Generator) -> np.ndarray:
+    """A crop covering a random share of ``image``'s area (``scale``) with an aspect ratio in 3/4..4/3,
+    resized back to the image's size (uint8 ``[H, W, C]``). After ten draws that do not fit, the
+    central crop of the largest fitting ratio (as torchvision's RandomResizedCrop)."""
+    from PIL import Image
+
+    height, width, channels = image.shape
+    area = height * width
+    log_ratio = (np.log(3 / 4), np.log(4 / 3))
+    box = None
+    for _ in range(10):
+        target = area * rng.uniform(scale[0], scale[1])
+        ratio = float(np.exp(rng.uniform(*log_ratio)))
+        w = int(round(np.sqrt(target * ratio)))
+        h = int(round(np.sqrt(target / ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(rng.integers(0, height - h + 1))
+            left = int(rng.integers(0, width - w + 1))
+            box = (left, top, left + w, top + h)
+            break
+    if box is None:
+        ratio = width / height
+        w, h = (width, int(round(width / 4 * 3))) if ratio > 4 / 3 else (
+            (int(round(height * 3 / 4)), height) if ratio < 3 / 4 else (width, height))
+        left, top = (width - w) // 2, (height - h) // 2
+        box = (left, top, left + w, top + h)
+    pil = Image.fromarray(image[..., 0] if channels == 1 else image)
+    resized = pil.resize((width, height), Image.Resampling.BILINEAR, box=box)
+    return np.asarray(resized, dtype=np.uint8).reshape(height, width, channels)
+
+
+def to_pixels(images: np.ndarray, mean: Sequence[float], std: Sequence[float]):
+    """uint8 ``[B, H, W, C]`` -> float32 tensor ``[B, C, H, W]``, scaled to 0..1 then normalised."""
+    import torch
+
+    channels = images.shape[-1]
+    m = np.asarray(mean[:channels], dtype=np.float32).reshape(1, channels, 1, 1)
+    s = np.asarray(std[:channels], dtype=np.float32).reshape(1, channels, 1, 1)
+    pixels = images.transpose(0, 3, 1, 2).astype(np.float32) / 255.0
+    return torch.from_numpy((pixels - m) / s)
+
+
+def augment(images: np.ndarray, cfg: AugmentConfig | None, rng: np.random.Generator) -> np.ndarray:
+    """The training view of a batch of uint8 images (a copy; the stored images stay as read)."""
+    if cfg is None:
+        return images
+    out = images.copy()
+    for i in range(len(out)):
+        if cfg.crop_scale is not None:
+            out[i] = random_resized_crop(out[i], cfg.crop_scale, rng)
+        if cfg.flip and rng.random() < 0.5:
+            out[i] = out[i][:, ::-1]
+    return out

@@ -1,0 +1,203 @@
+"""Image classification (ViT and other patch models): TSV ``label<TAB>path`` -> ``cls`` head.
+
+The file has a header line naming its columns, ``label`` and ``path`` (TencentPretrain's format;
+inference input may leave ``label`` out). Paths are relative to the TSV file's folder, or
+absolute. Images are decoded and resized to the model's image size when the file is read
+(``pentad.data.images``); training batches are augmented with the batch's seeded generator
+(random resized crop, horizontal flip: ``task.augment``), evaluation batches never are.
+The model needs no tokenizer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from pentad.components.base import Batch
+from pentad.data.corpus import BadLine, decode_line
+from pentad.data.images import NORMALISE, AugmentConfig, augment, load_images, to_pixels
+from pentad.data.tsv import LabelMap, TsvRow
+from pentad.errors import UserError
+from pentad.layers.pooling import PoolingKind
+from pentad.registry import TASKS
+from pentad.tasks.base import EpochBatches, Task, TaskConfig, classification_metrics, in_order, predict_logits
+
+
+class ImageClassificationTaskConfig(TaskConfig):
+    type: Literal["image_classification"] = "image_classification"
+    num_labels: int | None = Field(None, ge=2, description="default: the labels found in the training set")
+    pooling: PoolingKind = Field("first", description="what the head reads: first (the CLS position) or mean "
+                                 "(over every position)")
+    pooler: bool = Field(False, description="dense + tanh before the classifier (TencentPretrain's cls head); "
+                         "ViT's has none")
+    head_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    metric: Literal["accuracy", "macro_f1", "top5"] = Field("accuracy", description="dev metric that picks "
+                                                            "the best model")
+    normalise: Literal["half", "imagenet", "clip"] = Field(
+        "half", description="pixel mean and std: half (0.5, 0.5: Hugging Face ViT), imagenet (BEiT, timm), "
+        "clip (CLIP's)")
+    augment: AugmentConfig | None = Field(default_factory=AugmentConfig, description="training augmentation; "
+                                          "null: none")
+
+
+class ImageInstances:
+    """Decoded images uint8 [N,H,W,C], label ids (or None) and the TSV lines they came from."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray | None, lines: list[int]):
+        self.images, self.labels, self.lines = images, labels, lines
+        self.fields = {"label": labels} if labels is not None else {}
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+
+def read_image_tsv(path: Path, with_labels: bool) -> list[TsvRow]:
+    """The rows of a ``label<TAB>path`` file (``text_a`` holds the image path as written)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"TSV file {path} does not exist (the image classification examples: a header "
+                        "'label<TAB>path', then one image per line)")
+    rows: list[TsvRow] = []
+    columns: list[str] = []
+    expected = "'label<TAB>path'" if with_labels else "'path' (and optionally 'label')"
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                text = decode_line(raw, number)
+            except BadLine as bad:
+                raise UserError(f"{path}, line {number}: the line {bad}.") from None
+            if not text.strip():
+                continue
+            if not columns:
+                columns = [c.strip() for c in text.split("\t")]
+                wrong = sorted(set(columns) - {"label", "path"})
+                if wrong or "path" not in columns or (with_labels and "label" not in columns) \
+                        or len(set(columns)) != len(columns):
+                    raise UserError(f"{path}, line 1: expected a header line {expected}, found {text[:80]!r}. "
+                                    "Add the header as the first line.")
+                continue
+            values = text.split("\t")
+            if len(values) != len(columns):
+                raise UserError(f"{path}, line {number}: {len(values)} tab-separated field(s), the header has "
+                                f"{len(columns)} ({', '.join(columns)})")
+            row = dict(zip(columns, values))
+            if not row["path"].strip():
+                raise UserError(f"{path}, line {number}: the path field is empty")
+            label = row.get("label")
+            if label is not None and not label.strip() and with_labels:
+                raise UserError(f"{path}, line {number}: the label field is empty; give every image its label")
+            rows.append(TsvRow(number, row["path"].strip(), None, label.strip() if label is not None else None))
+    if not rows:
+        raise UserError(f"TSV file {path} has no examples; expected a header line {expected} and one image "
+                        "per line")
+    return rows
+
+
+@TASKS.register("image_classification")
+class ImageClassificationTask(Task):
+    """Image classification: a softmax head over a patch model's CLS state (accuracy, top-5)."""
+
+    Config = ImageClassificationTaskConfig
+    head = "cls"
+    needs_tokenizer = False
+    input_format = "label<TAB>path (paths relative to the TSV)"
+    metric_names = ("accuracy", "macro_f1", "top5")
+    provides = frozenset({"pixels", "labels.cls"})
+
+    def __init__(self, cfg: ImageClassificationTaskConfig, tokenizer, seq_length: int, state=None):
+        self.label_map: LabelMap | None = None
+        self.image_size: tuple[int, int] | None = None
+        self.channels = 3
+        super().__init__(cfg, tokenizer, seq_length, state)
+        self.mean, self.std = NORMALISE[cfg.normalise]
+
+    def bind(self, run_cfg: Any) -> None:
+        """The image size and channels of the model's patch embedding."""
+        patch = next((p for p in run_cfg.model.embedding.parts if getattr(p, "type", "") == "patch"), None)
+        if patch is None:
+            kinds = [p.type for p in run_cfg.model.embedding.parts]
+            raise UserError(f"task image_classification reads images, but model.embedding.parts is {kinds}: "
+                            "it needs a 'patch' part (a ViT recipe, e.g. --config vit/base-16)")
+        self.image_size, self.channels = (patch.image_size[0], patch.image_size[1]), patch.channels
+
+    # ---------------------------------------------------------------- fitting and state
+    def fit(self, train_path: Path) -> None:
+        rows = read_image_tsv(train_path, with_labels=True)
+        self.label_map = LabelMap.from_rows(rows, train_path, num_labels=self.cfg.num_labels)
+        if self.label_map.num_labels < 2:
+            raise UserError(f"{train_path}: every example has the label {self.label_map.names}; a classifier needs "
+                            "at least two classes (or set task.num_labels)")
+
+    def state(self) -> dict[str, Any]:
+        return self.label_map.to_dict()
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.label_map = LabelMap.from_dict(state)
+
+    def describe(self) -> str:
+        return f"{self.label_map.num_labels} labels {self.label_map.names}"
+
+    def head_configs(self) -> list[dict[str, Any]]:
+        return [{"type": "cls", "num_labels": self.label_map.num_labels, "pooling": self.cfg.pooling,
+                 "pooler": self.cfg.pooler, "dropout": self.cfg.head_dropout}]
+
+    # ---------------------------------------------------------------- data
+    def read(self, path: Path, with_labels: bool = True) -> ImageInstances:
+        if self.image_size is None:
+            raise RuntimeError("bind() gives the task its image size before read()")
+        path = Path(path)
+        rows = read_image_tsv(path, with_labels)
+        images = load_images([(path.parent / r.text_a) for r in rows], [r.line for r in rows], path,
+                             self.image_size, self.channels)
+        labels = None
+        if with_labels and all(r.label is not None for r in rows):
+            labels = np.asarray([self.label_map.encode(r.label, path, r.line) for r in rows], dtype=np.int64)
+        return ImageInstances(images, labels, [r.line for r in rows])
+
+    def _batch(self, instances: ImageInstances, indices, rng: np.random.Generator | None) -> Batch:
+        index = np.asarray(indices)
+        images = instances.images[index]
+        if rng is not None:
+            images = augment(images, self.cfg.augment, rng)
+        batch = Batch(pixels=to_pixels(images, self.mean, self.std))
+        if instances.labels is not None:
+            batch.labels[self.head] = torch.from_numpy(instances.labels[index])
+        return batch
+
+    def collate(self, instances: ImageInstances, indices, rng: np.random.Generator) -> Batch:
+        """An evaluation batch (not augmented)."""
+        return self._batch(instances, indices, None)
+
+    def train_batches(self, instances: ImageInstances, batch_size: int, seed: int) -> EpochBatches:
+        """Augmented batches, each drawn with the batch's own seeded generator (so a resumed run sees the
+        same crops and flips as an uninterrupted one)."""
+        return EpochBatches(len(instances), batch_size, seed, lambda idx, rng: self._batch(instances, idx, rng))
+
+    # ---------------------------------------------------------------- evaluation and output
+    def predict(self, model, instances: ImageInstances, batch_size: int, device, progress: str | None = None):
+        """The head's logits [N, num_labels]."""
+        batches = (self.collate(instances, idx, None) for idx in in_order(len(instances), batch_size, progress))
+        return predict_logits(model, batches, self.head, device)
+
+    def score(self, predictions: torch.Tensor, instances, gold: np.ndarray) -> dict[str, float]:
+        metrics = classification_metrics(predictions.argmax(-1).numpy(), gold, self.label_map.num_labels)
+        k = min(5, predictions.shape[-1])
+        top = predictions.topk(k, dim=-1).indices.numpy()
+        metrics["top5"] = float((top == gold[:, None]).any(axis=1).mean()) if len(gold) else 0.0
+        return metrics
+
+    def write_predictions(self, path: Path, logits: torch.Tensor, instances, probabilities: bool) -> None:
+        """TSV with header ``label`` (and one ``prob_<label>`` column per class on request)."""
+        from pentad.training.checkpoint import atomic_write_text
+
+        names = list(self.label_map.names)
+        probs = torch.softmax(logits, dim=-1).numpy()
+        header = ["label"] + ([f"prob_{n}" for n in names] if probabilities else [])
+        lines = ["\t".join(header)]
+        for p, row in zip(logits.argmax(-1).numpy(), probs):
+            lines.append("\t".join([names[int(p)]] + ([f"{x:.6f}" for x in row] if probabilities else [])))
+        atomic_write_text(path, "\n".join(lines) + "\n")
