@@ -10,7 +10,11 @@ import torch
 from torch import nn
 
 from pentad.errors import ConfigError, ConfigProblem, UserError
+from pentad.layers.attention import Attention
 from pentad.layers.block import Block
+from pentad.layers.feed_forward import FeedForward
+from pentad.layers.pruning import keep_heads, keep_neurons, prunable_heads
+from pentad.layers.quantized import quantize_linears
 from pentad.model import EmbeddingSlot, Model
 from pentad.registry import DECODERS, EMBEDDINGS, ENCODERS, TARGETS
 
@@ -236,9 +240,44 @@ def build_model(cfg: Any, provided: Iterable[str] | None = None, device: str | t
             init_weights(model, cfg.init_std)
             if cfg.init == "t5":
                 init_t5(model)
+    if cfg.compression is not None:
+        apply_compression(model, cfg.compression)
     if provided is not None:
         check_requirements(model, set(provided), training)
     return model
+
+
+def apply_compression(model: Model, compression: Any) -> None:
+    """Give ``model`` (just built at full size) the shapes ``model.compression`` records: attention blocks
+    with fewer heads, feed-forward blocks of smaller width, then int8 linear layers; the weights are read
+    afterwards (``pentad compress``, docs/compress.md)."""
+    problems: list[ConfigProblem] = []
+    for section, kind, names in (("heads", Attention, compression.heads), ("ffn", FeedForward, compression.ffn)):
+        for name, size in names.items():
+            path = f"model.compression.{section}.{name}"
+            try:
+                module = model.get_submodule(name)
+            except AttributeError:
+                problems.append(ConfigProblem(path, "no such module in this model"))
+                continue
+            if not isinstance(module, kind):
+                problems.append(ConfigProblem(path, f"{name} is a {type(module).__name__}, not a "
+                                              f"{kind.__name__}"))
+                continue
+            full = module.num_heads if kind is Attention else module.up.out_features
+            why = prunable_heads(module) if kind is Attention else None
+            if why is not None:
+                problems.append(ConfigProblem(path, f"its heads cannot be pruned: {why}"))
+            elif not 1 <= size <= full:
+                problems.append(ConfigProblem(path, f"{size} is not between 1 and the block's full size {full}"))
+            elif kind is Attention:
+                keep_heads(module, list(range(size)))
+            else:
+                keep_neurons(module, list(range(size)))
+    if problems:
+        raise ConfigError(problems, "model.compression does not fit this model")
+    if compression.quantize == "int8":
+        quantize_linears(model)
 
 
 def _embedding_slot(slot_cfg: Any, cfg: Any, sizes: SlotSizes, project: bool = True) -> EmbeddingSlot:

@@ -124,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--output", "-o", required=True, type=Path)
     b.add_argument("--cased", action="store_true", help="keep case (default: lower-case)")
     b.add_argument("--min-frequency", type=int, default=2)
+    from pentad.cli import compress as compress_cli
     from pentad.cli import convert as convert_cli
     from pentad.cli import embed as embed_cli
     from pentad.cli import export as export_cli
@@ -135,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     export_cli.add_parser(sub)
     merge_lora_cli.add_parser(sub)
     grow_cli.add_parser(sub)
+    compress_cli.add_parser(sub)
     generate_cli.add_parser(sub)
     embed_cli.add_parser(sub)
     p = sub.add_parser("demo", help="pre-train a small BERT on Wikipedia text, fine-tune on movie reviews")
@@ -204,6 +206,10 @@ def run(args: argparse.Namespace) -> int:
         from pentad.cli import convert as convert_cli
 
         return convert_cli.run(args)
+    if cmd == "compress":
+        from pentad.cli import compress as compress_cli
+
+        return compress_cli.run(args)
     if cmd == "export":
         from pentad.cli import export as export_cli
 

@@ -13,6 +13,22 @@ from pentad.config.unions import registry_union
 from pentad.registry import DECODERS, ENCODERS, TARGETS
 
 
+class CompressionConfig(StrictModel):
+    """``model.compression``: what ``pentad compress`` did to a model, so that every reader (infer,
+    generate, a teacher, ``init=``) builds the same smaller modules before reading the weights
+    (docs/compress.md). Written by ``pentad compress``, not set by hand."""
+
+    quantize: Literal["int8"] | None = Field(None, description="int8: every linear layer not tied to an "
+                                             "embedding holds int8 weights and per-channel scales (inference "
+                                             "only)")
+    heads: dict[str, int] = Field(default_factory=dict, description="attention block (module name) -> the "
+                                  "number of heads it kept after structured pruning")
+    ffn: dict[str, int] = Field(default_factory=dict, description="feed-forward block (module name) -> its "
+                                "width after structured pruning")
+    sparsity: float = Field(0.0, ge=0.0, lt=1.0, description="the fraction of each linear weight zeroed by "
+                            "magnitude (unstructured sparsity; a record: the weights stay dense)")
+
+
 class ModelConfigBase(StrictModel):
     hidden_size: int = Field(..., ge=1)
     vocab_size: int | None = Field(None, ge=1, description="set from the tokenizer when one is given")
@@ -30,6 +46,8 @@ class ModelConfigBase(StrictModel):
     init_std: float = Field(0.02, gt=0.0, description="std of the normal initialisation of weights")
     init: Literal["normal", "t5"] = Field("normal", description="normal: N(0, init_std) weights (BERT, GPT-2); "
                                           "t5: unit-variance embeddings and fan-in-scaled projections (T5)")
+    compression: CompressionConfig | None = Field(None, description="set by pentad compress: pruned block "
+                                                  "sizes and int8 quantization (docs/compress.md)")
 
     @property
     def output_vocab_size(self) -> int | None:

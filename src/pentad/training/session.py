@@ -147,6 +147,11 @@ class Session:
         With ``train.lora`` the model is then adapted (:func:`pentad.training.lora.apply_lora`): its
         ``init`` weights are the frozen base, ``new_heads`` the task's heads, which train by default.
         """
+        compression = getattr(model_cfg, "compression", None)
+        if compression is not None and compression.quantize is not None:
+            raise UserError(f"model.compression.quantize is {compression.quantize}: a quantized model is for "
+                            "inference only (pentad infer, generate) and cannot train; fine-tune the run it was "
+                            "quantized from, then quantize again")
         adapters = self.cfg.train.lora
         if adapters is not None:
             lora.check_usable(self.cfg.train, init)

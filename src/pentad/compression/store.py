@@ -1,0 +1,95 @@
+"""Reading a run's model and writing a compressed run directory.
+
+A compressed run is a run-like directory (as ``pentad export`` writes): ``model.safetensors``, the
+``config.yaml`` whose ``model.compression`` records what was done (pruned block sizes, int8), the
+tokenizer(s) and the task state. Every reader builds its model from that config (the builder applies
+``model.compression`` before the weights are read), so ``pentad infer``, ``generate``, ``init=`` and
+``--teacher`` take it like any run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from pentad.builder import build_model
+from pentad.config.loader import dump_config
+from pentad.config.model import CompressionConfig
+from pentad.errors import UserError, writing
+from pentad.runs import CONFIG, load_run
+from pentad.training import checkpoint as ckpt
+from pentad.training.export import CARRIED
+
+COMPRESS_KEY = "pentad_compress"  # metadata of OUT/model.safetensors: where it came from, what was done
+
+
+def load_run_model(run: Path) -> tuple[nn.Module, Any, Any]:
+    """(model in eval mode with the run's best or latest weights, config, tokenizer) of ``run``."""
+    run = Path(run)
+    cfg, tokenizer = load_run(run)
+    weights = ckpt.find_weights(run)
+    model = build_model(cfg.model, training=False)
+    ckpt.load_weights(model, ckpt.read_weights(weights), str(weights))
+    return model.eval(), cfg, tokenizer
+
+
+def check_output(run: Path, out: Path, overwrite: bool, option: str = "--out") -> None:
+    if out.exists() and out.resolve() == Path(run).resolve():
+        raise UserError(f"{option} {out} is the run directory itself; write the compressed model to a new directory")
+    if out.exists() and not overwrite:
+        raise UserError(f"{option} {out} already exists; pass --overwrite to replace it, or choose another "
+                        "directory (outputs are never replaced silently)")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{option} {out} is a file; pentad compress writes a directory")
+
+
+def write_run(source: Path, out: Path, cfg: Any, model: nn.Module, record: dict[str, Any]) -> Path:
+    """Write ``model`` with ``cfg`` (its ``model.compression`` already set) to the run-like directory
+    ``out``, carrying the source run's tokenizer(s) and task state; replaced atomically."""
+    source, out = Path(source), Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        for name in CARRIED:
+            item = source / name
+            if name == CONFIG:
+                continue
+            if item.is_dir():
+                shutil.copytree(item, staged / name)
+            elif item.is_file():
+                with writing(staged / name):
+                    shutil.copy2(item, staged / name)
+        ckpt.atomic_write_text(staged / CONFIG, dump_config(cfg))
+        ckpt.save_weights(model, staged / ckpt.WEIGHTS, {COMPRESS_KEY: json.dumps(record)})
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(staged, out)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return out
+
+
+def weights_bytes(model: nn.Module) -> int:
+    """Bytes of the tensors a weights file of ``model`` holds (tied aliases once)."""
+    return sum(t.numel() * t.element_size() for t in ckpt.weights_to_save(model).values())
+
+
+def with_compression(cfg: Any, **changes: Any) -> Any:
+    """A copy of the run config ``cfg`` whose ``model.compression`` has ``changes``."""
+    new = cfg.model_copy(deep=True)
+    current = new.model.compression.model_dump() if new.model.compression is not None else {}
+    new.model.compression = CompressionConfig(**{**current, **changes})
+    return new
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters()) + sum(
+        b.numel() for name, b in model.named_buffers() if name.endswith("weight_int8"))
+
