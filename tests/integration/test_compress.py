@@ -72,3 +72,46 @@ def test_quantized_language_model_generates(tmp_path):
     texts = [g.generate(["w1 w2"], max_new_tokens=6, min_new_tokens=6)[0][0] for g in (int8, again)]
     assert texts[0].token_ids == texts[1].token_ids and len(texts[0].token_ids) == 6
     assert len(fp32.generate(["w1 w2"], max_new_tokens=6, min_new_tokens=6)[0][0].token_ids) == 6
+
+
+@pytest.mark.heavy
+def test_distil_prune_recover_quantize_chain(english, finetuned, tmp_path):
+    import json
+
+    import yaml
+
+    out = tmp_path / "small"
+    assert main(["compress", str(finetuned), "--out", str(out), "--distill", "layers=1,epochs=1",
+                 "--prune", "heads=0.5,ffn=0.5", "--recover-epochs", "1", "--quantize", "int8"]) == 0
+    record = json.loads((out / "compress.json").read_text())
+    assert [s["step"] for s in record["steps"]] == ["source", "distilled", "pruned", "recovered", "quantized"]
+    sizes = [s["mb"] for s in record["steps"]]
+    assert sizes[1] < sizes[0] and sizes[2] < sizes[1] and sizes[4] < sizes[3]
+    assert all(0.0 <= s["dev"]["accuracy"] <= 1.0 for s in record["steps"] if s["step"] in ("distilled", "recovered"))
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    compression = cfg["model"]["compression"]
+    assert cfg["model"]["encoder"]["num_layers"] == 1
+    assert compression["quantize"] == "int8"
+    assert list(compression["heads"].values()) == [1] and list(compression["ffn"].values()) == [32]
+    assert cfg["train"]["distill"]["hidden_weight"] == 1.0  # the student learnt hidden states and attention
+    metrics = [json.loads(line) for line in (out / "steps" / "distilled" / "metrics.jsonl").read_text().splitlines()]
+    assert any("cls_distill_loss" in m for m in metrics)
+    assert main(["infer", "--model", str(out), f"data.test={english['nolabel']}",
+                 "--output", str(tmp_path / "p.tsv")]) == 0
+    assert len((tmp_path / "p.tsv").read_text().splitlines()) == 11
+
+
+def test_prune_without_recovery_and_bad_options(english, finetuned, tmp_path, capsys):
+    out = tmp_path / "pruned"
+    assert main(["compress", str(finetuned), "--out", str(out), "--prune", "heads=0.5,sparsity=0.3",
+                 "--recover-epochs", "0"]) == 0
+    assert "sparsity: 0.3" in (out / "config.yaml").read_text()
+    assert main(["infer", "--model", str(out), f"data.test={english['nolabel']}",
+                 "--output", str(tmp_path / "p.tsv")]) == 0
+    capsys.readouterr()
+    for argv, needle in ((["--prune", "heads=2"], "below 1"), (["--distill", "epochs=1"], "layers=N"),
+                         (["--distill", "layers=2"], "fewer layers than the teacher"),
+                         (["--prune", "heads=0.5", "--data", str(tmp_path / "none.tsv")], "does not exist")):
+        assert main(["compress", str(finetuned), "--out", str(tmp_path / "x"), *argv]) == 2
+        assert needle in capsys.readouterr().err
+        assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x*"))  # nothing left behind

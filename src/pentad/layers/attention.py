@@ -259,3 +259,28 @@ class AttentionReuse:
     def stochastic(self, training: bool) -> bool:
         """Whether this forward's decisions are random (training with 0 < recompute_p < 1)."""
         return training and 0.0 < self.recompute_p < 1.0
+
+
+def attention_probabilities(attention: Attention, x: Tensor, inputs: AttentionInputs) -> Tensor:
+    """The attention distributions [B, heads, q, k] a self-attention block computes for its input ``x``
+    [B,q,H] (no cache), recomputed from its ``qkv`` projection: what attention-transfer distillation reads
+    (through a forward hook, so the block's own forward is untouched). Differentiable."""
+    if attention.cross:
+        raise ValueError("attention_probabilities reads self-attention blocks")
+    q, k, _ = attention.qkv(x).split((attention.q_dim, attention.kv_dim, attention.kv_dim), dim=-1)
+    q, k = attention._heads(q, attention.num_heads), attention._heads(k, attention.num_kv_heads)
+    if inputs.rotary is not None:
+        cos, sin = inputs.rotary
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    if k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    scale = attention.scale if attention.scale is not None else attention.head_size ** -0.5
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    if inputs.is_causal:
+        q_len, k_len = scores.shape[-2:]
+        allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=x.device).tril(k_len - q_len)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    if inputs.mask is not None:
+        mask = inputs.mask
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+    return scores.softmax(dim=-1)

@@ -98,6 +98,8 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
                                provided=task.provides, seq_length=seq_length, device=session.dist.device,
                                state_file=STATE, trains=task.trains)
     model = session.build(cfg.model, task.provides, cfg.init, new_heads=task.head_names(), drop_heads=True)
+    if distiller is not None:
+        distiller.attach(model)
     if cfg.init is None:
         info("no init: training from randomly initialised weights")
     run_dir = Path(cfg.output)

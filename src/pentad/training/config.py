@@ -62,6 +62,15 @@ class DistillConfig(StrictModel):
     loss: Literal["kl", "mse"] = Field("kl", description="kl: KL(teacher || student) of the softened "
                                        "distributions; mse: mean squared error of the raw logits (TencentPretrain's "
                                        "--soft_targets)")
+    hidden_weight: float = Field(0.0, ge=0.0, description="hidden-state transfer: weight of the mean squared "
+                                 "error between each student layer's output and its mapped teacher layer's (of "
+                                 "their token-similarity matrices when the widths differ); 0: off (docs/compress.md)")
+    attention_weight: float = Field(0.0, ge=0.0, description="attention transfer: weight of KL(teacher || student) "
+                                    "of the attention distributions of mapped layers (head-averaged when the head "
+                                    "counts differ); 0: off")
+    layer_map: list[int] | None = Field(None, description="hidden and attention transfer: student layer i learns "
+                                        "from teacher layer layer_map[i] (0-based); default: evenly spaced, the last "
+                                        "on the last ((i + 1) * T // S - 1)")
 
 
 # LoRA targets: the projections of every attention (self and cross) and feed-forward block, by role,

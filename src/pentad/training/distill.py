@@ -29,12 +29,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pentad.builder import build_model
 from pentad.components.base import Batch, TargetOutput
 from pentad.errors import UserError
+from pentad.layers.attention import attention_probabilities
 from pentad.layers.soft_labels import SoftLoss
+from pentad.layers.transformer import TransformerLayer
 from pentad.runs import info, load_run
 from pentad.training import checkpoint as ckpt
 from pentad.training.config import TrainConfig
@@ -170,6 +173,13 @@ class Distiller:
         self.task = task
         self._checked = False
 
+    def attach(self, student: nn.Module) -> None:
+        """Let the transfers that read the student's inner states (:class:`LayerTransfer`) hook into it;
+        called once, after the student is built."""
+        for transfer in self.transfers:
+            if hasattr(transfer, "attach"):
+                transfer.attach(student)
+
     def teach(self, batch: Batch, autocast: Callable[[], AbstractContextManager[Any]]) -> dict[str, TargetOutput]:
         with autocast():
             return self.teacher.outputs(batch)
@@ -217,6 +227,153 @@ def make_distiller(train: TrainConfig, *, task_type: str, task_state: Any, token
                   tokenizer=tokenizer, seq_length=seq_length, state_file=state_file)
     teacher = load_teacher(run_dir, provided, device, param_dtype(resolve(train.precision, device)),
                            loaded=(teacher_cfg, teacher_tokenizer))
+    transfers: list[Transfer] = [LogitsTransfer(options.temperature, options.loss)]
+    extra = ""
+    if options.hidden_weight or options.attention_weight:
+        transfers.append(LayerTransfer(teacher.model, options.hidden_weight, options.attention_weight,
+                                       options.layer_map))
+        extra = f", hidden {options.hidden_weight:g}, attention {options.attention_weight:g}"
+    elif options.layer_map is not None:
+        raise UserError("train.distill.layer_map is set but neither hidden_weight nor attention_weight is: the map "
+                        "is for hidden-state and attention transfer (set one of them above 0)")
     info(f"distillation from {run_dir}: alpha {options.alpha:g}, {options.loss}"
-         + (f", temperature {options.temperature:g}" if options.loss == "kl" else ""))
-    return Distiller(teacher, options.alpha, [LogitsTransfer(options.temperature, options.loss)], task=task_type)
+         + (f", temperature {options.temperature:g}" if options.loss == "kl" else "") + extra)
+    return Distiller(teacher, options.alpha, transfers, task=task_type)
+
+
+# ------------------------------------------------------------------------------- hidden and attention transfer
+def transformer_layers(model: nn.Module) -> list[nn.Module]:
+    """The layers of ``model``'s encoder (a transformer stack), in order: what hidden-state and attention
+    transfer map (a shared-layer stack, ALBERT's, has one)."""
+    layers = getattr(model.encoder, "layers", None)
+    if not isinstance(layers, nn.ModuleList) or not all(isinstance(layer, TransformerLayer) for layer in layers):
+        raise UserError(f"hidden-state and attention transfer read the layers of a transformer encoder; this model's "
+                        f"encoder is a {type(model.encoder).__name__}: set train.distill.hidden_weight=0 and "
+                        "train.distill.attention_weight=0")
+    return list(layers)
+
+
+def default_layer_map(student_layers: int, teacher_layers: int) -> list[int]:
+    """Student layer i <- teacher layer (i + 1) * T // S - 1: evenly spaced, the last on the last."""
+    return [(i + 1) * teacher_layers // student_layers - 1 for i in range(student_layers)]
+
+
+class LayerTap:
+    """Forward hooks on a model's encoder layers that keep, per forward, each layer's output (``hidden``)
+    and, when ``attention`` is set, its self-attention distributions (recomputed from the block's input by
+    :func:`~pentad.layers.attention.attention_probabilities`). Read and cleared by :meth:`take`. Hooks are
+    only on models that distil with these transfers: nothing else changes."""
+
+    def __init__(self, model: nn.Module, attention: bool, training_only: bool = False):
+        self.layers = transformer_layers(model)
+        self.count = int(getattr(model.encoder, "num_layers", len(self.layers)))  # calls per forward
+        self.training_only = training_only  # the student: not while it is evaluated
+        self.hidden: list[Tensor] = []
+        self.attention: list[Tensor] = []
+        self.handles = []
+        for layer in self.layers:
+            self.handles.append(layer.register_forward_hook(self._keep_hidden))
+            if attention:
+                self.handles.append(layer.attention.register_forward_hook(self._keep_attention))
+
+    def _keep_hidden(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if module.training or not self.training_only:
+            self.hidden.append(output[0] if isinstance(output, tuple) else output)
+
+    def _keep_attention(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if module.training or not self.training_only:
+            self.attention.append(attention_probabilities(module, args[0], args[1]))
+
+    def take(self) -> tuple[list[Tensor], list[Tensor]]:
+        hidden, attention = self.hidden, self.attention
+        self.hidden, self.attention = [], []
+        return hidden, attention
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _first_scored(outputs: dict[str, TargetOutput]) -> str | None:
+    return next((name for name, out in outputs.items() if out.loss is not None), None)
+
+
+def _token_mask(batch: Batch, hidden: Tensor) -> Tensor:
+    """[B,S] float: 1 at real tokens, 0 at padding."""
+    if batch.padding_mask is None:
+        return hidden.new_ones(hidden.shape[:2])
+    return (~batch.padding_mask[:, -hidden.shape[1]:]).to(hidden.dtype)
+
+
+def hidden_loss(student: Tensor, teacher: Tensor, mask: Tensor) -> Tensor:
+    """Mean squared error of two layers' outputs [B,S,H] over real tokens; of their token-similarity
+    matrices (cosine, [B,S,S]) when the widths differ, which needs no projection to train."""
+    if student.shape[-1] != teacher.shape[-1]:
+        def similarity(h: Tensor) -> Tensor:
+            h = F.normalize(h.float(), dim=-1)
+            return h @ h.transpose(-1, -2)
+        pair = mask[:, :, None] * mask[:, None, :]
+        return ((similarity(student) - similarity(teacher)) ** 2 * pair).sum() / pair.sum().clamp_min(1.0)
+    err = ((student.float() - teacher.float()) ** 2).mean(dim=-1)
+    return (err * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def attention_loss(student: Tensor, teacher: Tensor, mask: Tensor) -> Tensor:
+    """KL(teacher || student) of attention distributions [B,heads,q,k], averaged over real query tokens
+    (and heads); head-averaged distributions when the head counts differ."""
+    if student.shape[1] != teacher.shape[1]:
+        student, teacher = student.mean(dim=1, keepdim=True), teacher.mean(dim=1, keepdim=True)
+    kl = (torch.xlogy(teacher, teacher) - teacher * student.clamp_min(1e-12).log()).sum(dim=-1)  # [B,h,q]
+    weights = mask[:, None, :].expand_as(kl)
+    return (kl * weights).sum() / weights.sum().clamp_min(1.0)
+
+
+class LayerTransfer:
+    """Hidden-state and attention transfer (TinyBERT, Jiao et al. 2020; MiniLM-style relations when widths
+    differ): student layer i learns from teacher layer ``layer_map[i]``. The loss, ``hidden_weight *
+    sum_i hidden_loss + attention_weight * sum_i attention_loss``, is given to the first head with a loss
+    (these transfers are not per head), beside the logits' soft loss. :meth:`attach` puts the taps on the
+    student (the teacher's are put on at construction)."""
+
+    name = "layers"
+
+    def __init__(self, teacher: nn.Module, hidden_weight: float, attention_weight: float,
+                 layer_map: Sequence[int] | None = None):
+        self.hidden_weight, self.attention_weight = hidden_weight, attention_weight
+        self.teacher_tap = LayerTap(teacher, attention_weight > 0)
+        self.layer_map = list(layer_map) if layer_map is not None else None
+        self.student_tap: LayerTap | None = None
+        self._teacher: tuple[list[Tensor], list[Tensor]] = ([], [])
+
+    def attach(self, student: nn.Module) -> None:
+        tap = LayerTap(student, self.attention_weight > 0, training_only=True)
+        teacher_layers = self.teacher_tap.count
+        layer_map = self.layer_map or default_layer_map(tap.count, teacher_layers)
+        if len(layer_map) != tap.count or not all(0 <= j < teacher_layers for j in layer_map):
+            tap.remove()
+            raise UserError(f"train.distill.layer_map {layer_map}: expected one teacher layer (0 to "
+                            f"{teacher_layers - 1}) for each of the student's {tap.count} layers")
+        self.layer_map = layer_map
+        self.student_tap = tap
+
+    def losses(self, student: nn.Module, outputs: dict[str, TargetOutput], teacher: dict[str, TargetOutput],
+               batch: Batch) -> dict[str, Tensor]:
+        if self.student_tap is None:
+            raise RuntimeError("LayerTransfer.attach(student) was not called before training")
+        s_hidden, s_attention = self.student_tap.take()
+        taken = self.teacher_tap.take()
+        if taken[0]:  # a second student forward on the same batch (adversarial training) reuses them
+            self._teacher = taken
+        t_hidden, t_attention = self._teacher
+        head = _first_scored(outputs)
+        if head is None or len(s_hidden) != len(self.layer_map) or not t_hidden:
+            return {}
+        mask = _token_mask(batch, s_hidden[0])
+        # a shared-layer stack runs its one layer several times: each call is a layer here
+        total = s_hidden[0].new_zeros((), dtype=torch.float32)
+        for i, j in enumerate(self.layer_map):
+            if self.hidden_weight:
+                total = total + self.hidden_weight * hidden_loss(s_hidden[i], t_hidden[j], mask)
+            if self.attention_weight:
+                total = total + self.attention_weight * attention_loss(s_attention[i], t_attention[j], mask)
+        return {head: total}
