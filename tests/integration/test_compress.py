@@ -82,7 +82,8 @@ def test_distil_prune_recover_quantize_chain(english, finetuned, tmp_path):
 
     out = tmp_path / "small"
     assert main(["compress", str(finetuned), "--out", str(out), "--distill", "layers=1,epochs=1",
-                 "--prune", "heads=0.5,ffn=0.5", "--recover-epochs", "1", "--quantize", "int8"]) == 0
+                 "--prune", "heads=0.5,ffn=0.5", "--recover-epochs", "1", "--quantize", "int8",
+                 "--set", "train.batch_size=4"]) == 0
     record = json.loads((out / "compress.json").read_text())
     assert [s["step"] for s in record["steps"]] == ["source", "distilled", "pruned", "recovered", "quantized"]
     sizes = [s["mb"] for s in record["steps"]]
@@ -94,6 +95,7 @@ def test_distil_prune_recover_quantize_chain(english, finetuned, tmp_path):
     assert compression["quantize"] == "int8"
     assert list(compression["heads"].values()) == [1] and list(compression["ffn"].values()) == [32]
     assert cfg["train"]["distill"]["hidden_weight"] == 1.0  # the student learnt hidden states and attention
+    assert cfg["train"]["batch_size"] == 4  # --set reaches every fine-tuning step
     metrics = [json.loads(line) for line in (out / "steps" / "distilled" / "metrics.jsonl").read_text().splitlines()]
     assert any("cls_distill_loss" in m for m in metrics)
     assert main(["infer", "--model", str(out), f"data.test={english['nolabel']}",

@@ -35,8 +35,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--quantize", choices=("int8",), help="int8 weights (per output channel) and dynamic int8 "
                    "activations in every linear layer not tied to an embedding (CPU inference)")
     p.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
-    p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides for the fine-tuning "
-                   "steps (e.g. train.threads=2 train.batch_size=32)")
+    p.add_argument("--set", action="append", default=[], metavar="key.path=value", dest="overrides",
+                   help="a config override for the fine-tuning steps (repeat: --set train.threads=2 --set "
+                   "train.batch_size=16)")
     return p
 
 
