@@ -54,6 +54,8 @@ def test_quantized_classifier_predicts_like_fp32(english, finetuned, tmp_path, c
     assert main(["finetune", "--task", "classification", "--config", str(out / "config.yaml"), f"init={out}",
                  f"data.train={english['train']}", f"output={tmp_path / 'again'}", "train.epochs=1"]) == 2
     assert "inference only" in capsys.readouterr().err
+    assert main(["grow", str(out), "--config", str(run / "config.yaml"), "--output", str(tmp_path / "big")]) == 2
+    assert "model.compression" in capsys.readouterr().err
     # nothing to do; an existing output
     assert main(["compress", str(run), "--out", str(tmp_path / "none")]) == 2
     assert main(["compress", str(run), "--out", str(out), "--quantize", "int8"]) == 2

@@ -462,6 +462,10 @@ def grow_run(run: Path, big_cfg: Any, out: Path, depth: DepthMode = "stack", noi
     if not 0.0 <= noise < 1.0:
         raise UserError(f"--noise {noise}: expected a small relative noise, 0 <= noise < 1 (e.g. 0.01)")
     small_cfg, tokenizer = load_run(run)
+    for name, cfg in (("the small run", small_cfg), ("--config", big_cfg)):
+        if cfg.model.compression is not None:
+            raise UserError(f"{name} has model.compression set (pruned or quantized by pentad compress): grow from "
+                            "and into uncompressed models (grow the run it was compressed from)")
     if out.exists() and out.resolve() == run.resolve():
         raise UserError(f"--output {out} is the small run itself; grow into a new directory")
     if out.exists() and not overwrite:
