@@ -27,7 +27,7 @@ class EmbeddingSlot(nn.Module):
     (ALBERT's factorised embedding).
 
     Parts are registered under their names, so parameters read ``embedding.word.weight``.
-    The padding mask passes through from the Batch.
+    The padding mask is the sequence-defining part's (``EmbeddingPart.padding_mask``): the Batch's for tokens.
     """
 
     def __init__(self, parts: dict[str, EmbeddingPart], hidden_size: int, norm: bool = True,
@@ -66,7 +66,7 @@ class EmbeddingSlot(nn.Module):
         hidden = self.dropout(hidden)
         if self.project is not None:
             hidden = self.project(hidden)
-        return Embedded(hidden, batch.padding_mask)
+        return Embedded(hidden, parts[lead].padding_mask(batch, length))
 
 
 def run_stream(embedding: EmbeddingSlot, encoder: Encoder, batch: Batch, cache: KVCache | None = None

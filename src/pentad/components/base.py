@@ -237,6 +237,12 @@ class EmbeddingPart(nn.Module):
     def forward(self, batch: Batch, length: int) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def padding_mask(self, batch: Batch, length: int) -> Tensor | None:
+        """The padding mask [B, length] (True = padding) of the sequence this part defines (read only
+        from the slot's sequence-defining part): ``batch.padding_mask`` by default (tokens); a part that
+        changes lengths computes its own (speech frames after subsampling), or None (images)."""
+        return batch.padding_mask
+
     def initialise(self, std: float) -> None:
         """Fresh weights (the builder's initialisation): N(0, std) for a ``weight`` table (word,
         position, segment); parts with other parameters override this."""

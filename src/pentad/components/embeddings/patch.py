@@ -99,6 +99,10 @@ class PatchEmbedding(EmbeddingPart):
         if self.cls is not None:
             nn.init.zeros_(self.cls)
 
+    def padding_mask(self, batch: Batch, length: int) -> Tensor | None:
+        """Every patch of an image is real: no padding."""
+        return None
+
     def forward(self, batch: Batch, length: int | None = None) -> Tensor:
         pixels = batch.pixels
         if pixels is None or pixels.dim() != 4 or tuple(pixels.shape[1:]) != (self.channels, *self.image_size):
