@@ -130,8 +130,9 @@ def compress(run: Path, out: Path, options: CompressOptions, overwrite: bool = F
         shutil.rmtree(steps, ignore_errors=True)  # a failed step leaves nothing behind
         raise
     shutil.move(str(steps), str(out / "steps"))
-    for step in done.steps:
-        step["run"] = step["run"].replace(str(steps), str(out / "steps"))
+    for step in done.steps:  # where the intermediate runs are now
+        for key in ("run", "note"):
+            step[key] = step[key].replace(str(steps), str(out / "steps"))
     (out / "compress.json").write_text(json.dumps({"source": str(run.resolve()), "steps": done.steps}, indent=2)
                                        + "\n", encoding="utf-8")
     return done
