@@ -60,6 +60,8 @@ def test_quantized_classifier_predicts_like_fp32(english, finetuned, tmp_path, c
     assert main(["compress", str(run), "--out", str(tmp_path / "none")]) == 2
     assert main(["compress", str(run), "--out", str(out), "--quantize", "int8"]) == 2
     assert "already exists" in capsys.readouterr().err
+    assert main(["compress", str(run), "--out", str(out), "--quantize", "int8", "--overwrite"]) == 0
+    assert (out / "model.safetensors").is_file() and (out / "steps").is_dir()
 
 
 def test_quantized_language_model_generates(tmp_path):

@@ -19,7 +19,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "DIR/steps/ and DIR/compress.json lists each step's dev score and size. --distill and --prune "
                     "need a fine-tuned run (they train on its task data); any run can be quantized. "
                     "docs/compress.md.")
-    p.add_argument("run", type=Path, metavar="RUN", help="a fine-tuned run directory (pentad finetune)")
+    p.add_argument("run", type=Path, metavar="RUN", help="a run directory: fine-tuned (pentad finetune) for "
+                   "--distill and --prune, any run for --quantize")
     p.add_argument("--out", "-o", type=Path, required=True, metavar="DIR", help="the directory to write (new, or "
                    "--overwrite)")
     p.add_argument("--distill", metavar="layers=N[,...]", help="distil a student with N encoder layers (initialised "

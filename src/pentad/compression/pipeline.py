@@ -117,9 +117,7 @@ def compress(run: Path, out: Path, options: CompressOptions, overwrite: bool = F
                         "on the run's task data; a pre-trained run can only be quantized (--quantize int8)")
     if options.recover_epochs < 0:
         raise UserError(f"--recover-epochs {options.recover_epochs}: expected 0 (no recovery) or more")
-    check_output(run, out, overwrite)
-    if out.exists():
-        shutil.rmtree(out)
+    check_output(run, out, overwrite)  # an existing OUT (--overwrite) is replaced only once the steps succeed
     steps = out.parent / f".{out.name}.steps"
     if steps.exists():
         shutil.rmtree(steps)
@@ -166,7 +164,7 @@ def _run_steps(run: Path, out: Path, steps: Path, options: CompressOptions) -> C
             _step(done, "recovered", recovered, f"{options.recover_epochs} epoch(s) of recovery fine-tuning", results)
             current = recovered
     if options.quantize is not None:
-        quantized = quantize_run(current, out, options.quantize)
+        quantized = quantize_run(current, out, options.quantize, overwrite=True)
         _step(done, "quantized", out, quantized.render())
     else:
         model, final_cfg, _ = load_run_model(current)
