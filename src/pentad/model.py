@@ -137,6 +137,12 @@ class Model(nn.Module):
             raise ValueError("this model has one stream (its encoder is not 'dual')")
         return self.pair(batch, self.embedding, self.encoder)
 
+    def encode_stream(self, batch: Batch, stream: int) -> Tensor:
+        """Stream ``stream`` (0 or 1) of a two-stream model over ``batch`` alone, pooled [B,H]."""
+        if self.pair is None:
+            raise ValueError("this model has one stream (its encoder is not 'dual')")
+        return self.pair.pooled_stream(batch, stream, self.embedding, self.encoder)
+
     def decode(self, batch: Batch, memory: Tensor | None, memory_padding_mask: Tensor | None,
                cache: KVCache | None = None) -> Tensor:
         """Target embedding of ``batch.decoder_*`` and the decoder over ``memory`` [B,S,H]."""

@@ -93,7 +93,10 @@ def batch_for(model, vocab: int, b: int = 2, s: int = 12, t: int = 9) -> Batch:
         batch.decoder_padding_mask = torch.zeros(b, t, dtype=torch.bool)
         batch.decoder_padding_mask[1, -2:] = True
         label_tokens, label_padding = batch.decoder_tokens, batch.decoder_padding_mask
-    if model.pair is not None:  # two-stream model: text B goes to batch.pair
+    if model.pair is not None and getattr(model.pair.embedding, "patch", None) is not None:  # text + image (CLIP)
+        patch = model.pair.embedding.patch
+        batch.pair = Batch(pixels=torch.randn(b, patch.channels, *patch.image_size, generator=g))
+    elif model.pair is not None:  # two-stream model: text B goes to batch.pair
         pair_padding = torch.zeros(b, t, dtype=torch.bool)
         pair_padding[0, -4:] = True
         batch.pair = Batch(tokens=torch.randint(0, vocab, (b, t), generator=g),
@@ -242,7 +245,7 @@ def _pair_batches(cfg, count: int = 4, batch_size: int = 8) -> list[Batch]:
     return batches
 
 
-def _image_batches(model_cfg, count: int = 4, batch_size: int = 8) -> list[Batch]:
+def _image_batches(model_cfg, count: int = 4, batch_size: int = 8, jitter: bool = True) -> list[Batch]:
     """Digits drawn with Pillow's built-in font at random places (label: the digit), through the image
     classification task's own batching, for image recipes."""
     from PIL import Image, ImageDraw
@@ -256,14 +259,33 @@ def _image_batches(model_cfg, count: int = 4, batch_size: int = 8) -> list[Batch
     for i in range(count * batch_size):
         digit = i % 10
         image = Image.new("RGB" if patch.channels == 3 else "L", (width, height), "black")
-        ImageDraw.Draw(image).text((int(rng.integers(0, width - 8)), int(rng.integers(0, height - 12))),
-                                   str(digit), fill="white")
+        place = (int(rng.integers(0, width - 8)), int(rng.integers(0, height - 12))) if jitter else (4, 4)
+        ImageDraw.Draw(image).text(place, str(digit), fill="white")
         images.append(np.asarray(image).reshape(height, width, patch.channels))
         labels.append(digit)
     images, labels = np.stack(images), torch.tensor(labels)
     name = model_cfg.targets[0].target_name
     return [Batch(pixels=to_pixels(images[i * batch_size:(i + 1) * batch_size], (0.5,) * 3, (0.5,) * 3),
                   labels={name: labels[i * batch_size:(i + 1) * batch_size]}) for i in range(count)]
+
+
+def _captioned_image_batches(model_cfg, count: int = 4, batch_size: int = 8) -> list[Batch]:
+    """Two-tower recipes (CLIP): the drawn digits of ``_image_batches`` in stream 1, and in stream 0 a
+    caption naming the digit (the token of the digit's character between [CLS] and [SEP])."""
+    stream = model_cfg.encoder.stream_1
+    patch = next(p for p in stream.embedding.parts if p.type == "patch")
+    images = _image_batches(model_cfg.model_copy(update={"embedding": stream.embedding}), count, batch_size,
+                            jitter=False)
+    tokenizer = _tokenizer()
+    digit_ids = [tokenizer.encode_batch([str(d)])[0][0] for d in range(10)]
+    batches = []
+    for batch in images:
+        digits = next(iter(batch.labels.values()))
+        tokens = torch.tensor([[tokenizer.cls_id, digit_ids[int(d)], tokenizer.sep_id] for d in digits])
+        batches.append(Batch(tokens=tokens, segments=torch.zeros_like(tokens),
+                             padding_mask=torch.zeros(tokens.shape, dtype=torch.bool),
+                             pair=Batch(pixels=batch.pixels[:, :patch.channels])))
+    return batches
 
 
 def loss_drop(name: str, tmp_path_factory, steps: int = 40) -> tuple[float, float]:
@@ -273,11 +295,16 @@ def loss_drop(name: str, tmp_path_factory, steps: int = 40) -> tuple[float, floa
     cfg = load_config(name)
     objective_cfg = cfg.data.objective.model_copy(update={"seq_length": 64}) if cfg.data.objective else None
     model_cfg = shrunk_model_config(name, vocab=_tokenizer().vocab_size)
-    images = getattr(cfg.task, "type", None) == "image_classification"
+    images = getattr(cfg.task, "type", None) in ("image_classification", "image_text")
     key = model_cfg.model_dump_json() + ("images" if images else objective_cfg.model_dump_json())
     if key not in _DROPS:
         pairs = getattr(cfg.task, "pair_input", None) == "separate"
-        if images:
+        if images and cfg.task.type == "image_text":
+            batches = _captioned_image_batches(model_cfg)
+            # 32 wide, N(0, 0.02) weights give every text and image nearly the same feature (uniform
+            # in-batch logits, a vanishing gradient); CLIP initialises with width^-0.5 (docs/vision.md)
+            model_cfg = model_cfg.model_copy(update={"init_std": 0.15})
+        elif images:
             batches = _image_batches(model_cfg)
         elif pairs:
             batches = _pair_batches(cfg)

@@ -8,6 +8,12 @@ from functools import partial
 import torch.nn.functional as F
 from torch import Tensor
 
+
+def quick_gelu(x: Tensor) -> Tensor:
+    """CLIP's sigmoid approximation of GELU, x * sigmoid(1.702 x) (Hendrycks & Gimpel 2016)."""
+    return x * (1.702 * x).sigmoid()
+
+
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": F.gelu,  # exact (erf) GELU, as in BERT
     "gelu_tanh": partial(F.gelu, approximate="tanh"),  # GPT-2's "gelu_new"; TencentPretrain "gelu_fast"
@@ -15,6 +21,7 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "silu": F.silu,
     "tanh": F.tanh,
     "linear": lambda x: x,
+    "quick_gelu": quick_gelu,  # CLIP
 }
 ACTIVATION_NAMES = tuple(ACTIVATIONS)
 

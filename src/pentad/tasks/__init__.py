@@ -4,6 +4,7 @@ from pentad.tasks import (  # noqa: F401
     chid,
     classification,
     image_classification,
+    image_text,
     multi_label,
     multi_task,
     multiple_choice,

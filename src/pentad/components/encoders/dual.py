@@ -301,6 +301,17 @@ class DualEncoder(nn.Module):
         pooled = [pool(*states[0], self.pooling_0)] + [pool(*s, self.pooling_1) for s in states[1:]]
         return PooledPair(pooled[0], pooled[1], pooled[2] if len(pooled) > 2 else None)
 
+    def pooled_stream(self, batch: Batch, stream: int, embedding_0: EmbeddingSlot, encoder_0: Encoder) -> Tensor:
+        """One stream alone over ``batch`` (its own input, not ``batch.pair``), pooled [B,H]: texts and
+        images encoded separately, as retrieval and zero-shot classification need."""
+        from pentad.model import run_stream
+
+        if stream == 0 or self.tied:
+            embedding, encoder = embedding_0, encoder_0
+        else:
+            embedding, encoder = self.embedding, self.encoder
+        return pool(*run_stream(embedding, encoder, batch), self.pooling_0 if stream == 0 else self.pooling_1)
+
     @staticmethod
     def _merged(parts: list[Batch]) -> Batch | None:
         """The inputs of the streams (stream 0, stream 1, and stream 1's hard negatives when given)

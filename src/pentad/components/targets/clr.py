@@ -113,10 +113,15 @@ class ClrTarget(Target):
 
     def features(self, pooled: PooledPair) -> tuple[Tensor, Tensor]:
         """The L2-normalised (projected) vectors of both streams, [B,F] each, in float32."""
-        a, b = pooled.first, pooled.second
-        if self.projection_0 is not None and self.projection_1 is not None:
-            a, b = self.projection_0(a), self.projection_1(b)
-        return F.normalize(a.float(), dim=-1), F.normalize(b.float(), dim=-1)
+        return self.stream_features(pooled.first, 0), self.stream_features(pooled.second, 1)
+
+    def stream_features(self, pooled: Tensor, stream: int) -> Tensor:
+        """One stream's pooled vectors [B,H] -> L2-normalised (projected) features [B,F], float32: what
+        retrieval and zero-shot classification compare across a whole set."""
+        projection = self.projection_0 if stream == 0 else self.projection_1
+        if projection is not None:
+            pooled = projection(pooled)
+        return F.normalize(pooled.float(), dim=-1)
 
     def negative_features(self, pooled: PooledPair) -> Tensor | None:
         """The hard negatives' vectors [B,F] (stream 1's projection), or None."""

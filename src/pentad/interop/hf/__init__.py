@@ -43,10 +43,10 @@ PYTORCH_BIN_INDEX = "pytorch_model.bin.index.json"
 # variants compute the same formula (Hendrycks & Gimpel 2016, eq. for the tanh approximation).
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                   "gelu_fast": "gelu_tanh", "relu": "relu", "silu": "silu", "swish": "silu",
-                  "tanh": "tanh", "linear": "linear"}
+                  "tanh": "tanh", "linear": "linear", "quick_gelu": "quick_gelu"}
 # pentad -> the name the exporter writes (GPT-2's original name for the tanh approximation).
 PENTAD_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu",
-                      "tanh": "tanh", "linear": "linear"}
+                      "tanh": "tanh", "linear": "linear", "quick_gelu": "quick_gelu"}
 ROLES = ("pad", "unk", "cls", "sep", "mask", "bos", "eos")
 
 
