@@ -22,7 +22,7 @@ from pentad.registry import DECODERS, EMBEDDINGS, ENCODERS, TARGETS
 def model_problems(cfg: Any) -> list[ConfigProblem]:
     """Checks that need more than one field (sizes that must agree, values set by a task)."""
     problems: list[ConfigProblem] = []
-    if cfg.vocab_size is None and any(p.type == "word" for p in cfg.embedding.parts):
+    if cfg.vocab_size is None and any("tokens" in EMBEDDINGS.get(p.type).requires for p in cfg.embedding.parts):
         problems.append(ConfigProblem("model.vocab_size", "not set: give a tokenizer (its vocabulary "
                                       "sets it) or set model.vocab_size=N"))
     slots = [("model.embedding", cfg.embedding)]
@@ -231,7 +231,8 @@ def build_model(cfg: Any, provided: Iterable[str] | None = None, device: str | t
             embedding, "embedding")
         weight = tie_slot.word_embedding_weight()
         if weight is not None:
-            shared = dict(model.tied).get(f"{slot_name}.word.weight", f"{slot_name}.word.weight")
+            own = f"{slot_name}.{tie_slot.word_table_name()}"
+            shared = dict(model.tied).get(own, own)
             for name, target in targets.items():
                 if target.tie_to(weight):
                     model.tied.append((f"targets.{name}.output.weight", shared))

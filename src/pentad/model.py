@@ -46,10 +46,19 @@ class EmbeddingSlot(nn.Module):
     def parts(self) -> list[EmbeddingPart]:
         return [getattr(self, name) for name in self.part_names]
 
+    def word_table_name(self) -> str | None:
+        """The name (below the slot) of the token table output heads tie to: the ``word`` part's
+        ``word.weight``, or that of another part holding word vectors (``word_patch.word.weight``)."""
+        for name in self.part_names:
+            path = getattr(self, name).word_table
+            if path is not None:
+                return f"{name}.{path}"
+        return None
+
     def word_embedding_weight(self) -> nn.Parameter | None:
-        """The token table output heads tie to, if this slot has a ``word`` part."""
-        word = getattr(self, "word", None)
-        return getattr(word, "weight", None)
+        """The token table output heads tie to, if this slot has one (see :meth:`word_table_name`)."""
+        name = self.word_table_name()
+        return None if name is None else self.get_parameter(name)
 
     def forward(self, batch: Batch) -> Embedded:
         parts = self.parts()

@@ -88,6 +88,14 @@ def batch_for(model, vocab: int, b: int = 2, s: int = 12, t: int = 9) -> Batch:
     segments = (torch.arange(s)[None, :] >= s // 2).long().expand(b, s).masked_fill(padding, 0) * int(two_segments)
     batch = Batch(tokens=tokens, segments=segments, padding_mask=padding)
     label_tokens, label_padding = tokens, padding
+    fused = getattr(model.embedding, "word_patch", None)
+    if fused is not None:  # caption then image in one sequence (ViLT): segment 1 and no padding over the image
+        n = fused.patch.image_size[0] // fused.patch.patch_size * (fused.patch.image_size[1] // fused.patch.patch_size)
+        image = n + int(fused.patch.cls is not None)
+        batch.pixels = torch.randn(b, fused.patch.channels, *fused.patch.image_size, generator=g)
+        batch.segments = torch.cat([segments, torch.ones(b, image, dtype=torch.long)], dim=1)
+        label_tokens = torch.cat([tokens, torch.zeros(b, image, dtype=torch.long)], dim=1)
+        label_padding = torch.cat([padding, torch.ones(b, image, dtype=torch.bool)], dim=1)
     if model.decoder is not None:
         batch.decoder_tokens = torch.randint(0, vocab, (b, t), generator=g)
         batch.decoder_padding_mask = torch.zeros(b, t, dtype=torch.bool)
@@ -288,6 +296,29 @@ def _captioned_image_batches(model_cfg, count: int = 4, batch_size: int = 8) -> 
     return batches
 
 
+def _matching_batches(model_cfg, count: int = 4, batch_size: int = 8) -> list[Batch]:
+    """Fused caption+image recipes (ViLT): the drawn digits with a caption naming the digit shown or
+    another one (labels.sp: 0 when it is the one shown), the caption's digit token masked for mlm."""
+    part = next(p for p in model_cfg.embedding.parts if p.type == "word_patch")
+    images = _image_batches(model_cfg.model_copy(update={"embedding": model_cfg.embedding.model_copy(
+        update={"parts": [part.patch]})}), count, batch_size, jitter=False)
+    tokenizer = _tokenizer()
+    digit_ids = [tokenizer.encode_batch([str(d)])[0][0] for d in range(10)]
+    image = part.patch.length
+    batches = []
+    for i, batch in enumerate(images):
+        digits = next(iter(batch.labels.values()))
+        shown = torch.where(torch.arange(batch_size) % 2 == 0, digits, (digits + 1 + i) % 10)
+        tokens = torch.tensor([[tokenizer.cls_id, digit_ids[int(d)], tokenizer.sep_id] for d in shown])
+        mlm = torch.full((batch_size, 3 + image), IGNORE_INDEX)
+        mlm[:, 1] = tokens[:, 1]
+        batches.append(Batch(tokens=tokens, segments=torch.cat([torch.zeros(batch_size, 3, dtype=torch.long),
+                                                                 torch.ones(batch_size, image, dtype=torch.long)], 1),
+                             padding_mask=torch.zeros(tokens.shape, dtype=torch.bool), pixels=batch.pixels,
+                             labels={"sp": (shown != digits).long(), "mlm": mlm}))
+    return batches
+
+
 def loss_drop(name: str, tmp_path_factory, steps: int = 40) -> tuple[float, float]:
     """Mean loss of the first and of the last four of ``steps`` AdamW steps over four real batches.
 
@@ -295,11 +326,13 @@ def loss_drop(name: str, tmp_path_factory, steps: int = 40) -> tuple[float, floa
     cfg = load_config(name)
     objective_cfg = cfg.data.objective.model_copy(update={"seq_length": 64}) if cfg.data.objective else None
     model_cfg = shrunk_model_config(name, vocab=_tokenizer().vocab_size)
-    images = getattr(cfg.task, "type", None) in ("image_classification", "image_text")
+    images = getattr(cfg.task, "type", None) in ("image_classification", "image_text", "image_text_match")
     key = model_cfg.model_dump_json() + ("images" if images else objective_cfg.model_dump_json())
     if key not in _DROPS:
         pairs = getattr(cfg.task, "pair_input", None) == "separate"
-        if images and cfg.task.type == "image_text":
+        if cfg.task is not None and cfg.task.type == "image_text_match":
+            batches = _matching_batches(model_cfg)
+        elif images and cfg.task.type == "image_text":
             batches = _captioned_image_batches(model_cfg)
             # 32 wide, N(0, 0.02) weights give every text and image nearly the same feature (uniform
             # in-batch logits, a vanishing gradient); CLIP initialises with width^-0.5 (docs/vision.md)

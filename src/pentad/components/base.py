@@ -231,6 +231,7 @@ class EmbeddingPart(nn.Module):
 
     requires: ClassVar[tuple[str, ...]] = ()
     defines_sequence: ClassVar[bool] = False
+    word_table: ClassVar[str | None] = None  # the parameter (below the part) holding a token table heads tie to
     max_positions: int | None = None
     registry_name: ClassVar[str]
 

@@ -5,6 +5,7 @@ from pentad.tasks import (  # noqa: F401
     classification,
     image_classification,
     image_text,
+    image_text_match,
     multi_label,
     multi_task,
     multiple_choice,

@@ -26,6 +26,7 @@ class WordEmbedding(EmbeddingPart):
     Config = WordEmbeddingConfig
     requires = ("tokens",)
     defines_sequence = True
+    word_table = "weight"
 
     def __init__(self, vocab_size: int, hidden_size: int, scale: bool = False):
         super().__init__()
