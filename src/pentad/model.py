@@ -60,6 +60,41 @@ class EmbeddingSlot(nn.Module):
         name = self.word_table_name()
         return None if name is None else self.get_parameter(name)
 
+    def adapt_checkpoint(self, prefix: str, tensors: dict[str, Tensor]) -> list[str]:
+        """Resize, in ``tensors``, a learned position table trained on another image size to this slot's
+        patch grid (``prefix``: the slot's name and a dot): the leading rows (CLS) are kept and the grid
+        rows are interpolated bicubically, as ViT fine-tuning at a new resolution does (Dosovitskiy et
+        al. 2021, section 3.2). Returns notes for the user; other tables are left to the strict check."""
+        lead = next(part for part in self.parts() if part.defines_sequence)
+        grid = lead.position_grid()
+        notes: list[str] = []
+        if grid is None:
+            return notes
+        first, rows, cols = grid
+        for name in self.part_names:
+            key = f"{prefix}{name}.weight"
+            own = getattr(getattr(self, name), "weight", None)
+            if getattr(self, name).max_positions is None:  # only absolute position tables
+                continue
+            if key not in tensors or own is None or tensors[key].shape == own.shape:
+                continue
+            old = tensors[key]
+            side = int(round((old.shape[0] - first) ** 0.5))
+            if old.dim() != 2 or old.shape[1] != own.shape[1] or side * side != old.shape[0] - first:
+                continue  # not a square grid of positions: the strict check reports it
+            table = old[first:].reshape(1, side, side, -1).permute(0, 3, 1, 2).float()
+            resized = nn.functional.interpolate(table, size=(rows, cols), mode="bicubic", align_corners=False)
+            resized = resized.permute(0, 2, 3, 1).reshape(rows * cols, -1).to(old.dtype)
+            needed = first + rows * cols
+            if needed > own.shape[0]:
+                continue
+            merged = own.detach().clone()
+            merged[:first] = old[:first]
+            merged[first:needed] = resized
+            tensors[key] = merged
+            notes.append(f"{key}: positions of a {side}x{side} patch grid interpolated to {rows}x{cols}")
+        return notes
+
     def forward(self, batch: Batch) -> Embedded:
         parts = self.parts()
         # The part that defines the sequence runs first; the sum keeps the configured order.
@@ -145,6 +180,14 @@ class Model(nn.Module):
         if self.pair is None:
             raise ValueError("this model has one stream (its encoder is not 'dual')")
         return self.pair(batch, self.embedding, self.encoder)
+
+    def adapt_checkpoint(self, tensors: dict[str, Tensor]) -> list[str]:
+        """Adapt ``tensors`` (a checkpoint about to be loaded) where a slot can (image position tables
+        at another resolution: :meth:`EmbeddingSlot.adapt_checkpoint`); returns notes."""
+        notes = self.embedding.adapt_checkpoint("embedding.", tensors)
+        if self.pair is not None and self.pair.embedding is not None:
+            notes += self.pair.embedding.adapt_checkpoint("pair.embedding.", tensors)
+        return notes
 
     def encode_stream(self, batch: Batch, stream: int) -> Tensor:
         """Stream ``stream`` (0 or 1) of a two-stream model over ``batch`` alone, pooled [B,H]."""

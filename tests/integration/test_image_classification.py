@@ -110,3 +110,34 @@ def test_a_text_model_is_refused_with_the_reason(digits, tmp_path, capsys):
     code = main(["finetune", "--task", "image_classification", "--config", "bert/tiny", "model.vocab_size=100",
                  f"data.train={digits['train']}", f"output={tmp_path / 'run'}"])
     assert code == 2 and "needs a 'patch' part" in capsys.readouterr().err
+
+
+def test_fine_tuning_at_another_image_size_interpolates_the_positions(digits, tmp_path, capsys):
+    first = tmp_path / "at16"
+    assert main(["finetune", "--task", "image_classification", *VIT, f"data.train={digits['train']}",
+                 f"output={first}", "train.epochs=1", "train.batch_size=32"]) == 0
+    bigger = [v for v in VIT if not v.startswith(("model.embedding.parts.0.image_size", "model.max_seq_length"))]
+    second = tmp_path / "at24"
+    assert main(["finetune", "--task", "image_classification", *bigger, "model.embedding.parts.0.image_size=24",
+                 "model.max_seq_length=37", f"init={first}", f"data.train={digits['train']}", f"output={second}",
+                 "train.epochs=1", "train.batch_size=32"]) == 0
+    assert "embedding.pos.weight: positions of a 4x4 patch grid interpolated to 6x6" in capsys.readouterr().err
+
+    import torch
+
+    from pentad.builder import build_model
+    from pentad.config.loader import load_config
+
+    small = build_model(load_config("vit/tiny-16", [*VIT[2:-2], "model.targets.0.num_labels=3"]).model)
+    big = build_model(load_config("vit/tiny-16", [*bigger[2:-2], "model.embedding.parts.0.image_size=24",
+                                                  "model.max_seq_length=37", "model.targets.0.num_labels=3"]).model)
+    tensors = dict(small.state_dict())
+    notes = big.adapt_checkpoint(tensors)
+    table = tensors["embedding.pos.weight"]
+    assert len(notes) == 1 and table.shape == (37, 32)
+    assert torch.equal(table[0], small.embedding.pos.weight[0])  # CLS kept
+    # a constant grid stays constant under bicubic resizing
+    tensors = dict(small.state_dict())
+    tensors["embedding.pos.weight"] = torch.ones(17, 32)
+    big.adapt_checkpoint(tensors)
+    torch.testing.assert_close(tensors["embedding.pos.weight"][1:], torch.ones(36, 32))

@@ -244,6 +244,12 @@ class EmbeddingPart(nn.Module):
         changes lengths computes its own (speech frames after subsampling), or None (images)."""
         return batch.padding_mask
 
+    def position_grid(self) -> tuple[int, int, int] | None:
+        """For a part whose sequence is an image's patches: (leading positions before the patches, patch
+        rows, patch columns), which lets a position table trained at another image size be resized
+        (:meth:`pentad.model.EmbeddingSlot.adapt_checkpoint`); None for other sequences."""
+        return None
+
     def initialise(self, std: float) -> None:
         """Fresh weights (the builder's initialisation): N(0, std) for a ``weight`` table (word,
         position, segment); parts with other parameters override this."""

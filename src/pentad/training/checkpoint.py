@@ -33,6 +33,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from pentad.errors import UserError, writing
+from pentad.model import Model
 from pentad.training import lora
 
 WEIGHTS = "model.safetensors"
@@ -212,7 +213,8 @@ def _slot(key: str) -> str:
 
 
 def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str,
-                 new_heads: tuple[str, ...] = (), drop_heads: bool = False, check_only: bool = False) -> list[str]:
+                 new_heads: tuple[str, ...] = (), drop_heads: bool = False, check_only: bool = False,
+                 adapt: bool = False) -> list[str]:
     """Copy ``tensors`` into ``model``, strictly.
 
     Every model weight must be present with the right shape and every tensor must be used, else a
@@ -220,8 +222,15 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str
     whose weights may be missing (a new, freshly initialised head). ``drop_heads``: tensors of
     targets the model does not have (pre-training heads when fine-tuning) are dropped, not errors.
     ``check_only``: only the checks (for a model whose weights are loaded otherwise, e.g. sharded).
-    Returns notes on what was allowed (new heads, dropped heads).
+    ``adapt``: first let the model adapt the tensors where that is well defined (an image position
+    table trained at another resolution is interpolated: ``Model.adapt_checkpoint``), as when
+    fine-tuning from a pre-trained run. Returns notes on what was allowed (new heads, dropped heads,
+    adapted tables).
     """
+    adapted_notes: list[str] = []
+    if adapt and isinstance(model, Model):
+        tensors = dict(tensors)
+        adapted_notes = model.adapt_checkpoint(tensors)
     aliases = {head for head, _ in getattr(model, "tied", [])}
     own = {k: v for k, v in model.state_dict().items() if k not in aliases}
     adapted = getattr(model, "lora", None)  # a LoRA model: its frozen base weights may be left out
@@ -268,6 +277,7 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str
         for key, param in own.items():
             if key in tensors:
                 param.copy_(tensors[key])
+    notes += adapted_notes
     if fresh:
         notes.append(f"new head(s) initialised from scratch: {', '.join(sorted(fresh))}")
     if dropped:

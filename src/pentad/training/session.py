@@ -163,7 +163,7 @@ class Session:
             def load() -> tuple[list[str], dict[str, Any]]:
                 path = ckpt.find_weights(Path(init))
                 tensors = ckpt.read_weights(path)
-                notes = ckpt.load_weights(model, tensors, str(init), **load_options)
+                notes = ckpt.load_weights(model, tensors, str(init), adapt=True, **load_options)
                 if adapters is None:
                     return notes, {}
                 # a LoRA run records its base: the weights it starts from, a fingerprint of them, and

@@ -99,6 +99,10 @@ class PatchEmbedding(EmbeddingPart):
         if self.cls is not None:
             nn.init.zeros_(self.cls)
 
+    def position_grid(self) -> tuple[int, int, int]:
+        rows, cols = self.image_size[0] // self.patch_size, self.image_size[1] // self.patch_size
+        return int(self.cls is not None), rows, cols
+
     def padding_mask(self, batch: Batch, length: int) -> Tensor | None:
         """Every patch of an image is real: no padding."""
         return None
