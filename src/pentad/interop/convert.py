@@ -173,7 +173,7 @@ def convert(direction: str, in_dir: str | Path, out_dir: str | Path, family: str
     """Convert the model in ``in_dir`` into ``out_dir`` (created; must not hold files yet).
 
     family: HF family (``bert``, ``roberta``, ``xlm-roberta``, ``gpt2``, ``albert``, ``t5``, ``bart``,
-    ``pegasus``, ``llama``, ``mixtral``, ``bloom``); by default the one ``config.json`` names (import) or the one
+    ``pegasus``, ``llama``, ``mixtral``, ``bloom``, ``vit``); by default the one ``config.json`` names (import) or the one
     recorded / guessed from the pentad config (export).
     allow_norm_change: ``pentad-to-hf`` of a model with TencentPretrain's LayerNorm
     (``layernorm_unbiased``), which Hugging Face has no equivalent of, is refused with the measured
@@ -297,18 +297,19 @@ def _hf_to_pentad(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
     if sentence is not None:
         interop["sentence_transformers"] = sentence
     raw = {"description": f"converted from Hugging Face {plan.architecture} ({in_dir.resolve()})", "model": plan.model}
-    files = _classifier_task(raw, config, notes)
+    files = _classifier_task(raw, config, notes, in_dir)
     cfg = _write_run(out_dir, raw, tensors, extras, interop, tok_cfg, out_dir / TOKENIZER_DIR, notes, files)
     report = ConversionReport("hf-to-pentad", in_dir, out_dir, family.name, plan.architecture, notes,
                               tolerance=tolerance)
     if verify:
-        report.scope = _hf_scope(plan.architecture)
+        report.scope = _hf_scope(plan.architecture, images=not family.needs_tokenizer)
         report.verification = verify_hf(in_dir, plan.architecture, family, config, cfg.model, tensors,
                                         set(plan.synthesized), sentence)
     return report
 
 
-def _classifier_task(raw: dict[str, Any], hf_config: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+def _classifier_task(raw: dict[str, Any], hf_config: dict[str, Any], notes: list[str],
+                     in_dir: Path | None = None) -> dict[str, Any]:
     """For a model whose only head is a classifier (``cls``) or tagger, the task and the label
     names (``labels.json``, from HF's ``id2label``) that make the converted directory a fine-tuned
     run: ``pentad infer`` predicts with it and ``pentad finetune init=DIR`` continues from it. A span
@@ -334,12 +335,40 @@ def _classifier_task(raw: dict[str, Any], hf_config: dict[str, Any], notes: list
             names = given
             labels = {"kind": "string", "labels": names}
     task = "classification" if targets[0]["type"] == "cls" else "ner"
+    parts = raw["model"].get("embedding", {}).get("parts", [])
+    if any(isinstance(p, dict) and p.get("type") == "patch" for p in parts):
+        task = "image_classification"
     raw["task"] = {"type": task}
+    if task == "image_classification":
+        raw["task"].update(pooler=bool(targets[0].get("pooler")), head_dropout=float(targets[0].get("dropout", 0.0)))
+        raw["task"].update(_image_normalisation(in_dir, notes))
     if task == "ner" and not is_chunk_tag_set(names):
         raw["task"]["metric"] = "accuracy"
-    notes.append(f"a {task} run: labels {names if n <= 12 else names[:12] + ['...']} in {LABELS}; "
+    article = "an" if task[0] in "aeiou" else "a"
+    notes.append(f"{article} {task} run: labels {names if n <= 12 else names[:12] + ['...']} in {LABELS}; "
                  f"`pentad infer --model OUT data.test=FILE` predicts with it")
     return {LABELS: labels}
+
+
+def _image_normalisation(in_dir: Path | None, notes: list[str]) -> dict[str, str]:
+    """``task.normalise`` from a HF image processor's ``image_mean`` / ``image_std``
+    (``preprocessor_config.json``), when they are a pair pentad knows; else a note."""
+    from pentad.data.images import NORMALISE
+
+    path = in_dir / "preprocessor_config.json" if in_dir is not None else None
+    if path is None or not path.is_file():
+        notes.append("no preprocessor_config.json: pixels are normalised with mean and std 0.5 (task.normalise: "
+                     "half, Hugging Face ViT's default)")
+        return {"normalise": "half"}
+    processor = hfio.read_json(path)
+    mean, std = processor.get("image_mean"), processor.get("image_std")
+    for name, (want_mean, want_std) in NORMALISE.items():
+        if isinstance(mean, list) and isinstance(std, list) and len(mean) == len(std) == 3 \
+                and all(abs(float(a) - b) < 1e-6 for a, b in zip(mean + std, want_mean + want_std)):
+            return {"normalise": name}
+    notes.append(f"{path}: image_mean {mean} / image_std {std} are not one of pentad's normalisations "
+                 f"({', '.join(NORMALISE)}); task.normalise is half: set it to match the model's training")
+    return {"normalise": "half"}
 
 
 LABEL2ID = "label2id.json"
@@ -350,6 +379,8 @@ LABELS_FILE = "labels.json"  # pentad.tasks.runner.LABELS (not imported here: th
 def guess_family(model_cfg: Any) -> str:
     """The HF family a pentad model most likely belongs to (``--family`` overrides it)."""
     parts = {p.type: p for p in model_cfg.embedding.parts}
+    if "patch" in parts:
+        return "vit"
     enc = model_cfg.encoder
     positions = getattr(enc, "positions", "none")
     if model_cfg.decoder is not None:
@@ -404,7 +435,7 @@ def _pentad_to_hf(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
     hfio.write_safetensors(out_dir / hfio.SAFETENSORS, theirs)
     if tokenizer is not None:
         notes += hfio.export_tokenizer(tokenizer, out_dir, family, cfg.model.max_seq_length, model_type)
-    else:
+    elif family.needs_tokenizer:
         notes.append("the run has no tokenizer: none exported")
     sentence = interop.get("sentence_transformers") if same else None
     if sentence:
@@ -413,7 +444,7 @@ def _pentad_to_hf(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
     report = ConversionReport("pentad-to-hf", in_dir, out_dir, family.name, plan.architecture, notes,
                               tolerance=tolerance)
     if verify:
-        report.scope = _hf_scope(plan.architecture)
+        report.scope = _hf_scope(plan.architecture, images=not family.needs_tokenizer)
         report.verification = verify_hf(out_dir, plan.architecture, family, plan.config, cfg.model, tensors,
                                         set(plan.omit), sentence)
     return report
@@ -614,7 +645,9 @@ def _finite_forward(model_cfg: Any, tensors: dict[str, Tensor]) -> Check:
             hidden = model.decode(batch, hidden, mask)
             stacks += " and decoder"
     bad = int((~torch.isfinite(hidden)).sum())
-    return Check(name, exact=True, detail=f"{stacks} on a seeded batch of {batch.tokens.shape[0]} rows, two padded",
+    rows = (f"{batch.pixels.shape[0]} images" if batch.pixels is not None
+            else f"{batch.tokens.shape[0]} rows, two padded")
+    return Check(name, exact=True, detail=f"{stacks} on a seeded batch of {rows}",
                  problem=f"{bad} non-finite values in the last hidden state" if bad else "")
 
 
@@ -671,16 +704,21 @@ def _pentad_model(model_cfg: Any, tensors: dict[str, Tensor]) -> Any:
 
 def _sample_batch(model_cfg: Any, pad: int, seq: int = 12, batch: int = 3) -> tuple[Any, dict[str, Tensor]]:
     """A seeded batch with two right-padded rows and segments A/B where the model has two segments;
-    an encoder-decoder model also gets decoder tokens, two of three rows right-padded.
+    an encoder-decoder model also gets decoder tokens, two of three rows right-padded; an image
+    model (a ``patch`` part) gets seeded pixels instead.
 
     Returns (pentad Batch, HF keyword inputs without the model-specific ones)."""
     parts = {p.type: p for p in model_cfg.embedding.parts}
+    g = torch.Generator().manual_seed(0)
+    if "patch" in parts:  # an image model: seeded normalised pixels, no padding
+        patch = parts["patch"]
+        pixels = torch.randn(batch, patch.channels, *patch.image_size, generator=g)
+        return Batch(pixels=pixels), {"pixel_values": pixels}
     positions = model_cfg.max_seq_length
     for part in parts.values():
         if getattr(part, "max_positions", None):
             positions = min(positions, part.max_positions)
     seq = max(2, min(seq, positions))
-    g = torch.Generator().manual_seed(0)
 
     def rows(length: int, vocab: int, lengths: list[int]) -> tuple[Tensor, Tensor]:
         tokens = torch.randint(0, vocab, (batch, length), generator=g)
@@ -737,8 +775,9 @@ def _capture(stack_input: Any, layers: Any, captured: list[Tensor]) -> list[Any]
     return hooks
 
 
-def _hf_scope(architecture: str) -> str:
-    return (f"transformers' {architecture} and the pentad model run in fp32 on one seeded batch with padded rows; "
+def _hf_scope(architecture: str, images: bool = False) -> str:
+    batch = "one seeded batch of images" if images else "one seeded batch with padded rows"
+    return (f"transformers' {architecture} and the pentad model run in fp32 on {batch}; "
             "the embeddings, every layer's output and every head's output are compared at real positions")
 
 
@@ -766,7 +805,8 @@ def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config:
     if not family.token_types:
         inputs.pop("token_type_ids", None)
     encoder_decoder = ours.decoder is not None
-    stacks = [("encoder", ours.embedding, ours.encoder, ~batch.padding_mask)]
+    stacks = [("encoder", ours.embedding, ours.encoder,
+               ~batch.padding_mask if batch.padding_mask is not None else None)]
     if encoder_decoder:
         stacks.append(("decoder", ours.target_embedding, ours.decoder, ~batch.decoder_padding_mask))
     captured: dict[str, list[Tensor]] = {name: [] for name, *_ in stacks}
@@ -793,10 +833,13 @@ def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config:
         for i, state in enumerate(states):
             label = "embeddings" if i == 0 else f"layer {i}"
             ours_state = captured[name][i]
-            if i == layers:  # HF's last hidden state is after the final norm (GPT-2's ln_f)
+            if i == layers and not family.states_before_final_norm:
+                # HF's last hidden state is after the final norm (GPT-2's ln_f)
                 ours_state = finals[name]
                 label += " + final norm" if stack.final_norm is not None else ""
             rows.append(_compare(prefix + label, ours_state, state, keep))
+        if family.states_before_final_norm and getattr(reference, "last_hidden_state", None) is not None:
+            rows.append(_compare(prefix + "final norm", finals[name], reference.last_hidden_state, keep))
     fields = family.outputs(architecture)
     head_keep = stacks[-1][3]
     for target in model_cfg.targets:
@@ -812,7 +855,8 @@ def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config:
                                      getattr(reference, field), head_keep))
         pooled_field = fields.get(f"{target.type}:pooled")
         if pooled_field and getattr(reference, pooled_field, None) is not None \
-                and f"targets.{name}.pooler.weight" not in synthesized:
+                and f"targets.{name}.pooler.weight" not in synthesized \
+                and getattr(ours.targets[name], "pooler", None) is not None:
             with torch.no_grad():
                 pooled = ours.targets[name].pooler(finals["encoder"][:, 0]).tanh()
             rows.append(_compare(f"{name} pooler output", pooled, getattr(reference, pooled_field)))

@@ -28,6 +28,8 @@ name                 pentad : foreign       what it does (import direction; the 
 ``stack_experts``    1 : N                  N per-expert matrices (``experts.E.w1.weight``, each [F, H]) <->
                                             pentad's stacked expert tensor [N, F, H]; the export unstacks
 ``row_vector``       1 : 1                  a [1, N] table (BART's ``final_logits_bias``) <-> [N]
+``leading_ones:N``   1 : 1                  a tensor with N leading size-1 dimensions (ViT's ``cls_token``
+                                            [1, 1, H], ``position_embeddings`` [1, P, H]) <-> without them
 ``rotate_rows:N``    1 : 1                  a table whose first N rows pentad keeps last (the padding
                                             row of TencentPretrain's segment table, when pentad keeps all
                                             three rows: pentad segment ids 0/1 then read its rows 1/2)
@@ -292,6 +294,22 @@ class RowVector(Transform):
         return [ours[0].unsqueeze(0).clone()]
 
 
+class LeadingOnes(Transform):
+    """A foreign tensor with ``n`` leading size-1 dimensions <-> pentad's tensor without them."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def to_ours(self, theirs: list[Tensor]) -> tuple[list[Tensor], Tensor | None]:
+        t = theirs[0]
+        if t.dim() <= self.n or any(size != 1 for size in t.shape[:self.n]):
+            raise ValueError(f"expected {self.n} leading dimension(s) of size 1, found shape {tuple(t.shape)}")
+        return [t.reshape(t.shape[self.n:]).clone()], None
+
+    def to_theirs(self, ours: list[Tensor], extra: Tensor | None) -> list[Tensor]:
+        return [ours[0].reshape((1,) * self.n + tuple(ours[0].shape)).clone()]
+
+
 class RotateRows(Transform):
     """pentad's row i is the foreign row (i + n) mod rows: the first n foreign rows go last."""
 
@@ -426,10 +444,12 @@ class GatedConvPair(Transform):
 def get_transform(name: str) -> Transform:
     """The transform a rule names; parameters follow colons (``leading_rows:2``, ``fuse_qkv:32:8``)."""
     base, *params = name.split(":")
-    if base in ("leading_rows", "rotate_rows", "heads_qkv", "sinusoidal") or (base == "fuse_qkv" and params):
+    if base in ("leading_rows", "rotate_rows", "heads_qkv", "sinusoidal", "leading_ones") or \
+            (base == "fuse_qkv" and params):
         numbers = [p for p in params if p.isdigit()]
         flags = [p for p in params if not p.isdigit()]
-        wanted = {"leading_rows": 1, "rotate_rows": 1, "heads_qkv": 1, "sinusoidal": 2, "fuse_qkv": 2}[base]
+        wanted = {"leading_rows": 1, "rotate_rows": 1, "heads_qkv": 1, "sinusoidal": 2, "fuse_qkv": 2,
+                  "leading_ones": 1}[base]
         if len(numbers) != wanted or (flags and (base != "fuse_qkv" or flags != ["meta"])):
             raise ValueError(f"transform {name!r}: {base} takes {wanted} count(s)"
                              + (" and optionally ':meta'" if base == "fuse_qkv" else ""))
@@ -438,6 +458,8 @@ def get_transform(name: str) -> Transform:
             return LeadingRows(n[0])
         if base == "rotate_rows":
             return RotateRows(n[0])
+        if base == "leading_ones":
+            return LeadingOnes(n[0])
         if base == "heads_qkv":
             return HeadsQKV(n[0])
         if base == "sinusoidal":
@@ -450,7 +472,7 @@ def get_transform(name: str) -> Transform:
                                    "conv1d": Conv1D(), "seg_pad_row": LeadingRows(1), "stack_experts": StackExperts()}
     if base not in table or params:
         raise ValueError(f"unknown key-map transform {name!r}; known: {', '.join(table)}, leading_rows:N, "
-                         "rotate_rows:N, heads_qkv:A, fuse_qkv:A:K[:meta], sinusoidal:P:D, "
+                         "leading_ones:N, rotate_rows:N, heads_qkv:A, fuse_qkv:A:K[:meta], sinusoidal:P:D, "
                          "gated_conv:first|conv|bias|extra")
     return table[base]
 

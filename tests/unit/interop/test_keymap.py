@@ -25,6 +25,7 @@ def test_expand_repeats_over_sequences_and_substitutes_scalars():
     ("leading_rows:2", [(6, H)]), ("seg_pad_row", [(3, H)]), ("fuse_qkv:4:2", [(8, H), (4, H), (4, H)]),
     ("fuse_qkv:4:2:meta", [(8, H), (4, H), (4, H)]), ("fuse_qkv:2:2:meta", [(4,)] * 3), ("fuse_kv", [(H, H)] * 2),
     ("heads_qkv:2", [(12, H)]), ("heads_qkv:2", [(12,)]), ("row_vector", [(1, 7)]), ("rotate_rows:1", [(3, H)]),
+    ("leading_ones:2", [(1, 1, H)]), ("leading_ones:1", [(1, 5, H)]),
 ])
 def test_transforms_invert_exactly(name, theirs_shapes):
     transform = get_transform(name)
@@ -170,6 +171,11 @@ def test_new_transform_layouts():
     assert bias.shape == (5,)
     with pytest.raises(ValueError, match=r"\[1, N\]"):
         get_transform("row_vector").to_ours([torch.ones(2, 5)])
+    # ViT's cls_token [1, 1, H] and position table [1, P, H].
+    (cls,), _ = get_transform("leading_ones:2").to_ours([torch.ones(1, 1, H)])
+    assert cls.shape == (H,)
+    with pytest.raises(ValueError, match="leading dimension"):
+        get_transform("leading_ones:1").to_ours([torch.ones(2, 5, H)])
 
 
 def test_sinusoidal_table_is_checked_and_kept():

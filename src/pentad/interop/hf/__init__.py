@@ -6,7 +6,7 @@ weights (``model.safetensors``, sharded safetensors with ``model.safetensors.ind
 WordPiece, ``vocab.json`` + ``merges.txt`` for byte-level BPE, ``tokenizer_config.json``).
 
 One module per family (:mod:`.bert`, :mod:`.roberta`, :mod:`.gpt2`, :mod:`.albert`, :mod:`.t5`,
-:mod:`.bart`, :mod:`.pegasus`, :mod:`.llama`, :mod:`.mixtral`, :mod:`.bloom`, :mod:`.switch`) holds its
+:mod:`.bart`, :mod:`.pegasus`, :mod:`.llama`, :mod:`.mixtral`, :mod:`.bloom`, :mod:`.switch`, :mod:`.vit`) holds its
 key map (data, see :mod:`pentad.interop.keymap`) and translates ``config.json`` <-> pentad's model config both ways.
 Reading and writing HF files needs no ``transformers`` install; only ``--verify`` runs it.
 SentencePiece tokenizers (``spiece.model``, ``tokenizer.model``, XLM-R's ``sentencepiece.bpe.model``)
@@ -92,6 +92,9 @@ class HFFamily:
     spm_layout: str = "plain"
     tokenizer_note: str = ""  # why the tokenizer is not converted (tokenizer_kind None)
     token_types: bool = True  # the HF model takes token_type_ids (segments)
+    needs_tokenizer: bool = True  # False: an image model (ViT), which has none to convert
+    # HF's ``hidden_states`` end with the last layer's output before the final norm (ViT), not after it.
+    states_before_final_norm: bool = False
 
     def plan_import(self, config: dict[str, Any], keys: dict[str, tuple[int, ...]], label: str,
                     max_length: int | None) -> ImportPlan:  # pragma: no cover - abstract
@@ -330,6 +333,8 @@ def import_tokenizer(in_dir: Path, tok_dir: Path, family: HFFamily,
     SentencePiece models are rewritten to the ids the HF tokenizer gives (:mod:`pentad.interop.spm`).
     """
     kind, layout = family.tokenizer_for(model_type)
+    if not family.needs_tokenizer:
+        return None, []
     if kind is None:
         return None, [f"tokenizer not converted: {family.tokenizer_note}; set a tokenizer in the run config"]
     tok_cfg = read_json(in_dir / TOKENIZER_CONFIG) if (in_dir / TOKENIZER_CONFIG).is_file() else {}

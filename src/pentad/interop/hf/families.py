@@ -7,14 +7,28 @@ imports, so that no family module is imported by a module it imports.
 from __future__ import annotations
 
 from pentad.errors import UserError, closest
-from pentad.interop.hf import HFFamily, albert, bart, bert, bloom, gpt2, llama, mixtral, pegasus, roberta, switch, t5
+from pentad.interop.hf import (
+    HFFamily,
+    albert,
+    bart,
+    bert,
+    bloom,
+    gpt2,
+    llama,
+    mixtral,
+    pegasus,
+    roberta,
+    switch,
+    t5,
+    vit,
+)
 
 
 def families() -> dict[str, HFFamily]:
     """model_type -> family (``xlm-roberta`` is the RoBERTa family)."""
     table: dict[str, HFFamily] = {}
     for family in (bert.FAMILY, roberta.FAMILY, gpt2.FAMILY, albert.FAMILY, t5.FAMILY, bart.FAMILY, pegasus.FAMILY,
-                   llama.FAMILY, mixtral.FAMILY, bloom.FAMILY, switch.FAMILY):
+                   llama.FAMILY, mixtral.FAMILY, bloom.FAMILY, switch.FAMILY, vit.FAMILY):
         for model_type in family.model_types:
             table[model_type] = family
     return table
