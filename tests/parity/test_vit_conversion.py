@@ -169,3 +169,18 @@ def test_vit_checkpoint_options_pentad_cannot_hold(tmp_path):
     save_hf(tmp_path / "hf", "ViTForImageClassification", vit_config(qkv_bias=False))
     with pytest.raises(UserError, match="qkv_bias false"):
         convert("hf-to-pentad", tmp_path / "hf", tmp_path / "pentad")
+
+
+@pytest.mark.parametrize("mean, std, normalise, noted", [
+    ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225], "imagenet", False),
+    ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5], "half", False),
+    ([0.1, 0.2, 0.3], [0.5, 0.5, 0.5], "half", True),
+])
+def test_image_processor_picks_the_normalisation(tmp_path, mean, std, normalise, noted):
+    save_hf(tmp_path / "hf", "ViTForImageClassification", vit_config())
+    (tmp_path / "hf" / "preprocessor_config.json").write_text(json.dumps(
+        {"image_processor_type": "ViTImageProcessor", "image_mean": mean, "image_std": std}))
+    report = convert("hf-to-pentad", tmp_path / "hf", tmp_path / "pentad")
+    cfg, _ = load_run(tmp_path / "pentad")
+    assert cfg.task.normalise == normalise
+    assert any("not one of pentad's normalisations" in note for note in report.notes) == noted

@@ -173,8 +173,8 @@ def convert(direction: str, in_dir: str | Path, out_dir: str | Path, family: str
     """Convert the model in ``in_dir`` into ``out_dir`` (created; must not hold files yet).
 
     family: HF family (``bert``, ``roberta``, ``xlm-roberta``, ``gpt2``, ``albert``, ``t5``, ``bart``,
-    ``pegasus``, ``llama``, ``mixtral``, ``bloom``, ``vit``); by default the one ``config.json`` names (import) or the one
-    recorded / guessed from the pentad config (export).
+    ``pegasus``, ``llama``, ``mixtral``, ``bloom``, ``vit``); by default the one ``config.json`` names
+    (import) or the one recorded / guessed from the pentad config (export).
     allow_norm_change: ``pentad-to-hf`` of a model with TencentPretrain's LayerNorm
     (``layernorm_unbiased``), which Hugging Face has no equivalent of, is refused with the measured
     difference of the outputs; with this set it writes torch's LayerNorm in its place and notes
