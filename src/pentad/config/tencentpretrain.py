@@ -45,7 +45,7 @@ from pentad.errors import UserError, closest
 _MARKERS = {"layers_num", "heads_num", "emb_size", "feedforward_size", "data_processor", "stream_0"}
 
 # ------------------------------------------------------------------------------- name tables
-EMBEDDINGS = {"word": "word", "pos": "pos", "seg": "seg", "sinusoidalpos": "sinusoidal"}
+EMBEDDINGS = {"word": "word", "pos": "pos", "seg": "seg", "sinusoidalpos": "sinusoidal", "patch": "patch"}
 ENCODERS = {name: name for name in ("transformer", "rnn", "lstm", "gru", "birnn", "bilstm", "bigru", "gatedcnn")}
 RECURRENT = {"rnn", "lstm", "gru", "birnn", "bilstm", "bigru"}
 DECODERS = {"transformer": "transformer"}
@@ -77,6 +77,12 @@ _NON_TEXT_PROCESSORS = {"vit": "image classification (ViT)", "beit": "masked ima
 _NON_TEXT_TOKENIZERS = {"image": "VQGAN image tokens", "text_image": "text + VQGAN image tokens",
                         "virtual": "no text (images only)", "vqgan": "VQGAN image tokens",
                         "multimodal": "text + image tokens"}
+# A ViT (patch + pos embedding, data_processor vit) imports: TencentPretrain's argparse defaults for
+# the image keys (tencentpretrain/opts.py), and the labels its count was measured with.
+VIT_DEFAULTS = {"image_height": 256, "image_width": 256, "patch_size": 16, "channels_num": 3,
+                "image_preprocess": ["crop", "normalize"]}
+VIT_LABELS = 1000
+VIT_KEYS = set(VIT_DEFAULTS)
 # Tokenizer names the shipped configs use although TencentPretrain never registered them.
 _STALE_TOKENIZERS = {"vqgan": "image", "multimodal": "text_image"}
 
@@ -185,17 +191,27 @@ def _truthy(value: Any) -> bool:
     return bool(value)
 
 
+def is_vit(flat: dict[str, Any]) -> bool:
+    """A ViT: a patch embedding (with learned positions) and the vit data processor (or none), one stream."""
+    parts = _as_list(flat.get("embedding", []))
+    return ("patch" in parts and set(parts) <= {"patch", "pos"} and flat.get("data_processor", "vit") == "vit"
+            and "stream_0" not in flat and "stream_1" not in flat and "tgt_embedding" not in flat)
+
+
 def _refuse_non_text(flat: dict[str, Any], label: str) -> None:
-    """Vision, vision-language and speech configs: say which modality, and which stale keys."""
+    """Vision, vision-language and speech configs other than ViT: say which modality, and which stale keys."""
     evidence: list[str] = []
+    vit = is_vit(flat)
     streams = [flat] + [s for s in (flat.get("stream_0"), flat.get("stream_1")) if isinstance(s, dict)]
     for stream in streams:
         for key in ("embedding", "tgt_embedding"):
             for name in _as_list(stream.get(key, [])):
+                if vit and key == "embedding" and name == "patch":
+                    continue
                 if name in _NON_TEXT_EMBEDDINGS:
                     evidence.append(f"{key} '{name}': {_NON_TEXT_EMBEDDINGS[name]}")
     processor = flat.get("data_processor")
-    if processor in _NON_TEXT_PROCESSORS:
+    if processor in _NON_TEXT_PROCESSORS and not (vit and processor == "vit"):
         evidence.append(f"data_processor '{processor}': {_NON_TEXT_PROCESSORS[processor]}")
     tokenizer = flat.get("tokenizer")
     if tokenizer in _NON_TEXT_TOKENIZERS:
@@ -214,8 +230,8 @@ def _refuse_non_text(flat: dict[str, Any], label: str) -> None:
         stale.append(f"its mask '{mask}' is not one of TencentPretrain's mask names (fully_visible, causal, "
                      "causal_with_prefix); TencentPretrain's encoder silently treats it as causal_with_prefix")
     message = (f"cannot import TencentPretrain config {label}: it is not a text model ({'; '.join(evidence)}). "
-               "Image and speech modalities are not in pentad yet; only text configs import "
-               f"({', '.join(TEXT_FAMILIES)}).")
+               "Image and speech modalities other than ViT are not in pentad yet; text configs "
+               f"({', '.join(TEXT_FAMILIES)}) and vit import.")
     if stale:
         message += (" Note also that TencentPretrain's own file is stale: " + "; ".join(stale)
                     + ", so it does not train as shipped there either.")
@@ -315,8 +331,9 @@ class _Importer:
         if "tokenizer" in self.flat:
             self.name("tokenizer", TEXT_TOKENIZERS, self.flat["tokenizer"], "tokenizer")
 
-    def finish(self, model: dict[str, Any], objective: str | None) -> dict[str, Any]:
-        """The run-config dict around ``model``; raises when any problem was found."""
+    def finish(self, model: dict[str, Any], objective: str | None,
+               task: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The run-config dict around ``model`` (and ``task``); raises when any problem was found."""
         self.run_key_notices()
         self.notices[:] = list(dict.fromkeys(self.notices))  # tied streams repeat theirs
         if self.problems:
@@ -332,6 +349,8 @@ class _Importer:
         if objective is not None:
             seq = int(self.flat.get("seq_length", model["max_seq_length"]))
             out["data"] = {"objective": {"type": objective, "seq_length": seq}}
+        if task is not None:
+            out["task"] = task
         return out
 
     # --------------------------------------------------------------------- embedding + encoder
@@ -409,7 +428,32 @@ class _Importer:
         target_names = [self.name("target", TARGETS, t, "target") for t in _as_list(flat.get("target", ["mlm"]))]
         model["targets"] = [self.target(t, body["activation"]) for t in target_names if t is not None]
         model["tie_word_embeddings"] = self.tying([t for t in target_names if t], has_decoder)
+        if is_vit(flat):
+            return self.vit_finish(model, target_names)
         return self.finish(model, self.objective())
+
+    def vit_finish(self, model: dict[str, Any], target_names: list[str | None]) -> dict[str, Any]:
+        """A ViT: image_classification instead of a data objective (data_processor vit is TencentPretrain's
+        label + image loader); its cls target keeps TencentPretrain's pooler (linear_1 + tanh)."""
+        if target_names != ["cls"]:
+            self.problems.append(f"'target' {self.flat.get('target')!r}: a ViT classifies with the cls target alone")
+        if model["embedding"]["parts"][0].get("type") != "patch" or \
+                [p.get("type") for p in model["embedding"]["parts"]] not in (["patch", "pos"], ["patch"]):
+            self.problems.append(f"'embedding' {self.flat.get('embedding')!r}: a ViT's embedding is "
+                                 "['patch', 'pos'] (patch first: it defines the sequence)")
+        model.pop("vocab_size", None)  # no word table: the vocabulary does not matter
+        model["tie_word_embeddings"] = False
+        task = self.vit_task()
+        if self.problems:
+            return self.finish(model, None, task)
+        patch = model["embedding"]["parts"][0]
+        rows, cols = patch["image_size"][0] // patch["patch_size"], patch["image_size"][1] // patch["patch_size"]
+        if rows * cols + 1 > model["max_seq_length"]:
+            self.problems.append(f"'max_seq_length' {model['max_seq_length']} is less than the {rows * cols + 1} "
+                                 f"positions of {patch['image_size'][0]}x{patch['image_size'][1]} images in "
+                                 f"{patch['patch_size']}-pixel patches (CLS included); TencentPretrain's position "
+                                 "table would be too short")
+        return self.finish(model, None, task)
 
     def run_dual(self) -> dict[str, Any]:
         """A two-stream model (SBERT, siamese LSTM) as ``finetune/run_classifier_siamese.py`` builds it:
@@ -500,9 +544,46 @@ class _Importer:
                 if notice not in self.notices:
                     self.notices.append(notice)
                 parts.append({"type": "sinusoidal", "interleave": True, "spacing": "tensor2tensor", "offset": 2})
+            elif kind == "patch":
+                parts.append(self.patch_part())
             elif kind is not None:
                 parts.append({"type": kind})
         return {"parts": parts, "norm": norm, "norm_kind": TP_LAYERNORM, "layer_norm_eps": TP_EPS, "dropout": dropout}
+
+    def patch_part(self) -> dict[str, Any]:
+        """TencentPretrain's PatchEmbedding: a Conv2d without bias over channels_num channels, a CLS vector."""
+        values = {}
+        for key, default in VIT_DEFAULTS.items():
+            if key == "image_preprocess":
+                continue
+            value = self.flat.get(key, default)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                self.problems.append(f"'{self.where}{key}': expected a positive integer, found {value!r}")
+                value = default
+            values[key] = value
+        absent = [k for k in ("image_height", "image_width", "patch_size", "channels_num") if k not in self.flat]
+        if absent:
+            self.notices.append(f"{', '.join(absent)} not in the config: TencentPretrain's defaults ("
+                                + ", ".join(f"{k} {VIT_DEFAULTS[k]}" for k in absent) + ")")
+        return {"type": "patch", "image_size": [values["image_height"], values["image_width"]],
+                "patch_size": values["patch_size"], "channels": values["channels_num"], "bias": False}
+
+    def vit_task(self) -> dict[str, Any]:
+        """The image_classification task from TencentPretrain's image_preprocess (default crop, normalize)."""
+        steps = _as_list(self.flat.get("image_preprocess", VIT_DEFAULTS["image_preprocess"]))
+        task: dict[str, Any] = {"type": "image_classification", "pooler": True, "head_dropout": 0.0,
+                                "normalise": "clip"}
+        if "normalize" not in steps:
+            self.notices.append("image_preprocess without normalize: TencentPretrain then feeds pixels in [0, 1]; "
+                                "pentad always normalises (task.normalise: clip, the mean/std TencentPretrain's "
+                                "normalize uses)")
+        crop = "crop" in steps or "corp" in steps
+        if "crop" in steps:
+            self.notices.append("image_preprocess 'crop': TencentPretrain tests for the misspelling 'corp' and so "
+                                "never crops; pentad does the random resized crop the config asks for "
+                                "(task.augment.crop_scale: null to train without it, as TencentPretrain does)")
+        task["augment"] = {"crop_scale": [0.08, 1.0] if crop else None, "flip": "horizontal_flip" in steps}
+        return task
 
     # ---------------------------------------------------------------------------- stacks
     def transformer(self, hidden: int, activation: str | None, dropout: float, decoder: bool) -> dict[str, Any]:
@@ -601,6 +682,12 @@ class _Importer:
             out["dropout"] = 0.0  # TencentPretrain's cls head has no dropout
             if flat.get("labels_num"):
                 out["num_labels"] = int(flat["labels_num"])
+            elif is_vit(flat):
+                out["num_labels"] = VIT_LABELS
+                self.notices.append(f"labels_num is not in the config (TencentPretrain's pretrain.py requires "
+                                    f"--labels_num for a cls target): {VIT_LABELS} labels (ImageNet's) so that the "
+                                    "model builds; fine-tuning sets the task's own (or override "
+                                    "model.targets.0.num_labels=N)")
         return out
 
     def tying(self, targets: list[str], has_decoder: bool) -> bool:
@@ -639,7 +726,8 @@ class _Importer:
         if flat.get("data_processor") == "llm_sft" and not self.flag("prefix_lm_loss"):
             self.notices.append("without prefix_lm_loss TencentPretrain's llm_sft also scores the prompt tokens; "
                                 "pentad's llm_sft objective scores the response only")
-        ignored = sorted(k for k in flat if k in _RUN_KEYS or (k in _MEDIA_KEYS))
+        imported = VIT_KEYS if is_vit(flat) else set()
+        ignored = sorted(k for k in flat if (k in _RUN_KEYS or k in _MEDIA_KEYS) and k not in imported)
         if ignored:
             self.notices.append(f"not imported (training, preprocessing or media options, set under pentad's train.* "
                                 f"and data.* instead): {', '.join(ignored)}")

@@ -1,11 +1,11 @@
 """Every TencentPretrain config in ../shared/data/tencentpretrain/configs imports as the model
 TencentPretrain's own builder makes of it, checked against the parameter counts measured with that
 builder (tests/data/tencentpretrain_param_counts.json, read its ``_source`` entry) and against the
-shrunk builds of tests/data/tencentpretrain_state_keys.json. Text configs match exactly, except
-for parameters that exist only because of a TencentPretrain defect, which pentad does not
-reproduce: those are named below and the difference must be exactly their size. Vision and
-speech configs are refused with a message naming the modality (and, where TencentPretrain's own
-file is stale, saying so). Everything is built on the meta device."""
+shrunk builds of tests/data/tencentpretrain_state_keys.json. Text and ViT configs match exactly,
+except for parameters that exist only because of a TencentPretrain defect, which pentad does not
+reproduce: those are named below and the difference must be exactly their size. The other vision
+and speech configs are refused with a message naming the modality (and, where TencentPretrain's
+own file is stale, saying so). Everything is built on the meta device."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ DEFECT_PARAMETERS = (
     "embedding.dual.stream_0_layer_norm.gamma", "embedding.dual.stream_0_layer_norm.beta",
     "embedding.dual.stream_1_layer_norm.gamma", "embedding.dual.stream_1_layer_norm.beta",
 )
-NON_TEXT = {"beit", "clip", "dall-e", "s2t", "talk2face", "vilt", "vit"}
+NON_TEXT = {"beit", "clip", "dall-e", "s2t", "talk2face", "vilt"}  # refused (vit imports)
 STALE = {"beit", "dall-e", "talk2face"}  # TencentPretrain's own files do not train as shipped
 DUAL = {"sbert/base_config.json", "sbert/large_config.json", "rnn/siamese_lstm_config.json"}
 
@@ -100,7 +100,7 @@ def test_ground_truth_covers_every_shipped_config(shared_data):
     assert shipped == {name for name in counts() if not name.startswith("_")}
 
 
-# ------------------------------------------------------------------------------ text configs
+# ----------------------------------------------------------------------- text and ViT configs
 TEXT = [m for m in measured() if family(m[0]) not in NON_TEXT]
 
 
@@ -205,9 +205,9 @@ def test_stale_files_say_what_is_stale(shared_data):
 
 
 def test_cli_validate_exits_2_for_a_vision_config(shared_data, capsys):
-    assert main(["validate", str(shared_data / "configs/vit/base-16-224_config.json"), "vocab_size=1000"]) == 2
+    assert main(["validate", str(shared_data / "configs/vilt/base_config.json"), "vocab_size=1000"]) == 2
     err = capsys.readouterr().err
-    assert "image patches (ViT)" in err and "Image and speech modalities are not in pentad yet" in err
+    assert "text + image patches (ViLT)" in err and "modalities other than ViT are not in pentad yet" in err
 
 
 def test_cli_validate_reports_tencentpretrains_count(shared_data, capsys):
@@ -329,3 +329,64 @@ def test_dual_configs_say_not_yet_without_the_dual_encoder(shared_data, monkeypa
     monkeypatch.setattr(tencentpretrain, "_dual_available", lambda: False)
     with pytest.raises(UserError, match="encoder 'dual'.*dual encoder is not available yet"):
         load_config(shared_data / "configs/sbert/base_config.json", ["vocab_size=1000"])
+
+
+# ------------------------------------------------------------------------------------------ ViT
+def test_vit_imports_tencentpretrains_layout_and_an_image_task(shared_data, capsys):
+    cfg = load_config(shared_data / "configs/vit/base-16-224_config.json", [])
+    patch, pos = cfg.model.embedding.parts
+    assert (patch.type, patch.image_size, patch.patch_size, patch.channels, patch.bias) == \
+        ("patch", [224, 224], 16, 3, False)  # TencentPretrain's projection has no bias
+    assert pos.type == "pos" and cfg.model.max_seq_length == 197 and not cfg.model.embedding.norm
+    enc = cfg.model.encoder
+    assert (enc.norm_position, enc.final_norm, enc.norm, enc.mask) == ("pre", True, "layernorm_unbiased",
+                                                                      "bidirectional")
+    (head,) = cfg.model.targets
+    assert (head.type, head.pooler, head.pooling, head.num_labels, head.dropout) == ("cls", True, "first", 1000, 0.0)
+    assert cfg.task.type == "image_classification" and cfg.task.pooler and cfg.task.normalise == "clip"
+    assert cfg.data.objective is None
+    err = capsys.readouterr().err
+    assert "labels_num is not in the config" in err and "1000 labels" in err and "channels_num 3" in err
+    assert "never crops" in err and "not imported" not in err  # the image keys are imported
+    model = build_model(cfg.model, device="meta")
+    assert model.embedding.patch.proj.bias is None and model.targets["cls"].pooler is not None
+
+
+def test_vit_without_image_keys_takes_tencentpretrains_defaults(tmp_path, capsys):
+    path = tmp_path / "vit.json"
+    path.write_text(json.dumps({"emb_size": 32, "hidden_size": 32, "feedforward_size": 64, "hidden_act": "gelu",
+                                "heads_num": 4, "layers_num": 1, "data_processor": "vit", "embedding": ["patch", "pos"],
+                                "remove_embedding_layernorm": True, "encoder": "transformer",
+                                "layernorm_positioning": "pre", "target": ["cls"], "labels_num": 5,
+                                "image_preprocess": ["horizontal_flip"]}))
+    cfg = load_config(path, [])
+    patch = cfg.model.embedding.parts[0]
+    assert (patch.image_size, patch.patch_size, patch.channels) == ([256, 256], 16, 3)
+    assert cfg.model.max_seq_length == 512 and cfg.model.targets[0].num_labels == 5  # 512 >= 1 + 16 x 16
+    assert cfg.task.augment.crop_scale is None and cfg.task.augment.flip
+    err = capsys.readouterr().err
+    assert "TencentPretrain's defaults (image_height 256, image_width 256, patch_size 16, channels_num 3)" in err
+    assert "without normalize" in err and "labels_num is not" not in err
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"max_seq_length": 100}, "less than the 197 positions of 224x224 images"),
+    ({"target": ["cls", "mlm"]}, "a ViT classifies with the cls target alone"),
+    ({"embedding": ["pos", "patch"]}, "patch first"),
+    ({"patch_size": 0}, "'patch_size': expected a positive integer"),
+])
+def test_bad_vit_configs_are_refused(shared_data, tmp_path, change, message):
+    raw = json.loads((shared_data / "configs/vit/base-16-224_config.json").read_text(encoding="utf-8"))
+    path = tmp_path / "vit.json"
+    path.write_text(json.dumps({**raw, **change}))
+    with pytest.raises(UserError, match=message):
+        load_config(path, [])
+
+
+def test_vit_with_a_word_embedding_is_still_refused(tmp_path):
+    path = tmp_path / "vilt.json"
+    path.write_text(json.dumps({"hidden_size": 32, "heads_num": 4, "layers_num": 1, "feedforward_size": 64,
+                                "hidden_act": "gelu", "data_processor": "vit", "embedding": ["word", "patch"],
+                                "target": ["cls"]}))
+    with pytest.raises(UserError, match="not a text model"):
+        load_config(path, ["vocab_size=10"])
