@@ -338,8 +338,11 @@ def _classifier_task(raw: dict[str, Any], hf_config: dict[str, Any], notes: list
     parts = raw["model"].get("embedding", {}).get("parts", [])
     if any(isinstance(p, dict) and p.get("type") == "patch" for p in parts):
         task = "image_classification"
+    imported = raw.get("task") if isinstance(raw.get("task"), dict) and raw["task"].get("type") == task else None
     raw["task"] = {"type": task}
-    if task == "image_classification":
+    if imported is not None:  # a TencentPretrain ViT: the config import's task (normalise, augment)
+        raw["task"] = imported
+    elif task == "image_classification":
         raw["task"].update(pooler=bool(targets[0].get("pooler")), head_dropout=float(targets[0].get("dropout", 0.0)))
         raw["task"].update(_image_normalisation(in_dir, notes))
     if task == "ner" and not is_chunk_tag_set(names):

@@ -17,6 +17,8 @@ TencentPretrain                                                 pentad
 ``embedding.pos.embedding.weight``                              ``embedding.pos.weight``
 ``embedding.seg.embedding.weight`` (rows pad, A, B)             ``embedding.seg.weight`` (rows A, B, pad)
 ``embedding.layer_norm.gamma`` / ``beta``                       ``embedding.norm.weight`` / ``bias``
+``embedding.patch.projection.weight`` / ``cls_emb`` [1, 1, E]   ``embedding.patch.proj.weight`` / ``cls`` [E]
+(ViT: no projection bias, no word table)
 ``tgt_embedding.*`` (the same names)                            ``target_embedding.*``
 ``encoder.linear`` (``factorized_embedding_parameterization``)  ``embedding.project``
 ``E.self_attn.linear_layers.0..2``                              ``encoder.layers.N.attention.qkv`` (q; k; v)
@@ -104,7 +106,11 @@ EMBEDDING_PARTS: dict[str, list[RuleSpec]] = {
     "word": [("{slot}.word.weight", "{tslot}.word.embedding.weight")],
     "pos": [("{slot}.pos.weight", "{tslot}.pos.embedding.weight")],
     "sinusoidal": [],  # a fixed table, not in the state dict
+    # ViT: a Conv2d without bias, and the CLS vector [1, 1, E].
+    "patch": [("{slot}.patch.proj.weight", "{tslot}.patch.projection.weight"),
+              ("{slot}.patch.cls", "{tslot}.patch.cls_emb", "leading_ones:2")],
 }
+PATCH_MARKER = "embedding.patch.projection.weight"
 # The segment table: pentad keeps TencentPretrain's three rows in the order (A, B, pad), or two
 # rows (A, B) with the padding row kept aside.
 SEGMENTS = {3: [("{slot}.seg.weight", "{tslot}.seg.embedding.weight", "rotate_rows:1")],
@@ -240,6 +246,11 @@ def _embedding_specs(slot: Any, pentad: str, tp: str, shared_words: bool, proble
                 problems.append(f"{pentad}.seg has {part.num_segments} rows; TencentPretrain's segment table has "
                                 "three (padding, A, B)")
             specs += SEGMENTS.get(part.num_segments, [])
+        elif part.type == "patch" and (part.bias or not part.cls):
+            problems.append(f"{pentad}.patch has " + ("a bias in its projection (Hugging Face's ViT layout)"
+                                                       if part.bias else "no CLS vector")
+                            + "; TencentPretrain's PatchEmbedding has a bias-free projection and a CLS vector (its "
+                            "Hugging Face converter drops the bias, which changes the model)")
         elif part.type in EMBEDDING_PARTS:
             specs += EMBEDDING_PARTS[part.type]
         else:
@@ -289,6 +300,9 @@ def rules(model: Any, layout: Layout | bool | None = None) -> list[Rule]:
             head = SPAN
         elif target.type not in TARGETS:
             problems.append(f"target '{target.type}' has no TencentPretrain key map")
+        elif target.type == "cls" and not target.pooler:
+            problems.append(f"the cls target '{target.target_name}' has no pooler; TencentPretrain's classifiers "
+                            "pool through a dense + tanh layer (linear_1 / output_layer_1) first")
         if target.type in OUTPUT_TIED:
             if model.tie_word_embeddings and not tied_done:
                 head += OUTPUT_TIED[target.type]
@@ -570,11 +584,18 @@ def plan(raw: dict[str, Any], state: dict[str, Tensor], label: str, tags: bool =
                         "model computes what this checkpoint computes. Convert the original sentence-transformers "
                         "model from Hugging Face instead (pentad convert hf-to-pentad), or fine-tune pentad's "
                         "sbert recipe from a one-stream BERT checkpoint (docs/dual.md).")
-    if word is None:
+    image = word is None and PATCH_MARKER in state  # a ViT: no vocabulary
+    if word is None and not image:
         raise UserError(f"{label}: no embedding.word.embedding.weight tensor, so this is not a TencentPretrain "
                         f"checkpoint with a word embedding (found e.g. {', '.join(sorted(state)[:4]) or 'nothing'}).")
     notes: list[str] = []
-    out, _ = import_config(raw, [f"vocab_size={int(word.shape[0])}"], label, notes)
+    out, _ = import_config(raw, [] if word is None else [f"vocab_size={int(word.shape[0])}"], label, notes)
+    if image and "target.cls.linear_2.weight" in state:
+        # The checkpoint's head says how many labels (TencentPretrain's ViT configs leave labels_num out).
+        for target in out["model"]["targets"]:
+            if target.get("type") == "cls":
+                target["num_labels"] = int(state["target.cls.linear_2.weight"].shape[0])
+        notes[:] = [n for n in notes if not n.startswith("labels_num is not in the config")]
     model = out["model"]
     if model["encoder"].get("positions") == "alibi":
         # A checkpoint reproduces what TencentPretrain computes with it, and TencentPretrain never
@@ -626,7 +647,7 @@ _ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_fast", "relu": "relu", "silu"
 _MASKS = {"bidirectional": "fully_visible", "causal": "causal", "prefix": "causal_with_prefix"}
 # TencentPretrain has no option for torch's LayerNorm: "layernorm" exports as "normal", with a note.
 _NORMS = {"layernorm_unbiased": "normal", "layernorm": "normal", "t5": "t5", "rmsnorm": "rms"}
-_EMBEDDINGS = {"word": "word", "pos": "pos", "seg": "seg", "sinusoidal": "sinusoidalpos"}
+_EMBEDDINGS = {"word": "word", "pos": "pos", "seg": "seg", "sinusoidal": "sinusoidalpos", "patch": "patch"}
 _TARGETS = {"mlm": "mlm", "sp": "sp", "sop": "sp", "lm": "lm", "bilm": "bilm", "cls": "cls"}
 TP_EPS = 1e-6
 
@@ -675,6 +696,12 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
     for p in parts:
         if p not in _EMBEDDINGS:
             problems.append(f"embedding part '{p}' has no TencentPretrain name")
+    if "patch" in positions:
+        patch = positions["patch"]
+        if parts not in (["patch", "pos"], ["patch"]):
+            problems.append(f"embedding parts {parts}: TencentPretrain's ViT embedding is patch then pos")
+        config.update({"image_height": patch.image_size[0], "image_width": patch.image_size[1],
+                       "patch_size": patch.patch_size, "channels_num": patch.channels, "data_processor": "vit"})
     if enc.num_kv_heads not in (None, enc.num_heads):
         config["local_kv_heads_num"] = enc.num_kv_heads
     if enc.head_size not in (None, hidden // enc.num_heads):
