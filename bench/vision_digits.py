@@ -79,7 +79,8 @@ def vit(splits: dict[str, Path], out: Path, image: int, patch: int, epochs: int,
                  f"data.train={splits['train']}", f"data.dev={splits['dev']}", f"data.test={splits['test']}",
                  f"output={out}", f"train.epochs={epochs}", f"train.batch_size={args.batch_size}",
                  f"train.lr={args.lr}", "train.weight_decay=0.05", "train.warmup=0.05", "train.progress=false",
-                 f"train.threads={args.threads}", "task.augment.flip=false", "task.augment.crop_scale=[0.75,1.0]",
+                 f"train.threads={args.threads}", "task.augment.flip=false",
+                 "task.augment.crop_scale=" + ("null" if args.no_crop else "[0.75,1.0]"),
                  "task.pooling=mean"]
     start = time.perf_counter()
     assert main(["finetune", "--task", "image_classification", "--config", "vit/tiny-16", *overrides]) == 0
@@ -105,6 +106,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=None, help="default: 40 (mnist), 60 (digits); --quick: 5")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--digits-patch", type=int, default=2, help="patch size on the 8x8 digits (1, 2 or 4)")
+    parser.add_argument("--no-crop", action="store_true", help="no random resized crop (only the flip is off "
+                        "otherwise)")
     args = parser.parse_args()
 
     from pentad.data.assets import default_cache_dir, ensure_mnist
@@ -117,7 +121,7 @@ def main() -> None:
                 s = ensure_mnist(default_cache_dir())
                 splits, image, patch, epochs = {"train": s.train, "dev": s.dev, "test": s.test}, 28, 4, 40
             else:
-                splits, image, patch, epochs = write_digits(root / "digits"), 8, 2, 60
+                splits, image, patch, epochs = write_digits(root / "digits"), 8, args.digits_patch, 60
             epochs = 5 if args.quick else (args.epochs or epochs)
             baseline = logistic_regression(splits["train"], splits["test"])
             metrics, seconds, params = vit(splits, root / f"run-{name}", image, patch, epochs, args)
