@@ -45,7 +45,8 @@ from pentad.errors import UserError, closest
 _MARKERS = {"layers_num", "heads_num", "emb_size", "feedforward_size", "data_processor", "stream_0"}
 
 # ------------------------------------------------------------------------------- name tables
-EMBEDDINGS = {"word": "word", "pos": "pos", "seg": "seg", "sinusoidalpos": "sinusoidal", "patch": "patch"}
+EMBEDDINGS = {"word": "word", "pos": "pos", "seg": "seg", "sinusoidalpos": "sinusoidal", "patch": "patch",
+              "word_patch": "word_patch"}
 ENCODERS = {name: name for name in ("transformer", "rnn", "lstm", "gru", "birnn", "bilstm", "bigru", "gatedcnn")}
 RECURRENT = {"rnn", "lstm", "gru", "birnn", "bilstm", "bigru"}
 DECODERS = {"transformer": "transformer"}
@@ -198,25 +199,46 @@ def is_vit(flat: dict[str, Any]) -> bool:
             and "stream_0" not in flat and "stream_1" not in flat and "tgt_embedding" not in flat)
 
 
+def is_vilt(flat: dict[str, Any]) -> bool:
+    """A ViLT: a word_patch embedding (caption then image, one stream) and the vilt data processor (or none)."""
+    parts = _as_list(flat.get("embedding", []))
+    return ("word_patch" in parts and set(parts) <= {"word_patch", "pos", "seg"}
+            and flat.get("data_processor", "vilt") == "vilt" and "stream_0" not in flat and "stream_1" not in flat
+            and "tgt_embedding" not in flat)
+
+
+# Tokenizers whose vocabulary is text ids followed by image_vocab_size image-token ids (DALL-E, talk2face).
+_TEXT_IMAGE_TOKENIZERS = ("text_image", "multimodal")
+
+
+def is_image_token_lm(flat: dict[str, Any]) -> bool:
+    """A text-to-image-token language model (DALL-E, talk2face): text embeddings over a vocabulary of text
+    and image tokens, so the model itself is a text model."""
+    parts = set(_as_list(flat.get("embedding", [])))
+    return (flat.get("tokenizer") in _TEXT_IMAGE_TOKENIZERS and parts <= {"word", "pos", "seg", "sinusoidalpos"}
+            and flat.get("data_processor") in (None, "dalle") and "stream_0" not in flat)
+
+
 def _refuse_non_text(flat: dict[str, Any], label: str) -> None:
     """Vision, vision-language and speech configs other than ViT: say which modality, and which stale keys."""
     evidence: list[str] = []
-    vit = is_vit(flat)
+    vit, vilt, image_tokens = is_vit(flat), is_vilt(flat), is_image_token_lm(flat)
     streams = [flat] + [s for s in (flat.get("stream_0"), flat.get("stream_1")) if isinstance(s, dict)]
     for stream in streams:
         for key in ("embedding", "tgt_embedding"):
             for name in _as_list(stream.get(key, [])):
-                if vit and key == "embedding" and name == "patch":
+                if key == "embedding" and ((vit and name == "patch") or (vilt and name == "word_patch")):
                     continue
                 if name in _NON_TEXT_EMBEDDINGS:
                     evidence.append(f"{key} '{name}': {_NON_TEXT_EMBEDDINGS[name]}")
     processor = flat.get("data_processor")
-    if processor in _NON_TEXT_PROCESSORS and not (vit and processor == "vit"):
+    if processor in _NON_TEXT_PROCESSORS and not ((vit and processor == "vit") or (vilt and processor == "vilt")
+                                                  or (image_tokens and processor == "dalle")):
         evidence.append(f"data_processor '{processor}': {_NON_TEXT_PROCESSORS[processor]}")
     tokenizer = flat.get("tokenizer")
-    if tokenizer in _NON_TEXT_TOKENIZERS:
+    if tokenizer in _NON_TEXT_TOKENIZERS and not image_tokens:
         evidence.append(f"tokenizer '{tokenizer}': {_NON_TEXT_TOKENIZERS[tokenizer]}")
-    if "image_tokenizer" in flat and not evidence:
+    if "image_tokenizer" in flat and not evidence and not image_tokens:
         evidence.append("image_tokenizer: a vocabulary of VQGAN image tokens")
     if not evidence:
         return
@@ -230,8 +252,8 @@ def _refuse_non_text(flat: dict[str, Any], label: str) -> None:
         stale.append(f"its mask '{mask}' is not one of TencentPretrain's mask names (fully_visible, causal, "
                      "causal_with_prefix); TencentPretrain's encoder silently treats it as causal_with_prefix")
     message = (f"cannot import TencentPretrain config {label}: it is not a text model ({'; '.join(evidence)}). "
-               "Image and speech modalities other than ViT are not in pentad yet; text configs "
-               f"({', '.join(TEXT_FAMILIES)}) and vit import.")
+               "Image and speech modalities other than ViT, ViLT and image-token language models (dall-e, "
+               f"talk2face) are not in pentad yet; text configs ({', '.join(TEXT_FAMILIES)}) and those import.")
     if stale:
         message += (" Note also that TencentPretrain's own file is stale: " + "; ".join(stale)
                     + ", so it does not train as shipped there either.")
@@ -328,7 +350,7 @@ class _Importer:
                 hint = closest(key, sorted(KNOWN_KEYS))
                 self.problems.append(f"'{key}': unknown TencentPretrain config key"
                                      + (f"; did you mean '{hint}'?" if hint else ""))
-        if "tokenizer" in self.flat:
+        if "tokenizer" in self.flat and not is_image_token_lm(self.flat):
             self.name("tokenizer", TEXT_TOKENIZERS, self.flat["tokenizer"], "tokenizer")
 
     def finish(self, model: dict[str, Any], objective: str | None,
@@ -430,7 +452,38 @@ class _Importer:
         model["tie_word_embeddings"] = self.tying([t for t in target_names if t], has_decoder)
         if is_vit(flat):
             return self.vit_finish(model, target_names)
+        if is_vilt(flat):
+            return self.vilt_finish(model, target_names)
+        if is_image_token_lm(flat):
+            return self.image_token_finish(model)
         return self.finish(model, self.objective())
+
+    def vilt_finish(self, model: dict[str, Any], target_names: list[str | None]) -> dict[str, Any]:
+        """A ViLT: the image_text_match task (matching over the first position with sp, masked LM over the
+        caption) instead of a data objective; TencentPretrain's vilt processor is its caption + image loader."""
+        if sorted(t for t in target_names if t) != ["mlm", "sp"]:
+            self.problems.append(f"'target' {self.flat.get('target')!r}: a ViLT trains the mlm and sp targets")
+        if model["embedding"]["parts"][0].get("type") != "word_patch":
+            self.problems.append(f"'embedding' {self.flat.get('embedding')!r}: word_patch comes first (it defines "
+                                 "the sequence: the caption, then the image)")
+        self.notices.append("data_processor vilt: pentad trains ViLT with the image_text_match task (caption<TAB>path "
+                            "files, seeded negative images); a pre-training objective over preprocessed shards is "
+                            "not in pentad yet")
+        return self.finish(model, None, {"type": "image_text_match", "normalise": "clip"})
+
+    def image_token_finish(self, model: dict[str, Any]) -> dict[str, Any]:
+        """DALL-E / talk2face: a (prefix) language model over text and image-token ids."""
+        image = self.flat.get("image_tokenizer", {})
+        size = image.get("image_vocab_size") if isinstance(image, dict) else None
+        tokenizer = self.flat.get("tokenizer")
+        if tokenizer in _STALE_TOKENIZERS:
+            self.notices.append(f"tokenizer '{tokenizer}' is not registered in TencentPretrain (pretrain.py stops "
+                                f"with a KeyError); imported as its equivalent '{_STALE_TOKENIZERS[tokenizer]}'")
+        self.notices.append("the model's vocabulary is the text vocabulary followed by "
+                            f"{size or 'image_vocab_size'} image-token ids (give vocab_size=N for the sum); pentad "
+                            "has no VQGAN image tokenizer or dalle objective yet, so it builds this model but "
+                            "cannot prepare its data")
+        return self.finish(model, None)
 
     def vit_finish(self, model: dict[str, Any], target_names: list[str | None]) -> dict[str, Any]:
         """A ViT: image_classification instead of a data objective (data_processor vit is TencentPretrain's
@@ -546,6 +599,10 @@ class _Importer:
                 parts.append({"type": "sinusoidal", "interleave": True, "spacing": "tensor2tensor", "offset": 2})
             elif kind == "patch":
                 parts.append(self.patch_part())
+            elif kind == "word_patch":
+                patch = self.patch_part()
+                patch.pop("type")
+                parts.append({"type": "word_patch", "patch": patch})
             elif kind is not None:
                 parts.append({"type": kind})
         return {"parts": parts, "norm": norm, "norm_kind": TP_LAYERNORM, "layer_norm_eps": TP_EPS, "dropout": dropout}
