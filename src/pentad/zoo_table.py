@@ -52,7 +52,7 @@ def _stack(cfg: Any, hidden: int) -> str:
 
 
 def _embedding(slot: Any, width: int | None) -> str:
-    parts = "+".join(p.type if p.type != "patch" else f"patch{p.patch_size}" for p in slot.parts)
+    parts = "+".join(f"{p.type}{p.patch_size}" if p.type in ("patch", "masked_patch") else p.type for p in slot.parts)
     return parts + (" +norm" if slot.norm else "") + (f" (E={width})" if width else "")
 
 

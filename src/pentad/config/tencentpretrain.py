@@ -46,7 +46,7 @@ _MARKERS = {"layers_num", "heads_num", "emb_size", "feedforward_size", "data_pro
 
 # ------------------------------------------------------------------------------- name tables
 EMBEDDINGS = {"word": "word", "pos": "pos", "seg": "seg", "sinusoidalpos": "sinusoidal", "patch": "patch",
-              "word_patch": "word_patch"}
+              "word_patch": "word_patch", "masked_patch": "masked_patch"}
 ENCODERS = {name: name for name in ("transformer", "rnn", "lstm", "gru", "birnn", "bilstm", "bigru", "gatedcnn")}
 RECURRENT = {"rnn", "lstm", "gru", "birnn", "bilstm", "bigru"}
 DECODERS = {"transformer": "transformer"}
@@ -207,6 +207,14 @@ def is_vilt(flat: dict[str, Any]) -> bool:
             and "tgt_embedding" not in flat)
 
 
+def is_beit(flat: dict[str, Any]) -> bool:
+    """A BEiT: a masked_patch embedding (with learned positions) predicting image tokens with mlm."""
+    parts = _as_list(flat.get("embedding", []))
+    return ("masked_patch" in parts and set(parts) <= {"masked_patch", "pos"}
+            and flat.get("data_processor", "beit") == "beit" and "stream_0" not in flat and "stream_1" not in flat
+            and "tgt_embedding" not in flat)
+
+
 # Tokenizers whose vocabulary is text ids followed by image_vocab_size image-token ids (DALL-E, talk2face).
 _TEXT_IMAGE_TOKENIZERS = ("text_image", "multimodal")
 
@@ -222,23 +230,25 @@ def is_image_token_lm(flat: dict[str, Any]) -> bool:
 def _refuse_non_text(flat: dict[str, Any], label: str) -> None:
     """Vision, vision-language and speech configs other than ViT: say which modality, and which stale keys."""
     evidence: list[str] = []
-    vit, vilt, image_tokens = is_vit(flat), is_vilt(flat), is_image_token_lm(flat)
+    vit, vilt, image_tokens, beit = is_vit(flat), is_vilt(flat), is_image_token_lm(flat), is_beit(flat)
     streams = [flat] + [s for s in (flat.get("stream_0"), flat.get("stream_1")) if isinstance(s, dict)]
     for stream in streams:
         for key in ("embedding", "tgt_embedding"):
             for name in _as_list(stream.get(key, [])):
-                if key == "embedding" and ((vit and name == "patch") or (vilt and name == "word_patch")):
+                if key == "embedding" and ((vit and name == "patch") or (vilt and name == "word_patch")
+                                           or (beit and name == "masked_patch")):
                     continue
                 if name in _NON_TEXT_EMBEDDINGS:
                     evidence.append(f"{key} '{name}': {_NON_TEXT_EMBEDDINGS[name]}")
     processor = flat.get("data_processor")
     if processor in _NON_TEXT_PROCESSORS and not ((vit and processor == "vit") or (vilt and processor == "vilt")
-                                                  or (image_tokens and processor == "dalle")):
+                                                  or (image_tokens and processor == "dalle")
+                                                  or (beit and processor == "beit")):
         evidence.append(f"data_processor '{processor}': {_NON_TEXT_PROCESSORS[processor]}")
     tokenizer = flat.get("tokenizer")
-    if tokenizer in _NON_TEXT_TOKENIZERS and not image_tokens:
+    if tokenizer in _NON_TEXT_TOKENIZERS and not image_tokens and not (beit and tokenizer in ("image", "vqgan")):
         evidence.append(f"tokenizer '{tokenizer}': {_NON_TEXT_TOKENIZERS[tokenizer]}")
-    if "image_tokenizer" in flat and not evidence and not image_tokens:
+    if "image_tokenizer" in flat and not evidence and not image_tokens and not beit:
         evidence.append("image_tokenizer: a vocabulary of VQGAN image tokens")
     if not evidence:
         return
@@ -251,6 +261,13 @@ def _refuse_non_text(flat: dict[str, Any], label: str) -> None:
     if isinstance(mask, str) and mask not in ("fully_visible", "causal", "causal_with_prefix"):
         stale.append(f"its mask '{mask}' is not one of TencentPretrain's mask names (fully_visible, causal, "
                      "causal_with_prefix); TencentPretrain's encoder silently treats it as causal_with_prefix")
+    if processor == "clip":
+        raise UserError(f"cannot import TencentPretrain config {label}: a CLIP model ({'; '.join(evidence)}). pentad "
+                        "has CLIP (the clip/base-32 and clip/base-16 recipes: Hugging Face CLIPModel's layout, "
+                        "docs/vision.md), but not this file's layout: TencentPretrain applies two LayerNorms in a row "
+                        "to a stream's embedding (its Embedding's layer_norm, then DualEmbedding's "
+                        "stream_0_layer_norm, with dropout between), which a pentad embedding slot does not express. "
+                        "Start from pentad's clip recipe instead.")
     message = (f"cannot import TencentPretrain config {label}: it is not a text model ({'; '.join(evidence)}). "
                "Image and speech modalities other than ViT, ViLT and image-token language models (dall-e, "
                f"talk2face) are not in pentad yet; text configs ({', '.join(TEXT_FAMILIES)}) and those import.")
@@ -350,7 +367,7 @@ class _Importer:
                 hint = closest(key, sorted(KNOWN_KEYS))
                 self.problems.append(f"'{key}': unknown TencentPretrain config key"
                                      + (f"; did you mean '{hint}'?" if hint else ""))
-        if "tokenizer" in self.flat and not is_image_token_lm(self.flat):
+        if "tokenizer" in self.flat and not is_image_token_lm(self.flat) and not is_beit(self.flat):
             self.name("tokenizer", TEXT_TOKENIZERS, self.flat["tokenizer"], "tokenizer")
 
     def finish(self, model: dict[str, Any], objective: str | None,
@@ -456,6 +473,8 @@ class _Importer:
             return self.vilt_finish(model, target_names)
         if is_image_token_lm(flat):
             return self.image_token_finish(model)
+        if is_beit(flat):
+            return self.beit_finish(model, target_names)
         return self.finish(model, self.objective())
 
     def vilt_finish(self, model: dict[str, Any], target_names: list[str | None]) -> dict[str, Any]:
@@ -470,6 +489,25 @@ class _Importer:
                             "files, seeded negative images); a pre-training objective over preprocessed shards is "
                             "not in pentad yet")
         return self.finish(model, None, {"type": "image_text_match", "normalise": "clip"})
+
+    def beit_finish(self, model: dict[str, Any], target_names: list[str | None]) -> dict[str, Any]:
+        """A BEiT: masked patches, an mlm head over image_tokenizer.image_vocab_size visual tokens."""
+        if target_names != ["mlm"]:
+            self.problems.append(f"'target' {self.flat.get('target')!r}: a BEiT predicts its masked patches' "
+                                 "visual tokens with the mlm target alone")
+        image = self.flat.get("image_tokenizer", {})
+        size = image.get("image_vocab_size") if isinstance(image, dict) else None
+        if "vocab_size" not in self.flat and isinstance(size, int):
+            model["vocab_size"] = size
+        tokenizer = self.flat.get("tokenizer")
+        if tokenizer in _STALE_TOKENIZERS:
+            self.notices.append(f"tokenizer '{tokenizer}' is not registered in TencentPretrain (pretrain.py stops "
+                                f"with a KeyError); its equivalent '{_STALE_TOKENIZERS[tokenizer]}' is meant: the "
+                                "vocabulary is the image tokenizer's codes")
+        self.notices.append(f"the mlm head predicts {model.get('vocab_size', size)} visual tokens (vocab_size); "
+                            "pentad has no VQGAN image tokenizer or beit objective yet, so it builds this model but "
+                            "cannot prepare its data")
+        return self.finish(model, None)
 
     def image_token_finish(self, model: dict[str, Any]) -> dict[str, Any]:
         """DALL-E / talk2face: a (prefix) language model over text and image-token ids."""
@@ -599,6 +637,8 @@ class _Importer:
                 parts.append({"type": "sinusoidal", "interleave": True, "spacing": "tensor2tensor", "offset": 2})
             elif kind == "patch":
                 parts.append(self.patch_part())
+            elif kind == "masked_patch":
+                parts.append({**self.patch_part(), "type": "masked_patch"})
             elif kind == "word_patch":
                 patch = self.patch_part()
                 patch.pop("type")

@@ -117,7 +117,8 @@ class ImageClassificationTask(Task):
 
     def bind(self, run_cfg: Any) -> None:
         """The image size and channels of the model's patch embedding."""
-        patch = next((p for p in run_cfg.model.embedding.parts if getattr(p, "type", "") == "patch"), None)
+        patch = next((p for p in run_cfg.model.embedding.parts if getattr(p, "type", "") in ("patch", "masked_patch")),
+                     None)
         if patch is None:
             kinds = [p.type for p in run_cfg.model.embedding.parts]
             raise UserError(f"task image_classification reads images, but model.embedding.parts is {kinds}: "

@@ -47,7 +47,8 @@ def test_config_problems_name_the_key():
     assert "17 positions" in str(error.value) and "model.max_seq_length=17" in str(error.value)
     with pytest.raises(ConfigError) as error:
         build_model(load_config("bert/tiny", ["model.embedding.parts=[pos,seg]", "model.vocab_size=10"]).model)
-    assert "model.embedding.parts" in str(error.value) and "exactly one of patch, word" in str(error.value)
+    message = str(error.value)
+    assert "model.embedding.parts" in message and "exactly one of masked_patch, patch, word, word_patch" in message
 
 
 def test_wrong_image_shape_is_a_clear_error():
@@ -62,3 +63,22 @@ def test_grayscale_and_no_cls():
                                                     "model.targets.0.pooling=mean"]).model)
     out = model(Batch(pixels=torch.zeros(3, 1, 32, 32), labels={"cls": torch.tensor([0, 1, 2])}))
     assert out["cls"].logits.shape == (3, 3) and torch.isfinite(out["cls"].loss)
+
+
+def test_masked_patches_take_the_mask_vector_and_nothing_else_changes():
+    torch.manual_seed(0)
+    cfg = load_config("vit/tiny-16", [*SMALL, "model.embedding.parts.0.type=masked_patch"]).model
+    model = build_model(cfg)
+    part = model.embedding.masked_patch
+    assert part.mask.abs().sum() > 0  # initialised (truncated normal), not zeros
+    pixels = torch.randn(2, 3, 32, 32)
+    plain = part(Batch(pixels=pixels))
+    mask = torch.zeros(2, 16, dtype=torch.bool)
+    mask[0, [0, 5]] = True
+    mask[1, 15] = True
+    masked = part(Batch(pixels=pixels, patch_mask=mask))
+    changed = (masked != plain).any(-1)
+    assert changed[:, 0].sum() == 0 and torch.equal(changed[:, 1:], mask)  # CLS never masked
+    assert torch.equal(masked[0, 1], part.mask.detach()) and torch.equal(masked[1, 16], part.mask.detach())
+    with pytest.raises(ValueError, match="patch_mask has shape"):
+        part(Batch(pixels=pixels, patch_mask=mask[:, :8]))
