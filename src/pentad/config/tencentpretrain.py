@@ -207,6 +207,16 @@ def is_vilt(flat: dict[str, Any]) -> bool:
             and "tgt_embedding" not in flat)
 
 
+def is_clip(flat: dict[str, Any]) -> bool:
+    """A CLIP: two streams, text (stream 0) and patches (stream 1), pre-trained with the clip processor."""
+    streams = [flat.get(k) for k in ("stream_0", "stream_1")]
+    if not all(isinstance(x, dict) for x in streams):
+        return False
+    text, image = (set(_as_list(x.get("embedding", []))) for x in streams)
+    return flat.get("data_processor", "clip") == "clip" and "patch" not in text and "patch" in image \
+        and image <= {"patch", "pos"}
+
+
 def is_beit(flat: dict[str, Any]) -> bool:
     """A BEiT: a masked_patch embedding (with learned positions) predicting image tokens with mlm."""
     parts = _as_list(flat.get("embedding", []))
@@ -231,10 +241,13 @@ def _refuse_non_text(flat: dict[str, Any], label: str) -> None:
     """Vision, vision-language and speech configs other than ViT: say which modality, and which stale keys."""
     evidence: list[str] = []
     vit, vilt, image_tokens, beit = is_vit(flat), is_vilt(flat), is_image_token_lm(flat), is_beit(flat)
+    clip = is_clip(flat)
     streams = [flat] + [s for s in (flat.get("stream_0"), flat.get("stream_1")) if isinstance(s, dict)]
     for stream in streams:
         for key in ("embedding", "tgt_embedding"):
             for name in _as_list(stream.get(key, [])):
+                if key == "embedding" and clip and name == "patch" and stream is flat.get("stream_1"):
+                    continue
                 if key == "embedding" and ((vit and name == "patch") or (vilt and name == "word_patch")
                                            or (beit and name == "masked_patch")):
                     continue
@@ -243,7 +256,7 @@ def _refuse_non_text(flat: dict[str, Any], label: str) -> None:
     processor = flat.get("data_processor")
     if processor in _NON_TEXT_PROCESSORS and not ((vit and processor == "vit") or (vilt and processor == "vilt")
                                                   or (image_tokens and processor == "dalle")
-                                                  or (beit and processor == "beit")):
+                                                  or (beit and processor == "beit") or (clip and processor == "clip")):
         evidence.append(f"data_processor '{processor}': {_NON_TEXT_PROCESSORS[processor]}")
     tokenizer = flat.get("tokenizer")
     if tokenizer in _NON_TEXT_TOKENIZERS and not image_tokens and not (beit and tokenizer in ("image", "vqgan")):
@@ -261,13 +274,6 @@ def _refuse_non_text(flat: dict[str, Any], label: str) -> None:
     if isinstance(mask, str) and mask not in ("fully_visible", "causal", "causal_with_prefix"):
         stale.append(f"its mask '{mask}' is not one of TencentPretrain's mask names (fully_visible, causal, "
                      "causal_with_prefix); TencentPretrain's encoder silently treats it as causal_with_prefix")
-    if processor == "clip":
-        raise UserError(f"cannot import TencentPretrain config {label}: a CLIP model ({'; '.join(evidence)}). pentad "
-                        "has CLIP (the clip/base-32 and clip/base-16 recipes: Hugging Face CLIPModel's layout, "
-                        "docs/vision.md), but not this file's layout: TencentPretrain applies two LayerNorms in a row "
-                        "to a stream's embedding (its Embedding's layer_norm, then DualEmbedding's "
-                        "stream_0_layer_norm, with dropout between), which a pentad embedding slot does not express. "
-                        "Start from pentad's clip recipe instead.")
     message = (f"cannot import TencentPretrain config {label}: it is not a text model ({'; '.join(evidence)}). "
                "Image and speech modalities other than ViT, ViLT and image-token language models (dall-e, "
                f"talk2face) are not in pentad yet; text configs ({', '.join(TEXT_FAMILIES)}) and those import.")
@@ -608,6 +614,10 @@ class _Importer:
             self.notices.append("TencentPretrain's DualEmbedding applies a second LayerNorm (stream_i_layer_norm) "
                                 "and a second dropout on top of each stream's embedding LayerNorm; pentad applies "
                                 "one, so it has 2 x emb_size fewer parameters per such stream")
+        if is_clip(flat):
+            self.notices.append("data_processor clip: pentad trains CLIP with the image_text task (caption<TAB>path "
+                                "files); a pre-training objective over preprocessed shards is not in pentad yet")
+            return self.finish(model, None, {"type": "image_text", "normalise": "clip"})
         return self.finish(model, self.objective())
 
     def objective(self) -> str | None:
