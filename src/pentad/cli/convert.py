@@ -31,8 +31,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                                                           "or a TencentPretrain .bin + JSON config dir)")
     p.add_argument("output", type=Path, metavar="OUT", help="output directory (new or empty)")
     p.add_argument("--family", help="HF model family: bert, roberta, xlm-roberta, gpt2, albert, t5, bart, pegasus, "
-                                    "llama, mixtral, switch_transformers, bloom, vit (default: from config.json, or "
-                                    "recorded/guessed for pentad-to-hf)")
+                                    "llama, mixtral, switch_transformers, bloom, vit, clip (default: from config.json, "
+                                    "or recorded/guessed for pentad-to-hf)")
     p.add_argument("--verify", action="store_true",
                    help="Hugging Face: run both models on a sample batch and report max |difference| (absolute and "
                         "relative) per layer and output; TencentPretrain: check bitwise that the output maps back "

@@ -173,7 +173,7 @@ def convert(direction: str, in_dir: str | Path, out_dir: str | Path, family: str
     """Convert the model in ``in_dir`` into ``out_dir`` (created; must not hold files yet).
 
     family: HF family (``bert``, ``roberta``, ``xlm-roberta``, ``gpt2``, ``albert``, ``t5``, ``bart``,
-    ``pegasus``, ``llama``, ``mixtral``, ``bloom``, ``vit``); by default the one ``config.json`` names
+    ``pegasus``, ``llama``, ``mixtral``, ``bloom``, ``vit``, ``clip``); by default the one ``config.json`` names
     (import) or the one recorded / guessed from the pentad config (export).
     allow_norm_change: ``pentad-to-hf`` of a model with TencentPretrain's LayerNorm
     (``layernorm_unbiased``), which Hugging Face has no equivalent of, is refused with the measured
@@ -298,11 +298,13 @@ def _hf_to_pentad(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
         interop["sentence_transformers"] = sentence
     raw = {"description": f"converted from Hugging Face {plan.architecture} ({in_dir.resolve()})", "model": plan.model}
     files = _classifier_task(raw, config, notes, in_dir)
+    if family.name == "clip":
+        raw["task"] = {"type": "image_text", **_image_normalisation(in_dir, notes, default="clip")}
     cfg = _write_run(out_dir, raw, tensors, extras, interop, tok_cfg, out_dir / TOKENIZER_DIR, notes, files)
     report = ConversionReport("hf-to-pentad", in_dir, out_dir, family.name, plan.architecture, notes,
                               tolerance=tolerance)
     if verify:
-        report.scope = _hf_scope(plan.architecture, images=not family.needs_tokenizer)
+        report.scope = _hf_scope(plan.architecture, images=not family.needs_tokenizer, texts=family.name == "clip")
         report.verification = verify_hf(in_dir, plan.architecture, family, config, cfg.model, tensors,
                                         set(plan.synthesized), sentence)
     return report
@@ -353,16 +355,18 @@ def _classifier_task(raw: dict[str, Any], hf_config: dict[str, Any], notes: list
     return {LABELS: labels}
 
 
-def _image_normalisation(in_dir: Path | None, notes: list[str]) -> dict[str, str]:
+def _image_normalisation(in_dir: Path | None, notes: list[str], default: str = "half") -> dict[str, str]:
     """``task.normalise`` from a HF image processor's ``image_mean`` / ``image_std``
-    (``preprocessor_config.json``), when they are a pair pentad knows; else a note."""
+    (``preprocessor_config.json``), when they are a pair pentad knows; else ``default`` (ViT's
+    half, CLIP's clip) and a note."""
     from pentad.data.images import NORMALISE
 
     path = in_dir / "preprocessor_config.json" if in_dir is not None else None
     if path is None or not path.is_file():
-        notes.append("no preprocessor_config.json: pixels are normalised with mean and std 0.5 (task.normalise: "
-                     "half, Hugging Face ViT's default)")
-        return {"normalise": "half"}
+        what = {"half": "mean and std 0.5 (task.normalise: half, Hugging Face ViT's default)",
+                "clip": "CLIP's mean and std (task.normalise: clip)"}[default]
+        notes.append(f"no preprocessor_config.json: pixels are normalised with {what}")
+        return {"normalise": default}
     processor = hfio.read_json(path)
     mean, std = processor.get("image_mean"), processor.get("image_std")
     for name, (want_mean, want_std) in NORMALISE.items():
@@ -370,8 +374,8 @@ def _image_normalisation(in_dir: Path | None, notes: list[str]) -> dict[str, str
                 and all(abs(float(a) - b) < 1e-6 for a, b in zip(mean + std, want_mean + want_std)):
             return {"normalise": name}
     notes.append(f"{path}: image_mean {mean} / image_std {std} are not one of pentad's normalisations "
-                 f"({', '.join(NORMALISE)}); task.normalise is half: set it to match the model's training")
-    return {"normalise": "half"}
+                 f"({', '.join(NORMALISE)}); task.normalise is {default}: set it to match the model's training")
+    return {"normalise": default}
 
 
 LABEL2ID = "label2id.json"
@@ -385,6 +389,8 @@ def guess_family(model_cfg: Any) -> str:
     if "patch" in parts:
         return "vit"
     enc = model_cfg.encoder
+    if getattr(enc, "type", None) == "dual":
+        return "clip"  # the only two-tower model Hugging Face has a class for
     positions = getattr(enc, "positions", "none")
     if model_cfg.decoder is not None:
         if positions == "relative":
@@ -447,7 +453,7 @@ def _pentad_to_hf(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
     report = ConversionReport("pentad-to-hf", in_dir, out_dir, family.name, plan.architecture, notes,
                               tolerance=tolerance)
     if verify:
-        report.scope = _hf_scope(plan.architecture, images=not family.needs_tokenizer)
+        report.scope = _hf_scope(plan.architecture, images=not family.needs_tokenizer, texts=family.name == "clip")
         report.verification = verify_hf(out_dir, plan.architecture, family, plan.config, cfg.model, tensors,
                                         set(plan.omit), sentence)
     return report
@@ -778,8 +784,10 @@ def _capture(stack_input: Any, layers: Any, captured: list[Tensor]) -> list[Any]
     return hooks
 
 
-def _hf_scope(architecture: str, images: bool = False) -> str:
+def _hf_scope(architecture: str, images: bool = False, texts: bool = False) -> str:
     batch = "one seeded batch of images" if images else "one seeded batch with padded rows"
+    if texts:  # CLIP: texts and images
+        batch = "one seeded batch of images and of texts ending with the end-of-text token, two padded after it"
     return (f"transformers' {architecture} and the pentad model run in fp32 on {batch}; "
             "the embeddings, every layer's output and every head's output are compared at real positions")
 
@@ -804,6 +812,8 @@ def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config:
         raise UserError(f"--verify: this transformers version has no {architecture} class.")
     hf = hf_cls.from_pretrained(str(hf_dir), local_files_only=True, dtype=torch.float32).eval()
     ours = _pentad_model(model_cfg, tensors)
+    if family.name == "clip":
+        return _verify_clip(hf, ours, model_cfg, hf_config)
     batch, inputs = _sample_batch(model_cfg, pad=family.pad_token_id(hf_config))
     if not family.token_types:
         inputs.pop("token_type_ids", None)
@@ -872,6 +882,74 @@ def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config:
                 mine, theirs = F.normalize(mine, dim=-1), F.normalize(theirs, dim=-1)
         normalised = ", normalised" if sentence.get("normalize") else ""
         rows.append(_compare(f"sentence embedding ({kind} pooling{normalised})", mine, theirs))
+    return rows
+
+
+def clip_sample(model_cfg: Any, hf_config: dict[str, Any], batch: int = 3) -> tuple[Batch, dict[str, Tensor]]:
+    """A seeded text + image batch for a CLIP model: texts of three lengths that end with the
+    end-of-text token, padded after it (where pentad's last real token and Hugging Face's pooled
+    end-of-text token are the same position), and seeded pixels. Returns (pentad Batch, HF inputs)."""
+    text = hf_config.get("text_config") or {}
+    vocab = int(model_cfg.vocab_size)
+    eos = text.get("eos_token_id", vocab - 1)
+    # the legacy eos_token_id 2: HF pools at the row's largest id, which is CLIP's end-of-text (the last id)
+    end = vocab - 1 if eos == 2 or not isinstance(eos, int) else eos
+    pad = text.get("pad_token_id", 1)
+    pad = pad if isinstance(pad, int) and pad != end else (end + 1) % vocab
+    g = torch.Generator().manual_seed(0)
+    seq = max(2, min(12, model_cfg.max_seq_length))
+    lengths = [seq, max(2, seq - 3), max(2, seq // 2)][:batch]
+    # real tokens are neither the end token nor padding (and, with the legacy id, below the end token)
+    allowed = torch.tensor([i for i in range(vocab) if i not in (end, pad) and (eos != 2 or i < end)])
+    tokens = allowed[torch.randint(0, len(allowed), (batch, seq), generator=g)]
+    padding = torch.arange(seq)[None, :] >= torch.tensor(lengths)[:, None]
+    tokens[torch.arange(batch), torch.tensor(lengths) - 1] = end
+    tokens[padding] = pad
+    parts = {p.type: p for p in model_cfg.encoder.stream_1_embedding(model_cfg).parts}
+    patch = parts["patch"]
+    pixels = torch.randn(batch, patch.channels, *patch.image_size, generator=g)
+    out = Batch(tokens=tokens, padding_mask=padding, pair=Batch(pixels=pixels))
+    return out, {"input_ids": tokens, "attention_mask": (~padding).long(), "pixel_values": pixels}
+
+
+def _verify_clip(hf: Any, ours: Any, model_cfg: Any, hf_config: dict[str, Any]) -> list[Check]:
+    """CLIPModel against the pentad dual model: the embeddings and every layer of both towers, each
+    tower's pooled output (after its final norm), the normalised projected features and the logits."""
+    batch, inputs = clip_sample(model_cfg, hf_config)
+    text_states: list[Tensor] = []
+    image_states: list[Tensor] = []
+    hooks = _capture(ours.embedding, ours.encoder.layers, text_states)
+    hooks += _capture(ours.pair.embedding, ours.pair.encoder.layers, image_states)
+    try:
+        with torch.no_grad():
+            reference = hf(**inputs, output_hidden_states=True)
+            pooled = ours.encode_pair(batch)
+            target = next(iter(ours.targets.values()))
+            text, image = target.features(pooled)
+            logits = target(pooled, batch).logits
+    finally:
+        for hook in hooks:
+            hook.remove()
+    keep = ~batch.padding_mask
+    rows: list[Check] = []
+    for tower, mine, theirs, mask in (("text", text_states, reference.text_model_output.hidden_states, keep),
+                                      ("image", image_states, reference.vision_model_output.hidden_states, None)):
+        if len(mine) != len(theirs):
+            raise UserError(f"--verify: CLIPModel returned {len(theirs)} {tower} hidden states, pentad {len(mine)}.")
+        for i, (a, b) in enumerate(zip(mine, theirs)):
+            rows.append(_compare(f"{tower} {'embeddings' if i == 0 else f'layer {i}'}", a, b, mask))
+    for tower, mine, projection, theirs in (
+            ("text", pooled.first, target.projection_0, reference.text_model_output.pooler_output),
+            ("image", pooled.second, target.projection_1, reference.vision_model_output.pooler_output)):
+        what = "end token" if tower == "text" else "CLS"
+        if theirs.shape[-1] != mine.shape[-1]:  # transformers 5 projects the towers' pooler_output in place
+            with torch.no_grad():
+                mine = projection(mine)
+            what += ", projected"
+        rows.append(_compare(f"{tower} pooled (final norm, {what})", mine, theirs))
+    rows += [_compare("text features", text, reference.text_embeds),
+             _compare("image features", image, reference.image_embeds),
+             _compare("logits per image", logits.T, reference.logits_per_image)]
     return rows
 
 

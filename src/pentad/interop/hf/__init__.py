@@ -6,8 +6,9 @@ weights (``model.safetensors``, sharded safetensors with ``model.safetensors.ind
 WordPiece, ``vocab.json`` + ``merges.txt`` for byte-level BPE, ``tokenizer_config.json``).
 
 One module per family (:mod:`.bert`, :mod:`.roberta`, :mod:`.gpt2`, :mod:`.albert`, :mod:`.t5`,
-:mod:`.bart`, :mod:`.pegasus`, :mod:`.llama`, :mod:`.mixtral`, :mod:`.bloom`, :mod:`.switch`, :mod:`.vit`) holds its
-key map (data, see :mod:`pentad.interop.keymap`) and translates ``config.json`` <-> pentad's model config both ways.
+:mod:`.bart`, :mod:`.pegasus`, :mod:`.llama`, :mod:`.mixtral`, :mod:`.bloom`, :mod:`.switch`, :mod:`.vit`,
+:mod:`.clip`) holds its key map (data, see :mod:`pentad.interop.keymap`) and translates ``config.json`` <->
+pentad's model config both ways.
 Reading and writing HF files needs no ``transformers`` install; only ``--verify`` runs it.
 SentencePiece tokenizers (``spiece.model``, ``tokenizer.model``, XLM-R's ``sentencepiece.bpe.model``)
 are rewritten so that the model's own ids are the ones the HF tokenizer gives (:mod:`pentad.interop.spm`).

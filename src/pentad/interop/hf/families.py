@@ -13,6 +13,7 @@ from pentad.interop.hf import (
     bart,
     bert,
     bloom,
+    clip,
     gpt2,
     llama,
     mixtral,
@@ -28,7 +29,8 @@ def families() -> dict[str, HFFamily]:
     """model_type -> family (``xlm-roberta`` is the RoBERTa family)."""
     table: dict[str, HFFamily] = {}
     for family in (bert.FAMILY, roberta.FAMILY, gpt2.FAMILY, albert.FAMILY, t5.FAMILY, bart.FAMILY, pegasus.FAMILY,
-                   llama.FAMILY, mixtral.FAMILY, bloom.FAMILY, switch.FAMILY, vit.FAMILY):
+                   llama.FAMILY, mixtral.FAMILY, bloom.FAMILY, switch.FAMILY, vit.FAMILY,
+                   clip.FAMILY):
         for model_type in family.model_types:
             table[model_type] = family
     return table

@@ -1,0 +1,291 @@
+"""CLIP (``model_type: clip``, ``CLIPModel``): key map and config translation, both ways.
+
+A CLIPModel is pentad's two-stream ``dual`` model (see ``docs/dual.md``) with a ``clr`` head:
+
+==============================================  ===========================================================
+Hugging Face                                    pentad
+==============================================  ===========================================================
+``text_model.embeddings`` (token, position)     stream 0: the model's ``embedding`` slot (word, pos; no norm)
+``text_model.encoder`` + ``final_layer_norm``   ``encoder`` (pre-norm causal transformer, final norm),
+                                                pooled at the last real token (``pooling: last``)
+``vision_model.embeddings`` (class, patch,      stream 1: ``pair.embedding`` (patch part without bias and
+position) + ``pre_layrnorm``                    with a CLS vector, pos; the slot's norm)
+``vision_model.encoder`` + ``post_layernorm``   ``pair.encoder`` (pre-norm bidirectional, final norm),
+                                                pooled at CLS (``pooling: first``)
+``text_projection`` / ``visual_projection``     ``targets.clr.projection_0`` / ``projection_1`` (no bias)
+``logit_scale`` (a log)                         ``targets.clr.logit_scale`` (a log: the same number)
+==============================================  ===========================================================
+
+Separate query/key/value Linears become pentad's fused ``qkv``. The ``position_ids`` buffers that
+older checkpoints carry are consumed and never written. HF pools the text at the end-of-text token
+(the first ``eos_token_id``; with the legacy ``eos_token_id: 2`` the largest id of the row);
+pentad pools at the last real (non-padding) token: the two agree on inputs that end with the
+end-of-text token and are padded after it, as the CLIP tokenizer writes them. pentad caps
+``exp(logit_scale)`` at ``max_logit_scale`` (100, as CLIP's training does); HF's forward does not cap it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pentad.errors import UserError
+from pentad.interop.hf import (
+    ExportPlan,
+    HFFamily,
+    ImportPlan,
+    activation,
+    activation_name,
+    hinted_problems,
+    merge_config,
+    stack_problems,
+)
+from pentad.interop.keymap import WB, Rule, RuleSpec, expand
+
+_LAYER: list[RuleSpec] = [
+    ("{ours}encoder.layers.{layer}.attention_norm.{wb}", "{theirs}encoder.layers.{layer}.layer_norm1.{wb}"),
+    ("{ours}encoder.layers.{layer}.attention.qkv.{wb}",
+     ("{theirs}encoder.layers.{layer}.self_attn.q_proj.{wb}", "{theirs}encoder.layers.{layer}.self_attn.k_proj.{wb}",
+      "{theirs}encoder.layers.{layer}.self_attn.v_proj.{wb}"), "fuse_qkv"),
+    ("{ours}encoder.layers.{layer}.attention.out.{wb}", "{theirs}encoder.layers.{layer}.self_attn.out_proj.{wb}"),
+    ("{ours}encoder.layers.{layer}.ffn_norm.{wb}", "{theirs}encoder.layers.{layer}.layer_norm2.{wb}"),
+    ("{ours}encoder.layers.{layer}.ffn.up.{wb}", "{theirs}encoder.layers.{layer}.mlp.fc1.{wb}"),
+    ("{ours}encoder.layers.{layer}.ffn.down.{wb}", "{theirs}encoder.layers.{layer}.mlp.fc2.{wb}"),
+]
+TEXT: list[RuleSpec] = [
+    ("embedding.word.weight", "text_model.embeddings.token_embedding.weight"),
+    ("embedding.pos.weight", "text_model.embeddings.position_embedding.weight"),
+    ("encoder.final_norm.{wb}", "text_model.final_layer_norm.{wb}"),
+    ((), ("text_model.embeddings.position_ids?",), "ignore"),
+]
+VISION: list[RuleSpec] = [
+    ("pair.embedding.patch.cls", "vision_model.embeddings.class_embedding"),
+    ("pair.embedding.patch.proj.weight", "vision_model.embeddings.patch_embedding.weight"),
+    ("pair.embedding.pos.weight", "vision_model.embeddings.position_embedding.weight"),
+    ("pair.embedding.norm.{wb}", "vision_model.pre_layrnorm.{wb}"),
+    ("pair.encoder.final_norm.{wb}", "vision_model.post_layernorm.{wb}"),
+    ((), ("vision_model.embeddings.position_ids?",), "ignore"),
+]
+HEAD: list[RuleSpec] = [
+    ("targets.{clr}.projection_0.weight", "text_projection.weight"),
+    ("targets.{clr}.projection_1.weight", "visual_projection.weight"),
+    ("targets.{clr}.logit_scale", "logit_scale"),
+]
+
+TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 49408, "hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 12,
+    "num_attention_heads": 8, "max_position_embeddings": 77, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5,
+    "attention_dropout": 0.0, "dropout": 0.0, "initializer_range": 0.02, "pad_token_id": 1, "bos_token_id": 49406,
+    "eos_token_id": 49407,
+}
+VISION_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+    "num_channels": 3, "image_size": 224, "patch_size": 32, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5,
+    "attention_dropout": 0.0, "dropout": 0.0, "initializer_range": 0.02,
+}
+OWNED = ("architectures", "model_type", "projection_dim", "logit_scale_init_value", "text_config", "vision_config")
+TOWER_OWNED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "hidden_act",
+               "layer_norm_eps", "attention_dropout", "dropout", "initializer_range", "projection_dim")
+SUPPORTED = ("CLIPModel",)
+LOGIT_SCALE_INIT = 2.6592  # HF's default logit_scale_init_value, log(1 / 0.07) to 4 decimals
+
+
+def _tower(c: dict[str, Any], which: str, hidden: int, mask: str, problems: list[str]) -> dict[str, Any]:
+    """pentad's transformer config of one CLIP tower (HF's sub-config ``c``, defaults applied)."""
+    act = activation(c["hidden_act"], problems, f"{which}_config.hidden_act")
+    heads = int(c["num_attention_heads"])
+    if hidden % heads:
+        problems.append(f"{which}_config.hidden_size {hidden} is not divisible by num_attention_heads {heads}")
+    return {"type": "transformer", "num_layers": int(c["num_hidden_layers"]), "num_heads": heads,
+            "ffn_size": int(c["intermediate_size"]), "activation": act, "norm_position": "pre", "final_norm": True,
+            "mask": mask, "dropout": float(c.get("dropout") or 0.0),
+            "attention_dropout": float(c["attention_dropout"]), "bias": True,
+            "layer_norm_eps": float(c["layer_norm_eps"])}
+
+
+class CLIPFamily(HFFamily):
+    name = "clip"
+    model_types = ("clip",)
+    tokenizer_kind = None
+    tokenizer_note = ("the CLIP BPE tokenizer (lower-cased byte-level BPE with '</w>' word ends) is not converted "
+                      "yet")
+    needs_tokenizer = True
+    token_types = False
+
+    def outputs(self, architecture: str) -> dict[str, str]:
+        return {"clr": "logits_per_text"}
+
+    def pad_token_id(self, config: dict[str, Any]) -> int:
+        value = (config.get("text_config") or {}).get("pad_token_id", TEXT_DEFAULTS["pad_token_id"])
+        return int(value) if isinstance(value, int) else 1
+
+    def rules(self, *, text_layers: int, vision_layers: int, clr: str) -> list[Rule]:
+        return (expand(TEXT + HEAD, wb=WB, clr=clr)
+                + expand(_LAYER, ours="", theirs="text_model.", layer=range(text_layers), wb=WB)
+                + expand(VISION, wb=WB)
+                + expand(_LAYER, ours="pair.", theirs="vision_model.", layer=range(vision_layers), wb=WB))
+
+    # -- import -----------------------------------------------------------------------------------
+    def plan_import(self, config: dict[str, Any], keys: dict[str, tuple[int, ...]], label: str,
+                    max_length: int | None) -> ImportPlan:
+        problems = hinted_problems(config, SUPPORTED)
+        text_raw, vision_raw = config.get("text_config") or {}, config.get("vision_config") or {}
+        if not isinstance(text_raw, dict) or not isinstance(vision_raw, dict):
+            raise UserError(f"cannot convert {label} (clip): text_config and vision_config must be JSON objects.")
+        text, vision = {**TEXT_DEFAULTS, **text_raw}, {**VISION_DEFAULTS, **vision_raw}
+        text_hidden, vision_hidden = int(text["hidden_size"]), int(vision["hidden_size"])
+        text_stack = _tower(text, "text", text_hidden, "causal", problems)
+        vision_stack = _tower(vision, "vision", vision_hidden, "bidirectional", problems)
+        image, patch = vision["image_size"], vision["patch_size"]
+        if not isinstance(image, int) or not isinstance(patch, int):
+            problems.append(f"vision_config image_size {image!r} / patch_size {patch!r} (CLIP's are one integer each)")
+            image = patch = 1
+        elif image % patch:
+            problems.append(f"vision_config.image_size {image} is not a multiple of patch_size {patch}")
+        if "text_projection.weight" not in keys or "visual_projection.weight" not in keys:
+            problems.append("no text_projection / visual_projection in the weights (only a whole CLIPModel converts)")
+        if problems:
+            raise UserError(f"cannot convert {label} (clip): " + "; ".join(problems) + ".")
+        projection = int(keys["text_projection.weight"][0])
+        init = config.get("logit_scale_init_value", LOGIT_SCALE_INIT)
+        init = float(init) if isinstance(init, (int, float)) else LOGIT_SCALE_INIT
+        positions = int(text["max_position_embeddings"])
+        vision_embedding = {
+            "parts": [{"type": "patch", "image_size": [image, image], "patch_size": patch,
+                       "channels": int(vision["num_channels"]), "bias": False}, {"type": "pos"}],
+            "norm": True, "layer_norm_eps": float(vision["layer_norm_eps"]), "dropout": 0.0}
+        model = {
+            "hidden_size": text_hidden, "vocab_size": int(text["vocab_size"]), "max_seq_length": positions,
+            "tie_word_embeddings": False, "init_std": float(text["initializer_range"]),
+            "embedding": {"parts": ["word", {"type": "pos"}], "norm": False, "dropout": 0.0},
+            "encoder": {"type": "dual", "tie": False,
+                        "stream_0": {"encoder": text_stack, "pooling": "last"},
+                        "stream_1": {"hidden_size": vision_hidden, "max_seq_length": (image // patch) ** 2 + 1,
+                                     "embedding": vision_embedding, "encoder": vision_stack, "pooling": "first"}},
+            "targets": [{"type": "clr", "projection": True, "feature_size": projection,
+                         "init_temperature": math.exp(-init), "max_logit_scale": 100.0}],
+        }
+        notes = ["text pooling: pentad pools the last real token; Hugging Face CLIP pools the end-of-text token. "
+                 "They agree on texts that end with the end-of-text token and are padded after it, as the CLIP "
+                 "tokenizer writes them"]
+        rules = self.rules(text_layers=text_stack["num_layers"], vision_layers=vision_stack["num_layers"], clr="clr")
+        return ImportPlan(model, rules, "CLIPModel", [], notes)
+
+    # -- export -----------------------------------------------------------------------------------
+    def plan_export(self, model: Any, *, label: str, model_type: str | None, base_config: dict[str, Any] | None,
+                    omittable: set[str], pad_id: int | None, eos_id: int | None,
+                    labels: list[str] | None) -> ExportPlan:
+        problems: list[str] = []
+        notes: list[str] = []
+        dual = model.encoder
+        if getattr(dual, "type", None) != "dual" or dual.tie:
+            raise UserError(f"cannot export {label} as clip: CLIP is a two-tower model (model.encoder type dual with "
+                            f"tie: false); found {getattr(dual, 'type', None)}"
+                            + (" with tie: true" if getattr(dual, "type", None) == "dual" else "") + ".")
+        text_stack, vision_stack = dual.stream_0.encoder, dual.stream_1_encoder()
+        sizes = dual.stream_1_sizes(model)
+        vision_embedding = dual.stream_1_embedding(model)
+        vision_hidden = int(sizes.hidden_size)
+        text_parts = [p.type for p in model.embedding.parts]
+        if text_parts != ["word", "pos"] or model.embedding.norm:
+            problems.append(f"model.embedding is {text_parts} with norm {model.embedding.norm}; CLIP's text embedding "
+                            "is word then pos without a norm")
+        elif (model.embedding.parts[1].max_positions or model.max_seq_length) != model.max_seq_length:
+            problems.append("the text pos table and model.max_seq_length differ")
+        if model.embedding_size not in (None, model.hidden_size) or model.decoder is not None:
+            problems.append("CLIP's text tower has no factorised embedding and no decoder")
+        parts = {p.type: p for p in vision_embedding.parts}
+        if [p.type for p in vision_embedding.parts] != ["patch", "pos"]:
+            problems.append(f"model.encoder.stream_1.embedding.parts is {[p.type for p in vision_embedding.parts]}; "
+                            "CLIP's image embedding is patch then pos")
+        else:
+            patch = parts["patch"]
+            if not patch.cls or patch.bias or patch.image_size[0] != patch.image_size[1] \
+                    or patch.image_size[0] % patch.patch_size:
+                problems.append("the patch part must have a CLS vector, no bias and a square image a multiple of the "
+                                "patch size (CLIP's layout)")
+            elif (parts["pos"].max_positions or sizes.max_seq_length) != patch.length:
+                problems.append(f"the image pos table has {parts['pos'].max_positions or sizes.max_seq_length} rows; "
+                                f"CLIP has one per CLS and patch ({patch.length})")
+        if not vision_embedding.norm:
+            problems.append("model.encoder.stream_1.embedding.norm is off; CLIP normalises the image embedding "
+                            "(pre_layrnorm)")
+        for path, stack, mask, width in (("model.encoder.stream_0.encoder", text_stack, "causal", model.hidden_size),
+                                         ("model.encoder.stream_1.encoder", vision_stack, "bidirectional",
+                                          vision_hidden)):
+            final_norm = stack.final_norm if stack.final_norm is not None else stack.norm_position == "pre"
+            if stack.type != "transformer" or stack.norm_position != "pre" or not final_norm or stack.mask != mask \
+                    or not stack.bias:
+                problems.append(f"{path} must be a pre-norm {mask} transformer with biases and a final norm")
+            else:
+                problems += stack_problems(stack, path, "clip", width)
+                if activation_name(None, stack.activation) is None:
+                    problems.append(f"{path}.activation '{stack.activation}' has no HF name")
+        if dual.pooling != ("last", "first"):
+            problems.append(f"the streams pool {dual.pooling}; CLIP pools the text's end token (last) and the "
+                            "image's CLS (first)")
+        if vision_embedding.norm and vision_embedding.layer_norm_eps != vision_stack.layer_norm_eps:
+            problems.append("the image embedding norm's eps differs from the image layers' (CLIP has one)")
+        targets = list(model.targets)
+        target = targets[0] if len(targets) == 1 and targets[0].type == "clr" else None
+        if target is None:
+            problems.append(f"targets {[t.type for t in targets]}: CLIP has exactly one clr head")
+        elif not target.projection or target.temperature is not None:
+            problems.append("the clr head must project both streams (projection: true) and learn its logit scale "
+                            "(no fixed temperature), as CLIPModel does")
+        if problems:
+            raise UserError(f"cannot export {label} as clip: " + "; ".join(problems) + ".")
+        assert target is not None
+        base = dict(base_config or {})
+        feature = int(target.feature_size or model.hidden_size)
+        patch = parts["patch"]
+
+        def tower(old: Any, stack: Any, hidden: int, values: dict[str, Any], dropout: float) -> dict[str, Any]:
+            old = dict(old) if isinstance(old, dict) else {}
+            own = {"hidden_size": hidden, "intermediate_size": stack.ffn_size or 4 * hidden,
+                   # CLIPModel reads the top-level projection_dim; a tower's own is kept as it was
+                   "projection_dim": old.get("projection_dim", feature), "num_hidden_layers": stack.num_layers,
+                   "num_attention_heads": stack.num_heads, "hidden_act": activation_name(old.get("hidden_act"),
+                                                                                         stack.activation),
+                   "layer_norm_eps": float(stack.layer_norm_eps),
+                   "attention_dropout": float(stack.attention_dropout if stack.attention_dropout is not None
+                                              else stack.dropout),
+                   "initializer_range": model.init_std, **values}
+            if dropout or "dropout" in old:  # transformers 5 writes no dropout key (it has none)
+                own["dropout"] = dropout
+            kept = {k: v for k, v in old.items() if k not in TOWER_OWNED and k not in values
+                    and k != "transformers_version"}
+            return {**kept, **own}
+
+        old_text = base.get("text_config") if isinstance(base.get("text_config"), dict) else {}
+        ids: dict[str, Any] = {}
+        for key, value, fallback in (("pad_token_id", pad_id, 1), ("eos_token_id", eos_id, model.vocab_size - 1),
+                                     ("bos_token_id", None, model.vocab_size - 2)):
+            ids[key] = old_text.get(key, value if value is not None else fallback)
+        if "eos_token_id" not in old_text and eos_id is None:
+            notes.append(f"text_config.eos_token_id is {ids['eos_token_id']} (the last id, as in CLIP's vocabulary): "
+                         "Hugging Face pools the text at this token; set it to your tokenizer's end-of-text id")
+        text_cfg = tower(old_text, text_stack, model.hidden_size,
+                         {"vocab_size": model.vocab_size, "max_position_embeddings": model.max_seq_length,
+                          "model_type": "clip_text_model", **ids}, float(text_stack.dropout))
+        vision_cfg = tower(base.get("vision_config"), vision_stack, vision_hidden,
+                           {"num_channels": patch.channels, "image_size": patch.image_size[0],
+                            "patch_size": patch.patch_size, "model_type": "clip_vision_model"},
+                           float(vision_stack.dropout))
+        for name, drop in (("text", model.embedding.dropout), ("image", vision_embedding.dropout)):
+            if float(drop):
+                notes.append(f"the {name} embedding's dropout {drop} has no place in CLIP's config (training only)")
+        config = merge_config(base, OWNED, {
+            "architectures": ["CLIPModel"], "model_type": "clip", "projection_dim": feature,
+            "logit_scale_init_value": float(base.get("logit_scale_init_value",
+                                                     round(math.log(1.0 / target.init_temperature), 4))),
+            "text_config": text_cfg, "vision_config": vision_cfg})
+        if target.max_logit_scale != 100.0:
+            notes.append(f"max_logit_scale {target.max_logit_scale:g}: Hugging Face's CLIPModel does not cap the "
+                         "logit scale in its forward")
+        rules = self.rules(text_layers=text_stack.num_layers, vision_layers=vision_stack.num_layers,
+                           clr=target.target_name)
+        return ExportPlan(config, rules, "CLIPModel", set(), notes)
+
+
+FAMILY = CLIPFamily()

@@ -1,0 +1,183 @@
+"""CLIP conversion parity: a Hugging Face ``CLIPModel`` built from a tiny ``CLIPConfig`` with random
+weights (no download) converts to pentad's two-tower ``dual`` model with a ``clr`` head and back.
+
+* HF -> pentad: text features, image features and ``logits_per_image`` equal HF's within 1e-5
+  relative in fp32 on texts that end with the end-of-text token (padded after it) and seeded
+  images; the ``--verify`` report (every layer of both towers) agrees.
+* HF -> pentad -> HF: bitwise-identical state dicts and the same config.
+* pentad -> HF: a pentad CLIP (family guessed from the dual encoder) loads with ``CLIPModel``;
+  models CLIP cannot express are refused with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tests.unit.interop.helpers import make_run
+
+from pentad.builder import build_model
+from pentad.errors import UserError
+from pentad.interop import convert
+from pentad.interop.convert import clip_sample
+from pentad.runs import load_run
+from pentad.training.checkpoint import find_weights, load_weights, read_weights
+
+transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+TOL = 1e-5
+VOCAB = 40
+
+
+def clip_config(eos: int = VOCAB - 1, **over):
+    text = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "max_position_embeddings": 16, "pad_token_id": 1, "bos_token_id": VOCAB - 2,
+            "eos_token_id": eos}
+    vision = {"hidden_size": 24, "intermediate_size": 40, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "image_size": 16, "patch_size": 4, "num_channels": 3}
+    return transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=20, **over)
+
+
+def save_hf(directory, config):
+    torch.manual_seed(0)
+    model = transformers.CLIPModel(config)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # distinct values everywhere (unit norms and zero biases included)
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    model.save_pretrained(directory)
+    return model.eval()
+
+
+def pentad_model(run_dir):
+    cfg, _ = load_run(run_dir)
+    model = build_model(cfg.model)
+    load_weights(model, read_weights(find_weights(run_dir)), str(run_dir))
+    return cfg, model.eval()
+
+
+def relative(ours, theirs):
+    return float((ours.double() - theirs.double()).abs().max() / theirs.double().abs().max())
+
+
+def outputs(hf, net, cfg, hf_config):
+    batch, inputs = clip_sample(cfg.model, hf_config)
+    assert batch.padding_mask.any() and (inputs["input_ids"] == inputs["input_ids"].max()).any()
+    with torch.no_grad():
+        ref = hf(**inputs)
+        pooled = net.encode_pair(batch)
+        target = net.targets["clr"]
+        text, image = target.features(pooled)
+        logits = target(pooled, batch).logits
+    return ref, text, image, logits
+
+
+@pytest.mark.parametrize("eos", [VOCAB - 1, 2], ids=["eos-id", "legacy-eos-2"])
+def test_hf_to_pentad_outputs_match(tmp_path, eos):
+    hf = save_hf(tmp_path / "hf", clip_config(eos=eos))
+    report = convert("hf-to-pentad", tmp_path / "hf", tmp_path / "pentad", verify=True)
+    assert report.ok, report.render()
+    assert report.family == "clip" and report.architecture == "CLIPModel"
+    assert len(report.verification) == 2 * (2 + 1) + 5  # embeddings + 2 layers per tower, pooled, features, logits
+    cfg, net = pentad_model(tmp_path / "pentad")
+    assert cfg.model.encoder.type == "dual" and cfg.model.encoder.pooling == ("last", "first")
+    assert cfg.task.type == "image_text" and cfg.task.normalise == "clip"
+    assert sum(p.numel() for p in net.parameters()) == sum(p.numel() for p in hf.parameters())
+    ref, text, image, logits = outputs(hf, net, cfg, json.loads((tmp_path / "hf" / "config.json").read_text()))
+    assert relative(text, ref.text_embeds) <= TOL
+    assert relative(image, ref.image_embeds) <= TOL
+    assert relative(logits.T, ref.logits_per_image) <= TOL
+    # the logit scale is stored as a log on both sides
+    assert float(net.targets["clr"].logit_scale.detach()) == float(hf.logit_scale.detach())
+
+
+def test_hf_to_pentad_to_hf_is_bitwise(tmp_path):
+    save_hf(tmp_path / "hf", clip_config())
+    convert("hf-to-pentad", tmp_path / "hf", tmp_path / "pentad")
+    report = convert("pentad-to-hf", tmp_path / "pentad", tmp_path / "back", verify=True)
+    assert report.ok, report.render()
+    assert report.architecture == "CLIPModel"
+    before = safetensors_torch.load_file(str(tmp_path / "hf" / "model.safetensors"))
+    after = safetensors_torch.load_file(str(tmp_path / "back" / "model.safetensors"))
+    assert sorted(before) == sorted(after)
+    for key, tensor in before.items():
+        assert after[key].dtype == tensor.dtype and torch.equal(after[key], tensor), key
+    original = json.loads((tmp_path / "hf" / "config.json").read_text())
+    written = json.loads((tmp_path / "back" / "config.json").read_text())
+    skip = {"transformers_version", "dtype"}
+    assert {k: v for k, v in written.items() if k not in skip} == {k: v for k, v in original.items() if k not in skip}
+
+
+def test_position_ids_buffers_of_older_checkpoints_are_read(tmp_path):
+    save_hf(tmp_path / "hf", clip_config())
+    path = tmp_path / "hf" / "model.safetensors"
+    state = safetensors_torch.load_file(str(path))
+    state["text_model.embeddings.position_ids"] = torch.arange(16)[None]
+    state["vision_model.embeddings.position_ids"] = torch.arange(17)[None]
+    safetensors_torch.save_file(state, str(path), metadata={"format": "pt"})
+    convert("hf-to-pentad", tmp_path / "hf", tmp_path / "pentad")
+    convert("pentad-to-hf", tmp_path / "pentad", tmp_path / "back")
+    back = safetensors_torch.load_file(str(tmp_path / "back" / "model.safetensors"))
+    assert not any(k.endswith("position_ids") for k in back)
+
+
+TINY_CLIP = {
+    "hidden_size": 32, "vocab_size": VOCAB, "max_seq_length": 16, "tie_word_embeddings": False,
+    "embedding": {"parts": ["word", "pos"], "norm": False, "dropout": 0.0},
+    "encoder": {
+        "type": "dual", "tie": False,
+        "stream_0": {"encoder": {"type": "transformer", "num_layers": 2, "num_heads": 4, "ffn_size": 48,
+                                 "activation": "quick_gelu", "norm_position": "pre", "final_norm": True,
+                                 "mask": "causal", "dropout": 0.0, "layer_norm_eps": 1e-5},
+                     "pooling": "last"},
+        "stream_1": {"hidden_size": 24, "max_seq_length": 17,
+                     "embedding": {"parts": [{"type": "patch", "image_size": 16, "patch_size": 4, "bias": False},
+                                             "pos"], "norm": True, "layer_norm_eps": 1e-5, "dropout": 0.0},
+                     "encoder": {"type": "transformer", "num_layers": 1, "num_heads": 2, "ffn_size": 40,
+                                 "activation": "quick_gelu", "norm_position": "pre", "final_norm": True,
+                                 "mask": "bidirectional", "dropout": 0.0, "layer_norm_eps": 1e-5},
+                     "pooling": "first"}},
+    "targets": [{"type": "clr", "projection": True, "feature_size": 20}],
+}
+
+
+def test_pentad_clip_exports_and_loads(tmp_path):
+    _, net = make_run(tmp_path / "run", TINY_CLIP)
+    report = convert("pentad-to-hf", tmp_path / "run", tmp_path / "hf", verify=True)
+    assert report.ok, report.render()
+    assert report.family == "clip" and any("guessed" in note for note in report.notes)
+    hf = transformers.CLIPModel.from_pretrained(str(tmp_path / "hf"), local_files_only=True).eval()
+    assert sum(p.numel() for p in hf.parameters()) == sum(p.numel() for p in net.parameters())
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["text_config"]["eos_token_id"] == VOCAB - 1
+    cfg, net = pentad_model(tmp_path / "run")
+    ref, text, image, logits = outputs(hf, net, cfg, config)
+    assert relative(logits.T, ref.logits_per_image) <= TOL
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"encoder": {**TINY_CLIP["encoder"], "stream_1": {**TINY_CLIP["encoder"]["stream_1"], "pooling": "mean"}}},
+     "CLIP pools the text's end token (last) and the image's CLS (first)"),
+    ({"targets": [{"type": "clr", "projection": True, "feature_size": 20, "temperature": 0.05}]},
+     "learn its logit scale"),
+    ({"embedding": {"parts": ["word", "pos"], "norm": True}}, "without a norm"),
+])
+def test_models_clip_cannot_express_are_refused(tmp_path, change, message):
+    make_run(tmp_path / "run", {**TINY_CLIP, **change})
+    with pytest.raises(UserError, match="cannot export .* as clip") as info:
+        convert("pentad-to-hf", tmp_path / "run", tmp_path / "hf", family="clip")
+    assert message in str(info.value)
+    assert not (tmp_path / "hf").exists()
+
+
+def test_clip_checkpoint_options_pentad_cannot_hold(tmp_path):
+    save_hf(tmp_path / "hf", clip_config())
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    config["text_config"]["hidden_act"] = "no_such_act"
+    path.write_text(json.dumps(config))
+    with pytest.raises(UserError, match="text_config.hidden_act 'no_such_act'"):
+        convert("hf-to-pentad", tmp_path / "hf", tmp_path / "pentad")
+    assert not (tmp_path / "pentad").exists()
