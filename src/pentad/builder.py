@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pentad.config.sizes import SlotSizes
 from pentad.errors import ConfigError, ConfigProblem, UserError
 from pentad.layers.attention import Attention
 from pentad.layers.block import Block
@@ -118,20 +119,6 @@ def build_pair_stream(dual_cfg: Any, cfg: Any) -> nn.Module:
                                 not _reads_embedding_width(encoder_cfg))
     encoder = ENCODERS.get(encoder_cfg.type).from_config(encoder_cfg, sizes)
     return cls(pooling_0, pooling_1, embedding, encoder)
-
-
-class SlotSizes:
-    """The model config as one slot sees it: ``vocab_size`` and ``hidden_size`` replaced where the
-    slot differs (the target side's vocabulary, the factorised embedding width); every other
-    attribute reads through to the config."""
-
-    def __init__(self, cfg: Any, **overrides: Any):
-        self._cfg, self._overrides = cfg, overrides
-
-    def __getattr__(self, name: str) -> Any:
-        if name in self._overrides:
-            return self._overrides[name]
-        return getattr(self._cfg, name)
 
 
 def _preorder(module: nn.Module, seen: set[int]) -> Iterable[nn.Module]:

@@ -15,6 +15,7 @@ from pentad.components.base import (
     Target,
     TargetOutput,
 )
+from pentad.components.stream import run_stream
 from pentad.layers.block import Block
 from pentad.layers.cache import KVCache
 from pentad.layers.moe import MoE
@@ -111,22 +112,6 @@ class EmbeddingSlot(nn.Module):
         if self.project is not None:
             hidden = self.project(hidden)
         return Embedded(hidden, parts[lead].padding_mask(batch, length))
-
-
-def run_stream(embedding: EmbeddingSlot, encoder: Encoder, batch: Batch, cache: KVCache | None = None
-               ) -> tuple[Tensor, Tensor | None]:
-    """Embedding slot then encoder over ``batch``: (hidden [B,S,H], padding_mask [B,S] | None).
-
-    The one place an encoder is called on embedded input, for a one-stream model and for each
-    stream of a two-stream model alike.
-    """
-    embedded = embedding(batch)
-    prefix_lengths = None
-    if encoder.mask_kind == "prefix" and batch.segments is not None:
-        # Prefix positions are segment 0 (and, with left padding, the padding before them).
-        prefix_lengths = _prefix_lengths(batch.segments, embedded.padding_mask)
-    hidden = encoder(embedded.hidden, embedded.padding_mask, prefix_lengths, batch.positions, cache)
-    return hidden, embedded.padding_mask
 
 
 class Model(nn.Module):
@@ -229,16 +214,6 @@ class Model(nn.Module):
             for name, value in block_metrics.items():
                 metrics.setdefault(name, []).append(value)
         return ModelOutput(targets, losses, {k: torch.stack(v).mean() for k, v in metrics.items()})
-
-
-def _prefix_lengths(segments: Tensor, padding_mask: Tensor | None) -> Tensor:
-    """[B]: index of the first non-prefix position of each row (segment != 0 and not padding)."""
-    after = segments != 0
-    if padding_mask is not None:
-        after = after & ~padding_mask[:, -segments.shape[1]:]
-    seq = segments.shape[1]
-    index = torch.arange(seq, device=segments.device).expand_as(segments)
-    return torch.where(after, index, torch.full_like(index, seq)).min(dim=1).values
 
 
 def total_loss(outputs: dict[str, TargetOutput]) -> Tensor:

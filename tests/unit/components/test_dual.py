@@ -108,7 +108,7 @@ def test_each_stream_is_pooled_over_its_real_tokens(kind, tie):
     hidden, mask = model.encode(batch)
     assert torch.allclose(pooled.first, pool(hidden, mask, kind), atol=1e-5)
     emb, enc = (model.embedding, model.encoder) if tie else (model.pair.embedding, model.pair.encoder)
-    from pentad.model import run_stream
+    from pentad.components.stream import run_stream
 
     hidden_1, mask_1 = run_stream(emb, enc, batch.pair)
     assert torch.allclose(pooled.second, pool(hidden_1, mask_1, kind), atol=1e-5)

@@ -38,9 +38,11 @@ from pydantic_core import PydanticCustomError, core_schema
 from torch import Tensor, nn
 
 from pentad.components.base import Batch, Encoder, PooledPair
+from pentad.components.stream import run_stream
 from pentad.config.base import StrictModel
 from pentad.config.embedding import embedding_config_class
 from pentad.config.schema import class_at
+from pentad.config.sizes import SlotSizes
 from pentad.config.unions import registry_union
 from pentad.errors import closest
 from pentad.layers.pooling import PoolingKind, pool
@@ -172,8 +174,6 @@ class DualEncoderConfig(StrictModel):
 
     def stream_1_sizes(self, model: Any) -> Any:
         """The model config as stream 1 sees it: its own sizes where it sets them."""
-        from pentad.builder import SlotSizes
-
         overrides = {} if self.tie else {k: getattr(self.stream_1, k) for k in _SIZE_FIELDS
                                          if getattr(self.stream_1, k) is not None}
         return SlotSizes(model, **overrides)
@@ -253,10 +253,10 @@ class DualEncoder(nn.Module):
 
     @classmethod
     def from_config(cls, cfg: DualEncoderConfig, model: Any) -> DualEncoder:
-        """Stream 1 (the builder assembles its slots); stream 0's encoder is built by the builder."""
-        from pentad.builder import build_pair_stream
-
-        return build_pair_stream(cfg, model)
+        """Not used: the builder assembles both streams' slots and hands them in (``build_pair_stream``);
+        a module never calls back into the builder."""
+        raise TypeError("a dual model is assembled by pentad.builder.build_model (build_pair_stream), not by "
+                        "DualEncoder.from_config")
 
     def required_fields(self, embedding_0: nn.Module, encoder_0: nn.Module) -> list[tuple[str, str]]:
         """(module description, Batch field) for every field stream 1 reads, as ``pair.<field>``."""
@@ -278,8 +278,6 @@ class DualEncoder(nn.Module):
         return f"{stream}; pooling {self.pooling_0} / {self.pooling_1}"
 
     def forward(self, batch: Batch, embedding_0: EmbeddingSlot, encoder_0: Encoder) -> PooledPair:
-        from pentad.model import run_stream
-
         pair, negative = batch.pair, batch.negative
         if pair is None:
             raise ValueError("a dual model reads its second input from batch.pair, which is not set")
@@ -304,8 +302,6 @@ class DualEncoder(nn.Module):
     def pooled_stream(self, batch: Batch, stream: int, embedding_0: EmbeddingSlot, encoder_0: Encoder) -> Tensor:
         """One stream alone over ``batch`` (its own input, not ``batch.pair``), pooled [B,H]: texts and
         images encoded separately, as retrieval and zero-shot classification need."""
-        from pentad.model import run_stream
-
         if stream == 0 or self.tied:
             embedding, encoder = embedding_0, encoder_0
         else:
