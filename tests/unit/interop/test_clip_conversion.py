@@ -31,9 +31,10 @@ TOL = 1e-5
 VOCAB = 40
 
 
-def clip_config(eos: int = VOCAB - 1, **over):
-    text = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "max_position_embeddings": 16, "pad_token_id": 1, "bos_token_id": VOCAB - 2,
+def clip_config(eos: int | None = None, vocab_size: int = VOCAB, **over):
+    eos = vocab_size - 1 if eos is None else eos
+    text = {"vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "max_position_embeddings": 16, "pad_token_id": 1, "bos_token_id": vocab_size - 2,
             "eos_token_id": eos}
     vision = {"hidden_size": 24, "intermediate_size": 40, "num_hidden_layers": 2, "num_attention_heads": 2,
               "image_size": 16, "patch_size": 4, "num_channels": 3}
@@ -181,3 +182,40 @@ def test_clip_checkpoint_options_pentad_cannot_hold(tmp_path):
     with pytest.raises(UserError, match="text_config.hidden_act 'no_such_act'"):
         convert("hf-to-pentad", tmp_path / "hf", tmp_path / "pentad")
     assert not (tmp_path / "pentad").exists()
+
+
+def _bytes_to_unicode() -> list[str]:
+    """The 256 printable stand-ins byte-level BPE uses for bytes (GPT-2's and CLIP's table)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    rest = [b for b in range(256) if b not in printable]
+    return [chr(b) for b in printable] + [chr(256 + i) for i in range(len(rest))]
+
+
+def save_clip_tokenizer(directory):
+    """A tiny CLIP BPE (the byte alphabet, each with a '</w>' twin, a few merges, start/end of text)."""
+    chars = _bytes_to_unicode()
+    merges = [("t", "h"), ("th", "e</w>"), ("c", "a"), ("ca", "t</w>"), ("p", "h"), ("o", "t"), ("ph", "ot"),
+              ("phot", "o</w>"), ("o", "f</w>")]
+    tokens = chars + [c + "</w>" for c in chars] + ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
+    tokenizer = transformers.CLIPTokenizer(vocab={t: i for i, t in enumerate(tokens)}, merges=merges)
+    tokenizer.save_pretrained(directory)
+    return tokenizer
+
+
+def test_clip_tokenizer_converts_both_ways(tmp_path):
+    theirs = save_clip_tokenizer(tmp_path / "hf")
+    vocab = len(theirs)
+    save_hf(tmp_path / "hf", clip_config(vocab_size=vocab))
+    report = convert("hf-to-pentad", tmp_path / "hf", tmp_path / "pentad", verify=True)
+    assert report.ok, report.render()
+    _, ours = load_run(tmp_path / "pentad")
+    texts = ["A photo of the cat!", "the  Cat photo", "of of the\tphoto"]
+    for text in texts:  # CLIPTokenizer adds the start and end of text; pentad's tasks add cls and sep
+        assert theirs(text).input_ids == [ours.cls_id, *ours.encode(text), ours.sep_id]
+    assert (ours.bos_id, ours.eos_id, ours.pad_id) == (vocab - 2, vocab - 1, vocab - 1)
+    convert("pentad-to-hf", tmp_path / "pentad", tmp_path / "back")
+    back = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "back"), local_files_only=True)
+    assert type(back).__name__ == "CLIPTokenizer"
+    for text in texts:
+        assert back(text).input_ids == theirs(text).input_ids
+    assert back.eos_token_id == back.pad_token_id == vocab - 1

@@ -16,7 +16,9 @@ position) + ``pre_layrnorm``                    with a CLS vector, pos; the slot
 ``logit_scale`` (a log)                         ``targets.clr.logit_scale`` (a log: the same number)
 ==============================================  ===========================================================
 
-Separate query/key/value Linears become pentad's fused ``qkv``. The ``position_ids`` buffers that
+The tokenizer is the checkpoint's ``tokenizer.json`` run as it is (pentad's ``tokenizer_json``), with
+CLIP's start and end of text as the bos/cls and eos/sep tokens (padding: the end of text, as
+CLIPTokenizer pads). Separate query/key/value Linears become pentad's fused ``qkv``. The ``position_ids`` buffers that
 older checkpoints carry are consumed and never written. HF pools the text at the end-of-text token
 (the first ``eos_token_id``; with the legacy ``eos_token_id: 2`` the largest id of the row);
 pentad pools at the last real (non-padding) token: the two agree on inputs that end with the
@@ -106,9 +108,11 @@ def _tower(c: dict[str, Any], which: str, hidden: int, mask: str, problems: list
 class CLIPFamily(HFFamily):
     name = "clip"
     model_types = ("clip",)
-    tokenizer_kind = None
-    tokenizer_note = ("the CLIP BPE tokenizer (lower-cased byte-level BPE with '</w>' word ends) is not converted "
-                      "yet")
+    # CLIP's BPE (lower-cased, '</w>' word ends, its own pre-tokenizer) is run from its tokenizer.json as it is
+    tokenizer_kind = "tokenizer_json"
+    tokenizer_class = "CLIPTokenizer"
+    default_special_tokens = {"bos": "<|startoftext|>", "eos": "<|endoftext|>", "cls": "<|startoftext|>",
+                              "sep": "<|endoftext|>", "pad": "<|endoftext|>", "unk": "<|endoftext|>"}
     needs_tokenizer = True
     token_types = False
 
