@@ -29,7 +29,7 @@ IGNORE_INDEX = -100
 # Fields of a Batch that hold model inputs (as opposed to labels).
 BATCH_INPUT_FIELDS = ("tokens", "segments", "padding_mask", "positions", "decoder_tokens",
                       "decoder_segments", "decoder_padding_mask", "decoder_positions", "pixels", "patch_mask",
-                      "audio")
+                      "audio", "audio_padding_mask")
 
 
 @dataclass
@@ -39,7 +39,8 @@ class Batch:
     tokens [B,S] long; segments [B,S] long; padding_mask [B,S] bool (True = padding);
     positions [B,S] long (optional, defaults to 0..S-1); decoder_* the same for the decoder
     side; pixels [B,C,H,W]; patch_mask [B,N] bool (True: the image's patch n is masked, BEiT);
-    audio [B,T,F]; labels: target name -> tensor.
+    audio [B,T,F] (feature frames) with audio_padding_mask [B,T] bool (True = a padding frame);
+    labels: target name -> tensor.
     pair: the second stream of a two-stream model (text B of a sentence pair for SBERT, the
     image for CLIP): a Batch with the same row count whose own fields are [B,S'] (its labels are
     unused; labels live in the outer Batch). Its fields appear as ``pair.<field>`` in ``provided()``.
@@ -64,6 +65,7 @@ class Batch:
     pixels: Tensor | None = None
     patch_mask: Tensor | None = None
     audio: Tensor | None = None
+    audio_padding_mask: Tensor | None = None
     labels: dict[str, Tensor] = field(default_factory=dict)
     pair: Batch | None = None
     negative: Batch | None = None

@@ -46,7 +46,7 @@ _MARKERS = {"layers_num", "heads_num", "emb_size", "feedforward_size", "data_pro
 
 # ------------------------------------------------------------------------------- name tables
 EMBEDDINGS = {"word": "word", "pos": "pos", "seg": "seg", "sinusoidalpos": "sinusoidal", "patch": "patch",
-              "word_patch": "word_patch", "masked_patch": "masked_patch"}
+              "word_patch": "word_patch", "masked_patch": "masked_patch", "speech": "speech"}
 ENCODERS = {name: name for name in ("transformer", "rnn", "lstm", "gru", "birnn", "bilstm", "bigru", "gatedcnn")}
 RECURRENT = {"rnn", "lstm", "gru", "birnn", "bilstm", "bigru"}
 DECODERS = {"transformer": "transformer"}
@@ -217,6 +217,13 @@ def is_clip(flat: dict[str, Any]) -> bool:
         and image <= {"patch", "pos"}
 
 
+def is_s2t(flat: dict[str, Any]) -> bool:
+    """A speech-to-text model: speech features (with sinusoidal positions) into an encoder-decoder."""
+    parts = _as_list(flat.get("embedding", []))
+    return ("speech" in parts and set(parts) <= {"speech", "sinusoidalpos"} and flat.get("decoder") is not None
+            and flat.get("data_processor", "s2t") == "s2t" and "stream_0" not in flat)
+
+
 def is_beit(flat: dict[str, Any]) -> bool:
     """A BEiT: a masked_patch embedding (with learned positions) predicting image tokens with mlm."""
     parts = _as_list(flat.get("embedding", []))
@@ -241,12 +248,14 @@ def _refuse_non_text(flat: dict[str, Any], label: str) -> None:
     """Vision, vision-language and speech configs other than ViT: say which modality, and which stale keys."""
     evidence: list[str] = []
     vit, vilt, image_tokens, beit = is_vit(flat), is_vilt(flat), is_image_token_lm(flat), is_beit(flat)
-    clip = is_clip(flat)
+    clip, s2t = is_clip(flat), is_s2t(flat)
     streams = [flat] + [s for s in (flat.get("stream_0"), flat.get("stream_1")) if isinstance(s, dict)]
     for stream in streams:
         for key in ("embedding", "tgt_embedding"):
             for name in _as_list(stream.get(key, [])):
                 if key == "embedding" and clip and name == "patch" and stream is flat.get("stream_1"):
+                    continue
+                if key == "embedding" and s2t and name == "speech":
                     continue
                 if key == "embedding" and ((vit and name == "patch") or (vilt and name == "word_patch")
                                            or (beit and name == "masked_patch")):
@@ -256,7 +265,8 @@ def _refuse_non_text(flat: dict[str, Any], label: str) -> None:
     processor = flat.get("data_processor")
     if processor in _NON_TEXT_PROCESSORS and not ((vit and processor == "vit") or (vilt and processor == "vilt")
                                                   or (image_tokens and processor == "dalle")
-                                                  or (beit and processor == "beit") or (clip and processor == "clip")):
+                                                  or (beit and processor == "beit") or (clip and processor == "clip")
+                                                  or (s2t and processor == "s2t")):
         evidence.append(f"data_processor '{processor}': {_NON_TEXT_PROCESSORS[processor]}")
     tokenizer = flat.get("tokenizer")
     if tokenizer in _NON_TEXT_TOKENIZERS and not image_tokens and not (beit and tokenizer in ("image", "vqgan")):
@@ -481,6 +491,10 @@ class _Importer:
             return self.image_token_finish(model)
         if is_beit(flat):
             return self.beit_finish(model, target_names)
+        if is_s2t(flat):
+            self.notices.append("data_processor s2t: pentad builds this speech-to-text model but has no audio "
+                                "objective or ASR task yet (issue 13), so it cannot prepare its data")
+            return self.finish(model, None)
         return self.finish(model, self.objective())
 
     def vilt_finish(self, model: dict[str, Any], target_names: list[str | None]) -> dict[str, Any]:
@@ -644,9 +658,18 @@ class _Importer:
                           "reproduce, so activations at that one position differ")
                 if notice not in self.notices:
                     self.notices.append(notice)
-                parts.append({"type": "sinusoidal", "interleave": True, "spacing": "tensor2tensor", "offset": 2})
+                sinusoidal = {"type": "sinusoidal", "interleave": True, "spacing": "tensor2tensor", "offset": 2}
+                if "speech" in _as_list(self.flat.get("embedding", [])):
+                    # TencentPretrain: with a speech embedding (on either side), sin and cos halves, not
+                    # interleaved, over max(max_seq_length, max_audio_frames) positions
+                    sinusoidal["interleave"] = False
+                    frames = int(self.flat.get("max_audio_frames", 6000))
+                    sinusoidal["max_positions"] = max(int(self.flat.get("max_seq_length", 512)), frames) + 2
+                parts.append(sinusoidal)
             elif kind == "patch":
                 parts.append(self.patch_part())
+            elif kind == "speech":
+                parts.append(self.speech_part())
             elif kind == "masked_patch":
                 parts.append({**self.patch_part(), "type": "masked_patch"})
             elif kind == "word_patch":
@@ -656,6 +679,17 @@ class _Importer:
             elif kind is not None:
                 parts.append({"type": kind})
         return {"parts": parts, "norm": norm, "norm_kind": TP_LAYERNORM, "layer_norm_eps": TP_EPS, "dropout": dropout}
+
+    def speech_part(self) -> dict[str, Any]:
+        """TencentPretrain's SpeechEmbedding: stride-2 Conv1d layers with a GLU each (data_processor s2t; a GELU
+        otherwise), scaled by sqrt(emb_size) when sinusoidal positions are added."""
+        flat = self.flat
+        channels = _as_list(flat.get("conv_channels", [1024, 1024]))
+        kernels = _as_list(flat.get("conv_kernel_sizes", [5, 5]))
+        return {"type": "speech", "feature_size": int(flat.get("audio_feature_size", 80)),
+                "conv_channels": [int(c) for c in channels], "kernel_sizes": [int(k) for k in kernels],
+                "activation": "glu" if flat.get("data_processor", "s2t") == "s2t" else "gelu",
+                "scale": "sinusoidalpos" in _as_list(flat.get("embedding", []))}
 
     def patch_part(self) -> dict[str, Any]:
         """TencentPretrain's PatchEmbedding: a Conv2d without bias over channels_num channels, a CLS vector."""

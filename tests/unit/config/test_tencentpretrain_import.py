@@ -37,8 +37,8 @@ DEFECT_PARAMETERS = (
     "embedding.dual.stream_0_layer_norm.gamma", "embedding.dual.stream_0_layer_norm.beta",
     "embedding.dual.stream_1_layer_norm.gamma", "embedding.dual.stream_1_layer_norm.beta",
 )
-NON_TEXT = {"s2t"}  # refused (vit, beit, clip, vilt, dall-e and talk2face import)
-STALE = {"beit", "dall-e", "talk2face"}  # TencentPretrain's own files do not train as shipped
+# Every shipped family imports (vit, beit, clip, vilt, dall-e, talk2face and s2t too); none is refused.
+NON_TEXT: set[str] = set()
 DUAL = {"sbert/base_config.json", "sbert/large_config.json", "rnn/siamese_lstm_config.json"}
 
 
@@ -184,18 +184,6 @@ def test_shrunk_builds_match_tencentpretrains_state_dicts(shared_data, key):
 
 
 # -------------------------------------------------------------------------- non-text configs
-NON_TEXT_CONFIGS = sorted({n for n, _, _ in measured() if family(n) in NON_TEXT})
-
-
-@pytest.mark.parametrize("name", NON_TEXT_CONFIGS)
-def test_non_text_configs_are_refused_naming_the_modality(shared_data, name):
-    with pytest.raises(UserError) as info:
-        load_config(shared_data / "configs" / name, ["vocab_size=1000"])
-    message = str(info.value)
-    assert name in message and "not a text model" in message and "not in pentad yet" in message
-    assert ("TencentPretrain's own file is stale" in message) == (family(name) in STALE)
-
-
 def test_stale_files_say_what_is_stale(shared_data, capsys):
     # BEiT and the image-token language models import, and their notices say what is stale
     for name, words in [("beit/base_config.json", "tokenizer 'vqgan' is not registered"),
@@ -220,10 +208,26 @@ def test_image_token_and_vilt_imports_say_what_pentad_cannot_do_yet(shared_data,
     assert cfg.model.embedding.parts[0].patch.image_size == [256, 256] and not cfg.model.embedding.parts[0].patch.bias
 
 
-def test_cli_validate_exits_2_for_a_vision_config(shared_data, capsys):
-    assert main(["validate", str(shared_data / "configs/s2t/small_config.json"), "vocab_size=1000"]) == 2
+def test_cli_validate_exits_2_for_a_model_pentad_lacks(tmp_path, capsys):
+    # speech features into an encoder alone (no decoder): not a model pentad builds
+    path = tmp_path / "speech_encoder.json"
+    path.write_text(json.dumps({"emb_size": 64, "hidden_size": 64, "feedforward_size": 128, "heads_num": 2,
+                                "layers_num": 2, "hidden_act": "relu", "embedding": ["speech"],
+                                "encoder": "transformer", "target": ["cls"], "data_processor": "s2t"}))
+    assert main(["validate", str(path), "vocab_size=1000"]) == 2
     err = capsys.readouterr().err
     assert "speech features (S2T)" in err and "are not in pentad yet" in err
+
+
+def test_s2t_configs_import_with_the_speech_subsampler(shared_data):
+    cfg = load_config(shared_data / "configs" / "s2t/small_config.json", ["vocab_size=1000"])
+    speech = cfg.model.embedding.parts[0]
+    assert (speech.type, speech.conv_channels, speech.kernel_sizes, speech.activation) == \
+        ("speech", [1024, 512], [5, 5], "glu") and speech.scale
+    positions = cfg.model.embedding.parts[1]
+    assert positions.type == "sinusoidal" and not positions.interleave and positions.max_positions == 6002
+    assert not cfg.model.target_embedding.parts[1].interleave  # TencentPretrain: both sides when speech
+    assert "no audio objective or ASR task yet" in cfg.description
 
 
 def test_cli_validate_reports_tencentpretrains_count(shared_data, capsys):

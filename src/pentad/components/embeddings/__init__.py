@@ -1,3 +1,3 @@
 """Embedding parts, summed by the embedding slot (see ``pentad.model.EmbeddingSlot``)."""
 
-from pentad.components.embeddings import masked_patch, patch, pos, seg, sinusoidal, word, word_patch  # noqa: F401
+from pentad.components.embeddings import masked_patch, patch, pos, seg, sinusoidal, speech, word, word_patch  # noqa: F401
