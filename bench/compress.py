@@ -85,7 +85,7 @@ def batches(run: Path, test: Path, seq: int, sizes: tuple[int, ...]) -> dict[int
     instances = task.read(test, with_labels=False)
     found = {}
     for size in sizes:
-        batch = task.collate(instances, np.arange(size), np.random.default_rng(0))
+        batch = task.collate(instances, np.arange(size) % len(instances), np.random.default_rng(0))
         tokens = batch.tokens
         if tokens.shape[1] < seq:  # every row as long as the longest: pad the batch out to seq
             pad = torch.zeros(tokens.shape[0], seq - tokens.shape[1], dtype=tokens.dtype)

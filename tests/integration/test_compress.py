@@ -121,3 +121,18 @@ def test_prune_without_recovery_and_bad_options(english, finetuned, tmp_path, ca
         assert main(["compress", str(finetuned), "--out", str(tmp_path / "x"), *argv]) == 2
         assert needle in capsys.readouterr().err
         assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x*"))  # nothing left behind
+
+
+def test_bench_measures_accuracy_and_speed(english, finetuned, tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "compress.py"
+    spec = importlib.util.spec_from_file_location("bench_compress", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "int8"
+    assert main(["compress", str(finetuned), "--out", str(out), "--quantize", "int8"]) == 0
+    assert 0.0 <= bench.accuracy(out, english["test"], tmp_path) <= 1.0
+    timing = bench.timings({"fp32": finetuned, "int8": out}, english["test"], seq=16, repeats=1, threads=1)
+    assert all(t["latency_ms"] > 0 and t["throughput"] > 0 for t in timing.values())
