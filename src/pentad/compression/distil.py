@@ -56,6 +56,7 @@ def make_student(run: Path, out: Path, layers: int, layer_map: list[int] | None 
     student_cfg.model = type(cfg.model).model_validate(
         {**cfg.model.model_dump(), "encoder": {**cfg.model.encoder.model_dump(), "num_layers": layers}})
     student_cfg.train.distill = DistillConfig()
+    student_cfg.train.lora = None  # whole weights (a LoRA teacher's adapters are merged when read)
     student = build_model(student_cfg.model, training=False)
     source = teacher.state_dict()
     with torch.no_grad():

@@ -82,10 +82,11 @@ def weights_bytes(model: nn.Module) -> int:
 
 
 def with_compression(cfg: Any, **changes: Any) -> Any:
-    """A copy of the run config ``cfg`` whose ``model.compression`` has ``changes``."""
+    """A copy of the run config ``cfg`` whose ``model.compression`` has ``changes`` (and no ``train.lora``)."""
     new = cfg.model_copy(deep=True)
     current = new.model.compression.model_dump() if new.model.compression is not None else {}
     new.model.compression = CompressionConfig(**{**current, **changes})
+    new.train.lora = None  # the weights written are whole (a LoRA run's adapters merged when read)
     return new
 
 
