@@ -1,0 +1,195 @@
+"""Audio as model input: reading (soundfile), resampling (soxr), Kaldi filterbank features
+(kaldi-native-fbank), utterance CMVN and seeded SpecAugment.
+
+Audio files are read and turned into features once, when a file of examples is read (float16
+``[T, F]`` per utterance, so a set of utterances costs 160 bytes per 10 ms at 80 bins); training
+batches then apply SpecAugment to copies with the batch's seeded generator, and every batch is
+padded to ``audio [B, T, F]`` with ``audio_padding_mask [B, T]`` (True at padding frames). Nothing
+here needs a GPU, and nothing reads audio inside the training loop.
+
+Features follow TencentPretrain's S2T loader (torchaudio's Kaldi-compatible ``fbank`` over samples
+scaled to 16-bit integers, no dither, 25 ms frames every 10 ms, then utterance CMVN). A file at
+another sample rate is resampled (soxr, high quality) and a file with several channels is
+downmixed to their mean; both are reported once per examples file. Bad input (a missing path, a
+file soundfile cannot decode) is a :class:`~pentad.errors.UserError` naming the examples file, its
+line and the audio path; empty and over-long utterances are skipped or refused (``on_bad``), and
+counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from pentad.config.base import StrictModel
+from pentad.errors import UserError
+from pentad.log import info
+
+
+class SpecAugmentConfig(StrictModel):
+    """Frequency and time masks (Park et al. 2019) on training features; evaluation never masks.
+    TencentPretrain's keys: freq_mask_N/F, time_mask_N/T/p (its time warp is not done)."""
+
+    freq_masks: int = Field(2, ge=0, description="frequency masks per utterance (freq_mask_N)")
+    freq_width: int = Field(27, ge=1, description="a frequency mask covers 0..freq_width-1 bins (freq_mask_F)")
+    time_masks: int = Field(2, ge=0, description="time masks per utterance (time_mask_N)")
+    time_width: int = Field(100, ge=1, description="a time mask covers 0..time_width-1 frames (time_mask_T)")
+    time_ratio: float = Field(1.0, gt=0.0, le=1.0, description="and at most this share of the frames (time_mask_p)")
+    value: float | None = Field(None, description="what masked cells hold; null: the utterance's mean")
+
+
+class AudioConfig(StrictModel):
+    """How audio files become filterbank features."""
+
+    sample_rate: int = Field(16000, ge=1000, description="the model's sample rate; other files are resampled")
+    feature_size: int = Field(80, ge=1, description="mel filterbank bins (the speech part's feature_size)")
+    cmvn: bool = Field(True, description="normalise each utterance to zero mean, unit variance per bin")
+    max_frames: int = Field(3000, ge=1, description="longest utterance in 10 ms frames (TencentPretrain's "
+                            "max_audio_frames); longer ones are skipped or refused (on_bad)")
+    on_bad: Literal["fail", "skip"] = Field("fail", description="empty or over-long utterances: fail (exit 2) "
+                                            "or skip them, counted")
+    specaugment: SpecAugmentConfig | None = Field(None, description="training-time masks; null: none")
+
+
+def read_audio(path: Path, where: str, sample_rate: int, notes: Counter[str] | None = None) -> np.ndarray:
+    """``path`` -> float32 mono samples in [-1, 1] at ``sample_rate``; ``where`` names it in errors;
+    resampling and downmixing are counted in ``notes``."""
+    import soundfile
+
+    if not path.is_file():
+        raise UserError(f"{where} does not exist (audio paths are relative to the examples file's folder)")
+    try:
+        samples, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+    except (soundfile.LibsndfileError, RuntimeError, ValueError) as error:
+        raise UserError(f"{where} could not be decoded ({error}); expected WAV, FLAC or another format "
+                        "libsndfile reads") from None
+    if samples.shape[1] > 1:
+        samples = samples.mean(axis=1, dtype=np.float32)
+        if notes is not None:
+            notes["downmixed to mono"] += 1
+    else:
+        samples = samples[:, 0]
+    if rate != sample_rate and len(samples):
+        import soxr
+
+        samples = soxr.resample(samples, rate, sample_rate, quality="HQ").astype(np.float32, copy=False)
+        if notes is not None:
+            notes[f"resampled from {rate} Hz"] += 1
+    return np.ascontiguousarray(samples, dtype=np.float32)
+
+
+def fbank(samples: np.ndarray, sample_rate: int, bins: int) -> np.ndarray:
+    """Kaldi log-mel filterbank ``[T, bins]`` (float32) of float samples in [-1, 1], as torchaudio's
+    ``compliance.kaldi.fbank`` computes it on samples scaled to 16-bit integers (no dither)."""
+    import kaldi_native_fbank as knf
+
+    opts = knf.FbankOptions()
+    opts.frame_opts.samp_freq = float(sample_rate)
+    opts.frame_opts.dither = 0.0
+    opts.mel_opts.num_bins = bins
+    computer = knf.OnlineFbank(opts)
+    computer.accept_waveform(float(sample_rate), (samples * 32768.0).astype(np.float32))
+    computer.input_finished()
+    frames = computer.num_frames_ready
+    if frames == 0:
+        return np.zeros((0, bins), dtype=np.float32)
+    return np.stack([computer.get_frame(i) for i in range(frames)]).astype(np.float32, copy=False)
+
+
+def utterance_cmvn(features: np.ndarray) -> np.ndarray:
+    """Zero mean, unit variance per bin over one utterance's frames (variance floored at 1e-10)."""
+    mean = features.mean(axis=0)
+    var = (features.astype(np.float64) ** 2).mean(axis=0) - mean.astype(np.float64) ** 2
+    return ((features - mean) / np.sqrt(np.maximum(var, 1e-10))).astype(np.float32)
+
+
+def spec_augment(features: np.ndarray, cfg: SpecAugmentConfig, rng: np.random.Generator) -> np.ndarray:
+    """A masked copy of ``[T, F]`` features: ``freq_masks`` bands of 0..freq_width-1 bins and
+    ``time_masks`` spans of 0..min(time_width, time_ratio*T)-1 frames, drawn from ``rng``."""
+    out = np.array(features, dtype=np.float32, copy=True)
+    frames, bins = out.shape
+    if frames == 0:
+        return out
+    value = float(out.mean()) if cfg.value is None else cfg.value
+    if bins >= cfg.freq_width:
+        for _ in range(cfg.freq_masks):
+            width = int(rng.integers(0, cfg.freq_width))
+            start = int(rng.integers(0, bins - width + 1))
+            out[:, start:start + width] = value
+    longest = min(cfg.time_width, int(frames * cfg.time_ratio))
+    if longest >= 1:
+        for _ in range(cfg.time_masks):
+            width = int(rng.integers(0, longest))
+            start = int(rng.integers(0, frames - width + 1))
+            out[start:start + width, :] = value
+    return out
+
+
+@dataclass
+class AudioSet:
+    """Features of the utterances kept (float16 ``[T, F]`` each), their positions in the input, and
+    the count of each kind of utterance left out."""
+
+    features: list[np.ndarray]
+    kept: list[int]
+    skipped: Counter[str] = field(default_factory=Counter)
+
+
+def load_features(paths: Sequence[Path], lines: Sequence[int], source: Path, cfg: AudioConfig) -> AudioSet:
+    """Read ``paths`` and compute their features; ``lines``: each path's line in ``source`` (the
+    examples file), for errors and for the skip counts."""
+    notes: Counter[str] = Counter()
+    out = AudioSet([], [])
+    for i, (path, line) in enumerate(zip(paths, lines)):
+        where = f"{source}, line {line}: audio {path}"
+        samples = read_audio(path, where, cfg.sample_rate, notes)
+        features = fbank(samples, cfg.sample_rate, cfg.feature_size)
+        problem = None
+        if len(features) == 0:
+            problem = ("empty", f"{where} is empty or shorter than one 25 ms frame ({len(samples)} samples)")
+        elif len(features) > cfg.max_frames:
+            problem = ("over-long", f"{where} has {len(features)} frames, more than audio.max_frames "
+                       f"{cfg.max_frames} ({cfg.max_frames / 100:.1f} s)")
+        if problem is not None:
+            if cfg.on_bad == "fail":
+                raise UserError(problem[1] + "; raise audio.max_frames, or set audio.on_bad: skip to leave such "
+                                "utterances out")
+            out.skipped[problem[0]] += 1
+            continue
+        if cfg.cmvn:
+            features = utterance_cmvn(features)
+        out.features.append(features.astype(np.float16))
+        out.kept.append(i)
+    for note, count in sorted(notes.items()):
+        info(f"{source}: {note}: {count} file(s) (the model takes mono {cfg.sample_rate} Hz)")
+    if out.skipped:
+        found = ", ".join(f"{n} {kind}" for kind, n in sorted(out.skipped.items()))
+        info(f"{source}: skipped {found} utterance(s) (audio.on_bad: skip)")
+    return out
+
+
+def collate(features: Sequence[np.ndarray], specaugment: SpecAugmentConfig | None = None,
+            rng: np.random.Generator | None = None):
+    """``[T_i, F]`` arrays -> float32 ``audio [B, T, F]`` (zero-padded) and ``audio_padding_mask
+    [B, T]`` (True at padding); SpecAugment on each utterance when given (training)."""
+    import torch
+
+    if specaugment is not None and rng is None:
+        raise ValueError("SpecAugment needs the batch's seeded generator")
+    longest = max(len(f) for f in features)
+    bins = features[0].shape[1]
+    audio = np.zeros((len(features), longest, bins), dtype=np.float32)
+    mask = np.ones((len(features), longest), dtype=bool)
+    for i, f in enumerate(features):
+        f = np.asarray(f, dtype=np.float32)
+        if specaugment is not None:
+            f = spec_augment(f, specaugment, rng)
+        audio[i, :len(f)] = f
+        mask[i, :len(f)] = False
+    return torch.from_numpy(audio), torch.from_numpy(mask)

@@ -1,0 +1,113 @@
+"""Audio input: reading, resampling, downmixing, Kaldi filterbanks, CMVN, SpecAugment, bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("soundfile")
+pytest.importorskip("soxr")
+pytest.importorskip("kaldi_native_fbank")
+
+import soundfile  # noqa: E402
+
+from pentad.data.audio import (  # noqa: E402
+    AudioConfig,
+    SpecAugmentConfig,
+    collate,
+    fbank,
+    load_features,
+    read_audio,
+    spec_augment,
+    utterance_cmvn,
+)
+from pentad.errors import UserError  # noqa: E402
+
+
+def _tone(seconds: float, rate: int, freq: float = 440.0) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+def test_frames_and_tone_peak(tmp_path: Path):
+    path = tmp_path / "a.wav"
+    soundfile.write(path, _tone(1.0, 16000, 1000.0), 16000, subtype="PCM_16")
+    samples = read_audio(path, "a", 16000)
+    features = fbank(samples, 16000, 80)
+    assert features.shape == (1 + (16000 - 400) // 160, 80)  # Kaldi snip_edges: 25 ms every 10 ms
+    # the loudest bin of a 1 kHz tone sits where the mel scale puts 1 kHz (of 20..8000 Hz)
+    mel = lambda f: 1127.0 * np.log(1.0 + f / 700.0)  # noqa: E731
+    expected = (mel(1000.0) - mel(20.0)) / (mel(8000.0) - mel(20.0)) * 81 - 1
+    assert abs(int(features[50].argmax()) - expected) <= 1.5
+
+
+def test_resample_and_downmix_said_once(tmp_path: Path, capsys):
+    tone = _tone(0.5, 22050)
+    for i in range(2):
+        soundfile.write(tmp_path / f"s{i}.wav", np.stack([tone, tone], axis=1), 22050)
+    out = load_features([tmp_path / "s0.wav", tmp_path / "s1.wav"], [2, 3], tmp_path / "x.tsv", AudioConfig())
+    assert [len(f) for f in out.features] == [1 + (8000 - 400) // 160] * 2
+    assert out.features[0].dtype == np.float16
+    text = capsys.readouterr().err
+    assert text.count("downmixed to mono: 2 file(s)") == 1 and text.count("resampled from 22050 Hz: 2") == 1
+    mono = read_audio(tmp_path / "s0.wav", "s0", 16000)
+    assert len(mono) == 8000 and abs(np.abs(mono).max() - 0.3) < 0.01
+
+
+def test_cmvn():
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(50, 4)) * [1, 2, 3, 4] + [5, -1, 0, 2]).astype(np.float32)
+    y = utterance_cmvn(x)
+    np.testing.assert_allclose(y.mean(axis=0), 0.0, atol=1e-5)
+    np.testing.assert_allclose(y.std(axis=0), 1.0, atol=1e-4)
+    assert np.isfinite(utterance_cmvn(np.ones((3, 2), np.float32))).all()  # constant bins do not divide by 0
+
+
+def test_specaugment_seeded_and_bounded():
+    x = np.arange(200 * 20, dtype=np.float32).reshape(200, 20)
+    cfg = SpecAugmentConfig(freq_masks=1, freq_width=5, time_masks=2, time_width=30, time_ratio=0.1, value=-1.0)
+    a = spec_augment(x, cfg, np.random.default_rng(3))
+    b = spec_augment(x, cfg, np.random.default_rng(3))
+    np.testing.assert_array_equal(a, b)
+    assert (x >= 0).all() and a.shape == x.shape
+    masked_cols = (a == -1.0).all(axis=0).sum()
+    masked_rows = (a == -1.0).all(axis=1).sum()
+    assert masked_cols <= 4 and masked_rows <= 2 * 19  # widths below freq_width and 0.1*200
+    draws = [spec_augment(x, cfg, np.random.default_rng(s)) for s in range(5)]
+    assert any((d == -1.0).any() for d in draws) and any(not np.array_equal(draws[0], d) for d in draws[1:])
+
+
+def test_collate_pads_and_masks():
+    rng = np.random.default_rng(0)
+    audio, mask = collate([np.ones((3, 2), np.float16), np.ones((5, 2), np.float16)])
+    assert audio.shape == (2, 5, 2) and mask.tolist() == [[False] * 3 + [True] * 2, [False] * 5]
+    assert float(audio[0, 3:].abs().sum()) == 0.0
+    with pytest.raises(ValueError, match="seeded"):
+        collate([np.ones((3, 2))], SpecAugmentConfig())
+    masked, _ = collate([np.zeros((300, 80), np.float32)], SpecAugmentConfig(value=1.0), rng)
+    assert float(masked.sum()) > 0
+
+
+def test_bad_audio_named(tmp_path: Path):
+    source = tmp_path / "train.tsv"
+    with pytest.raises(UserError, match=r"train.tsv, line 4: audio .*missing.wav does not exist"):
+        load_features([tmp_path / "missing.wav"], [4], source, AudioConfig())
+    (tmp_path / "bad.wav").write_bytes(b"RIFF\x00\x00not audio at all")
+    with pytest.raises(UserError, match=r"line 2: audio .*bad.wav could not be decoded"):
+        load_features([tmp_path / "bad.wav"], [2], source, AudioConfig())
+
+
+def test_empty_and_overlong_skip_or_fail(tmp_path: Path):
+    soundfile.write(tmp_path / "empty.wav", np.zeros(100, np.float32), 16000)
+    soundfile.write(tmp_path / "long.wav", _tone(0.5, 16000), 16000)
+    soundfile.write(tmp_path / "ok.wav", _tone(0.2, 16000), 16000)
+    paths = [tmp_path / "empty.wav", tmp_path / "long.wav", tmp_path / "ok.wav"]
+    cfg = AudioConfig(max_frames=30)
+    with pytest.raises(UserError, match=r"line 2: audio .*empty.wav is empty"):
+        load_features(paths, [2, 3, 4], tmp_path / "t.tsv", cfg)
+    with pytest.raises(UserError, match=r"line 3: audio .*long.wav has 48 frames, more than audio.max_frames 30"):
+        load_features(paths[1:], [3, 4], tmp_path / "t.tsv", cfg)
+    out = load_features(paths, [2, 3, 4], tmp_path / "t.tsv", AudioConfig(max_frames=30, on_bad="skip"))
+    assert out.kept == [2] and dict(out.skipped) == {"empty": 1, "over-long": 1}
