@@ -38,7 +38,12 @@ def _shrink(value, vocab: int):
     if isinstance(value, dict):
         out = {}
         for key, item in value.items():
-            if key in SHRINK and item is not None:
+            if key == "conv_channels" and value.get("type") == "speech":  # the last one's output is the width
+                out[key] = [2 * SHRINK["hidden_size"] if value.get("activation", "glu") == "glu"
+                            else SHRINK["hidden_size"]] * len(item)
+            elif key == "feature_size" and value.get("type") == "speech":
+                out[key] = 16
+            elif key in SHRINK and item is not None:
                 out[key] = SHRINK[key]
             elif key in ("vocab_size", "target_vocab_size") and item is not None:
                 out[key] = vocab
@@ -79,6 +84,19 @@ def batch_for(model, vocab: int, b: int = 2, s: int = 12, t: int = 9) -> Batch:
     if patch is not None:  # an image model: pixels instead of tokens
         batch = Batch(pixels=torch.randn(b, patch.channels, *patch.image_size, generator=g))
         batch.labels = {name: torch.arange(b) % 2 for name in model.targets}
+        return batch
+    speech = getattr(model.embedding, "speech", None)
+    if speech is not None:  # a speech model: feature frames into the encoder, the transcript into the decoder
+        audio_padding = torch.zeros(b, 4 * s, dtype=torch.bool)
+        audio_padding[1, -9:] = True
+        batch = Batch(audio=torch.randn(b, 4 * s, speech.convs[0].in_channels, generator=g),
+                      audio_padding_mask=audio_padding)
+        batch.decoder_tokens = torch.randint(0, vocab, (b, t), generator=g)
+        batch.decoder_padding_mask = torch.zeros(b, t, dtype=torch.bool)
+        batch.decoder_padding_mask[1, -2:] = True
+        for name, target in model.targets.items():
+            batch.labels[name] = example_labels(model, target.registry_name, batch.decoder_tokens,
+                                                batch.decoder_padding_mask)
         return batch
     tokens = torch.randint(0, vocab, (b, s), generator=g)
     padding = torch.zeros(b, s, dtype=torch.bool)
@@ -319,6 +337,40 @@ def _matching_batches(model_cfg, count: int = 4, batch_size: int = 8) -> list[Ba
     return batches
 
 
+def _speech_batches(model_cfg, count: int = 4, batch_size: int = 8) -> list[Batch]:
+    """Speech recipes: tone sequences (one 0.12 s tone per digit, its pitch naming the digit) through
+    pentad's Kaldi filterbank and CMVN, transcribed as the digits (one token each) of the
+    tokenizer's vocabulary."""
+    from pentad.data.audio import collate, fbank, utterance_cmvn
+
+    pytest.importorskip("kaldi_native_fbank")
+    part = next(p for p in model_cfg.embedding.parts if p.type == "speech")
+    tokenizer = _tokenizer()
+    ids = [tokenizer.token_to_id(str(d)) for d in range(10)]
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(count):
+        features, targets = [], []
+        for _ in range(batch_size):
+            digits = rng.integers(0, 10, size=int(rng.integers(2, 5)))
+            t = np.arange(int(0.12 * 16000)) / 16000
+            wave = np.concatenate([0.3 * np.sin(2 * np.pi * (300 + 150 * d) * t) for d in digits]).astype(np.float32)
+            features.append(utterance_cmvn(fbank(wave, 16000, part.feature_size)))
+            targets.append([ids[d] for d in digits])
+        audio, mask = collate(features)
+        length = max(len(x) for x in targets) + 1
+        decoder = torch.zeros(batch_size, length, dtype=torch.long)
+        labels = torch.full((batch_size, length), IGNORE_INDEX)
+        for row, body in enumerate(targets):
+            decoder[row, 0] = tokenizer.cls_id
+            decoder[row, 1:len(body) + 1] = torch.tensor(body)
+            labels[row, :len(body)] = torch.tensor(body)
+            labels[row, len(body)] = tokenizer.sep_id
+        batches.append(Batch(audio=audio, audio_padding_mask=mask, decoder_tokens=decoder,
+                             decoder_padding_mask=labels == IGNORE_INDEX, labels={"lm": labels}))
+    return batches
+
+
 def loss_drop(name: str, tmp_path_factory, steps: int = 40) -> tuple[float, float]:
     """Mean loss of the first and of the last four of ``steps`` AdamW steps over four real batches.
 
@@ -327,10 +379,14 @@ def loss_drop(name: str, tmp_path_factory, steps: int = 40) -> tuple[float, floa
     objective_cfg = cfg.data.objective.model_copy(update={"seq_length": 64}) if cfg.data.objective else None
     model_cfg = shrunk_model_config(name, vocab=_tokenizer().vocab_size)
     images = getattr(cfg.task, "type", None) in ("image_classification", "image_text", "image_text_match")
-    key = model_cfg.model_dump_json() + ("images" if images else objective_cfg.model_dump_json())
+    speech = getattr(cfg.task, "type", None) == "asr"
+    key = model_cfg.model_dump_json() + ("images" if images else "speech" if speech
+                                         else objective_cfg.model_dump_json())
     if key not in _DROPS:
         pairs = getattr(cfg.task, "pair_input", None) == "separate"
-        if cfg.task is not None and cfg.task.type == "image_text_match":
+        if speech:
+            batches = _speech_batches(model_cfg)
+        elif cfg.task is not None and cfg.task.type == "image_text_match":
             batches = _matching_batches(model_cfg)
         elif images and cfg.task.type == "image_text":
             batches = _captioned_image_batches(model_cfg)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from pentad.components.base import Batch
 from pentad.generation.config import GenerationConfig, GenerationInputError
 from pentad.generation.processors import NEG_INF, forbid, mark_seen, repetition_penalty, sampling_scores
 from pentad.generation.session import (
@@ -26,7 +27,7 @@ from pentad.generation.session import (
 )
 from pentad.model import Model
 
-Prompts = Sequence[Sequence[int]] | Tensor
+Prompts = Sequence[Sequence[int]] | Tensor | Batch
 # (tokens generated so far [rows, t], rows already finished [rows]) -> rows that must stop now [rows]
 StopCheck = Callable[[Tensor, Tensor], Tensor]
 
@@ -91,6 +92,19 @@ def start_session(model: Model, prompts: Prompts, config: GenerationConfig,
     encoder_decoder = model.decoder is not None
     side = "right" if encoder_decoder else "left"
     fill = config.fill_token_id
+    if isinstance(prompts, Batch):  # an encoder-decoder's source inputs other than tokens (speech features)
+        if not encoder_decoder:
+            raise GenerationInputError("a source batch (e.g. audio features) needs an encoder-decoder model; "
+                                       "give a decoder-only model token prompts")
+        new = config.max_new_tokens
+        limit = position_limit(model.target_embedding)
+        if limit is not None and new > limit:
+            raise GenerationInputError(f"max_new_tokens {new} exceeds the decoder's {limit} positions")
+        if config.decoder_start_token_id is None:
+            raise GenerationInputError("encoder-decoder generation needs decoder_start_token_id")
+        use_cache = config.use_cache and model.decoder.supports_cache
+        return EncoderDecoderSession(model, None, None, config.decoder_start_token_id, new, use_cache,
+                                     source_batch=prompts.to(device))
     if isinstance(prompts, Tensor):
         if prompts.dim() != 2:
             raise GenerationInputError(f"prompts must be [batch, length] token ids, got shape {tuple(prompts.shape)}")
@@ -323,7 +337,8 @@ def generate(model: Model, prompts: Prompts, config: GenerationConfig | None = N
     """Generate continuations of ``prompts`` with ``model`` (a pentad ``Model`` with an ``lm`` target).
 
     prompts: token id lists of any lengths (decoder-only: the text to continue; encoder-decoder:
-    the source), or a tensor [B, L] with ``padding_mask`` [B, L] (True = padding).
+    the source), or a tensor [B, L] with ``padding_mask`` [B, L] (True = padding), or, for an
+    encoder-decoder, a ``Batch`` of the encoder's inputs (speech: ``audio`` and ``audio_padding_mask``).
     config / overrides: a ``GenerationConfig`` and keyword fields replacing its values
     (``generate(model, ids, max_new_tokens=20, do_sample=True, seed=0)``).
     generator: the ``torch.Generator`` sampling draws from (default: one seeded with

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from pentad.components.base import Batch, Target
+from pentad.components.base import BATCH_INPUT_FIELDS, Batch, Target
 from pentad.generation.config import GenerationInputError
 from pentad.layers.cache import KVCache
 from pentad.model import EmbeddingSlot, Model
@@ -173,17 +173,23 @@ class EncoderDecoderSession:
     with ``start_id``; its positions are 0, 1, ... (no decoder padding: all rows advance together).
     """
 
-    def __init__(self, model: Model, sources: Tensor, padding: Tensor | None, start_id: int,
-                 max_new_tokens: int, use_cache: bool = True):
+    def __init__(self, model: Model, sources: Tensor | None, padding: Tensor | None, start_id: int,
+                 max_new_tokens: int, use_cache: bool = True, source_batch: Batch | None = None):
         if model.decoder is None:
             raise ValueError("EncoderDecoderSession needs a model with a decoder")
+        if (sources is None) == (source_batch is None):
+            raise ValueError("give the sources as token ids or as a source batch (audio features), not both")
         self.model, self.head = model, lm_head(model)
-        device = sources.device
-        self.sources, self.source_padding = sources, padding
-        rows = sources.shape[0]
+        self.sources, self.source_padding, self.source_batch = sources, padding, source_batch
+        if source_batch is not None:  # the encoder reads other inputs (speech features): rows from its mask
+            first = next(getattr(source_batch, f) for f in BATCH_INPUT_FIELDS if getattr(source_batch, f) is not None)
+            device, rows = first.device, first.shape[0]
+        else:
+            device, rows = sources.device, sources.shape[0]
         self.tokens = torch.full((rows, 1 + max_new_tokens), start_id, dtype=torch.long, device=device)
         self.position_table = torch.arange(1 + max_new_tokens, device=device)[None]
-        self.source_segments = (torch.zeros_like(sources) if _reads(model.embedding, "segments") else None)
+        self.source_segments = (torch.zeros_like(sources) if sources is not None
+                                and _reads(model.embedding, "segments") else None)
         self.target_segments = _reads(model.target_embedding, "segments")
         self.memory: Tensor | None = None
         self.length = 1
@@ -205,8 +211,12 @@ class EncoderDecoderSession:
 
     def prefill(self) -> Tensor:
         """Encode the sources once and run the start token; logits [rows, V]."""
-        batch = Batch(tokens=self.sources, padding_mask=self.source_padding, segments=self.source_segments)
-        self.memory, _ = self.model.encode(batch)
+        if self.source_batch is not None:  # the memory's padding is the encoder's (subsampled audio)
+            self.memory, self.source_padding = self.model.encode(self.source_batch)
+            self.source_batch = None
+        else:
+            batch = Batch(tokens=self.sources, padding_mask=self.source_padding, segments=self.source_segments)
+            self.memory, _ = self.model.encode(batch)
         return self._run(0, 1)
 
     def step(self, new: Tensor) -> Tensor:

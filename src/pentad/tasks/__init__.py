@@ -1,6 +1,7 @@
 """Downstream tasks: reader + head + metric + prediction writer, one per file."""
 
 from pentad.tasks import (  # noqa: F401
+    asr,
     chid,
     classification,
     image_classification,
