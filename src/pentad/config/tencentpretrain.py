@@ -104,6 +104,9 @@ _DUAL_KEYS = {"stream_0", "stream_1", "projection", "feature_size"}
 _MEDIA_KEYS = {"image_height", "image_width", "patch_size", "channels_num", "image_preprocess", "image_tokenizer",
                "sampling_rate", "audio_preprocess", "max_audio_frames", "conv_layers_num", "audio_feature_size",
                "conv_channels", "conv_kernel_sizes", "specaugment", "vqgan_model_path", "vqgan_config_path"}
+# The audio options an s2t import reads (the speech part and the asr task).
+S2T_KEYS = {"sampling_rate", "audio_preprocess", "max_audio_frames", "conv_layers_num", "audio_feature_size",
+            "conv_channels", "conv_kernel_sizes", "specaugment"}
 # TencentPretrain options that describe training, preprocessing or the machine, not the model. They
 # are accepted and not imported (pentad sets these under train.* and data.*); importing lists them.
 _RUN_KEYS = {
@@ -492,9 +495,7 @@ class _Importer:
         if is_beit(flat):
             return self.beit_finish(model, target_names)
         if is_s2t(flat):
-            self.notices.append("data_processor s2t: pentad builds this speech-to-text model but has no audio "
-                                "objective or ASR task yet (issue 13), so it cannot prepare its data")
-            return self.finish(model, None)
+            return self.finish(model, None, self.s2t_task())
         return self.finish(model, self.objective())
 
     def vilt_finish(self, model: dict[str, Any], target_names: list[str | None]) -> dict[str, Any]:
@@ -709,6 +710,32 @@ class _Importer:
         return {"type": "patch", "image_size": [values["image_height"], values["image_width"]],
                 "patch_size": values["patch_size"], "channels": values["channels_num"], "bias": False}
 
+    def s2t_task(self) -> dict[str, Any]:
+        """The asr task from TencentPretrain's audio options (sampling_rate, audio_feature_size,
+        max_audio_frames, audio_preprocess, specaugment)."""
+        flat = self.flat
+        steps = _as_list(flat.get("audio_preprocess", []))
+        audio: dict[str, Any] = {"sample_rate": int(flat.get("sampling_rate", 16000)),
+                                 "feature_size": int(flat.get("audio_feature_size", 80)),
+                                 "max_frames": int(flat.get("max_audio_frames", 6000)),
+                                 "cmvn": "ceptral_normalize" in steps, "specaugment": None}
+        if audio["cmvn"] and not {"normalize_means", "normalize_vars"} <= set(steps):
+            self.notices.append("audio_preprocess: ceptral_normalize without both normalize_means and "
+                                "normalize_vars; pentad's CMVN always normalises both")
+        spec = flat.get("specaugment")
+        if isinstance(spec, dict):
+            audio["specaugment"] = {"freq_masks": int(spec.get("freq_mask_N", 0)),
+                                    "freq_width": max(int(spec.get("freq_mask_F", 1)), 1),
+                                    "time_masks": int(spec.get("time_mask_N", 0)),
+                                    "time_width": max(int(spec.get("time_mask_T", 1)), 1),
+                                    "time_ratio": float(spec.get("time_mask_p", 1.0))}
+            if "mask_value" in spec:
+                audio["specaugment"]["value"] = float(spec["mask_value"])
+            if int(spec.get("time_warp_W", 0)) > 0:
+                self.notices.append("specaugment time_warp_W: pentad does not warp time (frequency and time "
+                                    "masks only)")
+        return {"type": "asr", "audio": audio}
+
     def vit_task(self) -> dict[str, Any]:
         """The image_classification task from TencentPretrain's image_preprocess (default crop, normalize)."""
         steps = _as_list(self.flat.get("image_preprocess", VIT_DEFAULTS["image_preprocess"]))
@@ -867,7 +894,7 @@ class _Importer:
         if flat.get("data_processor") == "llm_sft" and not self.flag("prefix_lm_loss"):
             self.notices.append("without prefix_lm_loss TencentPretrain's llm_sft also scores the prompt tokens; "
                                 "pentad's llm_sft objective scores the response only")
-        imported = VIT_KEYS if is_vit(flat) else set()
+        imported = VIT_KEYS if is_vit(flat) else S2T_KEYS if is_s2t(flat) else set()
         ignored = sorted(k for k in flat if (k in _RUN_KEYS or k in _MEDIA_KEYS) and k not in imported)
         if ignored:
             self.notices.append(f"not imported (training, preprocessing or media options, set under pentad's train.* "

@@ -227,7 +227,12 @@ def test_s2t_configs_import_with_the_speech_subsampler(shared_data):
     positions = cfg.model.embedding.parts[1]
     assert positions.type == "sinusoidal" and not positions.interleave and positions.max_positions == 6002
     assert not cfg.model.target_embedding.parts[1].interleave  # TencentPretrain: both sides when speech
-    assert "no audio objective or ASR task yet" in cfg.description
+    # the asr task from the audio options: CMVN, SpecAugment, feature size and longest utterance
+    audio = cfg.task.audio
+    assert cfg.task.type == "asr" and audio.cmvn and (audio.feature_size, audio.max_frames) == (80, 6000)
+    spec = audio.specaugment
+    assert (spec.freq_masks, spec.freq_width, spec.time_masks, spec.time_width, spec.time_ratio) == (2, 27, 2, 100, 1.0)
+    assert "specaugment" not in cfg.description and "audio_feature_size" not in cfg.description
 
 
 def test_cli_validate_reports_tencentpretrains_count(shared_data, capsys):
