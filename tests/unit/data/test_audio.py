@@ -111,3 +111,22 @@ def test_empty_and_overlong_skip_or_fail(tmp_path: Path):
         load_features(paths[1:], [3, 4], tmp_path / "t.tsv", cfg)
     out = load_features(paths, [2, 3, 4], tmp_path / "t.tsv", AudioConfig(max_frames=30, on_bad="skip"))
     assert out.kept == [2] and dict(out.skipped) == {"empty": 1, "over-long": 1}
+
+
+def test_espeak_speech_reads_as_features(tmp_path: Path, capsys):
+    """Real synthesised speech (espeak-ng writes 22,050 Hz mono WAV), as bench/speech_digits.py makes it."""
+    import shutil
+    import subprocess
+
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (apt-get install -y --no-install-recommends espeak-ng)")
+    for word in ("seven", "three one"):
+        subprocess.run(["espeak-ng", "-v", "en-us+f2", "-w", str(tmp_path / f"{word}.wav"), word], check=True,
+                       capture_output=True)
+    out = load_features([tmp_path / "seven.wav", tmp_path / "three one.wav"], [2, 3], tmp_path / "t.tsv",
+                        AudioConfig())
+    assert "resampled from 22050 Hz: 2 file(s)" in capsys.readouterr().err
+    short, long = (len(f) for f in out.features)
+    assert 30 < short < long < 300  # tenths of a second to a few seconds of 10 ms frames
+    speech = out.features[0].astype(np.float32)
+    assert np.isfinite(speech).all() and speech.std() > 0.5  # CMVN over real, varying spectra
