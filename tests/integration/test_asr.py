@@ -147,3 +147,41 @@ def test_a_text_model_is_refused_with_the_reason(data, tmp_path, capsys):
     code = main(["finetune", "--task", "asr", "--config", "t5/small", *_tok(data), f"data.train={data['train']}",
                  f"output={tmp_path / 'run'}"])
     assert code == 2 and "needs a 'speech' part" in capsys.readouterr().err
+
+
+def test_generation_from_audio_matches_stepwise_decoding():
+    """The cached generator over a source Batch (padded audio) gives the tokens that re-running the whole
+    model on its own output picks step by step; a decoder-only model refuses a source Batch."""
+    import torch
+
+    from pentad.builder import build_model
+    from pentad.components.base import Batch
+    from pentad.config.loader import load_config
+    from pentad.generation.config import GenerationInputError
+    from pentad.generation.search import generate
+
+    cfg = load_config(S2T[1], [*S2T[2:], "model.vocab_size=15"])
+    torch.manual_seed(0)
+    model = build_model(cfg.model).eval()
+    audio = torch.randn(3, 37, 40)
+    mask = torch.zeros(3, 37, dtype=torch.bool)
+    mask[1, 20:] = True
+    mask[2, 9:] = True
+    output = generate(model, Batch(audio=audio, audio_padding_mask=mask), max_new_tokens=5,
+                      decoder_start_token_id=2, stop_token_ids=[], pad_token_id=0)
+    with torch.no_grad():
+        memory, memory_mask = model.encode(Batch(audio=audio, audio_padding_mask=mask))
+        for row in range(3):  # each row alone, unpadded: the padding must not matter
+            length = int((~mask[row]).sum())
+            alone, _ = model.encode(Batch(audio=audio[row:row + 1, :length]))
+            tokens = torch.tensor([[2]])
+            for _ in range(5):
+                hidden = model.decode(Batch(decoder_tokens=tokens), alone, None)
+                step = model.targets["lm"].logits(hidden[:, -1]).argmax(-1)
+                tokens = torch.cat([tokens, step[:, None]], dim=1)
+            assert output.tokens[row].tolist() == tokens[0, 1:].tolist(), row
+    gpt = build_model(load_config("gpt2/tiny", ["model.vocab_size=15", "model.hidden_size=16",
+                                                "model.encoder.num_layers=1", "model.encoder.num_heads=2",
+                                                "model.encoder.ffn_size=16"]).model)
+    with pytest.raises(GenerationInputError, match="needs an encoder-decoder"):
+        generate(gpt, Batch(audio=audio), max_new_tokens=2)
