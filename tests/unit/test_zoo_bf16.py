@@ -81,6 +81,14 @@ def test_decoder_family_generates_in_bf16(family):
     torch.manual_seed(0)
     model = build_model(shrunk_model_config(name)).to(torch.bfloat16)
     prompts = [[5, 6, 7, 8], [9, 10]]
+    speech = getattr(model.embedding, "speech", None)
+    if speech is not None:  # speech-to-text: the source is a batch of feature frames, the second row padded
+        from pentad.components.base import Batch
+
+        mask = torch.zeros(2, 24, dtype=torch.bool)
+        mask[1, 16:] = True
+        prompts = Batch(audio=torch.randn(2, 24, speech.convs[0].in_channels).to(torch.bfloat16),
+                        audio_padding_mask=mask)
     options = {"max_new_tokens": 6, "decoder_start_token_id": 0}
     cached = generate(model, prompts, **options)
     uncached = generate(model, prompts, use_cache=False, **options)
