@@ -330,3 +330,50 @@ def encode_classification(rows: Sequence[TsvRow], tokenizer: Any, seq_length: in
     if label_map is not None and rows and all(r.label is not None for r in rows):
         fields["label"] = [label_map.encode(r.label or "", path, r.line) for r in rows]
     return Instances.from_sequences(sequences, **fields)
+
+
+def read_path_tsv(path: Path | str, column: str, required: bool, item: str) -> list[tuple[int, str, str | None]]:
+    """(line, media path as written, ``column``'s value or None) of each row of a file of media paths: a
+    header line naming ``column`` (``label``, ``text``) and ``path``, then one ``item`` (image, utterance)
+    per line. ``required``: the column must be there and never empty (training data); otherwise it is
+    optional (inference input). UserError naming the file and line for a missing file, a bad header, a
+    line that is not UTF-8, a wrong field count, an empty field, or no rows."""
+    path = Path(path)
+    expected = f"'{column}<TAB>path'" if required else f"'path' (and optionally '{column}')"
+    if not path.is_file():
+        raise UserError(f"TSV file {path} does not exist (a header line {expected}, then one {item} per line; "
+                        "paths relative to the file's folder)")
+    rows: list[tuple[int, str, str | None]] = []
+    columns: list[str] = []
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                text = decode_line(raw, number)
+            except BadLine as bad:
+                raise UserError(f"{path}, line {number}: the line {bad}.") from None
+            if not text.strip():
+                continue
+            if not columns:
+                columns = [c.strip() for c in text.split("\t")]
+                if set(columns) - {column, "path"} or "path" not in columns or (required and column not in columns) \
+                        or len(set(columns)) != len(columns):
+                    raise UserError(f"{path}, line 1: expected a header line {expected}, found {text[:80]!r}. "
+                                    "Add the header as the first line.")
+                continue
+            values = text.split("\t")
+            if len(values) != len(columns):
+                raise UserError(f"{path}, line {number}: {len(values)} tab-separated field(s), the header has "
+                                f"{len(columns)} ({', '.join(columns)})")
+            row = dict(zip(columns, values))
+            if not row["path"].strip():
+                raise UserError(f"{path}, line {number}: the path field is empty")
+            value = row.get(column)
+            if value is not None:
+                value = value.strip()
+                if required and not value:
+                    raise UserError(f"{path}, line {number}: the {column} field is empty; give every {item} its "
+                                    f"{column}")
+            rows.append((number, row["path"].strip(), value))
+    if not rows:
+        raise UserError(f"TSV file {path} has no examples; expected a header line {expected} and one {item} per line")
+    return rows

@@ -24,7 +24,7 @@ from pydantic import Field
 
 from pentad.components.base import IGNORE_INDEX, Batch
 from pentad.data.audio import AudioConfig, AudioSet, collate, load_features
-from pentad.data.corpus import BadLine, decode_line
+from pentad.data.tsv import read_path_tsv
 from pentad.errors import UserError
 from pentad.registry import TASKS
 from pentad.tasks.base import EpochBatches, Task, TaskConfig, in_order
@@ -66,47 +66,7 @@ class Utterances:
 
 def read_asr_tsv(path: Path, with_text: bool) -> list[tuple[int, str, str | None]]:
     """(line, audio path as written, transcript or None) of each row of a ``text<TAB>path`` file."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"TSV file {path} does not exist (the ASR examples: a header 'text<TAB>path', then one "
-                        "utterance per line)")
-    expected = "'text<TAB>path'" if with_text else "'path' (and optionally 'text')"
-    rows: list[tuple[int, str, str | None]] = []
-    columns: list[str] = []
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                text = decode_line(raw, number)
-            except BadLine as bad:
-                raise UserError(f"{path}, line {number}: the line {bad}.") from None
-            if not text.strip():
-                continue
-            if not columns:
-                columns = [c.strip() for c in text.split("\t")]
-                wrong = sorted(set(columns) - {"text", "path"})
-                if wrong or "path" not in columns or (with_text and "text" not in columns) \
-                        or len(set(columns)) != len(columns):
-                    raise UserError(f"{path}, line 1: expected a header line {expected}, found {text[:80]!r}. "
-                                    "Add the header as the first line.")
-                continue
-            values = text.split("\t")
-            if len(values) != len(columns):
-                raise UserError(f"{path}, line {number}: {len(values)} tab-separated field(s), the header has "
-                                f"{len(columns)} ({', '.join(columns)})")
-            row = dict(zip(columns, values))
-            if not row["path"].strip():
-                raise UserError(f"{path}, line {number}: the path field is empty")
-            transcript = row.get("text")
-            if transcript is not None:
-                transcript = transcript.strip()
-                if with_text and not transcript:
-                    raise UserError(f"{path}, line {number}: the text field is empty; give every utterance its "
-                                    "transcript")
-            rows.append((number, row["path"].strip(), transcript))
-    if not rows:
-        raise UserError(f"TSV file {path} has no examples; expected a header line {expected} and one utterance "
-                        "per line")
-    return rows
+    return read_path_tsv(path, "text", with_text, "utterance")
 
 
 def error_rates(predictions: list[str], references: list[str]) -> dict[str, float]:

@@ -18,9 +18,8 @@ import torch
 from pydantic import Field
 
 from pentad.components.base import Batch
-from pentad.data.corpus import BadLine, decode_line
 from pentad.data.images import NORMALISE, AugmentConfig, augment, load_images, to_pixels
-from pentad.data.tsv import LabelMap, TsvRow
+from pentad.data.tsv import LabelMap, TsvRow, read_path_tsv
 from pentad.errors import UserError
 from pentad.layers.pooling import PoolingKind
 from pentad.registry import TASKS
@@ -57,44 +56,8 @@ class ImageInstances:
 
 def read_image_tsv(path: Path, with_labels: bool) -> list[TsvRow]:
     """The rows of a ``label<TAB>path`` file (``text_a`` holds the image path as written)."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"TSV file {path} does not exist (the image classification examples: a header "
-                        "'label<TAB>path', then one image per line)")
-    rows: list[TsvRow] = []
-    columns: list[str] = []
-    expected = "'label<TAB>path'" if with_labels else "'path' (and optionally 'label')"
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                text = decode_line(raw, number)
-            except BadLine as bad:
-                raise UserError(f"{path}, line {number}: the line {bad}.") from None
-            if not text.strip():
-                continue
-            if not columns:
-                columns = [c.strip() for c in text.split("\t")]
-                wrong = sorted(set(columns) - {"label", "path"})
-                if wrong or "path" not in columns or (with_labels and "label" not in columns) \
-                        or len(set(columns)) != len(columns):
-                    raise UserError(f"{path}, line 1: expected a header line {expected}, found {text[:80]!r}. "
-                                    "Add the header as the first line.")
-                continue
-            values = text.split("\t")
-            if len(values) != len(columns):
-                raise UserError(f"{path}, line {number}: {len(values)} tab-separated field(s), the header has "
-                                f"{len(columns)} ({', '.join(columns)})")
-            row = dict(zip(columns, values))
-            if not row["path"].strip():
-                raise UserError(f"{path}, line {number}: the path field is empty")
-            label = row.get("label")
-            if label is not None and not label.strip() and with_labels:
-                raise UserError(f"{path}, line {number}: the label field is empty; give every image its label")
-            rows.append(TsvRow(number, row["path"].strip(), None, label.strip() if label is not None else None))
-    if not rows:
-        raise UserError(f"TSV file {path} has no examples; expected a header line {expected} and one image "
-                        "per line")
-    return rows
+    rows = read_path_tsv(path, "label", with_labels, "image")
+    return [TsvRow(line, image, None, label) for line, image, label in rows]
 
 
 @TASKS.register("image_classification")

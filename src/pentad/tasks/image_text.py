@@ -25,7 +25,7 @@ from pydantic import Field
 
 from pentad.components.base import Batch
 from pentad.data.images import NORMALISE, AugmentConfig, augment, load_images, to_pixels
-from pentad.data.tsv import LabelMap
+from pentad.data.tsv import LabelMap, read_path_tsv
 from pentad.errors import UserError
 from pentad.registry import TASKS
 from pentad.tasks.base import EpochBatches, Task, TaskConfig, classification_metrics, in_order
@@ -211,35 +211,8 @@ class ImageTextTask(Task):
 
 
 def _read_pairs(path: Path) -> list[tuple[str, str, int]]:
-    """(text, image path, line) of a ``text<TAB>path`` file with a header line."""
-    from pentad.data.corpus import BadLine, decode_line
-
-    if not path.is_file():
-        raise UserError(f"TSV file {path} does not exist (image-text pairs: a header 'text<TAB>path', then one "
-                        "captioned image per line)")
-    rows: list[tuple[str, str, int]] = []
-    columns: list[str] = []
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                text = decode_line(raw, number)
-            except BadLine as bad:
-                raise UserError(f"{path}, line {number}: the line {bad}.") from None
-            if not text.strip():
-                continue
-            if not columns:
-                columns = [c.strip() for c in text.split("\t")]
-                if sorted(columns) != ["path", "text"]:
-                    raise UserError(f"{path}, line 1: expected a header line 'text<TAB>path', found {text[:80]!r}")
-                continue
-            values = dict(zip(columns, text.split("\t")))
-            if len(text.split("\t")) != 2 or not values["text"].strip() or not values["path"].strip():
-                raise UserError(f"{path}, line {number}: expected a text and an image path separated by one tab, "
-                                f"found {text[:80]!r}")
-            rows.append((values["text"].strip(), values["path"].strip(), number))
-    if not rows:
-        raise UserError(f"TSV file {path} has no image-text pairs")
-    return rows
+    """(text, image path, line) of a ``text<TAB>path`` file with a header."""
+    return [(text, image, line) for line, image, text in read_path_tsv(path, "text", True, "captioned image")]
 
 
 @TASKS.register("zero_shot")
