@@ -10,21 +10,17 @@ tokenizer(s) and the task state. Every reader builds its model from that config 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from pentad.builder import build_model
-from pentad.config.loader import dump_config
 from pentad.config.model import CompressionConfig
-from pentad.errors import UserError, writing
-from pentad.runs import CONFIG, load_run
+from pentad.errors import UserError
+from pentad.runs import load_run
 from pentad.training import checkpoint as ckpt
-from pentad.training.export import CARRIED
+from pentad.training.export import write_derived_run
 
 COMPRESS_KEY = "pentad_compress"  # metadata of OUT/model.safetensors: where it came from, what was done
 
@@ -52,28 +48,8 @@ def check_output(run: Path, out: Path, overwrite: bool, option: str = "--out") -
 def write_run(source: Path, out: Path, cfg: Any, model: nn.Module, record: dict[str, Any]) -> Path:
     """Write ``model`` with ``cfg`` (its ``model.compression`` already set) to the run-like directory
     ``out``, carrying the source run's tokenizer(s) and task state; replaced atomically."""
-    source, out = Path(source), Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
-        for name in CARRIED:
-            item = source / name
-            if name == CONFIG:
-                continue
-            if item.is_dir():
-                shutil.copytree(item, staged / name)
-            elif item.is_file():
-                with writing(staged / name):
-                    shutil.copy2(item, staged / name)
-        ckpt.atomic_write_text(staged / CONFIG, dump_config(cfg))
-        ckpt.save_weights(model, staged / ckpt.WEIGHTS, {COMPRESS_KEY: json.dumps(record)})
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staged, out)
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
-    return out
+    return write_derived_run(source, out, cfg, lambda path: ckpt.save_weights(
+        model, path, {COMPRESS_KEY: json.dumps(record)}))
 
 
 def weights_bytes(model: nn.Module) -> int:

@@ -15,16 +15,49 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pentad.builder import build_model
+from pentad.config.loader import dump_config
 from pentad.errors import UserError, writing
 from pentad.runs import CONFIG, TARGET_TOKENIZER_DIR, TOKENIZER_DIR, load_run
 from pentad.training import checkpoint as ckpt
 
 # what a run directory holds besides its checkpoints that readers of OUT need
 CARRIED = (CONFIG, TOKENIZER_DIR, TARGET_TOKENIZER_DIR, "labels.json", "interop.json")
+
+
+def write_derived_run(source: Path, out: Path, cfg: Any, write_weights: Callable[[Path], None],
+                      leave_out: tuple[str, ...] = ()) -> Path:
+    """Write a run directory derived from run ``source`` (merged, grown, compressed): the source's
+    carried files (tokenizers, task state; not those named in ``leave_out``), ``cfg`` as its config and
+    the weights file ``write_weights(path)`` writes. Staged beside ``out`` and renamed into place, so
+    ``out`` is never half-written; an existing ``out`` is replaced only once all of it is written."""
+    source, out = Path(source), Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        for name in CARRIED:
+            item = source / name
+            if name == CONFIG or name in leave_out:
+                continue
+            if item.is_dir():
+                shutil.copytree(item, staged / name)
+            elif item.is_file():
+                with writing(staged / name):
+                    shutil.copy2(item, staged / name)
+        ckpt.atomic_write_text(staged / CONFIG, dump_config(cfg))
+        write_weights(staged / ckpt.WEIGHTS)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(staged, out)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return out
 EXPORT_KEY = "pentad_export"
 
 

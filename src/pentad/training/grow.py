@@ -35,10 +35,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -48,14 +45,13 @@ from torch import Tensor, nn
 
 from pentad.builder import build_model
 from pentad.components.base import Batch
-from pentad.config.loader import dump_config
-from pentad.errors import UserError, writing
+from pentad.errors import UserError
 from pentad.layers.attention import Attention
 from pentad.layers.feed_forward import FeedForward
 from pentad.layers.norms import RMSNorm, UnbiasedLayerNorm
-from pentad.runs import CONFIG, complete_vocab, load_run
+from pentad.runs import complete_vocab, load_run
 from pentad.training import checkpoint as ckpt
-from pentad.training.export import CARRIED
+from pentad.training.export import write_derived_run
 
 DepthMode = Literal["stack", "interleave", "identity"]
 DEPTH_MODES = ("stack", "interleave", "identity")
@@ -502,23 +498,5 @@ def _write(run: Path, out: Path, big_cfg: Any, tensors: dict[str, Tensor], info:
     cfg = big_cfg.model_copy(deep=True)
     cfg.init = None
     cfg.output = None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
-        for name in CARRIED:
-            item = run / name
-            if name == CONFIG or name == "labels.json":
-                continue
-            if item.is_dir():
-                shutil.copytree(item, staged / name)
-            elif item.is_file():
-                with writing(staged / name):
-                    shutil.copy2(item, staged / name)
-        ckpt.atomic_write_text(staged / CONFIG, dump_config(cfg))
-        ckpt.save_tensors(tensors, staged / ckpt.WEIGHTS, {GROWN_KEY: json.dumps(info)})
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staged, out)
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
+    write_derived_run(run, out, cfg, lambda path: ckpt.save_tensors(tensors, path, {GROWN_KEY: json.dumps(info)}),
+                      leave_out=("labels.json",))

@@ -9,19 +9,15 @@ and ``init=OUT`` read it like any run, without the base.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from pentad.builder import build_model
-from pentad.config.loader import dump_config
-from pentad.errors import UserError, writing
-from pentad.runs import CONFIG, load_run
+from pentad.errors import UserError
+from pentad.runs import load_run
 from pentad.training import checkpoint as ckpt
 from pentad.training import lora
-from pentad.training.export import CARRIED
+from pentad.training.export import write_derived_run
 
 MERGED_KEY = "pentad_merged_lora"  # metadata of OUT/model.safetensors: where it came from
 
@@ -71,26 +67,8 @@ def merge_run(run: Path, out: Path, base: Path | None = None, overwrite: bool = 
     info = {"run": str(run.resolve()), "weights": str(source.resolve()), "base": str(base or record["base"]),
             "rank": record.get("rank"), "alpha": record.get("alpha"), "modules": len(record["modules"])}
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
-        for name in CARRIED:
-            item = run / name
-            if name == CONFIG:
-                continue
-            if item.is_dir():
-                shutil.copytree(item, staged / name)
-            elif item.is_file():
-                with writing(staged / name):
-                    shutil.copy2(item, staged / name)
-        ckpt.atomic_write_text(staged / CONFIG, dump_config(merged_cfg))
-        ckpt.save_tensors(tensors, staged / ckpt.WEIGHTS, {MERGED_KEY: json.dumps(info)})
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staged, out)
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
+    write_derived_run(run, out, merged_cfg, lambda path: ckpt.save_tensors(
+        tensors, path, {MERGED_KEY: json.dumps(info)}))
     return Merged(out=out, source=source, base=info["base"], modules=len(record["modules"]),
                   rank=int(record.get("rank", 0)), tensors=len(tensors),
                   bytes=sum(t.numel() * t.element_size() for t in tensors.values()))
