@@ -4,6 +4,8 @@
     pentad convert pentad-to-hf IN OUT [--family F] [--verify] [--tolerance T] [--allow-norm-change]
     pentad convert tencentpretrain-to-pentad IN OUT [--verify]
     pentad convert pentad-to-tencentpretrain IN OUT [--verify]
+    pentad convert ctranslate2-to-hf IN OUT [--verify]
+    pentad convert ctranslate2-to-pentad IN OUT [--verify]
 
 Exit status: 0 on success, 1 when ``--verify`` finds a relative difference above the tolerance or a
 failed exact check (the output is still written, to inspect), 2 for a user error (raised as
@@ -22,13 +24,17 @@ from pentad.interop.convert import DIRECTIONS
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``convert`` subcommand to ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
     p = subparsers.add_parser(
-        "convert", help="convert weights: Hugging Face <-> pentad, TencentPretrain <-> pentad",
+        "convert", help="convert weights: Hugging Face <-> pentad, TencentPretrain <-> pentad, CTranslate2 Whisper -> "
+                        "Hugging Face / pentad",
         description="Convert a model directory. hf-to-pentad / tencentpretrain-to-pentad write a pentad run "
                     "directory; pentad-to-hf writes a directory transformers' from_pretrained loads; "
-                    "pentad-to-tencentpretrain writes model.bin, config.json and the vocabulary file.")
+                    "pentad-to-tencentpretrain writes model.bin, config.json and the vocabulary file; "
+                    "ctranslate2-to-hf / ctranslate2-to-pentad read a CTranslate2 Whisper directory (model.bin, "
+                    "config.json, tokenizer.json).")
     p.add_argument("direction", choices=DIRECTIONS, help="what to convert into what")
     p.add_argument("input", type=Path, metavar="IN", help="source directory (HF model dir, pentad run dir, "
-                                                          "or a TencentPretrain .bin + JSON config dir)")
+                                                          "a TencentPretrain .bin + JSON config dir, or a "
+                                                          "CTranslate2 model dir)")
     p.add_argument("output", type=Path, metavar="OUT", help="output directory (new or empty)")
     p.add_argument("--family", help="HF model family: bert, roberta, xlm-roberta, gpt2, albert, t5, bart, pegasus, "
                                     "llama, mixtral, switch_transformers, bloom, vit, clip (default: from config.json, "

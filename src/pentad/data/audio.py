@@ -1,5 +1,5 @@
 """Audio as model input: reading (soundfile), resampling (soxr), Kaldi filterbank features
-(kaldi-native-fbank), utterance CMVN and seeded SpecAugment.
+(kaldi-native-fbank) or Whisper's log-mel spectrogram, utterance CMVN and seeded SpecAugment.
 
 Audio files are read and turned into features once, when a file of examples is read (float16
 ``[T, F]`` per utterance, so a set of utterances costs 160 bytes per 10 ms at 80 bins); training
@@ -14,6 +14,15 @@ downmixed to their mean; both are reported once per examples file. Bad input (a 
 file soundfile cannot decode) is a :class:`~pentad.errors.UserError` naming the examples file, its
 line and the audio path; empty and over-long utterances are skipped or refused (``on_bad``), and
 counted.
+
+``features: whisper`` computes Whisper's input instead (Radford et al. 2022, as Hugging Face's
+``WhisperFeatureExtractor``): the samples zero-padded to ``chunk_seconds`` (30 s), a centred
+400-point periodic-Hann STFT every 160 samples (its last frame dropped), power through a Slaney
+mel filterbank (0-8 kHz), log10 floored at 1e-10 and at the utterance maximum minus 8, then
+(x + 4) / 4; 3,000 frames of 10 ms for every utterance. Only the frames that see the audio are
+stored (float32, so the model reads exactly what Hugging Face's extractor gives), with the one value
+every frame after them holds; batches pad to 3,000 frames with it and carry no padding mask (Whisper
+always reads 30 s).
 """
 
 from __future__ import annotations
@@ -25,11 +34,14 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pentad.config.base import StrictModel
 from pentad.errors import UserError
 from pentad.log import info
+
+WHISPER_FFT = 400  # 25 ms windows at 16 kHz
+WHISPER_HOP = 160  # every 10 ms
 
 
 class SpecAugmentConfig(StrictModel):
@@ -55,6 +67,26 @@ class AudioConfig(StrictModel):
     on_bad: Literal["fail", "skip"] = Field("fail", description="empty or over-long utterances: fail (exit 2) "
                                             "or skip them, counted")
     specaugment: SpecAugmentConfig | None = Field(None, description="training-time masks; null: none")
+    features: Literal["kaldi", "whisper"] = Field("kaldi", description="kaldi: Kaldi filterbanks (S2T, "
+                                                 "TencentPretrain); whisper: Whisper's log-mel spectrogram over "
+                                                 "chunk_seconds (set cmvn: false)")
+    chunk_seconds: int = Field(30, ge=1, description="features: whisper: every utterance is padded to this "
+                               "length (Whisper: 30 s, 3,000 frames)")
+
+    @model_validator(mode="after")
+    def _whisper_options(self) -> AudioConfig:
+        if self.features == "whisper" and self.cmvn:
+            raise ValueError("cmvn: Whisper's log-mel features are normalised their own way; set cmvn: false "
+                             "with features: whisper")
+        if self.features == "whisper" and self.max_frames < self.whisper_frames:
+            raise ValueError(f"max_frames {self.max_frames} is shorter than the {self.whisper_frames} frames "
+                             f"of chunk_seconds {self.chunk_seconds}; Whisper pads every utterance to them")
+        return self
+
+    @property
+    def whisper_frames(self) -> int:
+        """Frames of one Whisper chunk (100 per second at a 160-sample hop and 16 kHz)."""
+        return self.chunk_seconds * self.sample_rate // WHISPER_HOP
 
 
 def read_audio(path: Path, where: str, sample_rate: int, notes: Counter[str] | None = None) -> np.ndarray:
@@ -102,6 +134,63 @@ def fbank(samples: np.ndarray, sample_rate: int, bins: int) -> np.ndarray:
     return np.stack([computer.get_frame(i) for i in range(frames)]).astype(np.float32, copy=False)
 
 
+def hertz_to_mel(hertz: np.ndarray) -> np.ndarray:
+    """Slaney's mel scale: linear (3 mels per 200 Hz) below 1 kHz, logarithmic (27 mels per factor
+    6.4) above."""
+    hertz = np.asarray(hertz, dtype=np.float64)
+    mels = 3.0 * hertz / 200.0
+    log_part = hertz >= 1000.0
+    mels[log_part] = 15.0 + np.log(hertz[log_part] / 1000.0) * (27.0 / np.log(6.4))
+    return mels
+
+
+def mel_to_hertz(mels: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`hertz_to_mel`."""
+    mels = np.asarray(mels, dtype=np.float64)
+    hertz = 200.0 * mels / 3.0
+    log_part = mels >= 15.0
+    hertz[log_part] = 1000.0 * np.exp(np.log(6.4) / 27.0 * (mels[log_part] - 15.0))
+    return hertz
+
+
+def slaney_mel_filters(sample_rate: int, n_fft: int, bins: int, high: float | None = None) -> np.ndarray:
+    """[n_fft//2 + 1, bins] triangular filters evenly spaced on Slaney's mel scale from 0 Hz to
+    ``high`` (Nyquist), each scaled to unit area (2 / its width in Hz), as librosa's and Whisper's."""
+    high = sample_rate / 2 if high is None else high
+    edges = mel_to_hertz(np.linspace(hertz_to_mel(np.array([0.0]))[0], hertz_to_mel(np.array([high]))[0], bins + 2))
+    freqs = np.linspace(0, sample_rate // 2, n_fft // 2 + 1)
+    widths = np.diff(edges)
+    slopes = edges[None, :] - freqs[:, None]
+    rising, falling = -slopes[:, :-2] / widths[:-1], slopes[:, 2:] / widths[1:]
+    filters = np.maximum(0.0, np.minimum(rising, falling))
+    return filters * (2.0 / (edges[2:] - edges[:-2]))[None, :]
+
+
+def whisper_log_mel(samples: np.ndarray, sample_rate: int, bins: int, chunk_seconds: int = 30
+                    ) -> tuple[np.ndarray, float]:
+    """Whisper's input for float samples in [-1, 1] (see the module's docstring): the frames that
+    see the audio ``[T, bins]`` (float32) and the value of every later frame up to the chunk's end."""
+    import torch
+
+    size = chunk_seconds * sample_rate
+    padded = np.zeros(size, dtype=np.float32)
+    padded[:min(len(samples), size)] = samples[:size]
+    window = torch.hann_window(WHISPER_FFT)
+    stft = torch.stft(torch.from_numpy(padded), WHISPER_FFT, WHISPER_HOP, window=window, return_complex=True)
+    power = stft[..., :-1].abs() ** 2
+    filters = torch.from_numpy(slaney_mel_filters(sample_rate, WHISPER_FFT, bins, 8000.0)).float()
+    log_spec = torch.clamp(filters.T @ power, min=1e-10).log10()
+    log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
+    features = ((log_spec + 4.0) / 4.0).T.contiguous().numpy()
+    # Frame t's window covers samples [160 t - 200, 160 t + 200): later frames see only the padding.
+    seen = min(len(features), -(-(min(len(samples), size) + WHISPER_FFT // 2) // WHISPER_HOP) + 1)
+    tail = features[seen:]
+    fill = float(tail[0, 0]) if len(tail) else 0.0
+    if len(tail) and not bool((tail == fill).all()):  # pragma: no cover - a frame past the audio saw it
+        seen = len(features)
+    return np.ascontiguousarray(features[:seen]), fill
+
+
 def utterance_cmvn(features: np.ndarray) -> np.ndarray:
     """Zero mean, unit variance per bin over one utterance's frames (variance floored at 1e-10)."""
     mean = features.mean(axis=0)
@@ -139,32 +228,51 @@ class AudioSet:
     features: list[np.ndarray]
     kept: list[int]
     skipped: Counter[str] = field(default_factory=Counter)
+    # features: whisper: the value of each utterance's frames after the stored ones, and the frames
+    # every batch pads to (None: Kaldi features, padded with zeros and masked)
+    fills: list[float] | None = None
+    frames: int | None = None
 
 
 def load_features(paths: Sequence[Path], lines: Sequence[int], source: Path, cfg: AudioConfig) -> AudioSet:
     """Read ``paths`` and compute their features; ``lines``: each path's line in ``source`` (the
     examples file), for errors and for the skip counts."""
     notes: Counter[str] = Counter()
-    out = AudioSet([], [])
+    whisper = cfg.features == "whisper"
+    out = AudioSet([], [], fills=[] if whisper else None, frames=cfg.whisper_frames if whisper else None)
     for i, (path, line) in enumerate(zip(paths, lines)):
         where = f"{source}, line {line}: audio {path}"
         samples = read_audio(path, where, cfg.sample_rate, notes)
-        features = fbank(samples, cfg.sample_rate, cfg.feature_size)
         problem = None
-        if len(features) == 0:
-            problem = ("empty", f"{where} is empty or shorter than one 25 ms frame ({len(samples)} samples)")
-        elif len(features) > cfg.max_frames:
-            problem = ("over-long", f"{where} has {len(features)} frames, more than audio.max_frames "
-                       f"{cfg.max_frames} ({cfg.max_frames / 100:.1f} s)")
+        if whisper:
+            limit = cfg.chunk_seconds * cfg.sample_rate
+            if len(samples) == 0:
+                problem = ("empty", f"{where} is empty (no samples)")
+            elif len(samples) > limit:
+                problem = ("over-long", f"{where} lasts {len(samples) / cfg.sample_rate:.2f} s, more than "
+                           f"audio.chunk_seconds {cfg.chunk_seconds} (Whisper reads one chunk)")
+            else:
+                features, fill = whisper_log_mel(samples, cfg.sample_rate, cfg.feature_size, cfg.chunk_seconds)
+        else:
+            features = fbank(samples, cfg.sample_rate, cfg.feature_size)
+            if len(features) == 0:
+                problem = ("empty", f"{where} is empty or shorter than one 25 ms frame ({len(samples)} samples)")
+            elif len(features) > cfg.max_frames:
+                problem = ("over-long", f"{where} has {len(features)} frames, more than audio.max_frames "
+                           f"{cfg.max_frames} ({cfg.max_frames / 100:.1f} s)")
         if problem is not None:
             if cfg.on_bad == "fail":
-                raise UserError(problem[1] + "; raise audio.max_frames, or set audio.on_bad: skip to leave such "
-                                "utterances out")
+                raise UserError(problem[1] + f"; {'split it' if whisper else 'raise audio.max_frames'}, or set "
+                                "audio.on_bad: skip to leave such utterances out")
             out.skipped[problem[0]] += 1
             continue
-        if cfg.cmvn:
-            features = utterance_cmvn(features)
-        out.features.append(features.astype(np.float16))
+        if whisper:
+            out.features.append(features)
+            out.fills.append(fill)
+        else:
+            if cfg.cmvn:
+                features = utterance_cmvn(features)
+            out.features.append(features.astype(np.float16))
         out.kept.append(i)
     for note, count in sorted(notes.items()):
         info(f"{source}: {note}: {count} file(s) (the model takes mono {cfg.sample_rate} Hz)")
@@ -175,21 +283,26 @@ def load_features(paths: Sequence[Path], lines: Sequence[int], source: Path, cfg
 
 
 def collate(features: Sequence[np.ndarray], specaugment: SpecAugmentConfig | None = None,
-            rng: np.random.Generator | None = None):
+            rng: np.random.Generator | None = None, fills: Sequence[float] | None = None,
+            frames: int | None = None):
     """``[T_i, F]`` arrays -> float32 ``audio [B, T, F]`` (zero-padded) and ``audio_padding_mask
-    [B, T]`` (True at padding); SpecAugment on each utterance when given (training)."""
+    [B, T]`` (True at padding); SpecAugment on each utterance when given (training). With ``fills``
+    and ``frames`` (Whisper features): every row padded to ``frames`` with its fill value, and no
+    padding mask (None)."""
     import torch
 
     if specaugment is not None and rng is None:
         raise ValueError("SpecAugment needs the batch's seeded generator")
-    longest = max(len(f) for f in features)
+    longest = max(len(f) for f in features) if frames is None else frames
     bins = features[0].shape[1]
     audio = np.zeros((len(features), longest, bins), dtype=np.float32)
     mask = np.ones((len(features), longest), dtype=bool)
     for i, f in enumerate(features):
         f = np.asarray(f, dtype=np.float32)
+        if fills is not None:
+            f = np.concatenate([f, np.full((longest - len(f), bins), fills[i], dtype=np.float32)])
         if specaugment is not None:
             f = spec_augment(f, specaugment, rng)
         audio[i, :len(f)] = f
         mask[i, :len(f)] = False
-    return torch.from_numpy(audio), torch.from_numpy(mask)
+    return torch.from_numpy(audio), (None if fills is not None else torch.from_numpy(mask))

@@ -48,6 +48,13 @@ class GenerationConfig(StrictModel):
                                      "the first stop token, else 0")
     decoder_start_token_id: int | None = Field(None, ge=0, description="first decoder input of encoder-"
                                                "decoder models (T5: pad, BART: eos)")
+    decoder_prompt_ids: list[int] = Field(default_factory=list, description="encoder-decoder: tokens the decoder "
+                                          "reads after the start token before it generates (Whisper's "
+                                          "<|notimestamps|>); not part of the output")
+    suppress_tokens: list[int] = Field(default_factory=list, description="token ids never generated (Whisper's "
+                                       "suppress_tokens)")
+    begin_suppress_tokens: list[int] = Field(default_factory=list, description="token ids not generated as the "
+                                             "first new token (Whisper: a space, the end token)")
     use_cache: bool = Field(True, description="keep keys/values of past positions; False re-runs the whole "
                             "sequence at every step (slow; for tests and benchmarks)")
     seed: int | None = Field(None, description="seed of the sampling generator (reproducible samples)")

@@ -97,14 +97,12 @@ def start_session(model: Model, prompts: Prompts, config: GenerationConfig,
             raise GenerationInputError("a source batch (e.g. audio features) needs an encoder-decoder model; "
                                        "give a decoder-only model token prompts")
         new = config.max_new_tokens
-        limit = position_limit(model.target_embedding)
-        if limit is not None and new > limit:
-            raise GenerationInputError(f"max_new_tokens {new} exceeds the decoder's {limit} positions")
+        _check_decoder_positions(model, config)
         if config.decoder_start_token_id is None:
             raise GenerationInputError("encoder-decoder generation needs decoder_start_token_id")
         use_cache = config.use_cache and model.decoder.supports_cache
         return EncoderDecoderSession(model, None, None, config.decoder_start_token_id, new, use_cache,
-                                     source_batch=prompts.to(device))
+                                     source_batch=prompts.to(device), prompt=config.decoder_prompt_ids)
     if isinstance(prompts, Tensor):
         if prompts.dim() != 2:
             raise GenerationInputError(f"prompts must be [batch, length] token ids, got shape {tuple(prompts.shape)}")
@@ -137,18 +135,40 @@ def start_session(model: Model, prompts: Prompts, config: GenerationConfig,
         limit, need = position_limit(model.embedding), tokens.shape[1]
         if limit is not None and need > limit:
             raise GenerationInputError(f"a source of {need} tokens exceeds the model's {limit} positions")
-        limit = position_limit(model.target_embedding)
-        if limit is not None and new > limit:
-            raise GenerationInputError(f"max_new_tokens {new} exceeds the decoder's {limit} positions")
+        _check_decoder_positions(model, config)
         if config.decoder_start_token_id is None:
             raise GenerationInputError("encoder-decoder generation needs decoder_start_token_id (T5: the pad id, "
                              "BART: the eos id)")
-        return EncoderDecoderSession(model, tokens, padding, config.decoder_start_token_id, new, use_cache)
+        return EncoderDecoderSession(model, tokens, padding, config.decoder_start_token_id, new, use_cache,
+                                     prompt=config.decoder_prompt_ids)
+    if config.decoder_prompt_ids:
+        raise GenerationInputError("decoder_prompt_ids are read by an encoder-decoder's decoder; this model has "
+                                   "none: put them in the prompt")
     limit, need = position_limit(model.embedding), tokens.shape[1] + new - 1
     if limit is not None and need > limit:
         raise GenerationInputError(f"a prompt of {tokens.shape[1]} tokens plus max_new_tokens {new} needs {need} "
                          f"positions; the model has {limit}")
     return DecoderOnlySession(model, tokens, padding, new, use_cache, fill)
+
+
+def _check_decoder_positions(model: Model, config: GenerationConfig) -> None:
+    """The decoder reads the start token, the decoder prompt and all new tokens but the last."""
+    limit = position_limit(model.target_embedding)
+    new, prompt = config.max_new_tokens, len(config.decoder_prompt_ids)
+    if limit is not None and new + prompt > limit:
+        raise GenerationInputError(f"max_new_tokens {new}" + (f" after a decoder prompt of {prompt}" if prompt else "")
+                                   + f" exceeds the decoder's {limit} positions")
+
+
+def _suppressed(scores: Tensor, config: GenerationConfig, step: int, stop: Tensor) -> Tensor:
+    """Scores with the tokens this step may not produce at -inf: stop tokens before min_new_tokens,
+    suppress_tokens always, begin_suppress_tokens at the first step."""
+    if step < config.min_new_tokens:
+        scores = forbid(scores, stop)
+    banned = config.suppress_tokens + (config.begin_suppress_tokens if step == 0 else [])
+    if banned:
+        scores = forbid(scores, torch.tensor(banned, dtype=torch.long, device=scores.device))
+    return scores
 
 
 def _generator(config: GenerationConfig, generator: torch.Generator | None, device: torch.device
@@ -202,8 +222,7 @@ class TokenSearch:
             log_norm = torch.logsumexp(raw, dim=-1)
             if seen is not None:
                 scores = repetition_penalty(scores, seen, cfg.repetition_penalty)
-            if step < cfg.min_new_tokens:
-                scores = forbid(scores, stop)
+            scores = _suppressed(scores, cfg, step, stop)
             if cfg.do_sample:
                 scores = sampling_scores(scores, cfg.temperature, cfg.top_k, cfg.top_p)
                 chosen = torch.multinomial(scores.softmax(dim=-1), 1, generator=self.generator).squeeze(1)
@@ -273,8 +292,7 @@ def beam_search(session: Session, config: GenerationConfig) -> GenerationOutput:
         log_probs = logits.float().log_softmax(dim=-1)
         if seen is not None:
             log_probs = repetition_penalty(log_probs, seen, cfg.repetition_penalty)
-        if step < cfg.min_new_tokens:
-            log_probs = forbid(log_probs, stop)
+        log_probs = _suppressed(log_probs, cfg, step, stop)
         total = (log_probs.view(prompts, beams, vocab) + running_scores[..., None]).view(prompts, -1)
         cand_scores, cand_index = total.topk(keep, dim=-1)  # sorted, best first
         cand_beam, cand_token = cand_index // vocab, cand_index % vocab

@@ -174,7 +174,8 @@ class EncoderDecoderSession:
     """
 
     def __init__(self, model: Model, sources: Tensor | None, padding: Tensor | None, start_id: int,
-                 max_new_tokens: int, use_cache: bool = True, source_batch: Batch | None = None):
+                 max_new_tokens: int, use_cache: bool = True, source_batch: Batch | None = None,
+                 prompt: Sequence[int] = ()):
         if model.decoder is None:
             raise ValueError("EncoderDecoderSession needs a model with a decoder")
         if (sources is None) == (source_batch is None):
@@ -186,13 +187,17 @@ class EncoderDecoderSession:
             device, rows = first.device, first.shape[0]
         else:
             device, rows = sources.device, sources.shape[0]
-        self.tokens = torch.full((rows, 1 + max_new_tokens), start_id, dtype=torch.long, device=device)
-        self.position_table = torch.arange(1 + max_new_tokens, device=device)[None]
+        width = 1 + len(prompt) + max_new_tokens
+        self.tokens = torch.full((rows, width), start_id, dtype=torch.long, device=device)
+        if prompt:  # the decoder prompt follows the start token in every row
+            self.tokens[:, 1:1 + len(prompt)] = torch.tensor(list(prompt), dtype=torch.long, device=device)
+        self.prompt_length = 1 + len(prompt)
+        self.position_table = torch.arange(width, device=device)[None]
         self.source_segments = (torch.zeros_like(sources) if sources is not None
                                 and _reads(model.embedding, "segments") else None)
         self.target_segments = _reads(model.target_embedding, "segments")
         self.memory: Tensor | None = None
-        self.length = 1
+        self.length = self.prompt_length
         self.cache = KVCache() if use_cache else None
 
     @property
@@ -210,14 +215,14 @@ class EncoderDecoderSession:
         return self.head.logits(hidden[:, -1])
 
     def prefill(self) -> Tensor:
-        """Encode the sources once and run the start token; logits [rows, V]."""
+        """Encode the sources once and run the start token (and the decoder prompt); logits [rows, V]."""
         if self.source_batch is not None:  # the memory's padding is the encoder's (subsampled audio)
             self.memory, self.source_padding = self.model.encode(self.source_batch)
             self.source_batch = None
         else:
             batch = Batch(tokens=self.sources, padding_mask=self.source_padding, segments=self.source_segments)
             self.memory, _ = self.model.encode(batch)
-        return self._run(0, 1)
+        return self._run(0, self.prompt_length)
 
     def step(self, new: Tensor) -> Tensor:
         col = self.length

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,8 +43,8 @@ from pentad.config.loader import problems_from_validation, validate_raw
 from pentad.config.model import model_config_class
 from pentad.data.tokenizers import load_tokenizer
 from pentad.errors import ConfigError, UserError
+from pentad.interop import ctranslate2, keymap, numerics
 from pentad.interop import hf as hfio
-from pentad.interop import keymap, numerics
 from pentad.interop import tencentpretrain as tp
 from pentad.interop.hf import sbert
 from pentad.interop.hf.families import family_for
@@ -53,7 +54,8 @@ from pentad.runs import load_run, prepare_run_dir
 from pentad.training.checkpoint import find_weights, load_weights, read_weights, weights_to_save
 
 TOKENIZER_DIR = "tokenizer"  # pentad.runs.TOKENIZER_DIR
-DIRECTIONS = ("hf-to-pentad", "pentad-to-hf", "tencentpretrain-to-pentad", "pentad-to-tencentpretrain")
+DIRECTIONS = ("hf-to-pentad", "pentad-to-hf", "tencentpretrain-to-pentad", "pentad-to-tencentpretrain",
+              "ctranslate2-to-hf", "ctranslate2-to-pentad")
 INTEROP = "interop.json"
 EXTRA_WEIGHTS = "interop_extra.safetensors"
 WEIGHTS = "model.safetensors"
@@ -189,8 +191,9 @@ def convert(direction: str, in_dir: str | Path, out_dir: str | Path, family: str
         raise UserError(f"--tolerance must be a non-negative number, got {tolerance}.")
     if out_path.exists() and (not out_path.is_dir() or any(out_path.iterdir())):
         raise UserError(f"output directory {out_path} already exists and is not empty; choose a new one.")
-    if "tencentpretrain" in direction and family is not None:
-        raise UserError("--family applies to Hugging Face conversions; a TencentPretrain config names its modules.")
+    if ("tencentpretrain" in direction or "ctranslate2" in direction) and family is not None:
+        raise UserError("--family applies to Hugging Face conversions; a TencentPretrain config names its modules "
+                        "and pentad converts CTranslate2 Whisper models only.")
     created = not out_path.exists()
     try:
         if direction == "hf-to-pentad":
@@ -199,11 +202,34 @@ def convert(direction: str, in_dir: str | Path, out_dir: str | Path, family: str
             return _pentad_to_hf(in_path, out_path, family, verify, tolerance, allow_norm_change)
         if direction == "pentad-to-tencentpretrain":
             return _pentad_to_tencentpretrain(in_path, out_path, verify, tolerance)
+        if direction.startswith("ctranslate2"):
+            return _ctranslate2(direction, in_path, out_path, verify, tolerance)
         return _tencentpretrain_to_pentad(in_path, out_path, verify, tolerance)
     except BaseException:
         if created:  # never leave half a conversion behind
             shutil.rmtree(out_path, ignore_errors=True)
         raise
+
+
+# ------------------------------------------------------------------------------------ ctranslate2
+def _ctranslate2(direction: str, in_dir: Path, out_dir: Path, verify: bool, tolerance: float) -> ConversionReport:
+    """A CTranslate2 Whisper model -> a HF Whisper directory, and on to a pentad run
+    (``ctranslate2-to-pentad``); ``verify`` compares the pentad model with transformers' on the HF
+    directory, as ``hf-to-pentad --verify`` does."""
+    if direction == "ctranslate2-to-hf":
+        notes = ctranslate2.whisper_to_hf(in_dir, out_dir)
+        report = ConversionReport(direction, in_dir, out_dir, "whisper", "WhisperForConditionalGeneration", notes,
+                                  tolerance=tolerance)
+        if verify:
+            with tempfile.TemporaryDirectory() as tmp:
+                checked = _hf_to_pentad(out_dir, Path(tmp) / "run", None, True, tolerance)
+            report.scope, report.verification = checked.scope, checked.verification
+        return report
+    with tempfile.TemporaryDirectory() as tmp:
+        notes = ctranslate2.whisper_to_hf(in_dir, Path(tmp))
+        report = _hf_to_pentad(Path(tmp), out_dir, None, verify, tolerance)
+    report.direction, report.source, report.notes = direction, in_dir, notes + report.notes
+    return report
 
 
 # ------------------------------------------------------------------------------------ pentad runs
@@ -300,6 +326,11 @@ def _hf_to_pentad(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
     files = _classifier_task(raw, config, notes, in_dir)
     if family.name == "clip":
         raw["task"] = {"type": "image_text", **_image_normalisation(in_dir, notes, default="clip")}
+    task, task_notes = family.task_config(config, in_dir)
+    if task is not None:  # a run `pentad infer` and `finetune init=` use as it is (a task without state)
+        raw["task"] = task
+        notes += task_notes
+        files = {**(files or {}), LABELS_FILE: {}}
     cfg = _write_run(out_dir, raw, tensors, extras, interop, tok_cfg, out_dir / TOKENIZER_DIR, notes, files)
     report = ConversionReport("hf-to-pentad", in_dir, out_dir, family.name, plan.architecture, notes,
                               tolerance=tolerance)
@@ -388,6 +419,9 @@ def guess_family(model_cfg: Any) -> str:
     parts = {p.type: p for p in model_cfg.embedding.parts}
     if "patch" in parts:
         return "vit"
+    if "speech" in parts:  # Whisper's stem has a stride-1 convolution first; S2T subsamples at every layer
+        strides = parts["speech"].strides
+        return "whisper" if strides and strides[0] == 1 else "speech_to_text"
     enc = model_cfg.encoder
     if getattr(enc, "type", None) == "dual":
         return "clip"  # the only two-tower model Hugging Face has a class for
@@ -711,10 +745,13 @@ def _pentad_model(model_cfg: Any, tensors: dict[str, Tensor]) -> Any:
     return model.float().eval()
 
 
-def _sample_batch(model_cfg: Any, pad: int, seq: int = 12, batch: int = 3) -> tuple[Any, dict[str, Tensor]]:
+def _sample_batch(model_cfg: Any, pad: int, seq: int = 12, batch: int = 3,
+                  family: hfio.HFFamily | None = None) -> tuple[Any, dict[str, Tensor]]:
     """A seeded batch with two right-padded rows and segments A/B where the model has two segments;
     an encoder-decoder model also gets decoder tokens, two of three rows right-padded; an image
-    model (a ``patch`` part) gets seeded pixels instead.
+    model (a ``patch`` part) gets seeded pixels instead, a speech model (a ``speech`` part) seeded
+    features: rows of three lengths with their padding mask, or, where the family always reads the
+    same number of frames (Whisper), as many as its positions take and no mask.
 
     Returns (pentad Batch, HF keyword inputs without the model-specific ones)."""
     parts = {p.type: p for p in model_cfg.embedding.parts}
@@ -728,17 +765,21 @@ def _sample_batch(model_cfg: Any, pad: int, seq: int = 12, batch: int = 3) -> tu
         if getattr(part, "max_positions", None):
             positions = min(positions, part.max_positions)
     seq = max(2, min(seq, positions))
-
-    def rows(length: int, vocab: int, lengths: list[int]) -> tuple[Tensor, Tensor]:
-        tokens = torch.randint(0, vocab, (batch, length), generator=g)
-        if vocab > 1:  # real tokens never equal the padding id (RoBERTa derives positions from it)
-            tokens = torch.where(tokens == pad, (tokens + 1) % vocab, tokens)
-        padding = torch.arange(length)[None, :] >= torch.tensor(lengths[:batch])[:, None]
-        tokens[padding] = pad
-        return tokens, padding
+    if "speech" in parts:
+        speech = parts["speech"]
+        shrink = math.prod(speech.strides or [2] * len(speech.kernel_sizes))
+        fixed = family is not None and not family.speech_padding
+        frames = positions * shrink if fixed else min(positions * shrink, 12 * shrink)
+        audio = torch.randn(batch, frames, speech.feature_size, generator=g)
+        lengths = [frames, frames - 3 * shrink + 1, frames // 2][:batch]
+        padding = None if fixed else torch.arange(frames)[None, :] >= torch.tensor(lengths)[:, None]
+        out = Batch(audio=audio, audio_padding_mask=padding)
+        hf_inputs = (family or hfio.HFFamily()).speech_inputs(audio, padding)
+        _add_decoder_tokens(out, hf_inputs, model_cfg, pad, batch, g)
+        return out, hf_inputs
 
     lengths = [seq, max(1, seq - 3), max(1, seq // 2)]
-    tokens, padding = rows(seq, int(model_cfg.vocab_size), lengths)
+    tokens, padding = _sample_rows(seq, int(model_cfg.vocab_size), lengths, pad, batch, g)
     segments = None
     if "seg" in parts:
         two = parts["seg"].num_segments >= 2
@@ -748,18 +789,38 @@ def _sample_batch(model_cfg: Any, pad: int, seq: int = 12, batch: int = 3) -> tu
     if segments is not None:
         hf_inputs["token_type_ids"] = segments
     out = Batch(tokens=tokens, segments=segments, padding_mask=padding)
-    if model_cfg.decoder is not None:
-        target_positions = model_cfg.max_seq_length
-        for part in model_cfg.target_embedding.parts:
-            if getattr(part, "max_positions", None):
-                target_positions = min(target_positions, part.max_positions)
-        length = max(2, min(7, target_positions))
-        vocab = int(model_cfg.target_vocab_size or model_cfg.vocab_size)
-        decoder_tokens, decoder_padding = rows(length, vocab, [length, max(1, length - 2), max(1, length // 2)])
-        out.decoder_tokens, out.decoder_padding_mask = decoder_tokens, decoder_padding
-        hf_inputs["decoder_input_ids"] = decoder_tokens
-        hf_inputs["decoder_attention_mask"] = (~decoder_padding).long()
+    _add_decoder_tokens(out, hf_inputs, model_cfg, pad, batch, g)
     return out, hf_inputs
+
+
+def _sample_rows(length: int, vocab: int, lengths: list[int], pad: int, batch: int,
+                 g: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Seeded token rows [batch, length] padded after ``lengths`` (real tokens never equal ``pad``:
+    RoBERTa derives positions from it) and their padding mask."""
+    tokens = torch.randint(0, vocab, (batch, length), generator=g)
+    if vocab > 1:
+        tokens = torch.where(tokens == pad, (tokens + 1) % vocab, tokens)
+    padding = torch.arange(length)[None, :] >= torch.tensor(lengths[:batch])[:, None]
+    tokens[padding] = pad
+    return tokens, padding
+
+
+def _add_decoder_tokens(out: Batch, hf_inputs: dict[str, Tensor], model_cfg: Any, pad: int, batch: int,
+                        g: torch.Generator) -> None:
+    """An encoder-decoder's seeded decoder tokens, two of three rows right-padded (nothing otherwise)."""
+    if model_cfg.decoder is None:
+        return
+    target_positions = model_cfg.max_seq_length
+    for part in model_cfg.target_embedding.parts:
+        if getattr(part, "max_positions", None):
+            target_positions = min(target_positions, part.max_positions)
+    length = max(2, min(7, target_positions))
+    vocab = int(model_cfg.target_vocab_size or model_cfg.vocab_size)
+    decoder_tokens, decoder_padding = _sample_rows(length, vocab, [length, max(1, length - 2), max(1, length // 2)],
+                                                   pad, batch, g)
+    out.decoder_tokens, out.decoder_padding_mask = decoder_tokens, decoder_padding
+    hf_inputs["decoder_input_ids"] = decoder_tokens
+    hf_inputs["decoder_attention_mask"] = (~decoder_padding).long()
 
 
 def _compare(name: str, ours: Tensor, reference: Tensor, keep: Tensor | None = None) -> Check:
@@ -814,7 +875,7 @@ def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config:
     ours = _pentad_model(model_cfg, tensors)
     if family.name == "clip":
         return _verify_clip(hf, ours, model_cfg, hf_config)
-    batch, inputs = _sample_batch(model_cfg, pad=family.pad_token_id(hf_config))
+    batch, inputs = _sample_batch(model_cfg, pad=family.pad_token_id(hf_config), family=family)
     if not family.token_types:
         inputs.pop("token_type_ids", None)
     encoder_decoder = ours.decoder is not None

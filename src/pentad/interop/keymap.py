@@ -36,6 +36,15 @@ name                 pentad : foreign       what it does (import direction; the 
 ``sinusoidal:P:D``   0 : 1                  a fixed sinusoidal table [P, D] that the foreign model stores
                                             as a parameter (Pegasus) and pentad computes: checked on
                                             import, kept as an extra, recomputed on export without one
+``sinusoidal:P:D:t2t`` 0 : 1                the same with tensor2tensor's spacing (10000^(i/(D/2 - 1)):
+                                            Whisper's encoder positions)
+``qkv_bias_no_k``    1 : 2                  query and value biases (Whisper has no key bias) <-> pentad's
+                                            ``qkv`` bias [3H], whose key third is zero on import; the
+                                            export drops it: a key bias adds the same amount to every
+                                            score of a query, which the softmax ignores, so dropping it
+                                            is exact
+``kv_bias_no_k``     1 : 1                  the value bias <-> a cross-attention's ``kv`` bias [2H] (key
+                                            half zero on import, dropped on export, as above)
 ``conv1d``           1 : 1                  transpose: GPT-2's ``Conv1D`` stores [in, out], ``nn.Linear``
                                             [out, in]
 ``leading_rows:N``   1 : 1                  drop the first N rows of a table (TencentPretrain's padding
@@ -335,13 +344,13 @@ class Sinusoidal(Transform):
 
     n_ours = 0
 
-    def __init__(self, positions: int, dim: int):
-        self.positions, self.dim = positions, dim
+    def __init__(self, positions: int, dim: int, spacing: str = "vaswani"):
+        self.positions, self.dim, self.spacing = positions, dim, spacing
 
     def table(self) -> Tensor:
         from pentad.components.embeddings.sinusoidal import sinusoidal_table
 
-        return sinusoidal_table(self.positions, self.dim, interleave=False)
+        return sinusoidal_table(self.positions, self.dim, interleave=False, spacing=self.spacing)
 
     def to_ours(self, theirs: list[Tensor]) -> tuple[list[Tensor], Tensor | None]:
         stored = theirs[0]
@@ -358,6 +367,28 @@ class Sinusoidal(Transform):
         if extra is not None and tuple(extra.shape) == (self.positions, self.dim):
             return [extra]
         return [self.table()]
+
+
+class KeyBiasFree(Transform):
+    """A fused projection's bias whose key part the foreign model does not have (Whisper's ``k_proj``
+    has no bias): ``parts`` 3 (q, k, v: the foreign q and v biases) or 2 (k, v: the foreign v bias).
+    The key part is zero on import and dropped on export (it shifts all of a query's scores alike)."""
+
+    def __init__(self, parts: int):
+        self.parts = parts
+        self.n_theirs = parts - 1
+
+    def to_ours(self, theirs: list[Tensor]) -> tuple[list[Tensor], Tensor | None]:
+        if any(t.dim() != 1 or t.shape != theirs[0].shape for t in theirs):
+            raise ValueError(f"expected {len(theirs)} bias vectors of one size, found shapes "
+                             f"{[tuple(t.shape) for t in theirs]}")
+        zero = torch.zeros_like(theirs[0])
+        ordered = [theirs[0], zero, theirs[1]] if self.parts == 3 else [zero, theirs[0]]
+        return [torch.cat(ordered)], None
+
+    def to_theirs(self, ours: list[Tensor], extra: Tensor | None) -> list[Tensor]:
+        chunks = [c.clone() for c in ours[0].chunk(self.parts)]
+        return [chunks[0], chunks[2]] if self.parts == 3 else [chunks[1]]
 
 
 class Conv1D(Transform):
@@ -450,9 +481,10 @@ def get_transform(name: str) -> Transform:
         flags = [p for p in params if not p.isdigit()]
         wanted = {"leading_rows": 1, "rotate_rows": 1, "heads_qkv": 1, "sinusoidal": 2, "fuse_qkv": 2,
                   "leading_ones": 1}[base]
-        if len(numbers) != wanted or (flags and (base != "fuse_qkv" or flags != ["meta"])):
+        flag = {"fuse_qkv": "meta", "sinusoidal": "t2t"}.get(base)
+        if len(numbers) != wanted or (flags and flags != [flag]):
             raise ValueError(f"transform {name!r}: {base} takes {wanted} count(s)"
-                             + (" and optionally ':meta'" if base == "fuse_qkv" else ""))
+                             + (f" and optionally ':{flag}'" if flag else ""))
         n = [int(p) for p in numbers]
         if base == "leading_rows":
             return LeadingRows(n[0])
@@ -463,16 +495,17 @@ def get_transform(name: str) -> Transform:
         if base == "heads_qkv":
             return HeadsQKV(n[0])
         if base == "sinusoidal":
-            return Sinusoidal(n[0], n[1])
+            return Sinusoidal(n[0], n[1], "tensor2tensor" if flags else "vaswani")
         return FuseQKV(n[0], n[1], meta=bool(flags))
     if base == "gated_conv" and params in (["first"], ["conv"], ["bias"], ["extra"]):
         return GatedConvPair(params[0])
     table: dict[str, Transform] = {"copy": Copy(), "tied": Tied(), "shadow": Shadow(), "ignore": Ignore(),
                                    "fuse_qkv": FuseQKV(), "fuse_kv": FuseKV(), "row_vector": RowVector(),
-                                   "conv1d": Conv1D(), "seg_pad_row": LeadingRows(1), "stack_experts": StackExperts()}
+                                   "conv1d": Conv1D(), "seg_pad_row": LeadingRows(1), "stack_experts": StackExperts(),
+                                   "qkv_bias_no_k": KeyBiasFree(3), "kv_bias_no_k": KeyBiasFree(2)}
     if base not in table or params:
         raise ValueError(f"unknown key-map transform {name!r}; known: {', '.join(table)}, leading_rows:N, "
-                         "leading_ones:N, rotate_rows:N, heads_qkv:A, fuse_qkv:A:K[:meta], sinusoidal:P:D, "
+                         "leading_ones:N, rotate_rows:N, heads_qkv:A, fuse_qkv:A:K[:meta], sinusoidal:P:D[:t2t], "
                          "gated_conv:first|conv|bias|extra")
     return table[base]
 

@@ -41,8 +41,15 @@ class AsrTaskConfig(TaskConfig):
     num_beams: int = Field(1, ge=1, description="beam search with this many hypotheses; 1: greedy decoding")
     length_penalty: float = Field(1.0, description="beam search: score = sum of log-probs / length ** "
                                   "length_penalty")
-    decoder_start: str | None = Field(None, description="the decoder's first token: 'bos', 'cls', 'pad', 'eos' "
-                                      "or a token string; default: bos, else cls")
+    decoder_start: str | int | None = Field(None, description="the decoder's first token: 'bos', 'cls', 'pad', "
+                                            "'eos', a token string or an id; default: bos, else cls")
+    decoder_prompt: list[str | int] = Field(default_factory=list, description="tokens (strings or ids) the "
+                                            "decoder reads after the start token, in training and decoding, before "
+                                            "the transcript (Whisper: ['<|notimestamps|>']); never scored")
+    suppress_tokens: list[int] = Field(default_factory=list, description="token ids decoding never produces "
+                                       "(Whisper's suppress_tokens)")
+    begin_suppress_tokens: list[int] = Field(default_factory=list, description="token ids decoding does not "
+                                             "produce first (Whisper: the space and the end token)")
     lowercase: bool = Field(False, description="lower-case transcripts and predictions before scoring")
     audio: AudioConfig = Field(default_factory=AudioConfig, description="reading audio and its features "
                                "(feature_size must equal the speech part's)")
@@ -111,11 +118,18 @@ class AsrTask(Task):
         if speech.feature_size != self.cfg.audio.feature_size:
             raise UserError(f"task.audio.feature_size {self.cfg.audio.feature_size} differs from the speech part's "
                             f"feature_size {speech.feature_size}; make them equal")
+        prompt = len(self.cfg.decoder_prompt)
         for key, value in (("target_seq_length", self.cfg.target_seq_length),
                            ("max_new_tokens", self.cfg.max_new_tokens or self.cfg.target_seq_length)):
-            if value > model.max_seq_length:
-                raise UserError(f"task.{key} {value} exceeds the model's model.max_seq_length {model.max_seq_length} "
-                                "(the decoder's positions)")
+            if value + prompt > model.max_seq_length:
+                raise UserError(f"task.{key} {value}" + (f" after a decoder_prompt of {prompt}" if prompt else "")
+                                + f" exceeds the model's model.max_seq_length {model.max_seq_length} (the decoder's "
+                                "positions)")
+        vocab = model.target_vocab_size or model.vocab_size
+        for key in ("suppress_tokens", "begin_suppress_tokens"):
+            bad = [i for i in getattr(self.cfg, key) if not 0 <= i < vocab]
+            if bad:
+                raise UserError(f"task.{key}: {bad[:5]} are not token ids of the {vocab}-entry vocabulary")
         lm = [t for t in model.targets if getattr(t, "type", None) == "lm"]
         head = lm[0].model_dump(exclude_none=True) if lm else {"type": "lm"}
         head.pop("name", None)
@@ -129,8 +143,24 @@ class AsrTask(Task):
                             f"{describe_tokenizer(tok)} lacks")
         self.end_id = int(end)
         self.pad_id = int(tok.pad_id) if tok.pad_id is not None else 0
-        self.start_id = resolve_decoder_start(tok, self.cfg.decoder_start, "asr")
+        start = self.cfg.decoder_start
+        self.start_id = self._token_id(start, "decoder_start", vocab) if isinstance(start, int) else \
+            resolve_decoder_start(tok, start, "asr")
+        self.prompt_ids = [self._token_id(t, "decoder_prompt", vocab) for t in self.cfg.decoder_prompt]
         self.bound = True
+
+    def _token_id(self, token: str | int, key: str, vocab: int) -> int:
+        """The id of a token given as a string or an id (checked against the vocabulary)."""
+        from pentad.data.masking import describe_tokenizer
+
+        if isinstance(token, int):
+            if not 0 <= token < vocab:
+                raise UserError(f"task.{key}: id {token} is outside the {vocab}-entry vocabulary")
+            return token
+        value = self.tokenizer.token_to_id(token)
+        if value is None:
+            raise UserError(f"task.{key}: {token!r} is not a token of the {describe_tokenizer(self.tokenizer)}")
+        return int(value)
 
     def head_configs(self) -> list[dict[str, Any]]:
         return [dict(self.head_config)]
@@ -188,21 +218,26 @@ class AsrTask(Task):
 
     def _batch(self, data: Utterances, indices, rng: np.random.Generator | None) -> Batch:
         index = [int(i) for i in np.asarray(indices)]
+        fills = data.audio.fills
         audio, mask = collate([data.audio.features[i] for i in index],
-                              self.cfg.audio.specaugment if rng is not None else None, rng)
+                              self.cfg.audio.specaugment if rng is not None else None, rng,
+                              fills=None if fills is None else [fills[i] for i in index], frames=data.audio.frames)
         batch = Batch(audio=audio, audio_padding_mask=mask)
         if data.targets is not None:
             bodies = [data.targets[i] for i in index]
-            length = max(len(b) for b in bodies) + 1
+            head = [self.start_id, *self.prompt_ids]  # read, never scored
+            length = max(len(b) for b in bodies) + len(head)
             decoder = np.full((len(bodies), length), self.pad_id, dtype=np.int64)
             labels = np.full((len(bodies), length), IGNORE_INDEX, dtype=np.int64)
+            skip = len(head) - 1
             for row, body in enumerate(bodies):
-                decoder[row, 0] = self.start_id
-                decoder[row, 1:len(body) + 1] = body
-                labels[row, :len(body)] = body
-                labels[row, len(body)] = self.end_id
+                decoder[row, :len(head)] = head
+                decoder[row, len(head):len(head) + len(body)] = body
+                labels[row, skip:skip + len(body)] = body
+                labels[row, skip + len(body)] = self.end_id
             batch.decoder_tokens = torch.from_numpy(decoder)
-            batch.decoder_padding_mask = torch.from_numpy(labels == IGNORE_INDEX)
+            ends = np.array([len(head) + len(b) for b in bodies])
+            batch.decoder_padding_mask = torch.from_numpy(np.arange(length)[None, :] >= ends[:, None])
             batch.labels["lm"] = torch.from_numpy(labels)
         return batch
 
@@ -226,7 +261,9 @@ class AsrTask(Task):
         return GenerationConfig(max_new_tokens=self.cfg.max_new_tokens or self.cfg.target_seq_length,
                                 num_beams=self.cfg.num_beams, length_penalty=self.cfg.length_penalty,
                                 stop_token_ids=[self.end_id], pad_token_id=self.pad_id,
-                                decoder_start_token_id=self.start_id)
+                                decoder_start_token_id=self.start_id, decoder_prompt_ids=self.prompt_ids,
+                                suppress_tokens=self.cfg.suppress_tokens,
+                                begin_suppress_tokens=self.cfg.begin_suppress_tokens)
 
     def predict(self, model, data: Utterances, batch_size: int, device, progress: str | None = None) -> list[str]:
         """A transcript for every utterance (batched by length, answers in file order)."""

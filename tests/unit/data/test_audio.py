@@ -130,3 +130,45 @@ def test_espeak_speech_reads_as_features(tmp_path: Path, capsys):
     assert 30 < short < long < 300  # tenths of a second to a few seconds of 10 ms frames
     speech = out.features[0].astype(np.float32)
     assert np.isfinite(speech).all() and speech.std() > 0.5  # CMVN over real, varying spectra
+
+
+def test_whisper_features_equal_hugging_face(tmp_path: Path):
+    """Whisper's log-mel input, as transformers' WhisperFeatureExtractor computes it (the frames past
+    the audio held as one fill value), and its Slaney mel filters."""
+    transformers = pytest.importorskip("transformers")
+    from pentad.data.audio import slaney_mel_filters, whisper_log_mel
+
+    extractor = transformers.WhisperFeatureExtractor()
+    assert np.abs(extractor.mel_filters - slaney_mel_filters(16000, 400, 80, 8000.0)).max() < 1e-12
+    rng = np.random.default_rng(0)
+    for n in (1000, 16000 * 3 + 37, 480000):
+        samples = (rng.standard_normal(n) * 0.1).astype(np.float32)
+        reference = extractor(samples, sampling_rate=16000, return_tensors="np").input_features[0].T
+        frames, fill = whisper_log_mel(samples, 16000, 80)
+        assert len(frames) == min(3000, n // 160 + 3)
+        full = np.concatenate([frames, np.full((3000 - len(frames), 80), fill, np.float32)])
+        np.testing.assert_array_equal(full, reference)
+    soundfile.write(tmp_path / "a.wav", _tone(1.0, 16000), 16000, subtype="FLOAT")
+    soundfile.write(tmp_path / "b.wav", _tone(2.5, 16000, 300.0), 16000, subtype="FLOAT")
+    cfg = AudioConfig(features="whisper", cmvn=False)
+    out = load_features([tmp_path / "a.wav", tmp_path / "b.wav"], [2, 3], tmp_path / "x.tsv", cfg)
+    audio, mask = collate(out.features, fills=out.fills, frames=out.frames)
+    assert mask is None and tuple(audio.shape) == (2, 3000, 80)
+    for row, name in enumerate(("a.wav", "b.wav")):
+        samples = read_audio(tmp_path / name, name, 16000)
+        reference = extractor(samples, sampling_rate=16000, return_tensors="np").input_features[0].T
+        np.testing.assert_array_equal(audio[row].numpy(), reference)
+
+
+def test_whisper_feature_options_checked(tmp_path: Path):
+    with pytest.raises(ValueError, match="cmvn"):
+        AudioConfig(features="whisper")
+    with pytest.raises(ValueError, match="max_frames"):
+        AudioConfig(features="whisper", cmvn=False, max_frames=100)
+    soundfile.write(tmp_path / "long.wav", _tone(2.0, 16000), 16000)
+    cfg = AudioConfig(features="whisper", cmvn=False, chunk_seconds=1)
+    with pytest.raises(UserError, match=r"x.tsv, line 4: audio .*long.wav lasts 2.00 s, more than "
+                                        r"audio.chunk_seconds 1"):
+        load_features([tmp_path / "long.wav"], [4], tmp_path / "x.tsv", cfg)
+    out = load_features([tmp_path / "long.wav"], [4], tmp_path / "x.tsv", cfg.model_copy(update={"on_bad": "skip"}))
+    assert out.features == [] and out.skipped["over-long"] == 1

@@ -171,3 +171,37 @@ def test_encoders_without_a_cache_re_run_the_sequence(encoder) -> None:
     model = build_model(cfg, training=False).eval()
     batch = generate(model, PROMPTS, **BASE).sequences()
     assert batch == [generate(model, [p], **BASE).sequences()[0] for p in PROMPTS]
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_decoder_prompt_and_suppressed_tokens(beams: int) -> None:
+    """An encoder-decoder's decoder prompt is read after the start token (as if forced), never
+    returned; suppressed tokens never appear, begin-suppressed ones not first; cached = uncached."""
+    model = tiny_model("bart")
+    options = dict(BASE, stop_token_ids=[], num_beams=beams)
+    prompt = [7, 9]
+    out = generate(model, PROMPTS, decoder_prompt_ids=prompt, **options)
+    assert out.tokens.shape[1] == BASE["max_new_tokens"]
+    assert generate(model, PROMPTS, decoder_prompt_ids=prompt, use_cache=False, **options).sequences() == \
+        out.sequences()
+    if beams == 1:  # the same as stepping the prompt's tokens in after the start token
+        from pentad.generation.search import start_session
+
+        session = start_session(model, PROMPTS, GenerationConfig(**dict(options, max_new_tokens=12)))
+        session.prefill()
+        rows = len(PROMPTS)
+        session.step(torch.full((rows,), prompt[0]))
+        logits = session.step(torch.full((rows,), prompt[1]))
+        assert logits.argmax(-1).tolist() == out.tokens[:, 0].tolist()
+        assert out.sequences() != generate(model, PROMPTS, **options).sequences()
+    common = [t for row in out.sequences() for t in row]
+    banned = sorted(set(common))[:3]
+    first = sorted({row[0] for row in out.sequences()})
+    clean = generate(model, PROMPTS, decoder_prompt_ids=prompt, suppress_tokens=banned,
+                     begin_suppress_tokens=first, **options).sequences()
+    assert not {t for row in clean for t in row} & set(banned)
+    assert not {row[0] for row in clean} & set(first)
+    with pytest.raises(GenerationInputError, match="decoder's 64 positions"):
+        generate(model, PROMPTS, decoder_prompt_ids=[7] * 60, **options)
+    with pytest.raises(GenerationInputError, match="decoder_prompt_ids"):
+        generate(tiny_model("gpt2"), PROMPTS, decoder_prompt_ids=prompt, **options)

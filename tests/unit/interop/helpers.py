@@ -238,3 +238,33 @@ def write_bpe(directory: Path, roberta: bool = False) -> dict[str, Any]:
         cfg["special_tokens"] = {"bos": "<s>", "cls": "<s>", "eos": "</s>", "sep": "</s>", "pad": "<pad>",
                                  "unk": "<unk>", "mask": "<mask>"}
     return cfg
+
+
+def save_perturbed(model: torch.nn.Module, directory: Path, scale: float = 0.05, seed: int = 1) -> torch.nn.Module:
+    """A Hugging Face reference model with noise on every trainable parameter (unit norms and zero
+    biases become distinct values; fixed tables such as Whisper's sinusoidal positions are left as
+    they are), saved with ``save_pretrained``; returned in eval mode."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            noise = scale * torch.randn(p.shape, generator=g)
+            if p.requires_grad:
+                p.add_(noise)
+    model.save_pretrained(directory)
+    return model.eval()
+
+
+def load_pentad_run(run_dir: Path) -> tuple[Any, Any]:
+    """(run config, model in eval mode with the run's weights) of a pentad run directory."""
+    from pentad.runs import load_run
+    from pentad.training.checkpoint import find_weights, load_weights, read_weights
+
+    cfg, _ = load_run(run_dir)
+    model = build_model(cfg.model)
+    load_weights(model, read_weights(find_weights(run_dir)), str(run_dir))
+    return cfg, model.eval()
+
+
+def relative(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    """max |ours - theirs| / max |theirs|, in float64."""
+    return float((ours.double() - theirs.double()).abs().max() / theirs.double().abs().max())

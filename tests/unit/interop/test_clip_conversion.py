@@ -15,14 +15,12 @@ import json
 
 import pytest
 import torch
-from tests.unit.interop.helpers import make_run
+from tests.unit.interop.helpers import load_pentad_run, make_run, relative, save_perturbed
 
-from pentad.builder import build_model
 from pentad.errors import UserError
 from pentad.interop import convert
 from pentad.interop.convert import clip_sample
 from pentad.runs import load_run
-from pentad.training.checkpoint import find_weights, load_weights, read_weights
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -43,24 +41,10 @@ def clip_config(eos: int | None = None, vocab_size: int = VOCAB, **over):
 
 def save_hf(directory, config):
     torch.manual_seed(0)
-    model = transformers.CLIPModel(config)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # distinct values everywhere (unit norms and zero biases included)
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    model.save_pretrained(directory)
-    return model.eval()
+    return save_perturbed(transformers.CLIPModel(config), directory)
 
 
-def pentad_model(run_dir):
-    cfg, _ = load_run(run_dir)
-    model = build_model(cfg.model)
-    load_weights(model, read_weights(find_weights(run_dir)), str(run_dir))
-    return cfg, model.eval()
-
-
-def relative(ours, theirs):
-    return float((ours.double() - theirs.double()).abs().max() / theirs.double().abs().max())
+pentad_model = load_pentad_run
 
 
 def outputs(hf, net, cfg, hf_config):

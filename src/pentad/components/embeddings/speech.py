@@ -1,10 +1,11 @@
-"""Speech features as a sequence (speech-to-text, Wang et al. 2020; TencentPretrain's S2T): a stack of
-strided 1-D convolutions over the frames subsamples them (2x per layer) and maps the feature width to
-the embedding width, each convolution followed by a GLU (which halves its channels) or a GELU.
+"""Speech features as a sequence (speech-to-text, Wang et al. 2020; TencentPretrain's S2T; Whisper's
+stem): a stack of strided 1-D convolutions over the frames subsamples them (stride 2 per layer by
+default; Whisper: strides 1 then 2) and maps the feature width to the embedding width, each
+convolution followed by a GLU (which halves its channels) or a GELU.
 
 audio [B,T,F] with audio_padding_mask [B,T] -> [B,T',E] and its padding mask, where each layer maps a
-length L to floor((L + 2*(k//2) - k) / 2) + 1 for kernel size k: right for any number of layers
-(TencentPretrain's own length formula assumes two). ``scale`` multiplies by sqrt(E), as TencentPretrain
+length L to floor((L + 2*(k//2) - k) / s) + 1 for kernel size k and stride s: right for any number
+of layers (TencentPretrain's own length formula assumes two). ``scale`` multiplies by sqrt(E), as TencentPretrain
 does when sinusoidal positions are added. Parameters: ``convs.<i>.weight`` / ``.bias``.
 """
 
@@ -27,7 +28,9 @@ class SpeechEmbeddingConfig(StrictModel):
     feature_size: int = Field(80, ge=1, description="features per frame (80 log-mel filterbanks)")
     conv_channels: list[int] = Field([1024, 512], min_length=1, description="output channels of each convolution "
                                      "(before the GLU halves them)")
-    kernel_sizes: list[int] = Field([5, 5], min_length=1, description="kernel size of each convolution (stride 2)")
+    kernel_sizes: list[int] = Field([5, 5], min_length=1, description="kernel size of each convolution")
+    strides: list[int] | None = Field(None, description="stride of each convolution; default 2 for every one "
+                                      "(S2T); Whisper: [1, 2]")
     activation: Literal["glu", "gelu"] = Field("glu", description="after each convolution: glu (S2T; halves the "
                                                 "channels) or gelu")
     scale: bool = Field(True, description="multiply by sqrt(width) (TencentPretrain with sinusoidal positions)")
@@ -49,36 +52,37 @@ class SpeechEmbeddingConfig(StrictModel):
         return problems
 
 
-def subsampled_lengths(lengths: Tensor, kernel_sizes: list[int]) -> Tensor:
-    """Frame counts after each stride-2 convolution with padding k//2."""
-    for k in kernel_sizes:
-        lengths = torch.div(lengths + 2 * (k // 2) - k, 2, rounding_mode="floor") + 1
+def subsampled_lengths(lengths: Tensor, kernel_sizes: list[int], strides: list[int] | None = None) -> Tensor:
+    """Frame counts after each convolution (kernel k, stride s: 2 by default) with padding k//2."""
+    for k, s in zip(kernel_sizes, strides or [2] * len(kernel_sizes)):
+        lengths = torch.div(lengths + 2 * (k // 2) - k, s, rounding_mode="floor") + 1
     return lengths
 
 
 @EMBEDDINGS.register("speech")
 class SpeechEmbedding(EmbeddingPart):
-    """audio [B,T,F] -> [B,T',E]: stride-2 Conv1d layers, each followed by GLU or GELU."""
+    """audio [B,T,F] -> [B,T',E]: strided Conv1d layers, each followed by GLU or GELU."""
 
     Config = SpeechEmbeddingConfig
     requires = ("audio",)
     defines_sequence = True
 
     def __init__(self, feature_size: int, conv_channels: list[int], kernel_sizes: list[int], width: int,
-                 activation: str = "glu", scale: bool = True):
+                 activation: str = "glu", scale: bool = True, strides: list[int] | None = None):
         super().__init__()
         self.kernel_sizes = list(kernel_sizes)
+        self.strides = list(strides) if strides is not None else [2] * len(self.kernel_sizes)
         self.activation = activation
         self.scale = math.sqrt(width) if scale else None
         shrink = 2 if activation == "glu" else 1
         ins = [feature_size] + [c // shrink for c in conv_channels[:-1]]
-        self.convs = nn.ModuleList(nn.Conv1d(i, o, k, stride=2, padding=k // 2)
-                                   for i, o, k in zip(ins, conv_channels, kernel_sizes))
+        self.convs = nn.ModuleList(nn.Conv1d(i, o, k, stride=s, padding=k // 2)
+                                   for i, o, k, s in zip(ins, conv_channels, kernel_sizes, self.strides))
 
     @classmethod
     def from_config(cls, cfg: SpeechEmbeddingConfig, model) -> SpeechEmbedding:
         return cls(cfg.feature_size, cfg.conv_channels, cfg.kernel_sizes, model.hidden_size, cfg.activation,
-                   cfg.scale)
+                   cfg.scale, cfg.strides)
 
     def initialise(self, std: float) -> None:
         """Kaiming-normal kernels (as TencentPretrain and fairseq's S2T), zero biases."""
@@ -90,7 +94,7 @@ class SpeechEmbedding(EmbeddingPart):
         mask = batch.audio_padding_mask
         if mask is None:
             return None
-        lengths = subsampled_lengths((~mask).sum(dim=1), self.kernel_sizes)
+        lengths = subsampled_lengths((~mask).sum(dim=1), self.kernel_sizes, self.strides)
         return torch.arange(length, device=mask.device)[None, :] >= lengths[:, None]
 
     def forward(self, batch: Batch, length: int | None = None) -> Tensor:

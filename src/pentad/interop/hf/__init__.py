@@ -6,9 +6,9 @@ weights (``model.safetensors``, sharded safetensors with ``model.safetensors.ind
 WordPiece, ``vocab.json`` + ``merges.txt`` for byte-level BPE, ``tokenizer_config.json``).
 
 One module per family (:mod:`.bert`, :mod:`.roberta`, :mod:`.gpt2`, :mod:`.albert`, :mod:`.t5`,
-:mod:`.bart`, :mod:`.pegasus`, :mod:`.llama`, :mod:`.mixtral`, :mod:`.bloom`, :mod:`.switch`, :mod:`.vit`,
-:mod:`.clip`) holds its key map (data, see :mod:`pentad.interop.keymap`) and translates ``config.json`` <->
-pentad's model config both ways.
+:mod:`.bart`, :mod:`.pegasus`, :mod:`.llama`, :mod:`.mixtral`, :mod:`.bloom`, :mod:`.switch`,
+:mod:`.vit`, :mod:`.clip`, :mod:`.whisper`) holds its key map (data, see :mod:`pentad.interop.keymap`)
+and translates ``config.json`` <-> pentad's model config both ways.
 Reading and writing HF files needs no ``transformers`` install; only ``--verify`` runs it.
 SentencePiece tokenizers (``spiece.model``, ``tokenizer.model``, XLM-R's ``sentencepiece.bpe.model``)
 are rewritten so that the model's own ids are the ones the HF tokenizer gives (:mod:`pentad.interop.spm`).
@@ -96,6 +96,22 @@ class HFFamily:
     needs_tokenizer: bool = True  # False: an image model (ViT), which has none to convert
     # HF's ``hidden_states`` end with the last layer's output before the final norm (ViT), not after it.
     states_before_final_norm: bool = False
+
+    # speech models: whether the HF model takes padded audio with an attention mask (S2T) or always
+    # the same number of frames (Whisper's 30 s)
+    speech_padding: bool = True
+
+    def speech_inputs(self, audio: Tensor, padding: Tensor | None) -> dict[str, Tensor]:
+        """The HF keyword inputs of speech features ``audio`` [B, T, F] (``padding`` [B, T], True at
+        padding frames)."""
+        inputs = {"input_features": audio}
+        if padding is not None:
+            inputs["attention_mask"] = (~padding).long()
+        return inputs
+
+    def task_config(self, config: dict[str, Any], in_dir: Path | None) -> tuple[dict[str, Any] | None, list[str]]:
+        """The run's ``task`` section this family's checkpoints imply (None: decided elsewhere), and notes."""
+        return None, []
 
     def plan_import(self, config: dict[str, Any], keys: dict[str, tuple[int, ...]], label: str,
                     max_length: int | None) -> ImportPlan:  # pragma: no cover - abstract
@@ -205,6 +221,8 @@ def guess_layout(keys: set[str] | dict[str, Any]) -> str | None:
         return "mixtral"
     if any(".mlp.gate_proj." in k for k in keys):
         return "llama"
+    if any(k.endswith("encoder.conv1.weight") for k in keys):
+        return "whisper"
     if any("encoder_attn.q_proj" in k for k in keys):
         return "bart" if any("layernorm_embedding" in k for k in keys) else "pegasus"
     if any(k.startswith("roberta.") or k.startswith("lm_head.dense.") for k in keys):

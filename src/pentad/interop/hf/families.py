@@ -22,6 +22,7 @@ from pentad.interop.hf import (
     switch,
     t5,
     vit,
+    whisper,
 )
 
 
@@ -30,7 +31,7 @@ def families() -> dict[str, HFFamily]:
     table: dict[str, HFFamily] = {}
     for family in (bert.FAMILY, roberta.FAMILY, gpt2.FAMILY, albert.FAMILY, t5.FAMILY, bart.FAMILY, pegasus.FAMILY,
                    llama.FAMILY, mixtral.FAMILY, bloom.FAMILY, switch.FAMILY, vit.FAMILY,
-                   clip.FAMILY):
+                   clip.FAMILY, whisper.FAMILY):
         for model_type in family.model_types:
             table[model_type] = family
     return table
