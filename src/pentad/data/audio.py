@@ -64,8 +64,9 @@ class AudioConfig(StrictModel):
     cmvn: bool = Field(True, description="normalise each utterance to zero mean, unit variance per bin")
     max_frames: int = Field(3000, ge=1, description="longest utterance in 10 ms frames (TencentPretrain's "
                             "max_audio_frames); longer ones are skipped or refused (on_bad)")
-    on_bad: Literal["fail", "skip"] = Field("fail", description="empty or over-long utterances: fail (exit 2) "
-                                            "or skip them, counted")
+    on_bad: Literal["fail", "skip"] = Field("fail", description="empty or over-long utterances (and, in the "
+                                            "asr task, over-long transcripts or ones with text outside the "
+                                            "vocabulary): fail (exit 2) or skip them, counted")
     specaugment: SpecAugmentConfig | None = Field(None, description="training-time masks; null: none")
     features: Literal["kaldi", "whisper"] = Field("kaldi", description="kaldi: Kaldi filterbanks (S2T, "
                                                  "TencentPretrain); whisper: Whisper's log-mel spectrogram over "

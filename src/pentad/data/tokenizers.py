@@ -386,6 +386,21 @@ class Tokenizer(abc.ABC):
     def id_to_token(self, i: int) -> str:
         """Token of id ``i``; IndexError if ``i`` is not an id of this vocabulary."""
 
+    def unknown_text(self, text: str) -> list[str]:
+        """What of ``text`` lies outside the vocabulary: the pieces that encode to the unknown id
+        although they are not literally the unknown token, in order of appearance, each once.
+
+        A piece is a character that encodes to the unknown token by itself; where no single
+        character does (a WordPiece word that cannot be split into the vocabulary's pieces, a word
+        of a ``space`` vocabulary), it is the whole span the unknown token stands for. Empty when
+        the tokenizer has no unknown token or nothing becomes it. Default (SentencePiece, which
+        gives no offsets): the characters of ``text`` that alone encode to the unknown id."""
+        unk = self.unk_id
+        if unk is None or unk not in self.encode(text):
+            return []
+        found = [c for c in dict.fromkeys(text) if not c.isspace() and unk in self.encode(c)]
+        return found or [" ".join(text.split())]
+
     # -- special tokens -------------------------------------------------------------------
 
     @property
@@ -529,6 +544,8 @@ class _RustTokenizer(Tokenizer):
 
     _backend: hf_tokenizers.Tokenizer
     _size: int
+    # unknown_text: report the characters that are unknown by themselves (False: whole tokens)
+    _unknown_by_character: ClassVar[bool] = True
 
     def _attach(self, backend: hf_tokenizers.Tokenizer, vocab: Mapping[str, int]) -> None:
         self._backend = backend
@@ -566,6 +583,24 @@ class _RustTokenizer(Tokenizer):
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         encoding = self._backend.encode(text, add_special_tokens=False)
         return encoding.ids, [(int(b), int(e)) for b, e in encoding.offsets]
+
+    def unknown_text(self, text: str) -> list[str]:
+        unk = self.unk_id
+        if unk is None:
+            return []
+        ids, offsets = self.encode_with_offsets(text)
+        if unk not in ids:
+            return []
+        literal = self._special_tokens["unk"]
+        found: dict[str, None] = {}
+        for index, (begin, end) in zip(ids, offsets):
+            span = text[begin:end]
+            if index != unk or span == literal:
+                continue
+            chars = [c for c in span if unk in self.encode(c)] if self._unknown_by_character else []
+            for piece in chars or [span]:
+                found.setdefault(piece)
+        return list(found)
 
     def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
         values = _as_id_list(ids)
@@ -801,6 +836,7 @@ class SpaceTokenizer(_WordLevelTokenizer):
     """Every whitespace-separated word is a token (pre-segmented text); decode joins with spaces."""
 
     Config = SpaceConfig
+    _unknown_by_character = False  # a word is the unit: its characters alone are not tokens
 
     def _configure(self, backend: hf_tokenizers.Tokenizer) -> None:
         backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

@@ -88,6 +88,17 @@ def error_rates(predictions: list[str], references: list[str]) -> dict[str, floa
             "cer": 100.0 * float(jiwer.cer(references, predictions))}
 
 
+def _show_piece(piece: str) -> str:
+    """A piece of text for an error message: quoted, a lone character with its code point."""
+    if len(piece) == 1:
+        return f"{piece!r} (U+{ord(piece):04X})"
+    return f"the word {piece!r}"
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 @TASKS.register("asr")
 class AsrTask(Task):
     """Speech recognition with an encoder-decoder over speech features (WER, CER)."""
@@ -186,11 +197,15 @@ class AsrTask(Task):
         cfg = self.cfg.audio
         targets: list[np.ndarray] | None = None
         keep_rows = list(range(len(rows)))
+        dropped: dict[str, int] = {}
         if labelled:
             encoded = self.tokenizer.encode_batch([r[2] for r in rows])
+            unknown = self._unknown_text(path, rows, encoded, cfg.on_bad)
             targets, keep_rows = [], []
             skipped = 0
             for i, (ids, (line, _, text)) in enumerate(zip(encoded, rows)):
+                if i in unknown:
+                    continue
                 if len(ids) + 1 > self.cfg.target_seq_length:
                     if cfg.on_bad == "fail":
                         raise UserError(f"{path}, line {line}: the transcript has {len(ids)} tokens, more than "
@@ -206,15 +221,52 @@ class AsrTask(Task):
                 from pentad.log import info
 
                 info(f"{path}: skipped {skipped} utterance(s) with an over-long transcript (task.audio.on_bad: skip)")
+            dropped = {k: n for k, n in (("transcript outside the vocabulary", len(unknown)),
+                                         ("over-long transcript", skipped)) if n}
         chosen = [rows[i] for i in keep_rows]
         audio = load_features([path.parent / r[1] for r in chosen], [r[0] for r in chosen], path, cfg)
         if targets is not None:
             targets = [targets[i] for i in audio.kept]
         kept = [chosen[i] for i in audio.kept]
         if not kept:
-            raise UserError(f"{path}: every utterance was skipped ({dict(audio.skipped)}); nothing to read")
+            raise UserError(f"{path}: every utterance was skipped ({dict(audio.skipped) | dropped}); nothing to read")
         references = [self._normal(r[2]) for r in kept] if labelled else None
         return Utterances(audio, targets, references, [r[0] for r in kept])
+
+    def _unknown_text(self, path: Path, rows: list[tuple[int, str, str | None]], encoded: list[list[int]],
+                      on_bad: str) -> set[int]:
+        """The rows whose transcripts have text outside the vocabulary (``Tokenizer.unknown_text``:
+        what encodes to the unknown token without being it literally). ``on_bad`` fail: a UserError
+        naming the first such line, its characters and the tokenizer; skip: the rows, reported."""
+        from pentad.data.masking import describe_tokenizer
+
+        tok = self.tokenizer
+        unk = tok.unk_id
+        if unk is None:
+            return set()
+        bad: dict[int, list[str]] = {}
+        for i, (ids, row) in enumerate(zip(encoded, rows)):
+            if unk in ids:
+                pieces = tok.unknown_text(str(row[2]))
+                if pieces:
+                    bad[i] = pieces
+        if not bad:
+            return set()
+        if on_bad == "fail":
+            first = min(bad)
+            pieces = bad[first]
+            shown = ", ".join(_show_piece(p) for p in pieces[:10]) + (f" and {len(pieces) - 10} more"
+                                                                       if len(pieces) > 10 else "")
+            more = f" ({len(bad) - 1} more line(s) like it)" if len(bad) > 1 else ""
+            raise UserError(f"{path}, line {rows[first][0]}: the transcript {_clip(str(rows[first][2]))!r} has text "
+                            f"outside the vocabulary of the {describe_tokenizer(tok)}: {shown}{more}; it would become "
+                            f"the unknown token {tok.special_tokens['unk']!r}. Fix the transcript, use a tokenizer "
+                            "whose vocabulary covers it, or set task.audio.on_bad: skip to leave such utterances out")
+        from pentad.log import info
+
+        info(f"{path}: skipped {len(bad)} utterance(s) whose transcript has text outside the vocabulary "
+             "(task.audio.on_bad: skip)")
+        return set(bad)
 
     def _batch(self, data: Utterances, indices, rng: np.random.Generator | None) -> Batch:
         index = [int(i) for i in np.asarray(indices)]

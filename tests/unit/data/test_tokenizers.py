@@ -576,3 +576,34 @@ def test_offsets_map_tokens_back_to_the_text(models: Path, uncased: WordPieceTok
     spm = load_tokenizer({"type": "sentencepiece", "model": str(models / "cluecorpussmall_spm.model")})
     with pytest.raises(UserError, match="does not give the character offsets"):
         spm.encode_with_offsets("北京")
+
+
+# --------------------------------------------------------------------------------------------
+# text outside the vocabulary: what encodes to the unknown id without being the unknown token
+
+
+def test_unknown_text_per_tokenizer_kind(tmp_path: Path):
+    import io
+
+    import sentencepiece as spm
+
+    vocab = _write(tmp_path / "vocab.txt", ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "o", "n", "e", "t", "w",
+                                            "one", "two", "##n", "##e", "##w", "##o"])
+    wordpiece = load_tokenizer({"type": "wordpiece", "vocab": str(vocab)})
+    # a character unknown by itself; a word whose characters are all known but cannot be split
+    assert wordpiece.unknown_text("one twø øne") == ["ø"]
+    assert wordpiece.unknown_text("one tent") == ["tent"]
+    assert wordpiece.unknown_text("one [UNK] two") == [] and wordpiece.unknown_text("one two") == []
+    split = load_tokenizer({"type": "wordpiece", "vocab": str(vocab), "special_tokens_in_text": "split"})
+    assert split.unknown_text("one [UNK]") == ["[", "U", "K", "]"]  # not the token when specials are not parsed
+    char = load_tokenizer({"type": "char", "vocab": str(vocab)})
+    assert char.unknown_text("one xo x[UNK]") == ["x"]
+    space = load_tokenizer({"type": "space", "vocab": str(vocab)})
+    assert space.unknown_text("one twø one none") == ["twø", "none"]  # words: its unit
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(["one two one two"] * 50), model_writer=buffer,
+                                   vocab_size=12, hard_vocab_limit=False, minloglevel=2)
+    (tmp_path / "m.model").write_bytes(buffer.getvalue())
+    sp = load_tokenizer({"type": "sentencepiece", "model": str(tmp_path / "m.model")})
+    assert sp.unknown_text("one twø") == ["ø"] and sp.unknown_text("two one") == []
+    assert sp.unk_id in sp.encode("<unk>") and "<" in sp.unknown_text("<unk>")  # no literal unk in SentencePiece
