@@ -45,53 +45,85 @@ import torch
 
 # Sizes of each shape: the pentad recipe with overrides, and the same numbers for Hugging Face.
 SHAPES: dict[str, dict[str, Any]] = {
-    "s2t-small": dict(recipe="s2t/small", hidden=256, encoder_layers=12, decoder_layers=6, heads=4, ffn=2048,
-                      conv_channels=1024, kernel=5, features=80, vocab=10000),
+    "s2t-small": dict(family="s2t", recipe="s2t/small", hidden=256, encoder_layers=12, decoder_layers=6, heads=4,
+                      ffn=2048, conv_channels=1024, features=80, vocab=10000, batch_size=8, chunk_seconds=None),
+    # Whisper reads every utterance as a 30 s chunk: a smaller training batch keeps the run short
+    "whisper-tiny": dict(family="whisper", recipe="whisper/tiny", hidden=384, encoder_layers=4, decoder_layers=4,
+                         heads=6, ffn=1536, conv_channels=384, features=80, vocab=51865, batch_size=2,
+                         chunk_seconds=30),
 }
 QUICK = dict(hidden=32, encoder_layers=1, decoder_layers=1, heads=2, ffn=64, conv_channels=64, vocab=64)
 START, PAD = 2, 1  # decoder start (HF S2T's eos = decoder start) and padding ids
+
+
+def available() -> list[str]:
+    """The shapes whose pentad recipe exists in this checkout."""
+    from pentad.config.loader import zoo_names
+
+    names = set(zoo_names())
+    return [shape for shape, spec in SHAPES.items() if spec["recipe"] in names]
 
 
 def sizes(shape: str, quick: bool) -> dict[str, Any]:
     spec = dict(SHAPES[shape])
     if quick:
         spec.update(QUICK)
+        if spec["family"] == "whisper":
+            spec.update(chunk_seconds=1, conv_channels=spec["hidden"])
     return spec
 
 
-def build(spec: dict[str, Any], dropout: float = 0.1):
-    """(pentad model, HF model) of the same shape, random weights."""
-    from transformers import Speech2TextConfig, Speech2TextForConditionalGeneration
+def build(spec: dict[str, Any], train: bool = True):
+    """(pentad model, HF model, label smoothing) of the same shape, random weights; dropout as the
+    recipe sets it when ``train``, none otherwise."""
+    import transformers
 
     from pentad.builder import build_model
     from pentad.config.loader import load_config
 
     h, c = spec["hidden"], spec["conv_channels"]
-    cfg = load_config(spec["recipe"], [
+    whisper = spec["family"] == "whisper"
+    overrides = [
         f"model.hidden_size={h}", f"model.vocab_size={spec['vocab']}",
         f"model.encoder.num_layers={spec['encoder_layers']}", f"model.decoder.num_layers={spec['decoder_layers']}",
         f"model.encoder.num_heads={spec['heads']}", f"model.decoder.num_heads={spec['heads']}",
         f"model.encoder.ffn_size={spec['ffn']}", f"model.decoder.ffn_size={spec['ffn']}",
-        f"model.embedding.parts.0.conv_channels=[{c},{2 * h}]",
-        f"model.embedding.parts.0.feature_size={spec['features']}",
-        f"task.audio.feature_size={spec['features']}", f"model.embedding.dropout={dropout}",
-        f"model.target_embedding.dropout={dropout}", f"model.encoder.dropout={dropout}",
-        f"model.decoder.dropout={dropout}"])
+        f"model.embedding.parts.0.conv_channels=[{c},{h if whisper else 2 * h}]",
+        f"model.embedding.parts.0.feature_size={spec['features']}", f"task.audio.feature_size={spec['features']}"]
+    if whisper:
+        positions = spec["chunk_seconds"] * 50  # 100 frames a second, halved by the stem
+        overrides += [f"model.embedding.parts.1.max_positions={positions}",
+                      f"task.audio.chunk_seconds={spec['chunk_seconds']}"]
+    cfg = load_config(spec["recipe"], overrides)
+    dropout = cfg.model.encoder.dropout if train else 0.0
+    if not train:
+        cfg = load_config(spec["recipe"], [*overrides, "model.embedding.dropout=0.0",
+                                           "model.target_embedding.dropout=0.0", "model.encoder.dropout=0.0",
+                                           "model.decoder.dropout=0.0"])
+    lm = [t for t in cfg.model.targets if t.type == "lm"][0]
     ours = build_model(cfg.model)
-    hf = Speech2TextForConditionalGeneration(Speech2TextConfig(
-        vocab_size=spec["vocab"], d_model=h, encoder_layers=spec["encoder_layers"],
-        decoder_layers=spec["decoder_layers"], encoder_attention_heads=spec["heads"],
-        decoder_attention_heads=spec["heads"], encoder_ffn_dim=spec["ffn"], decoder_ffn_dim=spec["ffn"],
-        activation_function="relu", num_conv_layers=2, conv_kernel_sizes=[spec["kernel"]] * 2, conv_channels=c,
-        input_feat_per_channel=spec["features"], input_channels=1, scale_embedding=True,
-        max_source_positions=6000, max_target_positions=1024, dropout=dropout, attention_dropout=dropout,
-        activation_dropout=0.0, pad_token_id=PAD, bos_token_id=0, eos_token_id=START,
-        decoder_start_token_id=START, attn_implementation="eager"))  # S2T has no SDPA path in HF
-    return ours, hf
+    common = dict(vocab_size=spec["vocab"], d_model=h, encoder_layers=spec["encoder_layers"],
+                  decoder_layers=spec["decoder_layers"], encoder_attention_heads=spec["heads"],
+                  decoder_attention_heads=spec["heads"], encoder_ffn_dim=spec["ffn"], decoder_ffn_dim=spec["ffn"],
+                  dropout=dropout, attention_dropout=dropout, activation_dropout=0.0, pad_token_id=PAD,
+                  bos_token_id=0, eos_token_id=START, decoder_start_token_id=START)
+    if whisper:
+        hf = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(
+            **common, num_mel_bins=spec["features"], max_source_positions=positions,
+            max_target_positions=cfg.model.max_seq_length, activation_function="gelu", scale_embedding=False,
+            attn_implementation="sdpa"))
+    else:
+        hf = transformers.Speech2TextForConditionalGeneration(transformers.Speech2TextConfig(
+            **common, activation_function="relu", num_conv_layers=2, conv_kernel_sizes=[5, 5], conv_channels=c,
+            input_feat_per_channel=spec["features"], input_channels=1, scale_embedding=True,
+            max_source_positions=6000, max_target_positions=1024,
+            attn_implementation="eager"))  # S2T has no SDPA path in HF
+    return ours, hf, lm.label_smoothing
 
 
 def count(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+    """Trainable parameters (HF Whisper's fixed encoder positions are a frozen parameter, pentad's a buffer)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def synchronize(device: torch.device) -> None:
@@ -115,22 +147,34 @@ def alternate(calls: dict[str, Callable[[], Any]], reps: int, device: torch.devi
 
 def batch_tensors(spec: dict[str, Any], args, device: torch.device, rows: int | None = None
                   ) -> dict[str, torch.Tensor]:
-    """Random features [B, T, F] (the last rows shorter, padded), their padding mask (True at
-    padding), decoder input (start + target) and next-token labels (-100 at padding)."""
+    """Random features [B, T, F], the seconds of audio of each row (every other row a quarter
+    shorter), the padding mask (True at padding; S2T, padded to the longest row) or None (Whisper: a
+    full chunk, no mask), decoder input (start + target) and next-token labels (-100 at padding)."""
     g = torch.Generator().manual_seed(0)
-    rows, frames = rows or args.batch_size, int(args.seconds * 100)
-    audio = torch.randn(rows, frames, spec["features"], generator=g)
+    rows = rows or args.batch_size or spec["batch_size"]
+    frames = int(args.seconds * 100)
     lengths = torch.tensor([frames - (frames // 4) * (i % 2) for i in range(rows)])
-    pad = torch.arange(frames)[None, :] >= lengths[:, None]
+    total = spec["chunk_seconds"] * 100 if spec["chunk_seconds"] else frames
+    audio = torch.randn(rows, total, spec["features"], generator=g)
+    pad = torch.arange(total)[None, :] >= lengths[:, None]
     audio[pad] = 0.0
     targets = torch.randint(4, spec["vocab"], (rows, args.target_tokens), generator=g)
     target_lengths = torch.tensor([args.target_tokens - (args.target_tokens // 4) * (i % 2) for i in range(rows)])
     target_pad = torch.arange(args.target_tokens)[None, :] >= target_lengths[:, None]
     decoder = torch.cat([torch.full((rows, 1), START), targets[:, :-1]], dim=1).masked_fill(target_pad, PAD)
     labels = targets.masked_fill(target_pad, -100)
-    out = {"audio": audio, "audio_padding_mask": pad, "decoder_tokens": decoder, "decoder_padding_mask": target_pad,
-           "labels": labels}
-    return {k: v.to(device) for k, v in out.items()}
+    out = {"audio": audio, "audio_padding_mask": None if spec["chunk_seconds"] else pad, "decoder_tokens": decoder,
+           "decoder_padding_mask": target_pad, "labels": labels, "seconds": lengths.double() / 100,
+           "hf_audio": audio.transpose(1, 2).contiguous() if spec["chunk_seconds"] else None}
+    return {k: None if v is None else v.to(device) for k, v in out.items()}
+
+
+def hf_audio(t: dict[str, torch.Tensor], rows: int | None = None) -> dict[str, torch.Tensor]:
+    """HF's keyword arguments for the features: S2T's [B, T, F] and a frame mask (1 = audio);
+    Whisper's [B, F, T] (a copy made once, outside the timings) and none."""
+    if t["audio_padding_mask"] is None:
+        return {"input_features": t["hf_audio"][:rows]}
+    return {"input_features": t["audio"][:rows], "attention_mask": (~t["audio_padding_mask"][:rows]).long()}
 
 
 def train_rows(spec: dict[str, Any], args, device: torch.device) -> dict[str, Any]:
@@ -139,11 +183,10 @@ def train_rows(spec: dict[str, Any], args, device: torch.device) -> dict[str, An
     from pentad.training.optim import build_optimizer
 
     torch.manual_seed(0)
-    ours, hf = build(spec)
+    ours, hf, smoothing = build(spec)  # the recipe's label smoothing, applied to HF's logits the same way
     ours.to(device).train()
     hf.to(device).train()
     t = batch_tensors(spec, args, device)
-    smoothing = 0.1  # the recipe's label smoothing, applied to HF's logits the same way
 
     def step(name: str, model: torch.nn.Module) -> Callable[[], None]:
         optimizer = build_optimizer(model, TrainConfig(lr=1e-4))
@@ -154,8 +197,7 @@ def train_rows(spec: dict[str, Any], args, device: torch.device) -> dict[str, An
                                    decoder_tokens=t["decoder_tokens"], decoder_padding_mask=t["decoder_padding_mask"],
                                    labels={"lm": t["labels"]}))["lm"].loss
             else:
-                logits = model(input_features=t["audio"], attention_mask=(~t["audio_padding_mask"]).long(),
-                               decoder_input_ids=t["decoder_tokens"],
+                logits = model(**hf_audio(t), decoder_input_ids=t["decoder_tokens"],
                                decoder_attention_mask=(~t["decoder_padding_mask"]).long()).logits
                 loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), t["labels"].flatten(),
                                                          ignore_index=-100, label_smoothing=smoothing)
@@ -169,8 +211,8 @@ def train_rows(spec: dict[str, Any], args, device: torch.device) -> dict[str, An
         call()  # warm-up
     seconds = alternate(calls, args.steps, device)
     tokens = int((t["labels"] != -100).sum())
-    audio_s = float((~t["audio_padding_mask"]).sum()) / 100
-    return {"parameters": {"pentad": count(ours), "hf": count(hf)}, "batch": args.batch_size,
+    audio_s = float(t["seconds"].sum())
+    return {"parameters": {"pentad": count(ours), "hf": count(hf)}, "batch": len(t["labels"]),
             "target_tokens": tokens, "audio_seconds": audio_s,
             "step_s": seconds, "tokens_per_s": {n: tokens / s for n, s in seconds.items()},
             "audio_s_per_s": {n: audio_s / s for n, s in seconds.items()},
@@ -179,33 +221,38 @@ def train_rows(spec: dict[str, Any], args, device: torch.device) -> dict[str, An
 
 def decode_rows(spec: dict[str, Any], args, device: torch.device) -> list[dict[str, Any]]:
     torch.manual_seed(0)
-    ours, hf = build(spec, dropout=0.0)
+    ours, hf, _ = build(spec, train=False)
     ours.to(device).eval()
     hf.to(device).eval()
     # no stop token anywhere: both libraries decode exactly `new` tokens per row
     hf.generation_config.eos_token_id = None
     hf.generation_config.forced_eos_token_id = None
     t = batch_tensors(spec, args, device, max(args.decode_batch_sizes))
-    return [decode(ours, hf, t["audio"][:rows], t["audio_padding_mask"][:rows], args, device)
-            for rows in args.decode_batch_sizes]
+    return [decode(ours, hf, t, rows, args, device) for rows in args.decode_batch_sizes]
 
 
-def decode(ours, hf, audio: torch.Tensor, pad: torch.Tensor, args, device: torch.device) -> dict[str, Any]:
-    """Greedy decoding of one batch of features [B, T, F] (``pad``: True at padding frames)."""
+def decode(ours, hf, t: dict[str, torch.Tensor], rows: int, args, device: torch.device) -> dict[str, Any]:
+    """Greedy decoding of the first ``rows`` utterances of ``t``."""
+    import transformers
+
     from pentad.components.base import Batch
     from pentad.generation.search import generate
 
-    rows, new = audio.shape[0], args.new_tokens
+    new = args.new_tokens
+    audio = t["audio"][:rows]
+    pad = None if t["audio_padding_mask"] is None else t["audio_padding_mask"][:rows]
 
     def pentad_call() -> torch.Tensor:
         return generate(ours, Batch(audio=audio, audio_padding_mask=pad), max_new_tokens=new, stop_token_ids=[],
                         pad_token_id=PAD, decoder_start_token_id=START).tokens
 
     def hf_call() -> torch.Tensor:
+        # GenerationMixin's generate: plain greedy search (Whisper's own generate adds language and
+        # task detection and long-form logic, which pentad's generator does not do)
         with torch.inference_mode():
-            out = hf.generate(input_features=audio, attention_mask=(~pad).long(), max_new_tokens=new,
-                              min_new_tokens=new, do_sample=False, num_beams=1, decoder_start_token_id=START,
-                              pad_token_id=PAD)
+            out = transformers.GenerationMixin.generate(
+                hf, **hf_audio(t, rows), max_new_tokens=new, min_new_tokens=new, do_sample=False, num_beams=1,
+                decoder_start_token_id=START, pad_token_id=PAD)
         return out[:, 1:]
 
     calls = {"pentad": pentad_call, "hf": hf_call}
@@ -213,7 +260,7 @@ def decode(ours, hf, audio: torch.Tensor, pad: torch.Tensor, args, device: torch
     if lengths["pentad"] != lengths["hf"] or lengths["pentad"][1] != new:
         raise RuntimeError(f"decoded shapes differ: {lengths}, expected ({rows}, {new})")
     seconds = alternate(calls, args.decode_reps, device)
-    audio_s = float((~pad).sum()) / 100
+    audio_s = float(t["seconds"][:rows].sum())
     return {"batch": rows, "new_tokens": new, "audio_seconds": audio_s, "decode_s": seconds,
             "rtf": {n: s / audio_s for n, s in seconds.items()},
             "tokens_per_s": {n: rows * new / s for n, s in seconds.items()},
@@ -222,7 +269,7 @@ def decode(ours, hf, audio: torch.Tensor, pad: torch.Tensor, args, device: torch
 
 def feature_rows(spec: dict[str, Any], args) -> dict[str, Any]:
     import soundfile
-    from transformers import Speech2TextFeatureExtractor
+    import transformers
 
     from pentad.data.audio import AudioConfig, load_features
 
@@ -238,14 +285,22 @@ def feature_rows(spec: dict[str, Any], args) -> dict[str, Any]:
             waves.append(wave.astype(np.float32))
             paths.append(root / f"{i}.wav")
             soundfile.write(paths[-1], waves[-1], rate, subtype="PCM_16")
-        cfg = AudioConfig(sample_rate=rate, feature_size=spec["features"], max_frames=100_000)
-        extractor = Speech2TextFeatureExtractor(feature_size=spec["features"], num_mel_bins=spec["features"])
+        if spec["family"] == "whisper":
+            cfg = AudioConfig(sample_rate=rate, feature_size=spec["features"], features="whisper", cmvn=False,
+                              chunk_seconds=spec["chunk_seconds"])
+            extractor = transformers.WhisperFeatureExtractor(feature_size=spec["features"],
+                                                             chunk_length=spec["chunk_seconds"])
+        else:
+            cfg = AudioConfig(sample_rate=rate, feature_size=spec["features"], max_frames=100_000)
+            extractor = transformers.Speech2TextFeatureExtractor(feature_size=spec["features"],
+                                                                 num_mel_bins=spec["features"])
 
         def ours() -> None:
             load_features(paths, list(range(2, len(paths) + 2)), root / "bench.tsv", cfg)
 
         def hf() -> None:
-            # the same files read as samples first, then HF's extractor one utterance at a time (CMVN on)
+            # the same files read as samples first, then HF's extractor one utterance at a time (S2T:
+            # with CMVN; Whisper: padded to the chunk)
             for path in paths:
                 samples, _ = soundfile.read(str(path), dtype="float32")
                 extractor(samples, sampling_rate=rate, return_tensors="np")
@@ -331,13 +386,16 @@ def table(report: dict[str, Any]) -> str:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", default="s2t-small",
-                        help=f"comma-separated shapes to run; available: {', '.join(SHAPES)}")
+    shapes = available()
+    parser.add_argument("--shapes", default=",".join(shapes),
+                        help=f"comma-separated shapes to run (default: all); available in this checkout: "
+                        f"{', '.join(shapes)} (a shape runs once its pentad recipe exists: {', '.join(SHAPES)})")
     parser.add_argument("--quick", action="store_true", help="shrunk widths and few steps: a smoke test of seconds")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cpu-only", action="store_true", help="skip the GPU even when one is available")
-    parser.add_argument("--batch-size", type=int, default=8, help="utterances per training step")
+    parser.add_argument("--batch-size", type=int, default=None, help="utterances per training step; default: "
+                        + ", ".join(f"{k} {v['batch_size']}" for k, v in SHAPES.items()))
     parser.add_argument("--seconds", type=float, default=6.0, help="seconds of audio per utterance")
     parser.add_argument("--target-tokens", type=int, default=48, help="transcript tokens per utterance (training)")
     parser.add_argument("--steps", type=int, default=7, help="timed training steps per library (median)")
@@ -348,9 +406,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--feature-reps", type=int, default=3)
     args = parser.parse_args(argv)
     args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
-    unknown = [s for s in args.shapes if s not in SHAPES]
+    unknown = [s for s in args.shapes if s not in shapes]
     if unknown:
-        parser.error(f"unknown shape(s) {', '.join(unknown)}; available: {', '.join(SHAPES)}")
+        parser.error(f"unknown shape(s) {', '.join(unknown)}; available in this checkout: {', '.join(shapes)}")
     if args.quick:
         for key, value in dict(batch_size=2, seconds=1.0, target_tokens=6, steps=1, decode_batch_sizes="2",
                                new_tokens=4, decode_reps=1, utterances=2, feature_reps=1).items():
