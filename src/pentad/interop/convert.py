@@ -39,6 +39,7 @@ from torch import Tensor
 
 from pentad.builder import build_model
 from pentad.components.base import Batch
+from pentad.components.embeddings.speech import subsampled_lengths
 from pentad.config.loader import problems_from_validation, validate_raw
 from pentad.config.model import model_config_class
 from pentad.data.tokenizers import load_tokenizer
@@ -175,8 +176,8 @@ def convert(direction: str, in_dir: str | Path, out_dir: str | Path, family: str
     """Convert the model in ``in_dir`` into ``out_dir`` (created; must not hold files yet).
 
     family: HF family (``bert``, ``roberta``, ``xlm-roberta``, ``gpt2``, ``albert``, ``t5``, ``bart``,
-    ``pegasus``, ``llama``, ``mixtral``, ``bloom``, ``vit``, ``clip``); by default the one ``config.json`` names
-    (import) or the one recorded / guessed from the pentad config (export).
+    ``pegasus``, ``llama``, ``mixtral``, ``bloom``, ``vit``, ``clip``, ``speech_to_text``); by default the one
+    ``config.json`` names (import) or the one recorded / guessed from the pentad config (export).
     allow_norm_change: ``pentad-to-hf`` of a model with TencentPretrain's LayerNorm
     (``layernorm_unbiased``), which Hugging Face has no equivalent of, is refused with the measured
     difference of the outputs; with this set it writes torch's LayerNorm in its place and notes
@@ -335,7 +336,8 @@ def _hf_to_pentad(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
     report = ConversionReport("hf-to-pentad", in_dir, out_dir, family.name, plan.architecture, notes,
                               tolerance=tolerance)
     if verify:
-        report.scope = _hf_scope(plan.architecture, images=not family.needs_tokenizer, texts=family.name == "clip")
+        report.scope = _hf_scope(plan.architecture, images=not family.needs_tokenizer, texts=family.name == "clip",
+                                 audio=family.name == "speech_to_text")
         report.verification = verify_hf(in_dir, plan.architecture, family, config, cfg.model, tensors,
                                         set(plan.synthesized), sentence)
     return report
@@ -487,7 +489,8 @@ def _pentad_to_hf(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
     report = ConversionReport("pentad-to-hf", in_dir, out_dir, family.name, plan.architecture, notes,
                               tolerance=tolerance)
     if verify:
-        report.scope = _hf_scope(plan.architecture, images=not family.needs_tokenizer, texts=family.name == "clip")
+        report.scope = _hf_scope(plan.architecture, images=not family.needs_tokenizer, texts=family.name == "clip",
+                                 audio=family.name == "speech_to_text")
         report.verification = verify_hf(out_dir, plan.architecture, family, plan.config, cfg.model, tensors,
                                         set(plan.omit), sentence)
     return report
@@ -689,6 +692,7 @@ def _finite_forward(model_cfg: Any, tensors: dict[str, Tensor]) -> Check:
             stacks += " and decoder"
     bad = int((~torch.isfinite(hidden)).sum())
     rows = (f"{batch.pixels.shape[0]} images" if batch.pixels is not None
+            else f"{batch.audio.shape[0]} utterances, two padded" if batch.audio is not None
             else f"{batch.tokens.shape[0]} rows, two padded")
     return Check(name, exact=True, detail=f"{stacks} on a seeded batch of {rows}",
                  problem=f"{bad} non-finite values in the last hidden state" if bad else "")
@@ -750,8 +754,9 @@ def _sample_batch(model_cfg: Any, pad: int, seq: int = 12, batch: int = 3,
     """A seeded batch with two right-padded rows and segments A/B where the model has two segments;
     an encoder-decoder model also gets decoder tokens, two of three rows right-padded; an image
     model (a ``patch`` part) gets seeded pixels instead, a speech model (a ``speech`` part) seeded
-    features: rows of three lengths with their padding mask, or, where the family always reads the
-    same number of frames (Whisper), as many as its positions take and no mask.
+    features: rows of three lengths with their padding mask, padded with zero frames as feature extractors
+    pad (Speech2Text's convolutions read the padding, pentad's read zeros), or, where the family always
+    reads the same number of frames (Whisper), as many as its positions take and no mask.
 
     Returns (pentad Batch, HF keyword inputs without the model-specific ones)."""
     parts = {p.type: p for p in model_cfg.embedding.parts}
@@ -773,6 +778,8 @@ def _sample_batch(model_cfg: Any, pad: int, seq: int = 12, batch: int = 3,
         audio = torch.randn(batch, frames, speech.feature_size, generator=g)
         lengths = [frames, frames - 3 * shrink + 1, frames // 2][:batch]
         padding = None if fixed else torch.arange(frames)[None, :] >= torch.tensor(lengths)[:, None]
+        if padding is not None:
+            audio[padding] = 0.0
         out = Batch(audio=audio, audio_padding_mask=padding)
         hf_inputs = (family or hfio.HFFamily()).speech_inputs(audio, padding)
         _add_decoder_tokens(out, hf_inputs, model_cfg, pad, batch, g)
@@ -823,6 +830,18 @@ def _add_decoder_tokens(out: Batch, hf_inputs: dict[str, Tensor], model_cfg: Any
     hf_inputs["decoder_attention_mask"] = (~decoder_padding).long()
 
 
+def speech_padding_mask(model_cfg: Any, batch: Batch) -> Tensor | None:
+    """[B, T'] True at the padding positions of a speech model's encoder (its ``speech`` part's
+    subsampled frame counts); None for a batch without a frame padding mask."""
+    frames = batch.audio_padding_mask
+    if frames is None:
+        return None
+    speech = next(p for p in model_cfg.embedding.parts if p.type == "speech")
+    lengths = subsampled_lengths((~frames).sum(dim=1), speech.kernel_sizes, speech.strides)
+    total = int(subsampled_lengths(torch.tensor(frames.shape[1]), speech.kernel_sizes, speech.strides))
+    return torch.arange(total)[None, :] >= lengths[:, None]
+
+
 def _compare(name: str, ours: Tensor, reference: Tensor, keep: Tensor | None = None) -> Check:
     """A numeric :class:`Check` of ``ours`` against ``reference`` at the positions ``keep`` selects."""
     if tuple(ours.shape) != tuple(reference.shape):
@@ -845,8 +864,10 @@ def _capture(stack_input: Any, layers: Any, captured: list[Tensor]) -> list[Any]
     return hooks
 
 
-def _hf_scope(architecture: str, images: bool = False, texts: bool = False) -> str:
+def _hf_scope(architecture: str, images: bool = False, texts: bool = False, audio: bool = False) -> str:
     batch = "one seeded batch of images" if images else "one seeded batch with padded rows"
+    if audio:
+        batch = "one seeded batch of feature frames with rows padded by zero frames (and padded decoder rows)"
     if texts:  # CLIP: texts and images
         batch = "one seeded batch of images and of texts ending with the end-of-text token, two padded after it"
     return (f"transformers' {architecture} and the pentad model run in fp32 on {batch}; "
@@ -879,8 +900,10 @@ def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config:
     if not family.token_types:
         inputs.pop("token_type_ids", None)
     encoder_decoder = ours.decoder is not None
-    stacks = [("encoder", ours.embedding, ours.encoder,
-               ~batch.padding_mask if batch.padding_mask is not None else None)]
+    keep = ~batch.padding_mask if batch.padding_mask is not None else None
+    if batch.audio_padding_mask is not None:  # real positions after the speech part's subsampling
+        keep = ~speech_padding_mask(model_cfg, batch)
+    stacks = [("encoder", ours.embedding, ours.encoder, keep)]
     if encoder_decoder:
         stacks.append(("decoder", ours.target_embedding, ours.decoder, ~batch.decoder_padding_mask))
     captured: dict[str, list[Tensor]] = {name: [] for name, *_ in stacks}

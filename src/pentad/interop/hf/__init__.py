@@ -7,8 +7,8 @@ WordPiece, ``vocab.json`` + ``merges.txt`` for byte-level BPE, ``tokenizer_confi
 
 One module per family (:mod:`.bert`, :mod:`.roberta`, :mod:`.gpt2`, :mod:`.albert`, :mod:`.t5`,
 :mod:`.bart`, :mod:`.pegasus`, :mod:`.llama`, :mod:`.mixtral`, :mod:`.bloom`, :mod:`.switch`,
-:mod:`.vit`, :mod:`.clip`, :mod:`.whisper`) holds its key map (data, see :mod:`pentad.interop.keymap`)
-and translates ``config.json`` <-> pentad's model config both ways.
+:mod:`.vit`, :mod:`.clip`, :mod:`.whisper`, :mod:`.speech2text`) holds its key map (data, see
+:mod:`pentad.interop.keymap`) and translates ``config.json`` <-> pentad's model config both ways.
 Reading and writing HF files needs no ``transformers`` install; only ``--verify`` runs it.
 SentencePiece tokenizers (``spiece.model``, ``tokenizer.model``, XLM-R's ``sentencepiece.bpe.model``)
 are rewritten so that the model's own ids are the ones the HF tokenizer gives (:mod:`pentad.interop.spm`).
@@ -223,6 +223,8 @@ def guess_layout(keys: set[str] | dict[str, Any]) -> str | None:
         return "llama"
     if any(k.endswith("encoder.conv1.weight") for k in keys):
         return "whisper"
+    if any("encoder.conv.conv_layers." in k for k in keys):
+        return "speech_to_text"
     if any("encoder_attn.q_proj" in k for k in keys):
         return "bart" if any("layernorm_embedding" in k for k in keys) else "pegasus"
     if any(k.startswith("roberta.") or k.startswith("lm_head.dense.") for k in keys):

@@ -19,6 +19,7 @@ from pentad.interop.hf import (
     mixtral,
     pegasus,
     roberta,
+    speech2text,
     switch,
     t5,
     vit,
@@ -31,7 +32,7 @@ def families() -> dict[str, HFFamily]:
     table: dict[str, HFFamily] = {}
     for family in (bert.FAMILY, roberta.FAMILY, gpt2.FAMILY, albert.FAMILY, t5.FAMILY, bart.FAMILY, pegasus.FAMILY,
                    llama.FAMILY, mixtral.FAMILY, bloom.FAMILY, switch.FAMILY, vit.FAMILY,
-                   clip.FAMILY, whisper.FAMILY):
+                   clip.FAMILY, whisper.FAMILY, speech2text.FAMILY):
         for model_type in family.model_types:
             table[model_type] = family
     return table
