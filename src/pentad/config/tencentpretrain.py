@@ -653,14 +653,16 @@ class _Importer:
                 # TencentPretrain's table has a padding row 0 besides segments A and B.
                 parts.append({"type": "seg", "num_segments": 3})
             elif kind == "sinusoidal":
+                speech = "speech" in _as_list(self.flat.get("embedding", []))
+                layout = "sin and cos halves" if speech else "interleaved"
                 notice = ("sinusoidalpos: imported with TencentPretrain's table layout (angle p / 10000^(i/(E/2-1)), "
-                          "interleaved, read from position 2); TencentPretrain also zeroes the table row whose index "
+                          f"{layout}, read from position 2); TencentPretrain also zeroes the table row whose index "
                           "equals the [PAD] id (it mixes a vocabulary id with a position), which pentad does not "
                           "reproduce, so activations at that one position differ")
                 if notice not in self.notices:
                     self.notices.append(notice)
                 sinusoidal = {"type": "sinusoidal", "interleave": True, "spacing": "tensor2tensor", "offset": 2}
-                if "speech" in _as_list(self.flat.get("embedding", [])):
+                if speech:
                     # TencentPretrain: with a speech embedding (on either side), sin and cos halves, not
                     # interleaved, over max(max_seq_length, max_audio_frames) positions
                     sinusoidal["interleave"] = False

@@ -19,6 +19,8 @@ TencentPretrain                                                 pentad
 ``embedding.layer_norm.gamma`` / ``beta``                       ``embedding.norm.weight`` / ``bias``
 ``embedding.patch.projection.weight`` / ``cls_emb`` [1, 1, E]   ``embedding.patch.proj.weight`` / ``cls`` [E]
 (ViT: no projection bias, no word table)
+``embedding.speech.conv.conv_layers.<i>.0.weight`` / ``bias``     ``embedding.speech.convs.<i>.weight`` / ``bias``
+(S2T: the subsampler's convolutions; no word table)
 ``tgt_embedding.*`` (the same names)                            ``target_embedding.*``
 ``encoder.linear`` (``factorized_embedding_parameterization``)  ``embedding.project``
 ``E.self_attn.linear_layers.0..2``                              ``encoder.layers.N.attention.qkv`` (q; k; v)
@@ -111,6 +113,11 @@ EMBEDDING_PARTS: dict[str, list[RuleSpec]] = {
               ("{slot}.patch.cls", "{tslot}.patch.cls_emb", "leading_ones:2")],
 }
 PATCH_MARKER = "embedding.patch.projection.weight"
+# S2T's subsampler (SpeechEmbedding's Conv1dModule): each convolution is the first module of a
+# Sequential (followed by a GELU where there is no GLU).
+SPEECH_CONV: list[RuleSpec] = [("{slot}.speech.convs.{conv}.{wb}", "{tslot}.speech.conv.conv_layers.{conv}.0.{wb}")]
+SPEECH_MARKER = "embedding.speech.conv.conv_layers.0.0.weight"
+TARGET_WORDS = "tgt_embedding.word.embedding.weight"
 # The segment table: pentad keeps TencentPretrain's three rows in the order (A, B, pad), or two
 # rows (A, B) with the padding row kept aside.
 SEGMENTS = {3: [("{slot}.seg.weight", "{tslot}.seg.embedding.weight", "rotate_rows:1")],
@@ -251,13 +258,37 @@ def _embedding_specs(slot: Any, pentad: str, tp: str, shared_words: bool, proble
                                                        if part.bias else "no CLS vector")
                             + "; TencentPretrain's PatchEmbedding has a bias-free projection and a CLS vector (its "
                             "Hugging Face converter drops the bias, which changes the model)")
+        elif part.type == "speech":
+            problems += _speech_problems(part, pentad)
         elif part.type in EMBEDDING_PARTS:
             specs += EMBEDDING_PARTS[part.type]
         else:
             problems.append(f"{pentad} part '{part.type}' has no TencentPretrain key map")
     if slot.norm:
         specs += _norm("{slot}.norm", "{tslot}.layer_norm", "layernorm")
-    return expand(_substitute(specs, slot=pentad, tslot=tp))
+    out = expand(_substitute(specs, slot=pentad, tslot=tp))
+    for part in slot.parts:
+        if part.type == "speech":
+            out += expand(_substitute(SPEECH_CONV, slot=pentad, tslot=tp), conv=range(len(part.kernel_sizes)), wb=WB)
+    return out
+
+
+def _speech_problems(part: Any, path: str) -> list[str]:
+    """What TencentPretrain's speech subsampler cannot hold of a pentad ``speech`` part: it strides
+    every convolution by 2 and feeds each one after the first ``conv_channels[0] / 2`` channels."""
+    problems = []
+    strides = getattr(part, "strides", None)
+    if strides is not None and any(s != 2 for s in strides):
+        problems.append(f"{path}.speech strides {list(strides)}: TencentPretrain's subsampler strides every "
+                        "convolution by 2")
+    shrink = 2 if part.activation == "glu" else 1
+    inputs = [c // shrink for c in part.conv_channels[:-1]]
+    if any(i != part.conv_channels[0] // 2 for i in inputs):
+        problems.append(f"{path}.speech conv_channels {list(part.conv_channels)} with {part.activation}: "
+                        f"TencentPretrain's subsampler feeds every convolution after the first "
+                        f"conv_channels[0] / 2 = {part.conv_channels[0] // 2} channels, pentad's gives "
+                        f"{inputs}")
+    return problems
 
 
 def rules(model: Any, layout: Layout | bool | None = None) -> list[Rule]:
@@ -585,6 +616,11 @@ def plan(raw: dict[str, Any], state: dict[str, Tensor], label: str, tags: bool =
                         "model from Hugging Face instead (pentad convert hf-to-pentad), or fine-tune pentad's "
                         "sbert recipe from a one-stream BERT checkpoint (docs/dual.md).")
     image = word is None and PATCH_MARKER in state  # a ViT: no vocabulary
+    if word is None and SPEECH_MARKER in state:  # S2T: the vocabulary is the decoder's
+        word = state.get(TARGET_WORDS)
+        if word is None:
+            raise UserError(f"{label}: a speech encoder ({SPEECH_MARKER}) without {TARGET_WORDS}: TencentPretrain's "
+                            "S2T checkpoints hold the decoder's word table.")
     if word is None and not image:
         raise UserError(f"{label}: no embedding.word.embedding.weight tensor, so this is not a TencentPretrain "
                         f"checkpoint with a word embedding (found e.g. {', '.join(sorted(state)[:4]) or 'nothing'}).")
@@ -647,7 +683,8 @@ _ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_fast", "relu": "relu", "silu"
 _MASKS = {"bidirectional": "fully_visible", "causal": "causal", "prefix": "causal_with_prefix"}
 # TencentPretrain has no option for torch's LayerNorm: "layernorm" exports as "normal", with a note.
 _NORMS = {"layernorm_unbiased": "normal", "layernorm": "normal", "t5": "t5", "rmsnorm": "rms"}
-_EMBEDDINGS = {"word": "word", "pos": "pos", "seg": "seg", "sinusoidal": "sinusoidalpos", "patch": "patch"}
+_EMBEDDINGS = {"word": "word", "pos": "pos", "seg": "seg", "sinusoidal": "sinusoidalpos", "patch": "patch",
+               "speech": "speech"}
 _TARGETS = {"mlm": "mlm", "sp": "sp", "sop": "sp", "lm": "lm", "bilm": "bilm", "cls": "cls"}
 TP_EPS = 1e-6
 
@@ -702,6 +739,8 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
             problems.append(f"embedding parts {parts}: TencentPretrain's ViT embedding is patch then pos")
         config.update({"image_height": patch.image_size[0], "image_width": patch.image_size[1],
                        "patch_size": patch.patch_size, "channels_num": patch.channels, "data_processor": "vit"})
+    if "speech" in positions:
+        problems += _speech_config(model, config, parts, positions["speech"])
     if enc.num_kv_heads not in (None, enc.num_heads):
         config["local_kv_heads_num"] = enc.num_kv_heads
     if enc.head_size not in (None, hidden // enc.num_heads):
@@ -775,6 +814,31 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
     if problems:
         raise UserError(f"cannot export {label} to TencentPretrain: " + "; ".join(problems) + ".")
     return config, notes
+
+
+def _speech_config(model: Any, config: dict[str, Any], parts: list[str], speech: Any) -> list[str]:
+    """TencentPretrain's S2T options of a pentad model with a ``speech`` part (written into
+    ``config``); what it cannot express, as problems."""
+    problems = _speech_problems(speech, "model.embedding")
+    if parts not in (["speech", "sinusoidal"], ["speech"]):
+        problems.append(f"embedding parts {parts}: TencentPretrain's S2T embedding is speech then sinusoidalpos")
+    if speech.activation != "glu":
+        problems.append("a speech part with a GELU: TencentPretrain uses one exactly when data_processor is not s2t, "
+                        "and then does not import it as a speech-to-text model")
+    if bool(speech.scale) != ("sinusoidal" in parts):
+        problems.append(f"speech.scale {speech.scale}: TencentPretrain scales the subsampler's output by "
+                        "sqrt(emb_size) exactly when sinusoidal positions are added")
+    if model.decoder is None:
+        problems.append("a speech encoder without a decoder: TencentPretrain's S2T is an encoder-decoder")
+    config.update({"data_processor": "s2t", "audio_feature_size": speech.feature_size,
+                   "conv_channels": list(speech.conv_channels), "conv_kernel_sizes": list(speech.kernel_sizes)})
+    table = next((p for p in model.embedding.parts if p.type == "sinusoidal"), None)
+    if table is not None and table.max_positions:
+        # The import sizes the table max(max_seq_length, max_audio_frames) + 2 rows.
+        frames = int(table.max_positions) - 2
+        if frames > int(config.get("max_seq_length", 0)):
+            config["max_audio_frames"] = frames
+    return problems
 
 
 def _norm_kinds(model: Any, problems: list[str], notes: list[str]) -> None:
