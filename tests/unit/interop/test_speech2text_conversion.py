@@ -214,3 +214,51 @@ def test_models_speech2text_cannot_express_are_refused(tmp_path, change, message
     with pytest.raises(UserError, match=f"cannot export .* as speech_to_text: .*{message}"):
         convert("pentad-to-hf", tmp_path / "run", tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+def write_tokenizer(directory, swap: bool = False):
+    """fairseq S2T's tokenizer files: a SentencePiece model trained with the dictionary's special ids
+    and the vocab.json that numbers its pieces (two pieces swapped with ``swap``)."""
+    from tests.unit.interop.test_families import tiny_model
+
+    data = tiny_model(bos_id=0, pad_id=1, eos_id=2, unk_id=3)
+    (directory / "sentencepiece.bpe.model").write_bytes(data)
+    import sentencepiece
+
+    model = sentencepiece.SentencePieceProcessor(model_proto=data)
+    vocab = {model.id_to_piece(i): i for i in range(model.get_piece_size())}
+    if swap:
+        a, b = model.id_to_piece(10), model.id_to_piece(11)
+        vocab[a], vocab[b] = vocab[b], vocab[a]
+    (directory / "vocab.json").write_text(json.dumps(vocab))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "Speech2TextTokenizer", "do_upper_case": True, "model_max_length": 16}))
+
+
+def test_tokenizer_converts_both_ways(tmp_path):
+    save_hf(tmp_path / "hf", s2t_config())
+    write_tokenizer(tmp_path / "hf")
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert type(reference).__name__ == "Speech2TextTokenizer"
+    report = convert("hf-to-pentad", tmp_path / "hf", tmp_path / "pentad")
+    assert any(note.startswith("do_upper_case") for note in report.notes)
+    _, tokenizer = load_run(tmp_path / "pentad")
+    text = "the quick brown fox jumps over a lazy dog, zebra"  # "z" is no piece: unk
+    expected = reference(text)["input_ids"]
+    assert reference.unk_token_id in expected and expected[-1] == reference.eos_token_id
+    assert tokenizer.encode(text) == expected[:-1]  # HF appends the end token; the asr task does too
+    assert (tokenizer.bos_id, tokenizer.pad_id, tokenizer.eos_id, tokenizer.unk_id) == (0, 1, 2, 3)
+    convert("pentad-to-hf", tmp_path / "pentad", tmp_path / "back")
+    again = transformers.AutoTokenizer.from_pretrained(tmp_path / "back")
+    assert type(again).__name__ == "Speech2TextTokenizer" and again(text)["input_ids"] == expected
+    assert json.loads((tmp_path / "back" / "vocab.json").read_text()) == \
+        json.loads((tmp_path / "hf" / "vocab.json").read_text())
+
+
+def test_tokenizer_whose_vocab_renumbers_pieces_is_refused(tmp_path):
+    save_hf(tmp_path / "hf", s2t_config())
+    write_tokenizer(tmp_path / "hf", swap=True)
+    with pytest.raises(UserError, match=r"vocab.json numbers the pieces of sentencepiece.bpe.model differently .*2 "
+                                        r"differ"):
+        convert("hf-to-pentad", tmp_path / "hf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

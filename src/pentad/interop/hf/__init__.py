@@ -141,6 +141,19 @@ class HFFamily:
         """(tokenizer kind, SentencePiece layout) of a model type (XLM-R differs from RoBERTa)."""
         return self.tokenizer_kind, self.spm_layout
 
+    def spm_import(self, pieces: list[str], in_dir: Path, tok_cfg: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """Family checks of an imported SentencePiece model's ``pieces`` (by id) against the directory's
+        other tokenizer files: (pentad tokenizer options to set, notes). A UserError where the HF
+        tokenizer would give other ids."""
+        return {}, []
+
+    def spm_export(self, pieces: list[str], out_dir: Path, saved: dict[str, Any],
+                   tok_cfg: dict[str, Any]) -> tuple[set[str], list[str]]:
+        """Family files written beside an exported SentencePiece model (``saved``: the pentad
+        tokenizer's saved options; ``tok_cfg``: tokenizer_config.json to complete): (pentad options
+        the family expressed, notes)."""
+        return set(), []
+
 
 def merge_config(base: dict[str, Any] | None, owned: tuple[str, ...], values: dict[str, Any]) -> dict[str, Any]:
     """config.json: ``architectures`` and ``model_type`` first, then the keys of the config the model
@@ -446,10 +459,12 @@ def _import_sentencepiece(in_dir: Path, tok_dir: Path, family: HFFamily, layout:
         data = spm.to_pegasus(data, str(path), offset)
         notes.append(f"{path.name}: <mask_1>, <mask_2> and <unk_2>..<unk_{offset - 1}> inserted after </s>, so that "
                      f"every other piece has the id PegasusTokenizer gives it (its own + {offset})")
-    (tok_dir / path.name).write_bytes(data)
     model = spm.SentencePieceModel.parse(data, path)
     vocab = {piece.text: i for i, piece in enumerate(model.pieces)}
-    cfg: dict[str, Any] = {"type": "sentencepiece", "model": path.name}
+    options, family_notes = family.spm_import([piece.text for piece in model.pieces], in_dir, tok_cfg)
+    notes += family_notes
+    (tok_dir / path.name).write_bytes(data)
+    cfg: dict[str, Any] = {"type": "sentencepiece", "model": path.name, **options}
     special = _special_tokens(in_dir, tok_cfg, family.default_special_tokens, vocab)
     if special:
         cfg["special_tokens"] = special
@@ -478,13 +493,14 @@ def _export_sentencepiece(tokenizer: Any, out_dir: Path, family: HFFamily, layou
         data, offset = spm.from_pegasus(data, saved["model"])
         tok_cfg.update(offset=offset, mask_token_sent="<mask_1>")
     (out_dir / family.spm_files[0]).write_bytes(data)
-    notes: list[str] = []
+    pieces = [piece.text for piece in spm.SentencePieceModel.parse(data, family.spm_files[0]).pieces]
+    handled, notes = family.spm_export(pieces, out_dir, saved, tok_cfg)
     if family.spm_text_normalisation:
         tok_cfg.update(do_lower_case=bool(saved.get("lowercase")), keep_accents=not saved.get("strip_accents"))
         if not saved.get("replace_quotes"):
             notes.append(f"{family.tokenizer_class} always reads `` and '' as \"; the run's tokenizer does not")
     else:
-        changed = [k for k in ("lowercase", "strip_accents", "replace_quotes") if saved.get(k)]
+        changed = [k for k in ("lowercase", "strip_accents", "replace_quotes") if saved.get(k) and k not in handled]
         if changed:
             notes.append(f"the tokenizer's {', '.join(changed)} option(s) have no {family.tokenizer_class} equivalent: "
                          "normalise inputs the same way yourself with the exported tokenizer")

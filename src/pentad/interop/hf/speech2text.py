@@ -29,8 +29,15 @@ decoder's word table (``tie_word_embeddings: false`` gives it a table of its own
 * ``scale_embedding`` multiplies both the subsampler's output and the decoder's word embedding by
   sqrt(d_model) (pentad ``speech.scale`` and ``word.scale``: one value for both).
 
-The tokenizer (``Speech2TextTokenizer``: ``sentencepiece.bpe.model`` with ``vocab.json``) is not
-converted. ``activation_dropout`` and the layer-drop rates have no pentad counterpart; they only
+The tokenizer (``Speech2TextTokenizer``) is a SentencePiece model (``sentencepiece.bpe.model``) whose
+pieces ``vocab.json`` numbers. fairseq's S2T recipes train the model with the dictionary's ids
+(``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3), so the two agree and pentad's ``sentencepiece``
+tokenizer gives the same ids; a checkpoint where they differ is refused, naming the first pieces
+that differ. ``do_lower_case`` does not lower-case text in transformers 5 (it did in 4.x), so the
+tokenizer keeps case; ``do_upper_case`` (upper-case decoded text) and multilingual ``lang_codes`` (a
+language token before each transcript) have no pentad counterpart; each is noted. The export writes
+``vocab.json`` from the model's pieces.
+``activation_dropout`` and the layer-drop rates have no pentad counterpart; they only
 matter in training.
 """
 
@@ -50,6 +57,7 @@ from pentad.interop.hf import (
     merge_config,
     read_json,
     stack_problems,
+    write_json,
 )
 from pentad.interop.hf.bart import CROSS_ATTENTION, FINAL_NORMS, LAYER_NORM_EPS, SELF_ATTENTION
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
@@ -79,6 +87,7 @@ OWNED = ("architectures", "model_type", "vocab_size", "encoder_layers", "encoder
          "max_target_positions", "num_conv_layers", "conv_kernel_sizes", "conv_channels", "input_feat_per_channel",
          "input_channels", "tie_word_embeddings", "is_encoder_decoder")
 ARCHITECTURES = ("Speech2TextForConditionalGeneration", "Speech2TextModel")
+VOCAB = "vocab.json"
 
 
 def _positive_int(c: dict[str, Any], key: str, problems: list[str], minimum: int = 1) -> int:
@@ -92,10 +101,44 @@ def _positive_int(c: dict[str, Any], key: str, problems: list[str], minimum: int
 class Speech2TextFamily(HFFamily):
     name = "speech_to_text"
     model_types = ("speech_to_text",)
-    tokenizer_kind = None
-    tokenizer_note = ("Speech2TextTokenizer (sentencepiece.bpe.model with vocab.json) is not converted yet; set "
-                      "the run's tokenizer to a sentencepiece model whose ids are the checkpoint's")
+    tokenizer_kind = "sentencepiece"
+    tokenizer_class = "Speech2TextTokenizer"
+    spm_files = ("sentencepiece.bpe.model",)
+    default_special_tokens = {"bos": "<s>", "eos": "</s>", "pad": "<pad>", "unk": "<unk>"}
     token_types = False
+
+    def spm_import(self, pieces: list[str], in_dir: Path, tok_cfg: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        path = in_dir / VOCAB
+        if not path.is_file():
+            raise UserError(f"{in_dir} has {self.spm_files[0]} but no {VOCAB}: Speech2TextTokenizer numbers the "
+                            "SentencePiece pieces through vocab.json, so the ids are unknown without it.")
+        vocab = read_json(path)
+        ids = {piece: i for i, piece in enumerate(pieces)}
+        differ = [f"{piece!r} is {vocab.get(piece)} in {VOCAB} and {ids.get(piece)} in the model"
+                  for piece in sorted(set(vocab) | set(ids), key=lambda p: ids.get(p, len(ids)))
+                  if vocab.get(piece) != ids.get(piece)]
+        if differ:
+            raise UserError(f"{path} numbers the pieces of {self.spm_files[0]} differently from the model itself "
+                            f"({len(differ)} differ: {'; '.join(differ[:4])}), which pentad's sentencepiece "
+                            "tokenizer cannot follow; convert without the tokenizer files and set a tokenizer "
+                            "whose ids are the checkpoint's.")
+        notes = []
+        if tok_cfg.get("do_lower_case"):
+            notes.append("do_lower_case: transformers 5's Speech2TextTokenizer does not lower-case text with it (4.x "
+                         "did), and neither does the converted tokenizer; set tokenizer.lowercase: true for 4.x's ids")
+        if tok_cfg.get("do_upper_case"):
+            notes.append("do_upper_case: Speech2TextTokenizer upper-cases decoded text, pentad's predictions keep the "
+                         "model's case (score with task.lowercase: true)")
+        if tok_cfg.get("lang_codes"):
+            notes.append(f"lang_codes {tok_cfg['lang_codes']!r}: the multilingual tokenizer puts a language token "
+                         "before each transcript, which pentad's asr task does not (add it to the transcripts)")
+        return {}, notes
+
+    def spm_export(self, pieces: list[str], out_dir: Path, saved: dict[str, Any],
+                   tok_cfg: dict[str, Any]) -> tuple[set[str], list[str]]:
+        write_json(out_dir / VOCAB, {piece: i for i, piece in enumerate(pieces)})
+        tok_cfg["do_upper_case"] = False
+        return set(), []
 
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"lm": "logits"} if architecture.endswith("ForConditionalGeneration") else {}
