@@ -185,3 +185,38 @@ def test_generation_from_audio_matches_stepwise_decoding():
                                                 "model.encoder.ffn_size=16"]).model)
     with pytest.raises(GenerationInputError, match="needs an encoder-decoder"):
         generate(gpt, Batch(audio=audio), max_new_tokens=2)
+
+
+WHISPER = ["--config", "whisper/tiny", "model.hidden_size=32", "model.vocab_size=15", "model.encoder.num_layers=1",
+           "model.decoder.num_layers=1", "model.encoder.num_heads=2", "model.decoder.num_heads=2",
+           "model.encoder.ffn_size=64", "model.decoder.ffn_size=64", "model.embedding.parts.0.conv_channels=[32,32]",
+           "model.embedding.parts.0.feature_size=40", "model.embedding.parts.1.max_positions=50",
+           "model.target_embedding.parts.1.max_positions=16", "model.max_seq_length=16", "task.audio.feature_size=40",
+           "task.audio.chunk_seconds=1", "task.target_seq_length=8", "task.decoder_start=cls",
+           "task.decoder_prompt=[\"[MASK]\"]", "task.begin_suppress_tokens=[3]", "task.suppress_tokens=[0,1]",
+           "train.progress=false", "train.threads=1"]
+
+
+@pytest.mark.heavy  # about 20 s
+def test_whisper_stem_and_features_learn_tone_digits(data, tmp_path):
+    """The Whisper recipe (shrunk; its features over 1-s chunks, its stem, a decoder prompt that is
+    read but never scored, suppressed tokens) trains and decodes through the asr task."""
+    out = tmp_path / "run"
+    assert main(["finetune", "--task", "asr", *WHISPER, *_tok(data), f"data.train={data['train']}",
+                 f"data.dev={data['dev']}", f"data.test={data['test']}", f"output={out}", "train.epochs=30",
+                 "train.batch_size=16", "train.lr=3e-3", "train.warmup=0.05"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["test"]["wer"] < 40.0, results
+    from pentad.compression.store import load_run_model
+    from pentad.registry import TASKS
+
+    model, cfg, tokenizer = load_run_model(out)
+    task = TASKS.get("asr")(cfg.task, tokenizer, 16)
+    task.bind(cfg)
+    utterances = task.read(data["dev"])
+    batch = task.collate(utterances, np.arange(4), np.random.default_rng(0))
+    assert batch.audio.shape[1:] == (100, 40) and batch.audio_padding_mask is None
+    assert (batch.decoder_tokens[:, :2] == np.array([2, 4])).all()  # [CLS] then the prompt [MASK]
+    assert (batch.labels["lm"][:, 0] == -100).all()  # the prompt's position predicts nothing
+    predictions = task.predict(model, utterances, 8, "cpu")
+    assert all("[MASK]" not in p and "[PAD]" not in p for p in predictions)
