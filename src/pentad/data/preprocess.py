@@ -313,7 +313,7 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
     objective = job.objective
     target_vocab = getattr(job.objective, "target_tokenizer", tokenizer).vocab_size
     writer = ShardWriter(directory, token_dtype_for(max(int(tokenizer.vocab_size), int(target_vocab))),
-                         objective.field_names, max_shard_tokens)
+                         objective.field_names, max_shard_tokens, objective.array_specs())
     window, stride = objective.window
     carry = np.zeros(0, dtype=np.int64)
     labels = _LabelInterner()
@@ -360,6 +360,7 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
         "seq_length": objective.seq_length,
         "num_instances": writer.num_instances, "num_tokens": writer.num_tokens,
         "token_dtype": writer.token_dtype.str, "fields": {f: FIELD_DTYPE.str for f in writer.field_names},
+        **({"arrays": writer.arrays} if writer.arrays else {}),
         "shards": shards,
         "skipped_lines": {"count": num_skipped,
                           "examples": [{"line": n, "reason": why} for n, why in skipped]},

@@ -1,4 +1,4 @@
-"""Token shards on disk: columnar instances, the shard writer, the manifest and the memmap reader.
+"""Typed shards on disk: columnar instances, the shard writer, the manifest and the memmap reader.
 
 A preprocessed dataset is a directory::
 
@@ -6,10 +6,14 @@ A preprocessed dataset is a directory::
     shard-00000.tokens.bin          all instances' token ids back to back (uint16 or uint32)
     shard-00000.offsets.bin         int64 [n+1]: instance i is tokens[offsets[i]:offsets[i+1]]
     shard-00000.<field>.bin         int32 [n] per-instance integers (segment split, labels, ...)
+    shard-00000.<array>.bin         typed rows of every instance back to back (speech features:
+                                    float16 [frames, bins]; the dtype and row shape in the manifest)
+    shard-00000.<array>.rows.bin    int64 [n+1]: instance i holds rows rows[i]:rows[i+1]
     shard-00001.tokens.bin ...
 
 Every file is raw little-endian binary, so ``np.memmap`` reads it without parsing and the training
-process only pages in the instances it touches.
+process only pages in the instances it touches. Arrays are optional: a dataset of token-only
+objectives has none, and a dataset written before arrays existed reads as before.
 """
 
 from __future__ import annotations
@@ -38,12 +42,52 @@ def token_dtype_for(vocab_size: int) -> np.dtype:
 
 
 @dataclass
+class Ragged:
+    """Per-instance arrays of a common row shape and varying row counts, back to back: ``data``
+    [R, *row_shape] and ``rows`` [N] int64 (instance i holds ``rows[i]`` rows)."""
+
+    data: np.ndarray
+    rows: np.ndarray
+
+    @classmethod
+    def from_arrays(cls, arrays: Sequence[np.ndarray], dtype: np.dtype | str, row_shape: Sequence[int]) -> Ragged:
+        shape = tuple(int(d) for d in row_shape)
+        for a in arrays:
+            if tuple(a.shape[1:]) != shape:
+                raise ValueError(f"an array of shape {tuple(a.shape)} does not have rows of shape {shape}")
+        rows = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+        data = np.concatenate([np.asarray(a, dtype=dtype) for a in arrays]) if arrays else \
+            np.zeros((0, *shape), dtype=dtype)
+        return cls(data, rows)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        out = np.zeros(len(self.rows) + 1, dtype=np.int64)
+        np.cumsum(self.rows, out=out[1:])
+        return out
+
+    def item(self, i: int) -> np.ndarray:
+        """The rows of instance ``i``."""
+        offsets = self.offsets
+        return self.data[offsets[i]:offsets[i + 1]]
+
+    def select(self, index: np.ndarray) -> Ragged:
+        rows = self.rows[index]
+        return Ragged(self.data[concat_ranges(self.offsets[index], rows)], rows)
+
+    @classmethod
+    def concat(cls, parts: Sequence[Ragged]) -> Ragged:
+        return cls(np.concatenate([p.data for p in parts]), np.concatenate([p.rows for p in parts]))
+
+
+@dataclass
 class Instances:
     """Instances in columnar form: variable-length token sequences plus integer fields.
 
     tokens: [T] every instance's ids back to back; lengths: [N] int64; fields: name -> [N] int64
     (e.g. ``split``, the position where segment B starts); labels: raw string labels, one per
-    instance, for objectives whose label ids are only known once the whole corpus is read.
+    instance, for objectives whose label ids are only known once the whole corpus is read;
+    arrays: name -> :class:`Ragged` typed per-instance arrays (speech features).
     Indexing with an int, slice or index array gives another ``Instances``.
     """
 
@@ -51,6 +95,7 @@ class Instances:
     lengths: np.ndarray
     fields: dict[str, np.ndarray] = field(default_factory=dict)
     labels: list[str] | None = None
+    arrays: dict[str, Ragged] = field(default_factory=dict)
 
     @classmethod
     def from_sequences(cls, sequences: Sequence[Sequence[int] | np.ndarray],
@@ -74,7 +119,8 @@ class Instances:
             labels = [lab for p in parts for lab in p.labels or ()]
         return cls(np.concatenate([p.tokens for p in parts]),
                    np.concatenate([p.lengths for p in parts]),
-                   {k: np.concatenate([p.fields[k] for p in parts]) for k in names}, labels)
+                   {k: np.concatenate([p.fields[k] for p in parts]) for k in names}, labels,
+                   {k: Ragged.concat([p.arrays[k] for p in parts]) for k in parts[0].arrays})
 
     def __len__(self) -> int:
         return int(self.lengths.shape[0])
@@ -99,7 +145,8 @@ class Instances:
         lengths = self.lengths[index]
         tokens = self.tokens[concat_ranges(offsets[index], lengths)]
         labels = [self.labels[i] for i in index] if self.labels is not None else None
-        return Instances(tokens, lengths, {k: v[index] for k, v in self.fields.items()}, labels)
+        return Instances(tokens, lengths, {k: v[index] for k, v in self.fields.items()}, labels,
+                         {k: v.select(index) for k, v in self.arrays.items()})
 
     def padded(self, pad_id: int, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Right-padded ids [N, W] int64 and a validity mask [N, W] bool (True = real token).
@@ -135,10 +182,14 @@ class ShardWriter:
     """
 
     def __init__(self, directory: Path, token_dtype: np.dtype, field_names: Sequence[str],
-                 max_shard_tokens: int = 1 << 28):
+                 max_shard_tokens: int = 1 << 28, arrays: dict[str, dict[str, Any]] | None = None):
         self.directory = Path(directory)
         self.token_dtype = np.dtype(token_dtype)
         self.field_names = tuple(field_names)
+        # name -> {"dtype": "<f2", "shape": [80]}: typed per-instance arrays (see the module docstring)
+        self.arrays = {name: {"dtype": np.dtype(spec["dtype"]).str, "shape": [int(d) for d in spec["shape"]]}
+                       for name, spec in (arrays or {}).items()}
+        self._array_rows: dict[str, int] = {}
         self.max_shard_tokens = max_shard_tokens
         self.shards: list[dict[str, Any]] = []
         self.num_instances = 0
@@ -151,11 +202,20 @@ class ShardWriter:
         stem = f"shard-{len(self.shards):05d}"
         names = {"tokens": f"{stem}.tokens.bin", "offsets": f"{stem}.offsets.bin"}
         names.update({f: f"{stem}.{f}.bin" for f in self.field_names})
+        for a in self.arrays:
+            names[f"array:{a}"], names[f"rows:{a}"] = f"{stem}.{a}.bin", f"{stem}.{a}.rows.bin"
         self._files = {k: open(self.directory / v, "wb") for k, v in names.items()}
         self._files["offsets"].write(np.zeros(1, OFFSET_DTYPE).tobytes())
-        self.shards.append({"tokens": names["tokens"], "offsets": names["offsets"],
-                            "fields": {f: names[f] for f in self.field_names},
-                            "num_instances": 0, "num_tokens": 0})
+        shard: dict[str, Any] = {"tokens": names["tokens"], "offsets": names["offsets"],
+                                 "fields": {f: names[f] for f in self.field_names},
+                                 "num_instances": 0, "num_tokens": 0}
+        if self.arrays:
+            shard["arrays"] = {a: {"data": names[f"array:{a}"], "rows": names[f"rows:{a}"], "num_rows": 0}
+                               for a in self.arrays}
+            for a in self.arrays:
+                self._files[f"rows:{a}"].write(np.zeros(1, OFFSET_DTYPE).tobytes())
+        self._array_rows = {a: 0 for a in self.arrays}
+        self.shards.append(shard)
         self._shard_instances = self._shard_tokens = 0
 
     def _close_shard(self) -> None:
@@ -163,11 +223,19 @@ class ShardWriter:
             f.close()
         self._files = {}
         self.shards[-1].update(num_instances=self._shard_instances, num_tokens=self._shard_tokens)
+        for a, rows in self._array_rows.items():
+            self.shards[-1]["arrays"][a]["num_rows"] = rows
 
     def write(self, instances: Instances) -> None:
         """Append ``instances`` (fields must be exactly ``field_names``)."""
         if set(instances.fields) != set(self.field_names):
             raise ValueError(f"fields {sorted(instances.fields)} != {sorted(self.field_names)}")
+        if set(instances.arrays) != set(self.arrays):
+            raise ValueError(f"arrays {sorted(instances.arrays)} != {sorted(self.arrays)}")
+        for name, spec in self.arrays.items():
+            got = instances.arrays[name].data
+            if list(got.shape[1:]) != spec["shape"]:
+                raise ValueError(f"array {name}: rows of shape {list(got.shape[1:])}, expected {spec['shape']}")
         begin = 0
         ends = np.cumsum(instances.lengths)
         while begin < len(instances):
@@ -194,6 +262,14 @@ class ShardWriter:
         self._files["offsets"].write(ends.astype(OFFSET_DTYPE).tobytes())
         for name in self.field_names:
             self._files[name].write(inst.fields[name][begin:stop].astype(FIELD_DTYPE).tobytes())
+        for name, spec in self.arrays.items():
+            ragged = inst.arrays[name]
+            offsets = ragged.offsets
+            data = ragged.data[offsets[begin]:offsets[stop]]
+            self._files[f"array:{name}"].write(np.ascontiguousarray(data, dtype=spec["dtype"]).tobytes())
+            ends = self._array_rows[name] + np.cumsum(ragged.rows[begin:stop])
+            self._files[f"rows:{name}"].write(ends.astype(OFFSET_DTYPE).tobytes())
+            self._array_rows[name] += int(offsets[stop] - offsets[begin])
         self._shard_instances += stop - begin
         self._shard_tokens += tok_end - tok_begin
         self.num_instances += stop - begin
@@ -254,6 +330,8 @@ class ShardDataset:
         self.manifest = read_manifest(self.directory) if manifest is None else manifest
         self.token_dtype = np.dtype(self.manifest["token_dtype"])
         self.field_names = tuple(self.manifest["fields"])
+        self.arrays = {name: (np.dtype(spec["dtype"]), tuple(spec["shape"]))
+                       for name, spec in (self.manifest.get("arrays") or {}).items()}
         shards = self.manifest["shards"]
         counts = np.array([s["num_instances"] for s in shards], dtype=np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
@@ -266,6 +344,10 @@ class ShardDataset:
             expected = [(shard["tokens"], t * self.token_dtype.itemsize),
                         (shard["offsets"], (n + 1) * OFFSET_DTYPE.itemsize)]
             expected += [(name, n * FIELD_DTYPE.itemsize) for name in shard["fields"].values()]
+            for array, files in (shard.get("arrays") or {}).items():
+                dtype, row = self.arrays[array]
+                expected += [(files["data"], files["num_rows"] * int(np.prod(row, dtype=np.int64)) * dtype.itemsize),
+                             (files["rows"], (n + 1) * OFFSET_DTYPE.itemsize)]
             for name, size in expected:
                 path = self.directory / name
                 if not path.is_file() or path.stat().st_size != size:
@@ -281,6 +363,10 @@ class ShardDataset:
                         "offsets": self._memmap(shard["offsets"], OFFSET_DTYPE)}
                 for name, file in shard["fields"].items():
                     maps[name] = self._memmap(file, FIELD_DTYPE)
+                for array, files in (shard.get("arrays") or {}).items():
+                    dtype, row = self.arrays[array]
+                    maps[f"array:{array}"] = self._memmap(files["data"], dtype).reshape(-1, *row)
+                    maps[f"rows:{array}"] = self._memmap(files["rows"], OFFSET_DTYPE)
                 self._maps.append(maps)
         return self._maps
 
@@ -331,7 +417,26 @@ class ShardDataset:
             sel = shard_of == s
             tokens[concat_ranges(dest[sel], lengths[sel])] = maps[s]["tokens"][
                 concat_ranges(starts[sel], lengths[sel])]
-        return Instances(tokens, lengths, fields)
+        arrays = {name: self._take_array(name, maps, shard_of, local) for name in self.arrays}
+        return Instances(tokens, lengths, fields, arrays=arrays)
+
+    def _take_array(self, name: str, maps: list[dict[str, np.ndarray]], shard_of: np.ndarray,
+                    local: np.ndarray) -> Ragged:
+        """The rows of array ``name`` of the instances (shard, local index), in their order."""
+        dtype, row = self.arrays[name]
+        starts = np.empty(len(local), dtype=np.int64)
+        rows = np.empty(len(local), dtype=np.int64)
+        for s in np.unique(shard_of):
+            sel = shard_of == s
+            offsets = maps[s][f"rows:{name}"]
+            starts[sel] = offsets[local[sel]]
+            rows[sel] = offsets[local[sel] + 1] - starts[sel]
+        data = np.empty((int(rows.sum()), *row), dtype=dtype)
+        dest = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64)
+        for s in np.unique(shard_of):
+            sel = shard_of == s
+            data[concat_ranges(dest[sel], rows[sel])] = maps[s][f"array:{name}"][concat_ranges(starts[sel], rows[sel])]
+        return Ragged(data, rows)
 
     def __getitem__(self, i: int) -> Instances:
         return self.take([i])

@@ -131,3 +131,39 @@ def test_damaged_shard_is_a_user_error(tmp_path):
     path.write_bytes(path.read_bytes()[:-2])
     with pytest.raises(UserError, match="damaged"):
         ShardDataset(tmp_path)
+
+
+def test_typed_arrays_round_trip_across_shards(tmp_path):
+    """Per-instance arrays (speech features: [frames, bins] rows) are written beside the tokens,
+    split with their instances across shards, memory-mapped and gathered in any order."""
+    from pentad.data.shards import Ragged
+
+    inst = random_instances(60, seed=3)
+    rng = np.random.default_rng(4)
+    arrays = [rng.standard_normal((int(rng.integers(0, 9)), 5)).astype(np.float16) for _ in range(60)]
+    inst.arrays["audio"] = Ragged.from_arrays(arrays, "<f2", [5])
+    assert inst[np.array([7, 2])].arrays["audio"].item(1).tolist() == arrays[2].tolist()
+    writer = ShardWriter(tmp_path, token_dtype_for(1000), ["split", "sp"], 300,
+                         arrays={"audio": {"dtype": "float16", "shape": [5]}})
+    for piece in np.array_split(np.arange(60), 4):
+        writer.write(inst[piece])
+    shards = writer.close()
+    assert len(shards) > 2 and sum(s["arrays"]["audio"]["num_rows"] for s in shards) == sum(len(a) for a in arrays)
+    write_manifest(tmp_path, {"format": "pentad-token-shards", "format_version": 1, "token_dtype": "<u2",
+                              "fields": {"split": "<i4", "sp": "<i4"}, "arrays": writer.arrays, "shards": shards,
+                              "num_instances": 60, "num_tokens": writer.num_tokens})
+    dataset = pickle.loads(pickle.dumps(ShardDataset(tmp_path)))
+    order = np.random.default_rng(5).permutation(60)
+    got = dataset.take(order)
+    for i, k in enumerate(order):
+        assert got.arrays["audio"].item(i).dtype == np.float16
+        np.testing.assert_array_equal(got.arrays["audio"].item(i), arrays[k])
+        assert got.sequence(i).tolist() == inst.sequence(int(k)).tolist()
+    with pytest.raises(ValueError, match="rows of shape"):
+        writer2 = ShardWriter(tmp_path / "x", token_dtype_for(1000), ["split", "sp"],
+                              arrays={"audio": {"dtype": "float16", "shape": [4]}})
+        writer2.write(inst[:2])
+    damaged = tmp_path / shards[0]["arrays"]["audio"]["data"]
+    damaged.write_bytes(damaged.read_bytes()[:-2])
+    with pytest.raises(UserError, match="damaged"):
+        ShardDataset(tmp_path)

@@ -22,6 +22,7 @@ from pentad.data.objectives.lm import LmObjective, LmObjectiveConfig
 from pentad.data.objectives.mlm import MlmObjective, MlmObjectiveConfig
 from pentad.data.objectives.mt import MtObjective, MtObjectiveConfig, Seq2SeqObjective, Seq2SeqObjectiveConfig
 from pentad.data.objectives.prefixlm import PrefixLmObjective, PrefixLmObjectiveConfig
+from pentad.data.objectives.s2t import S2tObjective, S2tObjectiveConfig
 from pentad.data.objectives.t5 import T5Objective, T5ObjectiveConfig
 
 __all__ = [
@@ -31,6 +32,6 @@ __all__ = [
     "LlmPretrainObjective", "LlmPretrainObjectiveConfig", "LlmSftObjective", "LlmSftObjectiveConfig",
     "LmObjective", "LmObjectiveConfig", "MaskingObjectiveConfig", "MlmObjective", "MlmObjectiveConfig",
     "MtObjective", "MtObjectiveConfig", "Objective", "ObjectiveConfig", "PrefixLmObjective",
-    "PrefixLmObjectiveConfig", "Seq2SeqObjective", "Seq2SeqObjectiveConfig", "T5Objective",
+    "PrefixLmObjectiveConfig", "S2tObjective", "S2tObjectiveConfig", "Seq2SeqObjective", "Seq2SeqObjectiveConfig", "T5Objective",
     "T5ObjectiveConfig",
 ]

@@ -116,6 +116,11 @@ class Objective:
         """A chunk's parsed lines -> Instances (or a 1-D token stream when ``packs``)."""
         raise NotImplementedError
 
+    def array_specs(self) -> dict[str, dict[str, Any]]:
+        """Typed per-instance arrays stored beside the tokens: name -> ``{"dtype": ..., "shape":
+        [row shape]}`` (speech features: float16 rows of ``feature_size``); none by default."""
+        return {}
+
     def manifest_extra(self) -> dict[str, Any]:
         """Objective-specific entries for the dataset manifest."""
         return {}
