@@ -97,7 +97,8 @@ def test_bad_lines_are_named_or_skipped(corpus, tmp_path, capsys):
     root, vocab, train = corpus
     bad = root / "bad.tsv"
     lines = train.read_text().splitlines()
-    bad.write_text("\n".join(lines[:4] + ["one\twav/missing.wav", "one two three four five six seven eight\twav/train0.wav"]
+    too_long = "one two three four five six seven eight\twav/train0.wav"
+    bad.write_text("\n".join(lines[:4] + ["one\twav/missing.wav", too_long]
                              + lines[4:8]) + "\n")
     code = main(["preprocess", *_config(vocab), *OBJECTIVE, f"data.corpus={bad}", f"data.output={tmp_path / 'a'}"])
     assert code == 2 and not (tmp_path / "a").exists()

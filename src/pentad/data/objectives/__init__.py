@@ -32,6 +32,7 @@ __all__ = [
     "LlmPretrainObjective", "LlmPretrainObjectiveConfig", "LlmSftObjective", "LlmSftObjectiveConfig",
     "LmObjective", "LmObjectiveConfig", "MaskingObjectiveConfig", "MlmObjective", "MlmObjectiveConfig",
     "MtObjective", "MtObjectiveConfig", "Objective", "ObjectiveConfig", "PrefixLmObjective",
-    "PrefixLmObjectiveConfig", "S2tObjective", "S2tObjectiveConfig", "Seq2SeqObjective", "Seq2SeqObjectiveConfig", "T5Objective",
+    "PrefixLmObjectiveConfig", "S2tObjective", "S2tObjectiveConfig", "Seq2SeqObjective",
+    "Seq2SeqObjectiveConfig", "T5Objective",
     "T5ObjectiveConfig",
 ]
