@@ -113,3 +113,20 @@ def test_bad_lines_are_named_or_skipped(corpus, tmp_path, capsys):
     headerless.write_text("\n".join(lines[1:4]) + "\n")
     assert main(["preprocess", *_config(vocab), *OBJECTIVE, f"data.corpus={headerless}",
                  f"data.output={tmp_path / 'c'}"]) == 2
+
+
+def test_json_lines_corpus_gives_the_same_dataset(corpus, tmp_path):
+    root, vocab, train = corpus
+    rows = train.read_text().splitlines()[1:]
+    jsonl = root / "train.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": r.split("\t")[0], "path": r.split("\t")[1]}) + "\n" for r in rows))
+    for name, source in (("tsv", train), ("jsonl", jsonl)):
+        assert main(["preprocess", *_config(vocab), *OBJECTIVE, f"data.corpus={source}",
+                     f"data.output={tmp_path / name}"]) == 0
+    a, b = ShardDataset(tmp_path / "tsv").take(np.arange(64)), ShardDataset(tmp_path / "jsonl").take(np.arange(64))
+    assert a.tokens.tolist() == b.tokens.tolist()
+    np.testing.assert_array_equal(a.arrays["audio"].data, b.arrays["audio"].data)
+    bad = root / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "one", "path": rows[0].split("\t")[1]}) + "\n{\"text\": 3}\n")
+    assert main(["preprocess", *_config(vocab), *OBJECTIVE, f"data.corpus={bad}",
+                 f"data.output={tmp_path / 'bad'}"]) == 2

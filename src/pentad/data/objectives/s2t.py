@@ -1,8 +1,9 @@
 """Speech to text: ``text<TAB>path`` lines -> speech features and the transcript's decoder side.
 
 The corpus is TencentPretrain's s2t format: a header line naming the columns ``text`` and ``path``
-(in either order), then one utterance per line; audio paths are relative to the corpus file's
-folder, or absolute. Preprocessing reads each file in the worker processes (soundfile, soxr to
+(in either order), then one utterance per line; or JSON lines ``{"text": ..., "path": ...}`` (the
+first line starting with ``{`` says which). Audio paths are relative to the corpus file's folder, or
+absolute. Preprocessing reads each file in the worker processes (soundfile, soxr to
 ``audio.sample_rate``, downmixing), computes its features (Kaldi filterbanks with CMVN, or Whisper's
 log-mel spectrogram; :mod:`pentad.data.audio`) and stores them as a typed array beside the
 transcript's token ids: float16 ``[frames, feature_size]`` rows per utterance (Whisper features:
@@ -19,6 +20,7 @@ transcript are bad lines (``data.on_bad_line``: fail, naming file and line, or s
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -57,7 +59,8 @@ class S2tObjective(Objective):
 
     Config = S2tObjectiveConfig
     corpus_format: ClassVar[str] = ("a header line 'text<TAB>path', then one utterance per line: its transcript "
-                                    "and its audio file (WAV, FLAC, OGG; relative to the corpus's folder)")
+                                    "and its audio file (WAV, FLAC, OGG; relative to the corpus's folder); or "
+                                    "JSON lines {\"text\": ..., \"path\": ...}")
     provides: ClassVar[frozenset[str]] = frozenset({"audio", "audio_padding_mask", "decoder_tokens",
                                                     "decoder_padding_mask", "labels.lm"})
     truncation_refused: ClassVar[str | None] = (
@@ -87,6 +90,8 @@ class S2tObjective(Objective):
 
     # ---- preprocessing ----------------------------------------------------------------------
     def begin_corpus(self, first_line: str, path: Path) -> tuple[Any, bool]:
+        if first_line.lstrip().startswith("{"):  # JSON lines: no header
+            return (path.resolve().parent, None, None), False
         names = [c.strip().lower() for c in first_line.rstrip("\r\n").split("\t")]
         if sorted(names) != sorted(COLUMNS):
             raise UserError(f"{path}, line 1: expected a header naming the columns text and path (e.g. "
@@ -98,10 +103,20 @@ class S2tObjective(Objective):
         if not text.strip():
             return None
         folder, text_col, path_col = context
-        fields = text.rstrip("\r\n").split("\t")
-        if len(fields) != 2:
-            raise BadLine(f"has {len(fields)} tab-separated field(s); expected 2 (text and path)")
-        transcript, audio_path = fields[text_col].strip(), fields[path_col].strip()
+        if text_col is None:
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise BadLine(f"is not valid JSON ({error.msg} at column {error.colno})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str) or \
+                    not isinstance(record.get("path"), str):
+                raise BadLine("is not a JSON object with the strings 'text' and 'path'")
+            transcript, audio_path = record["text"].strip(), record["path"].strip()
+        else:
+            fields = text.rstrip("\r\n").split("\t")
+            if len(fields) != 2:
+                raise BadLine(f"has {len(fields)} tab-separated field(s); expected 2 (text and path)")
+            transcript, audio_path = fields[text_col].strip(), fields[path_col].strip()
         if not transcript or not audio_path:
             raise BadLine(f"has an empty {'transcript' if not transcript else 'audio path'}")
         ids = self.tokenizer.encode(transcript)
