@@ -321,13 +321,16 @@ def preprocess_from_config(cfg: Any) -> dict[str, Any]:
     from pentad.data.preprocess import preprocess
     from pentad.registry import OBJECTIVES
 
+    needs = cfg.data.objective is None or OBJECTIVES.get(cfg.data.objective.type).needs_tokenizer
     missing = [k for k, v in (("data.corpus", cfg.data.corpus), ("data.output", cfg.data.output),
-                              ("data.objective", cfg.data.objective), ("tokenizer", cfg.tokenizer)) if v is None]
+                              ("data.objective", cfg.data.objective), ("tokenizer", cfg.tokenizer if needs else 0))
+               if v is None]
     if missing:
         raise UserError(f"preprocess needs {', '.join(missing)} (set them in the config or as key=value overrides)")
-    tokenizer = load_tokenizer(cfg)
+    tokenizer = load_tokenizer(cfg) if cfg.tokenizer is not None else None
     objective = OBJECTIVES.get(cfg.data.objective.type)(cfg.data.objective, tokenizer)
-    manifest = preprocess(objective, tokenizer, cfg.tokenizer.model_dump(mode="json"), cfg.data.corpus,
+    tok_config = cfg.tokenizer.model_dump(mode="json") if cfg.tokenizer is not None else None
+    manifest = preprocess(objective, tokenizer, tok_config, cfg.data.corpus,
                           cfg.data.output, workers=cfg.data.workers, on_bad_line=cfg.data.on_bad_line,
                           progress=cfg.train.progress, seed=cfg.train.seed)
     info(f"wrote {cfg.data.output}: {manifest.get('num_instances', '?'):,} instances, "

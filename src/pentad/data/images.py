@@ -57,37 +57,46 @@ def _mode(channels: int) -> str:
                     "be 3 (RGB) or 1 (grayscale)")
 
 
-def load_images(paths: Sequence[Path], lines: Sequence[int], source: Path, size: tuple[int, int],
-                channels: int) -> np.ndarray:
-    """Decode and resize ``paths`` -> uint8 ``[N, H, W, C]``; ``lines``: each path's line in ``source``
-    (the examples file), for errors."""
+def decode_image(path: Path, where: str, size: tuple[int, int], channels: int) -> tuple[np.ndarray, str | None]:
+    """One image file -> uint8 ``[H, W, C]`` at ``size`` (Pillow, bicubic), and the mode it was
+    converted from (None when it already had the model's); ``where`` names it in errors."""
     from PIL import Image, UnidentifiedImageError
 
     mode = _mode(channels)
     height, width = size
+    if not path.is_file():
+        raise UserError(f"{where} does not exist (image paths are relative to the examples file's folder)")
+    converted = None
+    try:
+        with Image.open(path) as image:
+            image.load()
+            if image.mode != mode:
+                converted = image.mode
+                image = image.convert(mode)
+            if image.size != (width, height):
+                image = image.resize((width, height), Image.Resampling.BICUBIC)
+            array = np.asarray(image, dtype=np.uint8)
+    except UnidentifiedImageError:
+        raise UserError(f"{where} is not an image file Pillow can read") from None
+    except OSError as error:
+        raise UserError(f"{where} could not be decoded ({error}); the file may be truncated") from None
+    return array.reshape(height, width, channels), converted
+
+
+def load_images(paths: Sequence[Path], lines: Sequence[int], source: Path, size: tuple[int, int],
+                channels: int) -> np.ndarray:
+    """Decode and resize ``paths`` -> uint8 ``[N, H, W, C]``; ``lines``: each path's line in ``source``
+    (the examples file), for errors."""
+    height, width = size
     out = np.empty((len(paths), height, width, channels), dtype=np.uint8)
     converted: Counter[str] = Counter()
     for i, (path, line) in enumerate(zip(paths, lines)):
-        where = f"{source}, line {line}: image {path}"
-        if not path.is_file():
-            raise UserError(f"{where} does not exist (image paths are relative to the examples file's folder)")
-        try:
-            with Image.open(path) as image:
-                image.load()
-                if image.mode != mode:
-                    converted[image.mode] += 1
-                    image = image.convert(mode)
-                if image.size != (width, height):
-                    image = image.resize((width, height), Image.Resampling.BICUBIC)
-                array = np.asarray(image, dtype=np.uint8)
-        except UnidentifiedImageError:
-            raise UserError(f"{where} is not an image file Pillow can read") from None
-        except OSError as error:
-            raise UserError(f"{where} could not be decoded ({error}); the file may be truncated") from None
-        out[i] = array.reshape(height, width, channels)
+        out[i], mode = decode_image(path, f"{source}, line {line}: image {path}", size, channels)
+        if mode is not None:
+            converted[mode] += 1
     if converted:
         found = ", ".join(f"{n} {m}" for m, n in sorted(converted.items()))
-        info(f"{source}: converted {found} image(s) to {mode} (the model takes {channels} channel(s))")
+        info(f"{source}: converted {found} image(s) to {_mode(channels)} (the model takes {channels} channel(s))")
     return out
 
 

@@ -52,7 +52,12 @@ def open_dataset(path: Path, tokenizer: Any, objective: Objective) -> ShardDatas
                          for k in differ)
         raise UserError(f"dataset {path} was preprocessed with other objective options ({both}); "
                         f"preprocess again or use the dataset's values.")
-    built_tok = manifest.get("tokenizer", {})
+    built_tok = manifest.get("tokenizer") or {}
+    if not objective.needs_tokenizer and tokenizer is None:
+        return ShardDataset(path, manifest)  # instances without text (vit)
+    if tokenizer is None:
+        raise UserError(f"tokenizer is not set: objective '{objective.name}' needs the tokenizer dataset {path} was "
+                        f"made with ({built_tok.get('config')})")
     if built_tok.get("fingerprint") != tokenizer.fingerprint():
         raise UserError(
             f"dataset {path} was tokenized with a different tokenizer: the dataset's tokenizer "

@@ -137,8 +137,10 @@ def _results(job: _Job, chunks: Iterable[Chunk], workers: int) -> Iterator[_Chun
     # start of every pool and hundreds of MB to every worker.
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([__name__, type(job.objective).__module__,
-                                        type(job.objective.tokenizer).__module__])
+        preload = [__name__, type(job.objective).__module__]
+        if job.objective.tokenizer is not None:
+            preload.append(type(job.objective.tokenizer).__module__)
+        context.set_forkserver_preload(preload)
     else:
         context = multiprocessing.get_context("spawn")
     # The bounded deque is the backpressure that keeps memory independent of corpus size.
@@ -284,8 +286,9 @@ def preprocess(objective: Objective, tokenizer: Any, tokenizer_config: dict[str,
                                   chunk_bytes, max_shard_tokens, skip=int(consumed),
                                   header_bytes=header_bytes if consumed else 0)
         manifest.update(
-            tokenizer={"config": _jsonable(tokenizer_config), "fingerprint": tokenizer.fingerprint(),
-                       "vocab_size": int(tokenizer.vocab_size)},
+            tokenizer=None if tokenizer is None else {
+                "config": _jsonable(tokenizer_config), "fingerprint": tokenizer.fingerprint(),
+                "vocab_size": int(tokenizer.vocab_size)},
             corpus={"path": str(corpus.resolve()), "size": size,
                     "format": objective.corpus_format},
             seed=seed, chunk_bytes=chunk_bytes,
@@ -311,8 +314,10 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
     from tqdm.auto import tqdm
 
     objective = job.objective
-    target_vocab = getattr(job.objective, "target_tokenizer", tokenizer).vocab_size
-    writer = ShardWriter(directory, token_dtype_for(max(int(tokenizer.vocab_size), int(target_vocab))),
+    vocab = 0 if tokenizer is None else int(tokenizer.vocab_size)  # no tokenizer: instances hold no tokens
+    target_vocab = getattr(job.objective, "target_tokenizer", tokenizer)
+    target_vocab = vocab if target_vocab is None else int(target_vocab.vocab_size)
+    writer = ShardWriter(directory, token_dtype_for(max(vocab, target_vocab)),
                          objective.field_names, max_shard_tokens, objective.array_specs())
     window, stride = objective.window
     carry = np.zeros(0, dtype=np.int64)

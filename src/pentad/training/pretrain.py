@@ -36,9 +36,11 @@ def _pretrain(cfg: Any, session: Session) -> dict[str, Any]:
     from pentad.data.loader import PretrainBatches, open_dataset
 
     tokenizer = load_tokenizer(cfg)
-    if tokenizer is None:
+    needs = OBJECTIVES.get(cfg.data.objective.type).needs_tokenizer
+    if tokenizer is None and needs:
         raise UserError("tokenizer is not set: pre-training needs the tokenizer the dataset was made with")
-    complete_vocab(cfg, tokenizer)
+    if tokenizer is not None:
+        complete_vocab(cfg, tokenizer)
     session.seed()
     objective = OBJECTIVES.get(cfg.data.objective.type)(cfg.data.objective, tokenizer)
     target_tokenizer = getattr(objective, "target_tokenizer", tokenizer)

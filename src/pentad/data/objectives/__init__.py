@@ -24,9 +24,11 @@ from pentad.data.objectives.mt import MtObjective, MtObjectiveConfig, Seq2SeqObj
 from pentad.data.objectives.prefixlm import PrefixLmObjective, PrefixLmObjectiveConfig
 from pentad.data.objectives.s2t import S2tObjective, S2tObjectiveConfig
 from pentad.data.objectives.t5 import T5Objective, T5ObjectiveConfig
+from pentad.data.objectives.vision import ClipObjective, ClipObjectiveConfig, VitObjective, VitObjectiveConfig
 
 __all__ = [
-    "AlbertObjective", "AlbertObjectiveConfig", "BartObjective", "BartObjectiveConfig",
+    "AlbertObjective", "AlbertObjectiveConfig", "ClipObjective", "ClipObjectiveConfig", "BartObjective",
+    "BartObjectiveConfig",
     "BertObjective", "BertObjectiveConfig", "BilmObjective", "BilmObjectiveConfig", "ClsMlmObjective",
     "ClsMlmObjectiveConfig", "ClsObjective", "ClsObjectiveConfig", "GsgObjective", "GsgObjectiveConfig",
     "LlmPretrainObjective", "LlmPretrainObjectiveConfig", "LlmSftObjective", "LlmSftObjectiveConfig",
@@ -34,5 +36,5 @@ __all__ = [
     "MtObjective", "MtObjectiveConfig", "Objective", "ObjectiveConfig", "PrefixLmObjective",
     "PrefixLmObjectiveConfig", "S2tObjective", "S2tObjectiveConfig", "Seq2SeqObjective",
     "Seq2SeqObjectiveConfig", "T5Objective",
-    "T5ObjectiveConfig",
+    "T5ObjectiveConfig", "VitObjective", "VitObjectiveConfig",
 ]

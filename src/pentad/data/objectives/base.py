@@ -66,13 +66,15 @@ class Objective:
     # first L positions is a valid batch of this objective (every label is a label of a position);
     # otherwise why it is not, naming the field that cutting would make wrong.
     truncation_refused: ClassVar[str | None] = "it does not declare that its batches may be cut"
+    # False for objectives whose instances hold no text (vit: an image and a label): no tokenizer needed
+    needs_tokenizer: ClassVar[bool] = True
 
     def __init__(self, cfg: ObjectiveConfig, tokenizer: Any):
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.seq_length = cfg.seq_length
         # Padding positions carry their own mask, so any id will do when the vocab has no pad.
-        self.pad_id = int(tokenizer.pad_id) if tokenizer.pad_id is not None else 0
+        self.pad_id = int(tokenizer.pad_id) if tokenizer is not None and tokenizer.pad_id is not None else 0
 
     @property
     def name(self) -> str:

@@ -1,0 +1,189 @@
+"""Image objectives for ``pentad preprocess`` / ``pentad pretrain``: ``vit`` (label + image) and
+``clip`` (text + image).
+
+The corpus has a header line naming its two columns (``label<TAB>path`` for ``vit``,
+``text<TAB>path`` for ``clip``, in either order), or is JSON lines with the same two keys (the first
+line starting with ``{`` says which); image paths are relative to the corpus file's folder, or
+absolute. Preprocessing decodes each image in the worker processes (Pillow; converted to the
+objective's channels, resized bicubically to ``image_size``: :func:`pentad.data.images.decode_image`)
+and stores it as a typed uint8 array beside the instance's tokens (``vit``: none, its label in the
+manifest's label map; ``clip``: ``[CLS] text [SEP]``), ``image_size[0]`` rows of ``[width, channels]``
+per image. Training batches are memory-mapped images, seeded augmentation (``augment``: random resized
+crop and flip, from the batch's generator, so a resumed run sees the same crops) and normalisation
+(``normalise``) to ``pixels [B, C, H, W]``. A missing or undecodable image is a bad line
+(``data.on_bad_line``).
+
+Batches: ``vit``: ``pixels`` and ``labels["cls"]``; ``clip``: the text's ``tokens``, ``segments`` and
+``padding_mask`` with the image in ``pair.pixels`` (the two-tower model's second stream).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import numpy as np
+from pydantic import Field, field_validator
+
+from pentad.data.corpus import BadLine
+from pentad.data.images import NORMALISE, AugmentConfig, augment, decode_image, to_pixels
+from pentad.data.objectives.base import Objective, ObjectiveConfig, new_batch, to_batch_tensor
+from pentad.data.shards import Instances, Ragged
+from pentad.data.tsv import assemble_pairs
+from pentad.errors import UserError
+from pentad.registry import OBJECTIVES
+
+if TYPE_CHECKING:
+    from pentad.components.base import Batch
+
+
+class ImageObjectiveConfig(ObjectiveConfig):
+    """Options of the image objectives."""
+
+    image_size: list[int] = Field([224, 224], description="[height, width] the images are stored at (the patch "
+                                  "part's image_size)")
+    channels: Literal[1, 3] = Field(3, description="3 (RGB) or 1 (grayscale): images are converted")
+    normalise: Literal["half", "imagenet", "clip"] = Field("half", description="pixel mean and std: half (0.5: "
+                                                           "Hugging Face ViT), imagenet, clip")
+    augment: AugmentConfig | None = Field(default_factory=AugmentConfig, description="training augmentation; "
+                                          "null: none")
+
+    @field_validator("image_size", mode="before")
+    @classmethod
+    def _pair(cls, value: Any) -> Any:
+        return [value, value] if isinstance(value, int) else value
+
+    @field_validator("image_size")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if len(value) != 2 or min(value) < 1:
+            raise ValueError(f"expected [height, width] of positive sizes, found {value}")
+        return value
+
+
+class ImageObjective(Objective):
+    """Shared by ``vit`` and ``clip``: the two-column corpus, decoding into a typed array, pixels."""
+
+    column: ClassVar[str] = "label"  # the column beside ``path``
+    collate_options: ClassVar[frozenset[str]] = frozenset({"normalise", "augment"})
+    truncation_refused: ClassVar[str | None] = "its input is an image, which a sequence length does not cut"
+
+    def __init__(self, cfg: ImageObjectiveConfig, tokenizer: Any):
+        super().__init__(cfg, tokenizer)
+        self.cfg: ImageObjectiveConfig = cfg
+        self.size = (int(cfg.image_size[0]), int(cfg.image_size[1]))
+        self.mean, self.std = NORMALISE[cfg.normalise]
+
+    def array_specs(self) -> dict[str, dict[str, Any]]:
+        return {"image": {"dtype": "|u1", "shape": [self.size[1], self.cfg.channels]}}
+
+    def begin_corpus(self, first_line: str, path: Path) -> tuple[Any, bool]:
+        if first_line.lstrip().startswith("{"):
+            return (path.resolve().parent, None), False
+        names = [c.strip().lower() for c in first_line.rstrip("\r\n").split("\t")]
+        if sorted(names) != sorted((self.column, "path")):
+            raise UserError(f"{path}, line 1: expected a header naming the columns {self.column} and path (e.g. "
+                            f"'{self.column}<TAB>path'), found {first_line.strip()[:80]!r}")
+        return (path.resolve().parent, names.index(self.column)), True
+
+    def parse_line(self, text: str, context: Any) -> tuple[str, np.ndarray] | None:
+        """(the other column's value, the decoded image), None for a blank line."""
+        if not text.strip():
+            return None
+        folder, column = context
+        if column is None:
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise BadLine(f"is not valid JSON ({error.msg} at column {error.colno})") from None
+            if not isinstance(record, dict) or not isinstance(record.get(self.column), str) or \
+                    not isinstance(record.get("path"), str):
+                raise BadLine(f"is not a JSON object with the strings '{self.column}' and 'path'")
+            value, image_path = record[self.column].strip(), record["path"].strip()
+        else:
+            fields = text.rstrip("\r\n").split("\t")
+            if len(fields) != 2:
+                raise BadLine(f"has {len(fields)} tab-separated field(s); expected 2 ({self.column} and path)")
+            value, image_path = fields[column].strip(), fields[1 - column].strip()
+        if not value or not image_path:
+            raise BadLine(f"has an empty {self.column if not value else 'image path'}")
+        path = Path(image_path) if Path(image_path).is_absolute() else folder / image_path
+        try:
+            image, _ = decode_image(path, f"names the image {path}, which", self.size, self.cfg.channels)
+        except UserError as error:
+            raise BadLine(str(error)) from None
+        return value, image
+
+    def images(self, items: list[tuple[str, np.ndarray]]) -> Ragged:
+        return Ragged.from_arrays([image.reshape(self.size[0], self.size[1], self.cfg.channels) for _, image in items],
+                                  np.uint8, [self.size[1], self.cfg.channels])
+
+    def pixels(self, instances: Instances, rng: np.random.Generator):
+        """Augmented (training) and normalised pixels [B, C, H, W] of the stored images."""
+        images = instances.arrays["image"].data.reshape(len(instances), self.size[0], self.size[1], self.cfg.channels)
+        return to_pixels(augment(np.array(images), self.cfg.augment, rng), self.mean, self.std)
+
+
+class VitObjectiveConfig(ImageObjectiveConfig):
+    type: Literal["vit"] = "vit"
+
+
+@OBJECTIVES.register("vit")
+class VitObjective(ImageObjective):
+    """Labelled images -> pixels and labels.cls (the label map in the manifest)."""
+
+    Config = VitObjectiveConfig
+    column = "label"
+    provides: ClassVar[frozenset[str]] = frozenset({"pixels", "labels.cls"})
+    needs_tokenizer: ClassVar[bool] = False
+    corpus_format: ClassVar[str] = ("a header line 'label<TAB>path', then one image per line (PNG, JPEG, ...; "
+                                    "relative to the corpus's folder); or JSON lines {\"label\": ..., \"path\": ...}")
+    field_names: ClassVar[tuple[str, ...]] = ("label",)
+
+    def build(self, items: list[Any], rng: np.random.Generator) -> Instances:
+        kept = [item for item in items if item is not None]
+        out = Instances.from_sequences([[] for _ in kept])
+        out.labels = [label for label, _ in kept]
+        out.arrays["image"] = self.images(kept)
+        return out
+
+    def collate(self, instances: Instances, rng: np.random.Generator) -> Batch:
+        labels = {"cls": to_batch_tensor(instances.fields["label"].astype(np.int64))} \
+            if "label" in instances.fields else {}
+        return new_batch(pixels=self.pixels(instances, rng), labels=labels)
+
+
+class ClipObjectiveConfig(ImageObjectiveConfig):
+    type: Literal["clip"] = "clip"
+    seq_length: int = Field(77, ge=4, description="text tokens per caption, [CLS] and [SEP] included")
+    normalise: Literal["half", "imagenet", "clip"] = Field("clip", description="pixel mean and std (CLIP's)")
+
+
+@OBJECTIVES.register("clip")
+class ClipObjective(ImageObjective):
+    """Captioned images -> the caption's tokens and the image as the second stream's pixels."""
+
+    Config = ClipObjectiveConfig
+    column = "text"
+    provides: ClassVar[frozenset[str]] = frozenset({"tokens", "segments", "padding_mask", "pair.pixels"})
+    corpus_format: ClassVar[str] = ("a header line 'text<TAB>path', then one captioned image per line (relative "
+                                    "to the corpus's folder); or JSON lines {\"text\": ..., \"path\": ...}")
+
+    def __init__(self, cfg: ClipObjectiveConfig, tokenizer: Any):
+        super().__init__(cfg, tokenizer)
+        self.require_ids(**{"[CLS] (start of text)": tokenizer.cls_id, "[SEP] (end of text)": tokenizer.sep_id})
+        self.cls_id, self.sep_id = int(tokenizer.cls_id), int(tokenizer.sep_id)
+
+    def build(self, items: list[Any], rng: np.random.Generator) -> Instances:
+        kept = [item for item in items if item is not None]
+        sequences, _ = assemble_pairs(self.tokenizer.encode_batch([text for text, _ in kept]), None, self.cls_id,
+                                      self.sep_id, self.seq_length)
+        out = Instances.from_sequences(sequences)
+        out.arrays["image"] = self.images(kept)
+        return out
+
+    def collate(self, instances: Instances, rng: np.random.Generator) -> Batch:
+        ids, valid = instances.padded(self.pad_id)
+        return new_batch(tokens=to_batch_tensor(ids), segments=to_batch_tensor(np.zeros_like(ids)),
+                         padding_mask=to_batch_tensor(~valid), pair=new_batch(pixels=self.pixels(instances, rng)))
