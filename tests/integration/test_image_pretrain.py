@@ -107,3 +107,40 @@ def test_json_lines_bad_lines_and_missing_header(images, tmp_path, capsys):
     assert main(["preprocess", *_no_task(VIT), *VIT_OBJECTIVE, f"data.corpus={headerless}",
                  f"data.output={tmp_path / 'h'}"]) == 2
     assert "expected a header naming the columns label and path" in capsys.readouterr().err
+
+
+def test_vilt_objective_matching_and_masking(tmp_path):
+    from tests.integration.test_image_text import COLOURS, VILT, draw_colours
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "square", *COLOURS]) + "\n")
+    corpus = draw_colours(tmp_path, "train", 96, 0)
+    tokenizer = ["tokenizer.type=wordpiece", f"tokenizer.vocab={vocab}"]
+    objective = ["data.objective.type=vilt", "data.objective.image_size=16", "data.objective.patch_size=4",
+                 "data.objective.seq_length=8", "data.objective.augment=null"]
+    data = tmp_path / "data"
+    assert main(["preprocess", *_no_task(VILT), *tokenizer, *objective, f"data.corpus={corpus}",
+                 f"data.output={data}"]) == 0
+    from pentad.data.objectives.vision import ViltObjective, ViltObjectiveConfig
+    from pentad.data.tokenizers import load_tokenizer
+
+    vilt = ViltObjective(ViltObjectiveConfig(image_size=16, patch_size=4, seq_length=8, augment=None),
+                         load_tokenizer({"type": "wordpiece", "vocab": str(vocab)}))
+    instances = ShardDataset(data).take(np.arange(32))
+    batch = vilt.collate(instances, np.random.default_rng(3))
+    negative = batch.labels["sp"].numpy().astype(bool)
+    assert 0.2 < negative.mean() < 0.8 and tuple(batch.pixels.shape) == (32, 3, 16, 16)
+    own = vilt.collate(instances, np.random.default_rng(3))  # the same seed: the same pairing and masks
+    assert own.labels["sp"].equal(batch.labels["sp"]) and own.tokens.equal(batch.tokens)
+    plain = vilt.pixels(instances, np.random.default_rng(0))
+    for row in range(32):  # matched rows show their own image, mismatched rows another row's
+        assert batch.pixels[row].equal(plain[row]) != negative[row]
+    texts = batch.tokens.shape[1]
+    assert batch.labels["mlm"].shape == (32, texts + 17) and (batch.labels["mlm"][:, texts:] == -100).all()
+    assert batch.segments[:, texts:].eq(1).all() and batch.segments[:, :texts].eq(0).all()
+    assert (batch.labels["mlm"] != -100).sum() > 0
+    out = tmp_path / "run"
+    assert main(["pretrain", *_no_task(VILT), *tokenizer, *objective, "model.init_std=0.2", f"data.dataset={data}",
+                 f"output={out}", "train.steps=6", "train.batch_size=16"]) == 0
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert {"mlm_loss", "sp_loss"} <= set(last), last

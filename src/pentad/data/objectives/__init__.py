@@ -24,7 +24,14 @@ from pentad.data.objectives.mt import MtObjective, MtObjectiveConfig, Seq2SeqObj
 from pentad.data.objectives.prefixlm import PrefixLmObjective, PrefixLmObjectiveConfig
 from pentad.data.objectives.s2t import S2tObjective, S2tObjectiveConfig
 from pentad.data.objectives.t5 import T5Objective, T5ObjectiveConfig
-from pentad.data.objectives.vision import ClipObjective, ClipObjectiveConfig, VitObjective, VitObjectiveConfig
+from pentad.data.objectives.vision import (
+    ClipObjective,
+    ClipObjectiveConfig,
+    ViltObjective,
+    ViltObjectiveConfig,
+    VitObjective,
+    VitObjectiveConfig,
+)
 
 __all__ = [
     "AlbertObjective", "AlbertObjectiveConfig", "ClipObjective", "ClipObjectiveConfig", "BartObjective",
@@ -36,5 +43,5 @@ __all__ = [
     "MtObjective", "MtObjectiveConfig", "Objective", "ObjectiveConfig", "PrefixLmObjective",
     "PrefixLmObjectiveConfig", "S2tObjective", "S2tObjectiveConfig", "Seq2SeqObjective",
     "Seq2SeqObjectiveConfig", "T5Objective",
-    "T5ObjectiveConfig", "VitObjective", "VitObjectiveConfig",
+    "T5ObjectiveConfig", "ViltObjective", "ViltObjectiveConfig", "VitObjective", "VitObjectiveConfig",
 ]

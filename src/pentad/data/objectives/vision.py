@@ -1,5 +1,5 @@
-"""Image objectives for ``pentad preprocess`` / ``pentad pretrain``: ``vit`` (label + image) and
-``clip`` (text + image).
+"""Image objectives for ``pentad preprocess`` / ``pentad pretrain``: ``vit`` (label + image),
+``clip`` (text + image, two streams) and ``vilt`` (text + image in one sequence).
 
 The corpus has a header line naming its two columns (``label<TAB>path`` for ``vit``,
 ``text<TAB>path`` for ``clip``, in either order), or is JSON lines with the same two keys (the first
@@ -14,7 +14,11 @@ crop and flip, from the batch's generator, so a resumed run sees the same crops)
 (``data.on_bad_line``).
 
 Batches: ``vit``: ``pixels`` and ``labels["cls"]``; ``clip``: the text's ``tokens``, ``segments`` and
-``padding_mask`` with the image in ``pair.pixels`` (the two-tower model's second stream).
+``padding_mask`` with the image in ``pair.pixels`` (the two-tower model's second stream); ``vilt``:
+the caption's ``tokens`` (masked for ``labels["mlm"]``) and ``pixels``, where ``negative_prob`` of the
+rows show another row's image of the batch (drawn from the batch's generator: ``labels["sp"]`` 1 for
+a mismatch, 0 for the caption's own image), segments 0 over the caption and 1 over the image's
+``1 + (H/patch_size)(W/patch_size)`` positions, which the mlm labels cover too (ignored).
 """
 
 from __future__ import annotations
@@ -187,3 +191,60 @@ class ClipObjective(ImageObjective):
         ids, valid = instances.padded(self.pad_id)
         return new_batch(tokens=to_batch_tensor(ids), segments=to_batch_tensor(np.zeros_like(ids)),
                          padding_mask=to_batch_tensor(~valid), pair=new_batch(pixels=self.pixels(instances, rng)))
+
+
+class ViltObjectiveConfig(ClipObjectiveConfig):
+    type: Literal["vilt"] = "vilt"
+    seq_length: int = Field(40, ge=3, description="caption tokens, [CLS] and [SEP] included (ViLT: 40)")
+    normalise: Literal["half", "imagenet", "clip"] = Field("half", description="pixel mean and std")
+    patch_size: int = Field(32, ge=1, description="the word_patch part's patch size (the image's positions)")
+    negative_prob: float = Field(0.5, gt=0.0, lt=1.0, description="share of rows shown another row's image")
+    mask_prob: float = Field(0.15, ge=0.0, lt=1.0, description="share of caption tokens masked (0: matching only)")
+    augment: AugmentConfig | None = Field(default_factory=lambda: AugmentConfig(crop_scale=[0.9, 1.0], flip=False),
+                                          description="training augmentation (ViLT: no flip, which would break "
+                                          "'left'/'right' in captions); null: none")
+
+
+@OBJECTIVES.register("vilt")
+class ViltObjective(ClipObjective):
+    """Captioned images -> one sequence (caption, image) with image-text matching and masked LM."""
+
+    Config = ViltObjectiveConfig
+    provides: ClassVar[frozenset[str]] = frozenset({"tokens", "segments", "padding_mask", "pixels", "labels.sp",
+                                                    "labels.mlm"})
+    collate_options: ClassVar[frozenset[str]] = frozenset({"normalise", "augment", "negative_prob", "mask_prob"})
+
+    def __init__(self, cfg: ViltObjectiveConfig, tokenizer: Any):
+        super().__init__(cfg, tokenizer)
+        self.cfg: ViltObjectiveConfig = cfg
+        height, width = self.size
+        if height % cfg.patch_size or width % cfg.patch_size:
+            raise UserError(f"objective.image_size {list(self.size)} is not a multiple of objective.patch_size "
+                            f"{cfg.patch_size}")
+        self.image_positions = 1 + (height // cfg.patch_size) * (width // cfg.patch_size)
+        self.masker = None
+        if cfg.mask_prob > 0:
+            from pentad.data.masking import Masker
+
+            self.masker = Masker(tokenizer, cfg.mask_prob)
+
+    def collate(self, instances: Instances, rng: np.random.Generator) -> Batch:
+        from pentad.components.base import IGNORE_INDEX  # on first use; see objectives.base
+
+        rows = len(instances)
+        ids, valid = instances.padded(self.pad_id)
+        # negatives: another row's image of the batch (a shift, so never the row's own)
+        shown = np.arange(rows)
+        negative = rng.random(rows) < self.cfg.negative_prob if rows > 1 else np.zeros(rows, dtype=bool)
+        shift = rng.integers(1, rows, size=rows) if rows > 1 else np.zeros(rows, dtype=np.int64)
+        shown = np.where(negative, (shown + shift) % rows, shown)
+        images = instances.arrays["image"].data.reshape(rows, self.size[0], self.size[1], self.cfg.channels)
+        pixels = to_pixels(augment(np.array(images[shown]), self.cfg.augment, rng), self.mean, self.std)
+        mlm = np.full((rows, ids.shape[1] + self.image_positions), IGNORE_INDEX, dtype=np.int64)
+        if self.masker is not None:
+            ids, mlm[:, :ids.shape[1]] = self.masker(ids, valid, rng)
+        segments = np.concatenate([np.zeros(ids.shape, dtype=np.int64),
+                                   np.ones((rows, self.image_positions), dtype=np.int64)], axis=1)
+        return new_batch(tokens=to_batch_tensor(ids), segments=to_batch_tensor(segments),
+                         padding_mask=to_batch_tensor(~valid), pixels=pixels,
+                         labels={"mlm": to_batch_tensor(mlm), "sp": to_batch_tensor(negative.astype(np.int64))})
