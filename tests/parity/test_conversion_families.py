@@ -26,6 +26,7 @@ from tests.unit.interop.helpers import (
     LLAMA,
     MIXTRAL,
     PEGASUS,
+    QWEN2_MOE,
     SWITCH,
     T5,
     T5_V1_1,
@@ -82,6 +83,15 @@ def mixtral_config(**over):
                                          "max_position_embeddings": POSITIONS, **over})
 
 
+def qwen2_moe_config(**over):
+    """Three layers, the middle one dense (mlp_only_layers), a shared expert twice an expert's width."""
+    return transformers.Qwen2MoeConfig(**{"vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": FFN,
+                                          "num_hidden_layers": 3, "num_attention_heads": HEADS,
+                                          "num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2,
+                                          "moe_intermediate_size": 16, "shared_expert_intermediate_size": 32,
+                                          "mlp_only_layers": [1], "max_position_embeddings": POSITIONS, **over})
+
+
 def switch_config(**over):
     return transformers.SwitchTransformersConfig(**{
         "vocab_size": VOCAB, "d_model": HIDDEN, "d_kv": HIDDEN // HEADS, "d_ff": FFN, "num_layers": 4,
@@ -124,6 +134,11 @@ CASES = [
      {"lm": "logits"}, None),
     ("mixtral-top1-tied", "MixtralForCausalLM",
      lambda: mixtral_config(num_experts_per_tok=1, tie_word_embeddings=True, router_aux_loss_coef=0.02),
+     {"lm": "logits"}, None),
+    ("qwen2_moe", "Qwen2MoeForCausalLM", qwen2_moe_config, {"lm": "logits"}, None),
+    ("qwen2_moe-normalized-step2-tied", "Qwen2MoeForCausalLM",
+     lambda: qwen2_moe_config(norm_topk_prob=True, decoder_sparse_step=2, mlp_only_layers=[], num_hidden_layers=4,
+                              tie_word_embeddings=True, qkv_bias=False, num_experts_per_tok=3),
      {"lm": "logits"}, None),
     ("bloom", "BloomForCausalLM",
      lambda: transformers.BloomConfig(vocab_size=VOCAB, hidden_size=HIDDEN, n_layer=LAYERS, n_head=HEADS),
@@ -242,11 +257,12 @@ def test_hf_to_pentad_to_hf_is_bitwise(tmp_path, case):
     ("bart", BART, "AutoModelForSeq2SeqLM"), ("pegasus", PEGASUS, "AutoModelForSeq2SeqLM"),
     ("llama", LLAMA, "AutoModelForCausalLM"), ("bloom", BLOOM, "AutoModelForCausalLM"),
     ("mixtral", MIXTRAL, "AutoModelForCausalLM"), ("switch_transformers", SWITCH, "AutoModelForSeq2SeqLM"),
+    ("qwen2_moe", QWEN2_MOE, "AutoModelForCausalLM"),
     ("albert", ALBERT, "AutoModelForPreTraining"),
     ("albert", variant(ALBERT, targets=[{"type": "cls", "num_labels": 4}]), "AutoModelForSequenceClassification"),
     ("albert", variant(ALBERT, targets=[{"type": "tagger", "num_labels": 4}]), "AutoModelForTokenClassification"),
     ("albert", variant(ALBERT, targets=[{"type": "span"}]), "AutoModelForQuestionAnswering"),
-], ids=["t5", "t5-v1_1", "bart", "pegasus", "llama", "bloom", "mixtral", "switch", "albert", "albert-cls",
+], ids=["t5", "t5-v1_1", "bart", "pegasus", "llama", "bloom", "mixtral", "switch", "qwen2_moe", "albert", "albert-cls",
         "albert-token", "albert-qa"])
 def test_pentad_to_hf_loads_with_auto_classes(tmp_path, family, model, auto):
     make_run(tmp_path / "run", model)

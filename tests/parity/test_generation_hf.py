@@ -1,6 +1,6 @@
 """Generation parity with Hugging Face ``generate``: the same random-init models, converted with
-``pentad convert hf-to-pentad`` (the mixtures of experts of Mixtral and Switch Transformers
-included), give the same greedy
+``pentad convert hf-to-pentad`` (the mixtures of experts of Mixtral, Qwen2-MoE and Switch
+Transformers included), give the same greedy
 tokens, beam hypotheses (tokens and scores), samples (same seed) and repetition-penalised tokens.
 
 Decoder-only prompts are a left-padded batch of different lengths (HF is given the attention mask;
@@ -57,6 +57,11 @@ def _hf_config(family: str) -> Any:
         return t.MixtralConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
                                max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if family == "qwen2_moe":  # layer 1 dense (mlp_only_layers), a gated shared expert
+        return t.Qwen2MoeConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                                num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                                moe_intermediate_size=16, shared_expert_intermediate_size=32, mlp_only_layers=[1],
+                                max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if family == "bloom":
         return t.BloomConfig(vocab_size=96, hidden_size=32, n_layer=2, n_head=4, bos_token_id=1, eos_token_id=2,
                              pad_token_id=0)
@@ -80,11 +85,12 @@ def _hf_config(family: str) -> Any:
 
 
 HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM",
+              "qwen2_moe": "Qwen2MoeForCausalLM",
               "bloom": "BloomForCausalLM",
               "t5": "T5ForConditionalGeneration", "bart": "BartForConditionalGeneration",
               "switch_transformers": "SwitchTransformersForConditionalGeneration"}
 SCALES = {"gpt2": 0.3, "llama": 0.3, "mixtral": 0.3, "bloom": 1.0, "t5": 1.0, "bart": 0.3,  # picked by trying a few
-          "switch_transformers": 1.0}
+          "switch_transformers": 1.0, "qwen2_moe": 0.3}
 
 
 class Pair:
@@ -123,7 +129,8 @@ class Pair:
         return ours, new, theirs
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama", "mixtral", "t5", "switch_transformers", "bart", "bloom"])
+@pytest.fixture(scope="module", params=["gpt2", "llama", "mixtral", "qwen2_moe", "t5", "switch_transformers", "bart",
+                                        "bloom"])
 def pair(request, tmp_path_factory) -> Pair:
     return Pair(request.param, tmp_path_factory.mktemp(request.param))
 

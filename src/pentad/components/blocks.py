@@ -70,7 +70,7 @@ class MultiHeadAttentionBlock:
             reuses = reuse is not None and reuse.reuses(index)
             return Attention(model.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_size, dropout, cfg.bias,
                              cfg.attention_scale, cross=cross, residual=cfg.residual_attention and not cross,
-                             reuse=reuses, reuse_qk=reuse.keeps_qk() if reuses else True)
+                             reuse=reuses, reuse_qk=reuse.keeps_qk() if reuses else True, qkv_bias=cfg.qkv_bias)
 
         return make
 
@@ -119,6 +119,9 @@ class MoEConfig(StrictModel):
                               "default every - 1 (Hugging Face's Switch Transformers: 1 when every > 1)")
     shared_experts: int = Field(0, ge=0, description="always-on experts added to the routed output, as one "
                                 "feed-forward of shared_experts * expert_ffn_size (DeepSeek-MoE, Qwen-MoE)")
+    shared_gate: bool = Field(False, description="scale the shared experts' output per token by "
+                              "sigmoid(shared_gate x), a Linear(hidden_size, 1) without bias (Qwen-MoE); needs "
+                              "shared_experts")
     balance_loss_weight: float = Field(0.01, ge=0.0, description="weight of the load-balancing loss moe_balance")
     z_loss_weight: float = Field(0.0, ge=0.0, description="weight of the router z-loss moe_z (ST-MoE: 0.001)")
 
@@ -142,7 +145,7 @@ class MoEBlock:
             return MoE(model.hidden_size, expert_size, moe.num_experts, moe.top_k, activation=cfg.activation,
                        bias=cfg.bias, gated=gated, routing=moe.routing, capacity_factor=moe.capacity_factor,
                        normalize=moe.normalize, router_input=moe.router_input,
-                       shared_ffn_size=moe.shared_experts * expert_size, balance_loss_weight=moe.balance_loss_weight,
-                       z_loss_weight=moe.z_loss_weight)
+                       shared_ffn_size=moe.shared_experts * expert_size, shared_gate=moe.shared_gate,
+                       balance_loss_weight=moe.balance_loss_weight, z_loss_weight=moe.z_loss_weight)
 
         return make

@@ -434,7 +434,7 @@ def guess_family(model_cfg: Any) -> str:
         return "pegasus" if "sinusoidal" in parts else "bart"
     if getattr(enc, "mask", None) == "causal" or any(t.type == "lm" for t in model_cfg.targets):
         if positions == "rotary" and getattr(enc, "ffn", None) == "moe":
-            return "mixtral"
+            return "qwen2_moe" if getattr(enc, "moe", None) is not None and enc.moe.shared_gate else "mixtral"
         return {"rotary": "llama", "alibi": "bloom"}.get(positions, "gpt2")
     if getattr(enc, "share_layers", False) or model_cfg.embedding_size not in (None, model_cfg.hidden_size):
         return "albert"

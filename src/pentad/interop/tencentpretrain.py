@@ -302,6 +302,11 @@ def rules(model: Any, layout: Layout | bool | None = None) -> list[Rule]:
             raise UserError(f"cannot map this model to TencentPretrain's layout: {path}.ffn is '{stack.ffn}', and "
                             f"TencentPretrain's feed-forwards are {' and '.join(FEED_FORWARD)} only (it has no "
                             "mixture of experts); export it to Hugging Face instead (a Mixtral-style decoder).")
+        qkv_bias = getattr(stack, "qkv_bias", None)
+        if qkv_bias is not None and qkv_bias != stack.bias:
+            raise UserError(f"cannot map this model to TencentPretrain's layout: {path}.qkv_bias is {qkv_bias} with "
+                            f"bias {stack.bias}, and TencentPretrain has one bias switch for every projection "
+                            "(remove_transformer_bias); export it to Hugging Face instead.")
     hidden = model.hidden_size
     out = _embedding_specs(model.embedding, "embedding", "embedding", False, problems)
     enc = model.encoder

@@ -55,7 +55,9 @@ class Attention(Block):
     each key/value head serves num_heads / num_kv_heads query heads. ``head_size`` may differ from
     H / num_heads (T5-3B/11B). ``scale=False`` drops the 1/sqrt(head_size) factor (T5, whose
     initialisation absorbs it). ``residual`` (RealFormer, He et al. 2021) adds the previous layer's
-    raw scores to this layer's and returns its own, which needs the explicit (non-fused) path.
+    raw scores to this layer's and returns its own, which needs the explicit (non-fused) path. ``bias`` switches
+    every projection's bias; ``qkv_bias`` (when not None) overrides it for the query, key and value
+    projections alone (Qwen2: biased ``qkv``, unbiased ``out``).
 
     ``reuse`` (attention-weight reuse, :class:`AttentionReuse`): the stack may hand this layer the
     previous layer's attention probabilities instead of letting it compute its own; it then applies
@@ -66,8 +68,9 @@ class Attention(Block):
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
                  head_size: int | None = None, dropout: float = 0.0, bias: bool = True,
                  scale: bool = True, cross: bool = False, residual: bool = False, reuse: bool = False,
-                 reuse_qk: bool = True):
+                 reuse_qk: bool = True, qkv_bias: bool | None = None):
         super().__init__()
+        in_bias = bias if qkv_bias is None else qkv_bias  # query/key/value biases (Qwen: without an output bias)
         self.residual = residual
         self.reuse = reuse
         num_kv_heads = num_kv_heads or num_heads
@@ -83,13 +86,13 @@ class Attention(Block):
             raise ValueError("cross-attention cannot reuse self-attention probabilities")
         self.v: nn.Linear | None = None  # the pure-reuse layer's value projection
         if cross:
-            self.q = nn.Linear(hidden_size, self.q_dim, bias=bias)
-            self.kv = nn.Linear(hidden_size, 2 * self.kv_dim, bias=bias)
+            self.q = nn.Linear(hidden_size, self.q_dim, bias=in_bias)
+            self.kv = nn.Linear(hidden_size, 2 * self.kv_dim, bias=in_bias)
         elif reuse and not reuse_qk:
             self.qkv: nn.Linear | None = None
-            self.v = nn.Linear(hidden_size, self.kv_dim, bias=bias)
+            self.v = nn.Linear(hidden_size, self.kv_dim, bias=in_bias)
         else:
-            self.qkv = nn.Linear(hidden_size, self.q_dim + 2 * self.kv_dim, bias=bias)
+            self.qkv = nn.Linear(hidden_size, self.q_dim + 2 * self.kv_dim, bias=in_bias)
         self.out = nn.Linear(self.q_dim, hidden_size, bias=bias)
 
     def reset_parameters(self, std: float = 0.02, scheme: InitScheme = "normal") -> None:

@@ -18,7 +18,8 @@ The router reads the layer's hidden states, or with ``router_input: word`` the s
 token embeddings: HunYuan-NLP routes by the word vector, which keeps a token's expert stable across
 training). Router logits are computed in fp32 (Switch's selective precision). Shared experts (one
 dense or gated feed-forward every token passes through, DeepSeek-MoE / Qwen-MoE) are added to the
-routed output.
+routed output; with ``shared_gate`` (Qwen-MoE) their output is first scaled per token by
+``sigmoid(shared_gate(x))``, a Linear(H, 1) without bias.
 
 Auxiliary losses (returned by :meth:`MoE.pop_aux`, already weighted): ``moe_balance``, the
 load-balancing loss ``N * sum_e f_e P_e`` (Switch, eq. 4), with f_e the fraction of token-expert
@@ -94,7 +95,8 @@ class MoE(Block):
     """[B,S,H] -> [B,S,H]: routed experts (see the module docstring) plus optional shared experts.
 
     ``forward(x, padding_mask [B,S] | None, router_input [B,S,H] | None)``; the last two come from
-    the stack (``routed``). Parameters: ``router.weight`` [N, H], ``experts.*``, ``shared.*``.
+    the stack (``routed``). Parameters: ``router.weight`` [N, H], ``experts.*``, ``shared.*``,
+    ``shared_gate.weight`` [1, H].
     """
 
     routed = True
@@ -103,7 +105,8 @@ class MoE(Block):
     def __init__(self, hidden_size: int, ffn_size: int, num_experts: int, top_k: int = 2, *,
                  activation: str = "silu", bias: bool = False, gated: bool = True, routing: Routing = "top_k",
                  capacity_factor: float | None = None, normalize: bool = True, router_input: RouterInput = "hidden",
-                 shared_ffn_size: int = 0, balance_loss_weight: float = 0.01, z_loss_weight: float = 0.0):
+                 shared_ffn_size: int = 0, shared_gate: bool = False, balance_loss_weight: float = 0.01,
+                 z_loss_weight: float = 0.0):
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k {top_k} must be between 1 and num_experts {num_experts}")
@@ -113,6 +116,9 @@ class MoE(Block):
         self.router = nn.Linear(hidden_size, num_experts, bias=False)
         self.experts = Experts(num_experts, hidden_size, ffn_size, activation, bias, gated)
         self.shared = FeedForward(hidden_size, shared_ffn_size, activation, bias, gated) if shared_ffn_size else None
+        if shared_gate and self.shared is None:
+            raise ValueError("shared_gate needs shared experts (shared_ffn_size > 0)")
+        self.shared_gate = nn.Linear(hidden_size, 1, bias=False) if shared_gate else None
         self._aux: tuple[dict[str, Tensor], dict[str, Tensor]] = ({}, {})
 
     def reset_parameters(self, std: float = 0.02, scheme: InitScheme = "normal") -> None:
@@ -123,6 +129,11 @@ class MoE(Block):
         self.experts.reset_parameters(std, scheme)
         if self.shared is not None:
             self.shared.reset_parameters(std, scheme)
+        if self.shared_gate is not None:
+            if scheme == "normal":
+                init_linear(self.shared_gate, std)
+            else:
+                nn.init.normal_(self.shared_gate.weight, std=self.shared_gate.weight.shape[1] ** -0.5)
 
     def pop_aux(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         aux, self._aux = self._aux, ({}, {})
@@ -149,7 +160,7 @@ class MoE(Block):
         if flat.shape[0] == 0:  # every position is padding: zeros, with every parameter in the graph
             self._aux = ({}, {})
             out = torch.zeros_like(x) + 0.0 * sum(p.sum() for p in self.parameters() if p.requires_grad)
-            return out + self.shared(x) if self.shared is not None else out
+            return out + self._shared(x) if self.shared is not None else out
         logits = F.linear(route.float(), self.router.weight.float())  # [T, N] in fp32
         probs = logits.softmax(dim=-1)
         if self.routing == "expert_choice":
@@ -165,8 +176,13 @@ class MoE(Block):
                 0, rows, out)
         out = out.reshape(shape)
         if self.shared is not None:
-            out = out + self.shared(x)
+            out = out + self._shared(x)
         return out
+
+    def _shared(self, x: Tensor) -> Tensor:
+        """The shared experts' output [B,S,H], gated per token when ``shared_gate``."""
+        shared = self.shared(x)
+        return torch.sigmoid(self.shared_gate(x)) * shared if self.shared_gate is not None else shared
 
     def _top_k(self, x: Tensor, probs: Tensor) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
         tokens, k, n = x.shape[0], self.top_k, self.num_experts

@@ -46,6 +46,18 @@ def test_blocks_are_registered_and_assemble_each_layer():
     assert first is not second and first.gate is None and first.up.out_features == 24
 
 
+def test_qkv_bias_overrides_bias_for_the_query_key_value_projections_alone():
+    plain = build_model(lm_config(bias=False))
+    qwen = build_model(lm_config(bias=False, qkv_bias=True))
+    for layer in qwen.encoder.layers:
+        assert layer.attention.qkv.bias is not None and layer.attention.out.bias is None
+        assert layer.ffn.up.bias is None
+    extra = {k for k, _ in qwen.named_parameters()} - {k for k, _ in plain.named_parameters()}
+    assert extra == {f"encoder.layers.{i}.attention.qkv.bias" for i in range(2)}
+    cross = Attention(16, 2, bias=True, cross=True, qkv_bias=False)
+    assert cross.q.bias is None and cross.kv.bias is None and cross.out.bias is not None
+
+
 def test_unknown_ffn_kind_names_the_choices():
     with pytest.raises(Exception, match="dense.*gated"):
         lm_config(ffn="sparse")

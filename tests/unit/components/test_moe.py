@@ -230,6 +230,20 @@ def test_shared_experts_add_a_feed_forward():
     torch.testing.assert_close(module(x), routed + module.shared(x), rtol=1e-5, atol=1e-6)
 
 
+def test_shared_gate_scales_the_shared_experts_per_token():
+    module = moe(top_k=2, shared_ffn_size=FF, shared_gate=True)
+    assert module.shared_gate.weight.shape == (1, H) and module.shared_gate.bias is None
+    assert module.shared_gate.weight.abs().sum() > 0  # initialised by reset_parameters
+    x = tokens()
+    gate = torch.sigmoid(x @ module.shared_gate.weight.t())  # [1, T, 1]
+    torch.testing.assert_close(module(x), reference(module, x) + gate * module.shared(x), rtol=1e-5, atol=1e-6)
+    module(x).sum().backward()
+    assert module.shared_gate.weight.grad is not None and module.shared_gate.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="shared_gate needs shared experts"):
+        MoE(H, FF, N, 2, shared_gate=True)
+    assert "shared_gate.weight" not in dict(moe(shared_ffn_size=FF).named_parameters())  # off by default
+
+
 def test_deterministic():
     x = tokens()
     assert torch.equal(moe(capacity_factor=1.0)(x), moe(capacity_factor=1.0)(x))
@@ -307,3 +321,5 @@ def test_config_problems_are_reported():
     with pytest.raises(ConfigError, match="set ffn: moe"):
         build_model(config({"num_experts": 2}, ffn="gated"), device="meta")
     assert build_model(config(mask="bidirectional", moe={"routing": "expert_choice"}), device="meta")
+    with pytest.raises(ConfigError, match="model.encoder.moe.shared_gate.*shared_experts is 0"):
+        build_model(config({"shared_gate": True}), device="meta")

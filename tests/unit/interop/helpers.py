@@ -94,6 +94,12 @@ MIXTRAL: dict[str, Any] = {
     **LLAMA, "encoder": {**LLAMA["encoder"], "ffn": "moe", "layer_norm_eps": 1e-5,
                          "moe": {"num_experts": 4, "top_k": 2, "balance_loss_weight": 0.02}},
 }
+QWEN2_MOE: dict[str, Any] = {  # layers 0 and 2 sparse, 1 dense; biased qkv alone; a gated shared expert
+    **LLAMA, "encoder": {**LLAMA["encoder"], "num_layers": 3, "qkv_bias": True, "ffn_size": 48,
+                         "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_size": 16, "normalize": False, "every": 2,
+                                 "first": 0, "shared_experts": 2, "shared_gate": True},
+                         "ffn": "moe"},
+}
 BLOOM: dict[str, Any] = {
     "hidden_size": H, "vocab_size": 60, "max_seq_length": POSITIONS, "tie_word_embeddings": True,
     "embedding": {"parts": ["word"], "norm": True, "layer_norm_eps": 1e-5, "dropout": 0.0},
@@ -135,6 +141,7 @@ PENTAD_MODELS = [
     ("llama", "llama", LLAMA),
     ("llama-tied", "llama", variant(LLAMA, tie_word_embeddings=True)),
     ("mixtral", "mixtral", MIXTRAL),
+    ("qwen2_moe", "qwen2_moe", QWEN2_MOE),
     ("switch", "switch_transformers", SWITCH),
     ("bloom", "bloom", BLOOM),
 ]

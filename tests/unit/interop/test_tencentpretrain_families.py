@@ -249,3 +249,11 @@ def test_a_mixture_of_experts_is_refused_with_the_way_out(tmp_path):
     make_run(tmp_path / "run", MIXTRAL)
     with pytest.raises(UserError, match="model.encoder.ffn is 'moe'.*no mixture of experts.*Hugging Face"):
         convert("pentad-to-tencentpretrain", tmp_path / "run", tmp_path / "tp")
+
+
+def test_biases_on_query_key_value_alone_are_refused(tmp_path):
+    from tests.unit.interop.helpers import LLAMA, make_run, variant
+
+    make_run(tmp_path / "run", variant(LLAMA, encoder={**LLAMA["encoder"], "qkv_bias": True}))
+    with pytest.raises(UserError, match="model.encoder.qkv_bias is True with bias False.*one bias switch"):
+        convert("pentad-to-tencentpretrain", tmp_path / "run", tmp_path / "tp")

@@ -50,6 +50,8 @@ class TransformerStackConfig(StrictModel):
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     attention_dropout: float | None = Field(None, ge=0.0, lt=1.0, description="default: dropout")
     bias: bool = Field(True, description="biases in the attention and feed-forward projections")
+    qkv_bias: bool | None = Field(None, description="biases in the query/key/value projections alone; default: "
+                                  "bias (Qwen2: true with bias false)")
     layer_norm_eps: float = Field(1e-12, gt=0.0)
     attention_scale: bool = Field(True, description="scale scores by 1/sqrt(head_size) (off for T5)")
     positions: Literal["none", "rotary", "relative", "alibi"] = Field(
@@ -127,6 +129,9 @@ class TransformerStackConfig(StrictModel):
             problems.append(("moe.every" if moe.first is None else "moe.first",
                              f"the first MoE layer is layer {first} with share_layers: the one shared layer is "
                              "layer 0, which would get no experts; use every: 1"))
+        if moe.shared_gate and not moe.shared_experts:
+            problems.append(("moe.shared_gate", "true, but shared_experts is 0: there is no shared expert to gate; "
+                                                "set shared_experts or drop shared_gate"))
         if moe.routing == "expert_choice" and self.causal():
             problems.append(("moe.routing", "expert_choice compares all tokens of a batch, so a position's output "
                                             "would depend on later positions; use top_k in a causal stack"))

@@ -179,6 +179,10 @@ def stack_problems(stack: Any, path: str, family: str, hidden_size: int, *, grou
         found = getattr(stack, key, value)
         if found != value:
             problems.append(f"{path}.{key} is {found!r} where {family} has {value!r}")
+    qkv_bias = getattr(stack, "qkv_bias", None)
+    if "qkv_bias" not in expected and qkv_bias not in (None, getattr(stack, "bias", qkv_bias)):
+        problems.append(f"{path}.qkv_bias {qkv_bias} with bias {stack.bias} (biases on the query/key/value "
+                        f"projections alone; {family} has none)")
     heads = stack.num_heads
     if not grouped and stack.num_kv_heads not in (None, heads):
         problems.append(f"{path}.num_kv_heads {stack.num_kv_heads} (grouped-query attention; {family} has none)")
@@ -232,6 +236,8 @@ def guess_layout(keys: set[str] | dict[str, Any]) -> str | None:
         return "bloom"
     if any(".block_sparse_moe." in k for k in keys):
         return "mixtral"
+    if any(".mlp.shared_expert_gate." in k for k in keys):
+        return "qwen2_moe"
     if any(".mlp.gate_proj." in k for k in keys):
         return "llama"
     if any(k.endswith("encoder.conv1.weight") for k in keys):

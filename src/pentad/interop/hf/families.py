@@ -18,6 +18,7 @@ from pentad.interop.hf import (
     llama,
     mixtral,
     pegasus,
+    qwen2_moe,
     roberta,
     speech2text,
     switch,
@@ -31,7 +32,7 @@ def families() -> dict[str, HFFamily]:
     """model_type -> family (``xlm-roberta`` is the RoBERTa family)."""
     table: dict[str, HFFamily] = {}
     for family in (bert.FAMILY, roberta.FAMILY, gpt2.FAMILY, albert.FAMILY, t5.FAMILY, bart.FAMILY, pegasus.FAMILY,
-                   llama.FAMILY, mixtral.FAMILY, bloom.FAMILY, switch.FAMILY, vit.FAMILY,
+                   llama.FAMILY, mixtral.FAMILY, qwen2_moe.FAMILY, bloom.FAMILY, switch.FAMILY, vit.FAMILY,
                    clip.FAMILY, whisper.FAMILY, speech2text.FAMILY):
         for model_type in family.model_types:
             table[model_type] = family

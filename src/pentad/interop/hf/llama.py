@@ -38,18 +38,24 @@ BODY: list[RuleSpec] = [
     ("encoder.final_norm.weight", "{p}norm.weight"),
     ((), ("{p}rotary_emb.inv_freq?",), "ignore"),
 ]
-LAYER: list[RuleSpec] = [
+# a layer in parts, which the LLaMA-bodied families (Qwen2-MoE) combine with their own feed-forwards
+QKV: list[RuleSpec] = [
     ("encoder.layers.{layer}.attention.qkv.{awb}",
      ("{p}layers.{layer}.self_attn.q_proj.{awb}", "{p}layers.{layer}.self_attn.k_proj.{awb}",
       "{p}layers.{layer}.self_attn.v_proj.{awb}"), "fuse_qkv:{heads}:{kv_heads}"),
-    ("encoder.layers.{layer}.attention.out.{awb}", "{p}layers.{layer}.self_attn.o_proj.{awb}"),
+]
+OUT: list[RuleSpec] = [("encoder.layers.{layer}.attention.out.{awb}", "{p}layers.{layer}.self_attn.o_proj.{awb}")]
+NORMS: list[RuleSpec] = [
     ("encoder.layers.{layer}.attention_norm.weight", "{p}layers.{layer}.input_layernorm.weight"),
-    ("encoder.layers.{layer}.ffn.gate.{mwb}", "{p}layers.{layer}.mlp.gate_proj.{mwb}"),
-    ("encoder.layers.{layer}.ffn.up.{mwb}", "{p}layers.{layer}.mlp.up_proj.{mwb}"),
-    ("encoder.layers.{layer}.ffn.down.{mwb}", "{p}layers.{layer}.mlp.down_proj.{mwb}"),
     ("encoder.layers.{layer}.ffn_norm.weight", "{p}layers.{layer}.post_attention_layernorm.weight"),
     ((), ("{p}layers.{layer}.self_attn.rotary_emb.inv_freq?",), "ignore"),
 ]
+MLP: list[RuleSpec] = [
+    ("encoder.layers.{layer}.ffn.gate.{mwb}", "{p}layers.{layer}.mlp.gate_proj.{mwb}"),
+    ("encoder.layers.{layer}.ffn.up.{mwb}", "{p}layers.{layer}.mlp.up_proj.{mwb}"),
+    ("encoder.layers.{layer}.ffn.down.{mwb}", "{p}layers.{layer}.mlp.down_proj.{mwb}"),
+]
+LAYER: list[RuleSpec] = QKV + OUT + NORMS + MLP
 HEADS: dict[str, list[RuleSpec]] = {
     "tied": [("embedding.word.weight", "lm_head.weight?", "tied")],
     # a LlamaModel (tie_word_embeddings false, no lm_head) imported with the word table as output:
@@ -80,6 +86,46 @@ def rope(config: dict[str, Any], problems: list[str]) -> float:
     if kind != "default":
         problems.append(f"RoPE scaling '{kind}' (pentad's rotary positions are unscaled)")
     return float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+
+
+def body_problems(model: Any, family: str, display: str, **stack_expected: Any) -> list[str]:
+    """What a pentad model lacks to be a LLaMA-bodied HF model (word table, pre-norm causal stack with
+    a final norm, rotary positions, one unbiased lm head); ``stack_expected`` as for ``stack_problems``."""
+    problems: list[str] = []
+    enc = model.encoder
+    if model.decoder is not None:
+        problems.append(f"the model has a decoder; {display} is decoder-only (one causal stack)")
+    if [p.type for p in model.embedding.parts] != ["word"] or model.embedding.norm or \
+            getattr(model.embedding.parts[0], "scale", False):
+        problems.append("model.embedding must be an unscaled word table alone without a norm")
+    if model.embedding_size not in (None, model.hidden_size):
+        problems.append(f"model.embedding_size {model.embedding_size} ({display} has no factorised embedding)")
+    final = enc.final_norm if enc.final_norm is not None else enc.norm_position == "pre"
+    if enc.type != "transformer" or enc.norm_position != "pre" or not final or enc.mask != "causal":
+        problems.append("model.encoder must be a pre-norm causal transformer with a final norm")
+    else:
+        problems += stack_problems(enc, "model.encoder", family, model.hidden_size, grouped=True, head_size=True,
+                                   norm=enc.norm if enc.norm in ("rmsnorm", "t5") else "rmsnorm",
+                                   positions="rotary", **stack_expected)
+    targets = list(model.targets)
+    if len(targets) != 1 or targets[0].type != "lm" or targets[0].bias or targets[0].scale_hidden:
+        problems.append(f"targets {[t.type for t in targets]}: {display} has one lm head without a bias")
+    return problems
+
+
+def rope_and_tokens(config: dict[str, Any], base: dict[str, Any], model: Any, eos_id: int | None) -> None:
+    """Fill an exported LLaMA-bodied config in place: the rotary base in the spelling of the config
+    it was imported from, its position limit when that is larger, and the special token ids."""
+    config["rope_parameters"] = {"rope_theta": float(model.encoder.rotary_base), "rope_type": "default"}
+    if "rope_theta" in base and "rope_parameters" not in base:
+        # an older config.json: keep its spelling
+        del config["rope_parameters"]
+        config["rope_theta"] = float(model.encoder.rotary_base)
+    if "max_position_embeddings" in base and int(base["max_position_embeddings"]) >= model.max_seq_length:
+        config["max_position_embeddings"] = base["max_position_embeddings"]
+    for key, value in (("bos_token_id", None), ("eos_token_id", eos_id)):
+        if key not in base and value is not None:
+            config[key] = value
 
 
 class LlamaFamily(HFFamily):
@@ -149,25 +195,9 @@ class LlamaFamily(HFFamily):
     def plan_export(self, model: Any, *, label: str, model_type: str | None, base_config: dict[str, Any] | None,
                     omittable: set[str], pad_id: int | None, eos_id: int | None,
                     labels: list[str] | None) -> ExportPlan:
-        problems: list[str] = []
         enc = model.encoder
-        if model.decoder is not None:
-            problems.append("the model has a decoder; LLaMA is decoder-only (one causal stack)")
-        if [p.type for p in model.embedding.parts] != ["word"] or model.embedding.norm or \
-                getattr(model.embedding.parts[0], "scale", False):
-            problems.append("model.embedding must be an unscaled word table alone without a norm")
-        if model.embedding_size not in (None, model.hidden_size):
-            problems.append(f"model.embedding_size {model.embedding_size} (LLaMA has no factorised embedding)")
-        final = enc.final_norm if enc.final_norm is not None else enc.norm_position == "pre"
-        if enc.type != "transformer" or enc.norm_position != "pre" or not final or enc.mask != "causal":
-            problems.append("model.encoder must be a pre-norm causal transformer with a final norm")
-        else:
-            problems += stack_problems(enc, "model.encoder", "llama", model.hidden_size, grouped=True, head_size=True,
-                                       norm=enc.norm if enc.norm in ("rmsnorm", "t5") else "rmsnorm", ffn="gated",
-                                       positions="rotary")
+        problems = body_problems(model, "llama", "LLaMA", ffn="gated")
         targets = list(model.targets)
-        if len(targets) != 1 or targets[0].type != "lm" or targets[0].bias or targets[0].scale_hidden:
-            problems.append(f"targets {[t.type for t in targets]}: LLaMA has one lm head without a bias")
         base = dict(base_config or {})
         act = activation_name(base.get("hidden_act"), enc.activation)
         if act is None:

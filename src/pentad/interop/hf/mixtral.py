@@ -30,9 +30,8 @@ from pentad.interop.hf import (
     hinted_problems,
     merge_config,
     seq_length,
-    stack_problems,
 )
-from pentad.interop.hf.llama import BODY, HEADS, LlamaFamily, rope
+from pentad.interop.hf.llama import BODY, HEADS, LlamaFamily, body_problems, rope, rope_and_tokens
 from pentad.interop.keymap import Rule, RuleSpec, expand
 
 ATTENTION: list[RuleSpec] = [
@@ -120,28 +119,14 @@ class MixtralFamily(LlamaFamily):
     def plan_export(self, model: Any, *, label: str, model_type: str | None, base_config: dict[str, Any] | None,
                     omittable: set[str], pad_id: int | None, eos_id: int | None,
                     labels: list[str] | None) -> ExportPlan:
-        problems: list[str] = []
         enc = model.encoder
-        if model.decoder is not None:
-            problems.append("the model has a decoder; Mixtral is decoder-only (one causal stack)")
-        if [p.type for p in model.embedding.parts] != ["word"] or model.embedding.norm or \
-                getattr(model.embedding.parts[0], "scale", False):
-            problems.append("model.embedding must be an unscaled word table alone without a norm")
-        final = enc.final_norm if enc.final_norm is not None else enc.norm_position == "pre"
-        if enc.type != "transformer" or enc.norm_position != "pre" or not final or enc.mask != "causal":
-            problems.append("model.encoder must be a pre-norm causal transformer with a final norm")
-        else:
-            problems += stack_problems(enc, "model.encoder", "mixtral", model.hidden_size, grouped=True,
-                                       head_size=True, norm=enc.norm if enc.norm in ("rmsnorm", "t5") else "rmsnorm",
-                                       ffn="moe", positions="rotary", bias=False)
+        problems = body_problems(model, "mixtral", "Mixtral", ffn="moe", bias=False)
+        if enc.type == "transformer":
             moe = enc.moe_config
             want = {"routing": "top_k", "expert": "gated", "normalize": True, "capacity_factor": None,
                     "router_input": "hidden", "every": 1, "shared_experts": 0}
             problems += [f"model.encoder.moe.{k} is {getattr(moe, k)!r} where mixtral has {v!r}"
                          for k, v in want.items() if getattr(moe, k) != v]
-        targets = list(model.targets)
-        if len(targets) != 1 or targets[0].type != "lm" or targets[0].bias or targets[0].scale_hidden:
-            problems.append(f"targets {[t.type for t in targets]}: Mixtral has one lm head without a bias")
         base = dict(base_config or {})
         act = activation_name(base.get("hidden_act"), enc.activation)
         if act is None:
@@ -163,20 +148,12 @@ class MixtralFamily(LlamaFamily):
             "num_local_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
             "router_aux_loss_coef": moe.balance_loss_weight / moe.top_k, "router_jitter_noise": 0.0,
             "output_router_logits": False, "sliding_window": None,
-            "rope_parameters": {"rope_theta": float(enc.rotary_base), "rope_type": "default"},
         }
-        if "rope_theta" in base and "rope_parameters" not in base:
-            del config["rope_parameters"]
-            config["rope_theta"] = float(enc.rotary_base)
-        if "max_position_embeddings" in base and int(base["max_position_embeddings"]) >= model.max_seq_length:
-            config["max_position_embeddings"] = base["max_position_embeddings"]
-        for key, value in (("bos_token_id", None), ("eos_token_id", eos_id)):
-            if key not in base and value is not None:
-                config[key] = value
+        rope_and_tokens(config, base, model, eos_id)
         config = merge_config(base, OWNED, config)
         rules = self.rules(prefix="model.", num_layers=enc.num_layers, heads=heads, kv_heads=enc.num_kv_heads or heads,
                            experts=moe.num_experts, head="tied" if model.tie_word_embeddings else "untied",
-                           lm=targets[0].target_name)
+                           lm=model.targets[0].target_name)
         return ExportPlan(config, rules, "MixtralForCausalLM", set(), [])
 
 
