@@ -1,4 +1,4 @@
-"""Tokenizers of the Pegasus, BLOOM and ALBERT families through ``pentad convert``: pentad's
+"""Tokenizers of the Pegasus, BLOOM, Qwen2-MoE and ALBERT families through ``pentad convert``: pentad's
 tokenizer of a converted directory gives the ids Hugging Face's tokenizer gives (tokenizers built
 in the test, no download), and the export loads in HF with the same ids."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 from tests.parity.test_conversion_families import SENTENCES, hf_tokenizer, train_sentencepiece
-from tests.unit.interop.helpers import ALBERT, BLOOM, PEGASUS, make_run
+from tests.unit.interop.helpers import ALBERT, BLOOM, PEGASUS, QWEN2_MOE, make_run
 
 from pentad.interop import convert
 from pentad.runs import load_run
@@ -89,6 +89,44 @@ def test_bloom_tokenizer_json_is_used_as_it_is(tmp_path):
     convert("pentad-to-hf", tmp_path / "pentad", tmp_path / "back")
     assert (tmp_path / "back" / "tokenizer.json").read_bytes() == data
     again = hf_tokenizer(tmp_path / "back")
+    assert [again(t)["input_ids"] for t in TEXTS] == [theirs(t)["input_ids"] for t in TEXTS]
+
+
+def qwen2_tokenizer_json() -> bytes:
+    """A byte-level BPE trained here with Qwen2's tokenizer.json settings (NFC, its split regex,
+    byte-level without its own regex), <|endoftext|> as its one special token."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    split = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+             r"\s*[\r\n]+|\s+(?!\S)|\s+")
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(split), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(SENTENCES + TEXTS, trainer)
+    return tok.to_str().encode("utf-8")
+
+
+def test_qwen2_tokenizer_json_is_used_as_it_is(tmp_path):
+    data = qwen2_tokenizer_json()
+    theirs = run_with_tokenizer(tmp_path, QWEN2_MOE, {"tokenizer.json": data}, {
+        "tokenizer_class": "Qwen2Tokenizer", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"})
+    convert("hf-to-pentad", tmp_path / "hf", tmp_path / "pentad")
+    cfg, ours = load_run(tmp_path / "pentad")
+    assert cfg.tokenizer.type == "tokenizer_json"
+    assert ours.eos_id == ours.pad_id == theirs.eos_token_id == 0
+    for text in TEXTS:
+        ids = theirs(text, add_special_tokens=False)["input_ids"]
+        assert ours.encode(text) == ids, text
+        assert ours.decode(ids) == theirs.decode(ids)
+    convert("pentad-to-hf", tmp_path / "pentad", tmp_path / "back")
+    assert (tmp_path / "back" / "tokenizer.json").read_bytes() == data
+    again = hf_tokenizer(tmp_path / "back")
+    assert type(again).__name__ == type(theirs).__name__
     assert [again(t)["input_ids"] for t in TEXTS] == [theirs(t)["input_ids"] for t in TEXTS]
 
 
