@@ -22,8 +22,9 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from pentad.components.base import IGNORE_INDEX, Batch
+from pentad.components.base import Batch
 from pentad.data.audio import AudioConfig, AudioSet, collate, load_features
+from pentad.data.objectives.s2t import teacher_forced
 from pentad.data.tsv import read_path_tsv
 from pentad.errors import UserError
 from pentad.registry import TASKS
@@ -276,20 +277,10 @@ class AsrTask(Task):
                               fills=None if fills is None else [fills[i] for i in index], frames=data.audio.frames)
         batch = Batch(audio=audio, audio_padding_mask=mask)
         if data.targets is not None:
-            bodies = [data.targets[i] for i in index]
-            head = [self.start_id, *self.prompt_ids]  # read, never scored
-            length = max(len(b) for b in bodies) + len(head)
-            decoder = np.full((len(bodies), length), self.pad_id, dtype=np.int64)
-            labels = np.full((len(bodies), length), IGNORE_INDEX, dtype=np.int64)
-            skip = len(head) - 1
-            for row, body in enumerate(bodies):
-                decoder[row, :len(head)] = head
-                decoder[row, len(head):len(head) + len(body)] = body
-                labels[row, skip:skip + len(body)] = body
-                labels[row, skip + len(body)] = self.end_id
+            decoder, labels, padding = teacher_forced([data.targets[i] for i in index],
+                                                      [self.start_id, *self.prompt_ids], self.end_id, self.pad_id)
             batch.decoder_tokens = torch.from_numpy(decoder)
-            ends = np.array([len(head) + len(b) for b in bodies])
-            batch.decoder_padding_mask = torch.from_numpy(np.arange(length)[None, :] >= ends[:, None])
+            batch.decoder_padding_mask = torch.from_numpy(padding)
             batch.labels["lm"] = torch.from_numpy(labels)
         return batch
 

@@ -42,6 +42,26 @@ if TYPE_CHECKING:
 COLUMNS = ("text", "path")
 
 
+def teacher_forced(bodies: list[np.ndarray], head: list[int], end_id: int, pad_id: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The decoder side of transcripts ``bodies``: decoder input [B, L] (``head`` = the start token
+    and the decoder prompt, then the body, then padding), labels [B, L] (the body then ``end_id``,
+    IGNORE_INDEX at the head's positions but its last and at padding) and the padding mask [B, L]."""
+    from pentad.components.base import IGNORE_INDEX  # on first use; see objectives.base
+
+    width = max(len(b) for b in bodies) + len(head)
+    decoder = np.full((len(bodies), width), pad_id, dtype=np.int64)
+    labels = np.full((len(bodies), width), IGNORE_INDEX, dtype=np.int64)
+    skip = len(head) - 1
+    for row, body in enumerate(bodies):
+        decoder[row, :len(head)] = head
+        decoder[row, len(head):len(head) + len(body)] = body
+        labels[row, skip:skip + len(body)] = body
+        labels[row, skip + len(body)] = end_id
+    ends = np.array([len(head) + len(b) for b in bodies])
+    return decoder, labels, np.arange(width)[None, :] >= ends[:, None]
+
+
 class S2tObjectiveConfig(ObjectiveConfig):
     type: Literal["s2t"] = "s2t"
     seq_length: int = Field(64, ge=2, description="transcript tokens per utterance, the end token included; "
@@ -163,8 +183,6 @@ class S2tObjective(Objective):
     # ---- training ---------------------------------------------------------------------------
     def collate(self, instances: Instances, rng: np.random.Generator) -> Batch:
         """audio/audio_padding_mask [B,T,F]/[B,T]; decoder_tokens/decoder_padding_mask/labels.lm [B,L]."""
-        from pentad.components.base import IGNORE_INDEX  # on first use; see objectives.base
-
         ragged = instances.arrays["audio"]
         utterances = [ragged.item(i) for i in range(len(instances))]
         fills = None
@@ -172,18 +190,8 @@ class S2tObjective(Objective):
             fills = instances.fields["fill"].astype(np.int32).view(np.float32).tolist()
         audio, mask = collate(utterances, self.cfg.audio.specaugment, rng if self.cfg.audio.specaugment else None,
                               fills=fills, frames=self.cfg.audio.whisper_frames if self.whisper else None)
-        head = [self.start_id, *self.prompt_ids]
         bodies = [instances.sequence(i) for i in range(len(instances))]
-        width = max(len(b) for b in bodies) + len(head)
-        decoder = np.full((len(bodies), width), self.pad_id, dtype=np.int64)
-        labels = np.full((len(bodies), width), IGNORE_INDEX, dtype=np.int64)
-        skip = len(head) - 1
-        for row, body in enumerate(bodies):
-            decoder[row, :len(head)] = head
-            decoder[row, len(head):len(head) + len(body)] = body
-            labels[row, skip:skip + len(body)] = body
-            labels[row, skip + len(body)] = self.end_id
-        ends = np.array([len(head) + len(b) for b in bodies])
-        padding = np.arange(width)[None, :] >= ends[:, None]
+        decoder, labels, padding = teacher_forced(bodies, [self.start_id, *self.prompt_ids], self.end_id,
+                                                  self.pad_id)
         return new_batch(audio=audio, audio_padding_mask=mask, decoder_tokens=to_batch_tensor(decoder),
                          decoder_padding_mask=to_batch_tensor(padding), labels={"lm": to_batch_tensor(labels)})

@@ -194,6 +194,28 @@ def stack_problems(stack: Any, path: str, family: str, hidden_size: int, *, grou
     return problems
 
 
+def encoder_decoder_problems(enc: Any, dec: Any, family: str, hidden_size: int, *, pre_norm: bool,
+                             layer_norm_eps: float) -> list[str]:
+    """What the encoder and decoder stacks of a pentad encoder-decoder have that a HF family with one
+    value of each option for both stacks, biases, and pre-norm with final norms (``pre_norm``) or
+    post-norm without, cannot express."""
+    problems = []
+    for f in ("activation", "dropout", "attention_dropout", "layer_norm_eps", "bias", "norm_position"):
+        if getattr(enc, f) != getattr(dec, f):
+            problems.append(f"model.encoder.{f} ({getattr(enc, f)}) and model.decoder.{f} ({getattr(dec, f)}) "
+                            f"differ; {family} has one value for both")
+    position = "pre" if pre_norm else "post"
+    for path, stack in (("model.encoder", enc), ("model.decoder", dec)):
+        final = stack.final_norm if stack.final_norm is not None else stack.norm_position == "pre"
+        if stack.norm_position != position or final != pre_norm or not stack.bias:
+            problems.append(f"{path} must be {position}-norm with biases"
+                            + (" and a final norm" if pre_norm else " without a final norm"))
+        if float(stack.layer_norm_eps) != layer_norm_eps:
+            problems.append(f"{path}.layer_norm_eps {stack.layer_norm_eps}; {family} uses {layer_norm_eps}")
+        problems += stack_problems(stack, path, family, hidden_size)
+    return problems
+
+
 def seq_length(max_length: int | None, positions: int | None, default: int = 512) -> int:
     """pentad's max_seq_length: the tokenizer's limit when it fits the positions, else the positions."""
     if positions is None:

@@ -28,10 +28,10 @@ from pentad.interop.hf import (
     ImportPlan,
     activation,
     activation_name,
+    encoder_decoder_problems,
     hinted_problems,
     merge_config,
     seq_length,
-    stack_problems,
 )
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
 
@@ -215,19 +215,8 @@ class BartLikeFamily(HFFamily):
             problems.append(f"{self.name}'s output layer is the word table (tie_word_embeddings: true)")
         if model.embedding_size not in (None, model.hidden_size):
             problems.append(f"model.embedding_size {model.embedding_size} ({self.name} has no factorised embedding)")
-        for f in ("activation", "dropout", "attention_dropout", "layer_norm_eps", "bias", "norm_position"):
-            if getattr(enc, f) != getattr(dec, f):
-                problems.append(f"model.encoder.{f} ({getattr(enc, f)}) and model.decoder.{f} ({getattr(dec, f)}) "
-                                f"differ; {self.name} has one value for both")
-        position = "pre" if self.pre_norm else "post"
-        for path, stack in (("model.encoder", enc), ("model.decoder", dec)):
-            final = stack.final_norm if stack.final_norm is not None else stack.norm_position == "pre"
-            if stack.norm_position != position or final != self.pre_norm or not stack.bias:
-                problems.append(f"{path} must be {position}-norm with biases"
-                                + (" and a final norm" if self.pre_norm else " without a final norm"))
-            if float(stack.layer_norm_eps) != LAYER_NORM_EPS:
-                problems.append(f"{path}.layer_norm_eps {stack.layer_norm_eps}; {self.name} uses {LAYER_NORM_EPS}")
-            problems += stack_problems(stack, path, self.name, model.hidden_size)
+        problems += encoder_decoder_problems(enc, dec, self.name, model.hidden_size, pre_norm=self.pre_norm,
+                                             layer_norm_eps=LAYER_NORM_EPS)
         if getattr(enc, "mask", "bidirectional") != "bidirectional":
             problems.append(f"model.encoder.mask is {enc.mask}; the {self.name} encoder is bidirectional")
         targets = list(model.targets)

@@ -53,10 +53,10 @@ from pentad.interop.hf import (
     ImportPlan,
     activation,
     activation_name,
+    encoder_decoder_problems,
     hinted_problems,
     merge_config,
     read_json,
-    stack_problems,
     write_json,
 )
 from pentad.interop.hf.bart import CROSS_ATTENTION, FINAL_NORMS, LAYER_NORM_EPS, SELF_ATTENTION
@@ -327,17 +327,8 @@ class Speech2TextFamily(HFFamily):
                             f"{model.vocab_size}; Speech2Text has one vocabulary")
         if model.embedding_size not in (None, hidden):
             problems.append(f"model.embedding_size {model.embedding_size} (Speech2Text has no factorised embedding)")
-        for f in ("activation", "dropout", "attention_dropout", "layer_norm_eps", "bias", "norm_position"):
-            if getattr(enc, f) != getattr(dec, f):
-                problems.append(f"model.encoder.{f} ({getattr(enc, f)}) and model.decoder.{f} ({getattr(dec, f)}) "
-                                "differ; Speech2Text has one value for both")
-        for path, stack in (("model.encoder", enc), ("model.decoder", dec)):
-            final = stack.final_norm if stack.final_norm is not None else stack.norm_position == "pre"
-            if stack.norm_position != "pre" or not final or not stack.bias:
-                problems.append(f"{path} must be pre-norm with biases and a final norm")
-            if float(stack.layer_norm_eps) != LAYER_NORM_EPS:
-                problems.append(f"{path}.layer_norm_eps {stack.layer_norm_eps}; Speech2Text uses {LAYER_NORM_EPS}")
-            problems += stack_problems(stack, path, self.name, hidden)
+        problems += encoder_decoder_problems(enc, dec, "Speech2Text", hidden, pre_norm=True,
+                                             layer_norm_eps=LAYER_NORM_EPS)
         if getattr(enc, "mask", "bidirectional") != "bidirectional":
             problems.append(f"model.encoder.mask is {enc.mask}; the Speech2Text encoder is bidirectional")
         targets = list(model.targets)

@@ -32,10 +32,10 @@ from pentad.interop.hf import (
     ImportPlan,
     activation,
     activation_name,
+    encoder_decoder_problems,
     hinted_problems,
     merge_config,
     read_json,
-    stack_problems,
 )
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
 
@@ -226,17 +226,7 @@ class WhisperFamily(HFFamily):
                 problems.append(f"{path}.norm is on; Whisper does not normalise its embeddings")
         if not model.tie_word_embeddings:
             problems.append("Whisper's output layer is the decoder's word table (tie_word_embeddings: true)")
-        for f in ("activation", "dropout", "attention_dropout", "layer_norm_eps", "bias", "norm_position"):
-            if getattr(enc, f) != getattr(dec, f):
-                problems.append(f"model.encoder.{f} ({getattr(enc, f)}) and model.decoder.{f} ({getattr(dec, f)}) "
-                                "differ; Whisper has one value for both")
-        for path, stack in (("model.encoder", enc), ("model.decoder", dec)):
-            final = stack.final_norm if stack.final_norm is not None else stack.norm_position == "pre"
-            if stack.norm_position != "pre" or not final or not stack.bias:
-                problems.append(f"{path} must be pre-norm with biases and a final norm")
-            if float(stack.layer_norm_eps) != LAYER_NORM_EPS:
-                problems.append(f"{path}.layer_norm_eps {stack.layer_norm_eps}; Whisper uses {LAYER_NORM_EPS}")
-            problems += stack_problems(stack, path, "whisper", hidden)
+        problems += encoder_decoder_problems(enc, dec, "whisper", hidden, pre_norm=True, layer_norm_eps=LAYER_NORM_EPS)
         targets = list(model.targets)
         if len(targets) != 1 or targets[0].type != "lm" or targets[0].bias or targets[0].scale_hidden:
             problems.append(f"targets {[t.type for t in targets]}: Whisper has one lm head without a bias")
