@@ -32,6 +32,7 @@ from pentad.interop.hf import (
     ImportPlan,
     activation,
     activation_name,
+    bart,
     encoder_decoder_problems,
     hinted_problems,
     merge_config,
@@ -48,7 +49,7 @@ EMBEDDINGS: list[RuleSpec] = [
     ("encoder.final_norm.{wb}", "{p}encoder.layer_norm.{wb}"),
     ("decoder.final_norm.{wb}", "{p}decoder.layer_norm.{wb}"),
 ]
-# {s}: "encoder" or "decoder".
+# BART's layer rules (the same module names), but for the query/key/value biases: Whisper has no key bias.
 SELF_ATTENTION: list[RuleSpec] = [
     ("{s}.layers.{layer}.attention.qkv.weight",
      ("{p}{s}.layers.{layer}.self_attn.q_proj.weight", "{p}{s}.layers.{layer}.self_attn.k_proj.weight",
@@ -56,21 +57,15 @@ SELF_ATTENTION: list[RuleSpec] = [
     ("{s}.layers.{layer}.attention.qkv.bias",
      ("{p}{s}.layers.{layer}.self_attn.q_proj.bias", "{p}{s}.layers.{layer}.self_attn.v_proj.bias"),
      "qkv_bias_no_k"),
-    ("{s}.layers.{layer}.attention.out.{wb}", "{p}{s}.layers.{layer}.self_attn.out_proj.{wb}"),
-    ("{s}.layers.{layer}.attention_norm.{wb}", "{p}{s}.layers.{layer}.self_attn_layer_norm.{wb}"),
-    ("{s}.layers.{layer}.ffn.up.{wb}", "{p}{s}.layers.{layer}.fc1.{wb}"),
-    ("{s}.layers.{layer}.ffn.down.{wb}", "{p}{s}.layers.{layer}.fc2.{wb}"),
-    ("{s}.layers.{layer}.ffn_norm.{wb}", "{p}{s}.layers.{layer}.final_layer_norm.{wb}"),
+    *[rule for rule in bart.SELF_ATTENTION if ".qkv." not in rule[0]],
 ]
 CROSS_ATTENTION: list[RuleSpec] = [
-    ("decoder.layers.{layer}.cross_attention.q.{wb}", "{p}decoder.layers.{layer}.encoder_attn.q_proj.{wb}"),
     ("decoder.layers.{layer}.cross_attention.kv.weight",
      ("{p}decoder.layers.{layer}.encoder_attn.k_proj.weight", "{p}decoder.layers.{layer}.encoder_attn.v_proj.weight"),
      "fuse_kv"),
     ("decoder.layers.{layer}.cross_attention.kv.bias", "{p}decoder.layers.{layer}.encoder_attn.v_proj.bias",
      "kv_bias_no_k"),
-    ("decoder.layers.{layer}.cross_attention.out.{wb}", "{p}decoder.layers.{layer}.encoder_attn.out_proj.{wb}"),
-    ("decoder.layers.{layer}.cross_attention_norm.{wb}", "{p}decoder.layers.{layer}.encoder_attn_layer_norm.{wb}"),
+    *[rule for rule in bart.CROSS_ATTENTION if ".kv." not in rule[0]],
 ]
 HEAD: list[RuleSpec] = [("target_embedding.word.weight", "proj_out.weight?", "tied")]
 
