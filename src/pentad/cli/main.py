@@ -130,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     from pentad.cli import export as export_cli
     from pentad.cli import generate as generate_cli
     from pentad.cli import grow as grow_cli
+    from pentad.cli import image_tokenizer as image_tokenizer_cli
     from pentad.cli import merge_lora as merge_lora_cli
 
     convert_cli.add_parser(sub)
@@ -139,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     compress_cli.add_parser(sub)
     generate_cli.add_parser(sub)
     embed_cli.add_parser(sub)
+    image_tokenizer_cli.add_parser(sub)
     p = sub.add_parser("demo", help="pre-train a small BERT on Wikipedia text, fine-tune on movie reviews")
     p.add_argument("--output", "-o", type=Path, default=Path("runs/demo"))
     p.add_argument("--minutes", type=float, default=7.5,
@@ -226,6 +228,10 @@ def run(args: argparse.Namespace) -> int:
         from pentad.cli import generate as generate_cli
 
         return generate_cli.run(args)
+    if cmd == "image-tokenizer":
+        from pentad.cli import image_tokenizer as image_tokenizer_cli
+
+        return image_tokenizer_cli.run(args)
     if cmd == "embed":
         from pentad.cli import embed as embed_cli
 

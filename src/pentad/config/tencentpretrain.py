@@ -525,10 +525,14 @@ class _Importer:
             self.notices.append(f"tokenizer '{tokenizer}' is not registered in TencentPretrain (pretrain.py stops "
                                 f"with a KeyError); its equivalent '{_STALE_TOKENIZERS[tokenizer]}' is meant: the "
                                 "vocabulary is the image tokenizer's codes")
-        self.notices.append(f"the mlm head predicts {model.get('vocab_size', size)} visual tokens (vocab_size); "
-                            "pentad has no VQGAN image tokenizer or beit objective yet, so it builds this model but "
-                            "cannot prepare its data")
-        return self.finish(model, None)
+        self.notices.append(f"the mlm head predicts {model.get('vocab_size', size)} visual tokens (vocab_size): "
+                            "pentad's beit objective takes them from an image tokenizer it fits itself (pentad "
+                            "image-tokenizer fit; give data.objective.image_tokenizer=FILE), as TencentPretrain's "
+                            "VQGAN weights are not available")
+        out = self.finish(model, "beit")
+        patch = model["embedding"]["parts"][0]
+        out["data"]["objective"].update(image_size=list(patch["image_size"]), channels=patch["channels"])
+        return out
 
     def image_token_finish(self, model: dict[str, Any]) -> dict[str, Any]:
         """DALL-E / talk2face: a (prefix) language model over text and image-token ids."""

@@ -56,6 +56,7 @@ def _pretrain(cfg: Any, session: Session) -> dict[str, Any]:
             check_objective(objective)
         lengths = LengthSchedule.from_config(curriculum, objective.seq_length, cfg.train.grad_accum)
         shortest = curriculum.shortest_first * cfg.train.grad_accum * cfg.train.batch_size
+    objective.check_model(cfg.model)
     model = session.build(cfg.model, objective.provides, cfg.init)
     changes = session.prepare_run_dir(tokenizer, target_tokenizer=target_tokenizer,
                                       unused=("train.epochs", "data.train", "data.dev", "task"))

@@ -7,6 +7,7 @@ Batch (see :mod:`pentad.data.objectives.base`).
 from pentad.data.objectives.albert import AlbertObjective, AlbertObjectiveConfig
 from pentad.data.objectives.bart import BartObjective, BartObjectiveConfig
 from pentad.data.objectives.base import MaskingObjectiveConfig, Objective, ObjectiveConfig
+from pentad.data.objectives.beit import BeitObjective, BeitObjectiveConfig
 from pentad.data.objectives.bert import BertObjective, BertObjectiveConfig
 from pentad.data.objectives.bilm import BilmObjective, BilmObjectiveConfig
 from pentad.data.objectives.cls import ClsObjective, ClsObjectiveConfig
@@ -36,6 +37,7 @@ from pentad.data.objectives.vision import (
 __all__ = [
     "AlbertObjective", "AlbertObjectiveConfig", "ClipObjective", "ClipObjectiveConfig", "BartObjective",
     "BartObjectiveConfig",
+    "BeitObjective", "BeitObjectiveConfig",
     "BertObjective", "BertObjectiveConfig", "BilmObjective", "BilmObjectiveConfig", "ClsMlmObjective",
     "ClsMlmObjectiveConfig", "ClsObjective", "ClsObjectiveConfig", "GsgObjective", "GsgObjectiveConfig",
     "LlmPretrainObjective", "LlmPretrainObjectiveConfig", "LlmSftObjective", "LlmSftObjectiveConfig",

@@ -129,6 +129,11 @@ class Objective:
 
     # ---- training (DataLoader workers) ------------------------------------------------------
 
+    def check_model(self, model: Any) -> None:
+        """Called with the model config before the model is built: a UserError when the stored data
+        cannot train it (beit: the image tokenizer's patch size against the patch part's); may fill in
+        a size the data decides. Nothing to check by default."""
+
     def collate(self, instances: Instances, rng: np.random.Generator) -> Batch:
         """Pad (and mask) ``instances`` into a Batch of torch tensors."""
         raise NotImplementedError

@@ -67,9 +67,10 @@ class ImageObjectiveConfig(ObjectiveConfig):
 
 
 class ImageObjective(Objective):
-    """Shared by ``vit`` and ``clip``: the two-column corpus, decoding into a typed array, pixels."""
+    """Shared by ``vit``, ``clip`` and ``beit``: the corpus (two columns, or ``path`` alone), decoding into a
+    typed array, pixels."""
 
-    column: ClassVar[str] = "label"  # the column beside ``path``
+    column: ClassVar[str | None] = "label"  # the column beside ``path`` (None: ``path`` alone, beit)
     collate_options: ClassVar[frozenset[str]] = frozenset({"normalise", "augment"})
     truncation_refused: ClassVar[str | None] = "its input is an image, which a sequence length does not cut"
 
@@ -86,32 +87,46 @@ class ImageObjective(Objective):
         if first_line.lstrip().startswith("{"):
             return (path.resolve().parent, None), False
         names = [c.strip().lower() for c in first_line.rstrip("\r\n").split("\t")]
-        if sorted(names) != sorted((self.column, "path")):
-            raise UserError(f"{path}, line 1: expected a header naming the columns {self.column} and path (e.g. "
-                            f"'{self.column}<TAB>path'), found {first_line.strip()[:80]!r}")
-        return (path.resolve().parent, names.index(self.column)), True
+        wanted = ("path",) if self.column is None else (self.column, "path")
+        if sorted(names) != sorted(wanted):
+            example = "path" if self.column is None else f"{self.column}<TAB>path"
+            named = "the column path" if self.column is None else f"the columns {self.column} and path"
+            raise UserError(f"{path}, line 1: expected a header naming {named} (e.g. '{example}'), found "
+                            f"{first_line.strip()[:80]!r}")
+        return (path.resolve().parent, names.index(self.column) if self.column is not None else -1), True
 
-    def parse_line(self, text: str, context: Any) -> tuple[str, np.ndarray] | None:
-        """(the other column's value, the decoded image), None for a blank line."""
+    def parse_line(self, text: str, context: Any) -> tuple[str | None, np.ndarray] | None:
+        """(the other column's value (None without one), the decoded image), None for a blank line."""
         if not text.strip():
             return None
         folder, column = context
+        value: str | None = None
         if column is None:
             try:
                 record = json.loads(text)
             except json.JSONDecodeError as error:
                 raise BadLine(f"is not valid JSON ({error.msg} at column {error.colno})") from None
-            if not isinstance(record, dict) or not isinstance(record.get(self.column), str) or \
-                    not isinstance(record.get("path"), str):
-                raise BadLine(f"is not a JSON object with the strings '{self.column}' and 'path'")
-            value, image_path = record[self.column].strip(), record["path"].strip()
+            keys = ("path",) if self.column is None else (self.column, "path")
+            if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in keys):
+                raise BadLine("is not a JSON object with the string 'path'" if self.column is None else
+                              f"is not a JSON object with the strings '{self.column}' and 'path'")
+            image_path = record["path"].strip()
+            if self.column is not None:
+                value = record[self.column].strip()
+        elif column < 0:
+            fields = text.rstrip("\r\n").split("\t")
+            if len(fields) != 1:
+                raise BadLine(f"has {len(fields)} tab-separated fields; expected 1 (path)")
+            image_path = fields[0].strip()
         else:
             fields = text.rstrip("\r\n").split("\t")
             if len(fields) != 2:
                 raise BadLine(f"has {len(fields)} tab-separated field(s); expected 2 ({self.column} and path)")
             value, image_path = fields[column].strip(), fields[1 - column].strip()
-        if not value or not image_path:
-            raise BadLine(f"has an empty {self.column if not value else 'image path'}")
+        if self.column is not None and not value:
+            raise BadLine(f"has an empty {self.column}")
+        if not image_path:
+            raise BadLine("has an empty image path")
         path = Path(image_path) if Path(image_path).is_absolute() else folder / image_path
         try:
             image, _ = decode_image(path, f"names the image {path}, which", self.size, self.cfg.channels)

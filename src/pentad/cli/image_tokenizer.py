@@ -1,0 +1,53 @@
+"""``pentad image-tokenizer fit --images DIR --output FILE``: fit the k-means patch codebook whose ids are
+BEiT's visual tokens (:mod:`pentad.data.image_tokenizer`, docs/vision.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``image-tokenizer`` subcommand to ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
+    p = subparsers.add_parser("image-tokenizer", help="fit an image tokenizer (a k-means codebook of image patches)")
+    sub = p.add_subparsers(dest="image_tokenizer_command", required=True, metavar="ACTION")
+    f = sub.add_parser("fit", help="fit a codebook on a folder of images or an image corpus",
+                       description="Decode the images at --image-size (Pillow, bicubic, as pentad preprocess does), "
+                                   "sample at most --max-patches of their patches and fit --codebook-size centroids "
+                                   "with mini-batch k-means, seeded. Writes one safetensors file (the codebook and "
+                                   "its options), the data.objective.image_tokenizer of objective beit.")
+    f.add_argument("--images", required=True, type=Path, help="a folder of images (searched recursively) or a corpus "
+                   "file with a 'path' column (TSV with a header line) or JSON lines with a \"path\" key")
+    f.add_argument("--output", "-o", required=True, type=Path, help="the file to write (.safetensors)")
+    f.add_argument("--image-size", type=int, nargs="+", default=[224], metavar="SIZE",
+                   help="height [width] the images are resized to (the objective's image_size; default 224)")
+    f.add_argument("--patch-size", type=int, default=16, help="patch side in pixels (the model's; default 16)")
+    f.add_argument("--codebook-size", type=int, default=8192, help="visual tokens (the model's vocab_size; "
+                   "default 8192)")
+    f.add_argument("--channels", type=int, choices=(1, 3), default=3, help="3 (RGB, default) or 1 (grayscale)")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--max-patches", type=int, default=200_000, help="patches sampled to fit on (bounds memory)")
+    f.add_argument("--steps", type=int, default=200, help="mini-batch k-means steps")
+    f.add_argument("--batch-size", type=int, default=2048, help="patches per k-means step")
+    f.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from pentad.data.image_tokenizer import fit_on_files
+    from pentad.errors import UserError
+
+    if args.output.exists() and not args.overwrite:
+        raise UserError(f"--output {args.output} exists; give --overwrite to replace it")
+    if len(args.image_size) > 2:
+        raise UserError(f"--image-size takes one size or height and width, found {len(args.image_size)} numbers")
+    for name in ("patch_size", "codebook_size", "max_patches", "steps", "batch_size"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be positive, found {getattr(args, name)}")
+    size = (args.image_size[0], args.image_size[-1])
+    tokenizer = fit_on_files(args.images, args.output, size, args.patch_size, args.codebook_size, args.channels,
+                             args.seed, args.max_patches, args.steps, args.batch_size)
+    print(json.dumps({"output": str(args.output), **tokenizer.metadata()}, indent=2))
+    return 0
