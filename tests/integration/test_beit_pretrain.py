@@ -56,12 +56,15 @@ def shapes(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def beit_config(tmp_path_factory, shared_data):
-    """TencentPretrain's beit/base, shrunk: 16-pixel images of 4-pixel patches, width 32, one layer, 16 codes."""
-    flat = json.loads((shared_data / "configs" / "beit" / "base_config.json").read_text())
-    flat.update(emb_size=32, hidden_size=32, feedforward_size=64, heads_num=2, layers_num=1, image_height=16,
-                image_width=16, patch_size=4, dropout=0.0)
-    flat["image_tokenizer"]["image_vocab_size"] = 16
+def beit_config(tmp_path_factory):
+    """A TencentPretrain BEiT config (beit/base's keys), shrunk: 16-pixel images of 4-pixel patches, width 32,
+    one layer, 16 visual tokens."""
+    flat = {"emb_size": 32, "feedforward_size": 64, "hidden_size": 32, "hidden_act": "gelu", "heads_num": 2,
+            "layers_num": 1, "dropout": 0.0, "data_processor": "beit", "embedding": ["masked_patch", "pos"],
+            "encoder": "transformer", "mask": "fully_visible", "target": ["mlm"], "image_height": 16,
+            "image_width": 16, "patch_size": 4, "image_preprocess": ["crop"], "tokenizer": "vqgan",
+            "image_tokenizer": {"is_gumbel": False, "is_transformer": False, "image_vocab_size": 16,
+                                "frame_size": 4}}
     path = tmp_path_factory.mktemp("config") / "beit_tiny.json"
     path.write_text(json.dumps(flat))
     return path
@@ -109,6 +112,8 @@ def test_beit_bad_input_is_named(shapes, beit_config, tmp_path, capsys):
     assert main(["pretrain", *config, *QUIET, f"data.objective.image_tokenizer={eight}", f"data.dataset={data}",
                  f"output={tmp_path / 'run'}", "train.steps=1"]) == 2
     assert "has 8-pixel patches, but the model's masked_patch part has patch_size 4" in capsys.readouterr().err
+    assert main(["image-tokenizer", "fit", "--images", str(corpus), "--output", str(eight)]) == 2
+    assert "exists; give --overwrite" in capsys.readouterr().err
     # the dataset remembers the codebook: another tokenizer file is refused
     assert main(["pretrain", *config, *QUIET, f"data.objective.image_tokenizer={tokenizer_file}",
                  f"data.dataset={data}", f"output={tmp_path / 'run2'}", "train.steps=1"]) == 2
