@@ -90,6 +90,10 @@ def test_beit_preprocess_and_pretrain(shapes, beit_config, tmp_path):
     losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()
               if '"loss"' in line]
     assert losses[-1] < 0.6 * losses[0], losses
+    # below the entropy of the visual tokens' frequencies: the masked tokens are predicted from the visible patches
+    shares = np.bincount(stored.tokens, minlength=16) / len(stored.tokens)
+    entropy = -(shares[shares > 0] * np.log(shares[shares > 0])).sum()
+    assert losses[-1] < 0.8 * entropy, (losses, entropy)
 
 
 def test_beit_bad_input_is_named(shapes, beit_config, tmp_path, capsys):
