@@ -81,6 +81,15 @@ def test_s2t_learns_tone_digits_and_infers(data, tmp_path, capsys):
         ["2", "3", "4", "5", "6"]
     right = sum(x.split("\t")[1] == r.split("\t")[0] for x, r in zip(lines[1:], rows))
     assert right >= 3, (lines, rows)
+    # decoding options at inference (after --output too); anything that would change the model is refused
+    beam = tmp_path / "beam.tsv"
+    assert main(["infer", "--model", str(out), f"data.test={unlabelled}", "--output", str(beam),
+                 "task.num_beams=3", "task.max_new_tokens=6"]) == 0
+    assert len(beam.read_text().splitlines()) == 6
+    capsys.readouterr()
+    assert main(["infer", "--model", str(out), f"data.test={unlabelled}", "--output", str(tmp_path / "x.tsv"),
+                 "task.audio.cmvn=false"]) == 2
+    assert "changes only the decoding options of the run's task (asr: " in capsys.readouterr().err
     # beam search through the same task: as good as greedy here
     from pentad.compression.store import load_run_model
     from pentad.registry import TASKS

@@ -103,7 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace the predictions file if it exists")
     p.add_argument("--probabilities", action="store_true", help="also write class probabilities")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("overrides", nargs="*", metavar="data.test=FILE", help="the input file as data.test=FILE")
+    p.add_argument("overrides", nargs="*", metavar="data.test=FILE",
+                   help="the input file as data.test=FILE, then decoding options the run's task allows as "
+                        "task.KEY=VALUE (asr, text2text: task.num_beams=4, task.max_new_tokens=...)")
     p = sub.add_parser("validate", help="check a config without running it and print the model summary",
                        usage="pentad validate [-h] (CONFIG | --config CONFIG) [key.path=value ...] [--print-config]")
     p.add_argument("--config", "-c", dest="config_option", metavar="CONFIG",
@@ -245,17 +247,23 @@ def run(args: argparse.Namespace) -> int:
         from pentad.tasks.runner import infer
 
         test = None
+        task_options: list[str] = []
         for text in args.overrides:
             key, _, value = text.partition("=")
+            if key.startswith("task.") and value:
+                task_options.append(text)
+                continue
             if key != "data.test" or not value:
-                raise UserError(f"infer takes only data.test=FILE, not '{text}'")
+                raise UserError(f"infer takes data.test=FILE and the run's decoding options as task.KEY=VALUE, "
+                                f"not '{text}'")
             test = Path(value)
         if test is None:
             raise UserError("infer needs the input file: data.test=FILE")
         from pentad.tasks.runner import default_predictions
 
         check_output_file(args.output or default_predictions(args.model), args.overwrite)
-        infer(args.model, test, args.output, args.probabilities or None, args.batch_size, task=args.task)
+        infer(args.model, test, args.output, args.probabilities or None, args.batch_size, task=args.task,
+              task_options=task_options)
         return 0
     extra = [f"task.type={args.task}"] if getattr(args, "task", None) else []
     if getattr(args, "teacher", None):
@@ -378,7 +386,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     prepare_environment()  # before torch starts its OpenMP pool (pentad.training.threads says why)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides after an option (`infer --model RUN data.test=F --output P task.num_beams=4`):
+    # argparse leaves a second run of positionals unparsed; they are overrides like the first run
+    stray = [a for a in extra if a.startswith("-") or "=" not in a]
+    if stray or (extra and not isinstance(getattr(args, "overrides", None), list)):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         return run(args)
     except UserError as e:

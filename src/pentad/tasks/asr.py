@@ -108,6 +108,8 @@ class AsrTask(Task):
     head = "lm"
     input_format = "text<TAB>path (paths relative to the TSV)"
     metric_names = METRICS
+    inference_options = frozenset({"max_new_tokens", "num_beams", "length_penalty", "decoder_prompt",
+                                   "suppress_tokens", "begin_suppress_tokens", "lowercase"})
     provides = frozenset({"audio", "audio_padding_mask", "decoder_tokens", "decoder_padding_mask", "labels.lm"})
 
     def __init__(self, cfg: AsrTaskConfig, tokenizer, seq_length: int, state=None):

@@ -51,6 +51,9 @@ class Task(ABC):
     predictions_file: ClassVar[str] = "predictions.tsv"  # inference's default output name, in the run directory
     metric_names: ClassVar[tuple[str, ...]] = ()
     needs_tokenizer: ClassVar[bool] = True  # False: the task reads no text (image classification)
+    # task options ``pentad infer`` may change (task.KEY=VALUE): those that only shape decoding or
+    # output, never the model or what fine-tuning learnt
+    inference_options: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, cfg: Any, tokenizer: Any, seq_length: int, state: dict[str, Any] | None = None):
         self.cfg = cfg

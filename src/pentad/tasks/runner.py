@@ -6,6 +6,7 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -273,11 +274,13 @@ class BestModel:
 
 
 def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: bool | None = None,
-          batch_size: int = 64, device_choice: str = "auto", task: str | None = None) -> Path:
+          batch_size: int = 64, device_choice: str = "auto", task: str | None = None,
+          task_options: Sequence[str] = ()) -> Path:
     """Predict with a fine-tuned run directory on its task's input file (labels optional).
 
     ``task``, when given (``--task``), must be the run's task. A grid search's run directory means its
-    best trial."""
+    best trial. ``task_options``: ``task.KEY=VALUE`` overrides of the options the task lets inference
+    change (``Task.inference_options``: decoding, never the model)."""
     model_dir = search.resolve_model(model_dir)
     cfg, tokenizer = load_run(model_dir)
     if cfg.task is None:
@@ -285,6 +288,8 @@ def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: 
     if task is not None and task != cfg.task.type:
         raise UserError(f"--task {task} does not match the run: {model_dir} was fine-tuned for {cfg.task.type} "
                         f"(use --task {cfg.task.type}, or leave --task out: the run's task is used)")
+    if task_options:
+        cfg.task = inference_task_config(cfg.task, task_options, model_dir)
     seq_length = cfg.data.objective.seq_length if cfg.data.objective is not None else cfg.model.max_seq_length
     task = TASKS.get(cfg.task.type)(cfg.task, tokenizer, min(seq_length, cfg.model.max_seq_length),
                                     read_task_state(model_dir))
@@ -300,6 +305,30 @@ def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: 
     task.write_predictions(output, predictions, instances, want_probs)
     info(f"wrote {task.num_predictions(instances):,} predictions to {output}")
     return output
+
+
+def inference_task_config(task_cfg: Any, options: Sequence[str], model_dir: Path) -> Any:
+    """The run's task config with ``task.KEY=VALUE`` overrides of the options its task lets inference
+    change; UserError naming the key when it is not one of them or its value is invalid."""
+    from pydantic import ValidationError
+
+    from pentad.config.loader import parse_override, problems_from_validation
+    from pentad.errors import ConfigError
+
+    allowed = TASKS.get(task_cfg.type).inference_options
+    data = task_cfg.model_dump()
+    for text in options:
+        keys, value = parse_override(text)
+        if len(keys) != 2 or keys[1] not in allowed:
+            what = ", ".join(sorted(allowed)) if allowed else "none"
+            raise UserError(f"'{text}': pentad infer changes only the decoding options of the run's task "
+                            f"({task_cfg.type}: {what}); the rest is what {model_dir} was fine-tuned with")
+        data[keys[1]] = value
+    try:
+        return type(task_cfg).model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(problems_from_validation(e, data, type(task_cfg), lambda _: "task override"),
+                          f"invalid task options for {model_dir}") from None
 
 
 def default_predictions(model_dir: Path) -> Path:

@@ -170,6 +170,7 @@ class Text2TextTask(Task):
     head = "lm"
     input_format = "text_a[<TAB>text_b]<TAB>label (label: the target text)"
     metric_names = METRICS
+    inference_options = frozenset({"max_new_tokens", "num_beams", "length_penalty", "repetition_penalty"})
 
     def __init__(self, cfg: Text2TextTaskConfig, tokenizer, seq_length: int, state=None):
         self.bleu_tokenize: str | None = None
