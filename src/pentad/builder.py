@@ -271,7 +271,8 @@ def apply_compression(model: Model, compression: Any) -> None:
 def _embedding_slot(slot_cfg: Any, cfg: Any, sizes: SlotSizes, project: bool = True) -> EmbeddingSlot:
     parts = {p.type: EMBEDDINGS.get(p.type).from_config(p, sizes) for p in slot_cfg.parts}
     return EmbeddingSlot(parts, cfg.hidden_size, slot_cfg.norm, slot_cfg.layer_norm_eps, slot_cfg.dropout,
-                         sizes.hidden_size, project, norm_kind=slot_cfg.norm_kind)
+                         sizes.hidden_size, project, norm_kind=slot_cfg.norm_kind,
+                         second_norm=slot_cfg.second_norm)
 
 
 def check_requirements(model: Model, provided: set[str], training: bool = True) -> None:

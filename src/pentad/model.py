@@ -23,9 +23,10 @@ from pentad.layers.norms import make_norm
 
 
 class EmbeddingSlot(nn.Module):
-    """Sums its parts ([B,S,E] each), then a norm (optional; ``norm_kind`` as in ``make_norm``),
-    dropout, and a projection E -> H when the embedding width E differs from the hidden size
-    (ALBERT's factorised embedding).
+    """Sums its parts ([B,S,E] each), then a norm (optional; ``norm_kind`` as in ``make_norm``; a
+    second one after it with ``second_norm``, TencentPretrain's dual-stream LN after LN), dropout,
+    and a projection E -> H when the embedding width E differs from the hidden size (ALBERT's
+    factorised embedding).
 
     Parts are registered under their names, so parameters read ``embedding.word.weight``.
     The padding mask is the sequence-defining part's (``EmbeddingPart.padding_mask``): the Batch's for tokens.
@@ -33,13 +34,15 @@ class EmbeddingSlot(nn.Module):
 
     def __init__(self, parts: dict[str, EmbeddingPart], hidden_size: int, norm: bool = True,
                  layer_norm_eps: float = 1e-12, dropout: float = 0.1, embedding_size: int | None = None,
-                 project: bool = True, norm_kind: str = "layernorm"):
+                 project: bool = True, norm_kind: str = "layernorm", second_norm: bool = False):
         super().__init__()
         self.part_names = list(parts)
         for name, part in parts.items():
             self.add_module(name, part)
         width = embedding_size or hidden_size
         self.norm = make_norm(norm_kind, width, layer_norm_eps) if norm else None
+        # LN after LN (TencentPretrain's DualEmbedding stream norm), for converted checkpoints.
+        self.second_norm = make_norm(norm_kind, width, layer_norm_eps) if norm and second_norm else None
         self.dropout = nn.Dropout(dropout)
         # Recurrent/convolutional encoders read the embedding width directly (TencentPretrain layout).
         self.project = nn.Linear(width, hidden_size) if project and width != hidden_size else None
@@ -108,6 +111,8 @@ class EmbeddingSlot(nn.Module):
             hidden = out if hidden is None else hidden + out
         if self.norm is not None:
             hidden = self.norm(hidden)
+        if self.second_norm is not None:
+            hidden = self.second_norm(hidden)
         hidden = self.dropout(hidden)
         if self.project is not None:
             hidden = self.project(hidden)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any, Literal
 
-from pydantic import Field, create_model
+from pydantic import Field, create_model, model_validator
 
 from pentad.config.base import StrictModel
 from pentad.config.unions import registry_union
@@ -22,7 +22,17 @@ class EmbeddingConfigBase(StrictModel):
     norm_kind: Literal[NORM_KINDS] = Field(  # type: ignore[valid-type]
         "layernorm", description=f"kind of that norm: {NORM_DESCRIPTION}")
     layer_norm_eps: float = Field(1e-12, gt=0.0)
+    second_norm: bool = Field(False, description="a second norm of the same kind and eps right after the first "
+                              "(LN after LN): TencentPretrain's DualEmbedding applies one (stream_i_layer_norm) on "
+                              "top of each stream's embedding LayerNorm; a converted TencentPretrain dual-stream "
+                              "checkpoint sets it to compute what it computes there (needs norm)")
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _second_norm_needs_norm(self) -> EmbeddingConfigBase:
+        if self.second_norm and not self.norm:
+            raise ValueError("second_norm is true but norm is false: the second norm follows the first")
+        return self
 
 
 @cache

@@ -23,6 +23,7 @@ layout, equals the input bit for bit (names, shapes, dtypes, values), and the pe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -691,6 +692,18 @@ def _finite_forward(model_cfg: Any, tensors: dict[str, Tensor]) -> Check:
             hidden = model.decode(batch, hidden, mask)
             stacks += " and decoder"
     bad = int((~torch.isfinite(hidden)).sum())
+    if model.pair is not None:  # a dual model: stream 1 over its own seeded batch, both pooled
+        view = next(v for v, emb, _ in tp.streams(model_cfg) if emb == "pair.embedding")
+        batch = dataclasses.replace(batch, pair=_sample_batch(view, pad=0)[0])
+        with torch.no_grad():
+            pooled = model.encode_pair(batch)
+        bad += int((~torch.isfinite(pooled.first)).sum()) + int((~torch.isfinite(pooled.second)).sum())
+        stacks = "both streams' embeddings and encoders, pooled"
+        second = batch.pair
+        rows = (f"{batch.tokens.shape[0]} rows, two padded, and " if batch.tokens is not None else "") + \
+            (f"{second.pixels.shape[0]} images" if second.pixels is not None else f"{second.tokens.shape[0]} rows")
+        return Check(name, exact=True, detail=f"{stacks} on a seeded batch of {rows}",
+                     problem=f"{bad} non-finite values in the last hidden states" if bad else "")
     rows = (f"{batch.pixels.shape[0]} images" if batch.pixels is not None
             else f"{batch.audio.shape[0]} utterances, two padded" if batch.audio is not None
             else f"{batch.tokens.shape[0]} rows, two padded")

@@ -21,6 +21,11 @@ TencentPretrain                                                 pentad
 (ViT: no projection bias, no word table)
 ``embedding.speech.conv.conv_layers.<i>.0.weight`` / ``bias``     ``embedding.speech.convs.<i>.weight`` / ``bias``
 (S2T: the subsampler's convolutions; no word table)
+``embedding.dual.embedding_0`` / ``_1`` ``.*`` (CLIP: the names   ``embedding.*`` / ``pair.embedding.*``
+above under each stream)
+``embedding.dual.stream_0_layer_norm`` / ``stream_1_...``         ``embedding.second_norm`` / ``pair.embedding...``
+``encoder.encoder_0`` / ``_1`` ``.transformer.N``, ``.layer_norm``    ``encoder.*`` / ``pair.encoder.*``
+``target.clr.logit_scale``, ``encoder_0_projection`` [H, F]      ``targets.clr.logit_scale``, ``projection_0`` [F, H]
 ``tgt_embedding.*`` (the same names)                            ``target_embedding.*``
 ``encoder.linear`` (``factorized_embedding_parameterization``)  ``embedding.project``
 ``E.self_attn.linear_layers.0..2``                              ``encoder.layers.N.attention.qkv`` (q; k; v)
@@ -67,6 +72,12 @@ rows exports with a zero padding row (or the one kept from an import).
 **Rotary.** TencentPretrain rotates dimension pairs (2i, 2i+1) (Meta's LLaMA code); pentad, like
 Hugging Face, pairs i with i + D/2. The query and key rows of each head are permuted accordingly
 (``fuse_qkv:A:K:meta``), as TencentPretrain's LLaMA converters do.
+
+**Dual streams (CLIP).** Untied dual-stream pre-training checkpoints convert; TencentPretrain's
+``DualEmbedding`` normalises each stream twice (LN after LN), which the converted slot reproduces
+with ``second_norm``. A stream with one embedding LayerNorm cannot be written (TencentPretrain always
+adds the second), and tied streams (SBERT) are refused: their two outer norms have no place in
+pentad's one shared slot.
 
 **Numerics.** TencentPretrain's ``normal`` LayerNorm divides by ``std + eps`` with the *unbiased*
 standard deviation, unlike torch's (``sqrt(var + eps)``, biased variance): its checkpoints import with
@@ -118,6 +129,8 @@ PATCH_MARKER = "embedding.patch.projection.weight"
 SPEECH_CONV: list[RuleSpec] = [("{slot}.speech.convs.{conv}.{wb}", "{tslot}.speech.conv.conv_layers.{conv}.0.{wb}")]
 SPEECH_MARKER = "embedding.speech.conv.conv_layers.0.0.weight"
 TARGET_WORDS = "tgt_embedding.word.embedding.weight"
+# Dual-stream models (CLIP): DualEmbedding's streams and second LayerNorms live under this prefix.
+DUAL_PREFIX = "embedding.dual."
 # The segment table: pentad keeps TencentPretrain's three rows in the order (A, B, pad), or two
 # rows (A, B) with the padding row kept aside.
 SEGMENTS = {3: [("{slot}.seg.weight", "{tslot}.seg.embedding.weight", "rotate_rows:1")],
@@ -243,7 +256,10 @@ def _qkv(stack: Any, hidden: int) -> str:
     return f"fuse_qkv:{heads}:{kv_heads}" + (":meta" if rotary else "")
 
 
-def _embedding_specs(slot: Any, pentad: str, tp: str, shared_words: bool, problems: list[str]) -> list[Rule]:
+def _embedding_specs(slot: Any, pentad: str, tp: str, shared_words: bool, problems: list[str],
+                     stream_norm: str | None = None) -> list[Rule]:
+    """The rules of an embedding slot; ``stream_norm``: TencentPretrain's name of the second
+    LayerNorm a dual-stream model puts on this slot (``DualEmbedding.stream_i_layer_norm``)."""
     specs: list[RuleSpec] = []
     for part in slot.parts:
         if part.type == "word" and shared_words:
@@ -266,6 +282,17 @@ def _embedding_specs(slot: Any, pentad: str, tp: str, shared_words: bool, proble
             problems.append(f"{pentad} part '{part.type}' has no TencentPretrain key map")
     if slot.norm:
         specs += _norm("{slot}.norm", "{tslot}.layer_norm", "layernorm")
+    if getattr(slot, "second_norm", False):
+        if stream_norm is None:
+            problems.append(f"{pentad}.second_norm: TencentPretrain applies a second embedding LayerNorm only in "
+                            "a dual-stream model (DualEmbedding's stream_i_layer_norm)")
+        else:
+            specs += _norm("{slot}.second_norm", stream_norm, "layernorm")
+    elif slot.norm and stream_norm is not None:
+        problems.append(f"{pentad} has one embedding LayerNorm, and TencentPretrain's DualEmbedding always applies "
+                        f"a second one on top of it ({stream_norm}, LN after LN), which is not the identity whatever "
+                        "its weights: this stream cannot be written exactly (a stream without an embedding norm, "
+                        "or with second_norm as a converted TencentPretrain checkpoint has, can)")
     out = expand(_substitute(specs, slot=pentad, tslot=tp))
     for part in slot.parts:
         if part.type == "speech":
@@ -307,6 +334,8 @@ def rules(model: Any, layout: Layout | bool | None = None) -> list[Rule]:
             raise UserError(f"cannot map this model to TencentPretrain's layout: {path}.qkv_bias is {qkv_bias} with "
                             f"bias {stack.bias}, and TencentPretrain has one bias switch for every projection "
                             "(remove_transformer_bias); export it to Hugging Face instead.")
+    if model.encoder.type == "dual":
+        return _dual_rules(model, layout)
     hidden = model.hidden_size
     out = _embedding_specs(model.embedding, "embedding", "embedding", False, problems)
     enc = model.encoder
@@ -377,26 +406,80 @@ def _gatedcnn_rules(num_layers: int) -> list[Rule]:
     return expand(specs)
 
 
-def _transformer_rules(model: Any, layout: Layout, problems: list[str]) -> list[Rule]:
+def _transformer_rules(model: Any, layout: Layout, problems: list[str], ours: str = "encoder",
+                       theirs: str = "encoder") -> list[Rule]:
+    """The rules of ``model.encoder`` (a transformer) under pentad's ``ours`` and TencentPretrain's
+    ``theirs`` (``pair.encoder`` and ``encoder.encoder_1`` for a dual model's stream 1)."""
     enc = model.encoder
     hidden = model.hidden_size
     out: list[Rule] = []
     lwb = WB if enc.bias else ("weight",)
     shared = bool(enc.share_layers)
     layers = range(1 if shared else enc.num_layers)
-    block = "encoder.transformer" if shared else "encoder.transformer.{layer}"
+    block = f"{theirs}.transformer" if shared else f"{theirs}.transformer.{{layer}}"
     layer_specs = ATTENTION + _norm("{L}.attention_norm", "{T}.layer_norm_1", enc.norm) + FEED_FORWARD[enc.ffn] \
         + _norm("{L}.ffn_norm", "{T}.layer_norm_2", enc.norm)
-    out += expand(_substitute(layer_specs, L="encoder.layers.{layer}", T=block), lwb=lwb, qkv=_qkv(enc, hidden),
+    out += expand(_substitute(layer_specs, L=f"{ours}.layers.{{layer}}", T=block), lwb=lwb, qkv=_qkv(enc, hidden),
                   layer=layers)
-    if enc.positions == "relative":
+    if enc.positions == "relative" and (ours, theirs) == ("encoder", "encoder"):
         out += _relative_rules(enc, layout)
     elif enc.positions not in ("none", "rotary", "alibi"):
-        problems.append(f"encoder positions '{enc.positions}' have no TencentPretrain key map")
+        problems.append(f"{ours} positions '{enc.positions}' have no TencentPretrain key map")
     final = enc.final_norm if enc.final_norm is not None else enc.norm_position == "pre"
     if final:
-        out += expand(_norm("encoder.final_norm", "encoder.layer_norm", enc.norm))
+        out += expand(_norm(f"{ours}.final_norm", f"{theirs}.layer_norm", enc.norm))
     return out
+
+
+def streams(model: Any) -> list[tuple[Any, str, str]]:
+    """(one-stream model config, pentad embedding prefix, pentad encoder prefix) of each stream of a
+    dual model: stream 0 is the model's own slots, stream 1 ``pair.*`` with its own sizes."""
+    dual = model.encoder
+    sizes = dual.stream_1_sizes(model)
+    one = model.model_copy(update={"encoder": dual.stream_1_encoder(), "embedding": dual.stream_1_embedding(model),
+                                   "hidden_size": sizes.hidden_size, "embedding_size": sizes.embedding_size,
+                                   "vocab_size": sizes.vocab_size, "max_seq_length": sizes.max_seq_length})
+    return [(model.model_copy(update={"encoder": dual.stream_0.encoder}), "embedding", "encoder"),
+            (one, "pair.embedding", "pair.encoder")]
+
+
+def _dual_rules(model: Any, layout: Layout) -> list[Rule]:
+    """An untied dual model with a ``clr`` target (TencentPretrain's CLIP): each stream's embedding
+    under ``embedding.dual.embedding_i`` (its second LayerNorm ``embedding.dual.stream_i_layer_norm``),
+    its encoder under ``encoder.encoder_i``, and the clr target's logit scale and projections (stored
+    [hidden, feature] by TencentPretrain, a Linear's [feature, hidden] in pentad)."""
+    problems: list[str] = []
+    if model.encoder.tie:
+        problems.append("a dual model with tied streams: TencentPretrain's tied DualEmbedding still has a second "
+                        "LayerNorm of its own per stream (stream_0_layer_norm, stream_1_layer_norm), which pentad's "
+                        "tied streams cannot hold")
+    out: list[Rule] = []
+    for i, (view, emb, enc) in enumerate(streams(model)):
+        if view.encoder.type != "transformer":
+            problems.append(f"stream {i}'s encoder '{view.encoder.type}': only transformer streams are mapped")
+            continue
+        if view.embedding_size not in (None, view.hidden_size):
+            problems.append(f"stream {i} has a factorised embedding; TencentPretrain's dual streams are not mapped "
+                            "with one here")
+        out += _embedding_specs(view.embedding, emb, f"embedding.dual.embedding_{i}", False, problems,
+                                stream_norm=f"embedding.dual.stream_{i}_layer_norm")
+        out += _transformer_rules(view, layout, problems, ours=enc, theirs=f"encoder.encoder_{i}")
+    specs: list[RuleSpec] = []
+    for target in model.targets:
+        if target.type != "clr":
+            problems.append(f"target '{target.type}' of a dual model: TencentPretrain's dual-stream pre-training "
+                            "checkpoints have the clr target alone")
+            continue
+        if target.temperature is not None:
+            problems.append("a clr target with a fixed temperature: TencentPretrain's always learns logit_scale")
+        else:
+            specs.append((f"targets.{target.target_name}.logit_scale", "target.clr.logit_scale"))
+        if target.projection:
+            specs += [(f"targets.{target.target_name}.projection_{i}.weight", f"target.clr.encoder_{i}_projection",
+                       "conv1d") for i in (0, 1)]
+    if problems:
+        raise UserError("cannot map this model to TencentPretrain's layout: " + "; ".join(problems) + ".")
+    return out + expand(specs)
 
 
 def _relative_rules(enc: Any, layout: Layout) -> list[Rule]:
@@ -605,6 +688,47 @@ def export_tokenizer(tokenizer: Any, out_dir: Path) -> tuple[dict[str, Any], lis
 
 
 # ----------------------------------------------------------------------------------------- plans
+def _dual_plan(raw: dict[str, Any], state: dict[str, Tensor], label: str
+               ) -> tuple[dict[str, Any], Layout, list[str]]:
+    """The plan of an untied dual-stream pre-training checkpoint (TencentPretrain's CLIP: a text
+    stream and an image stream, the clr target). Where the checkpoint has a stream's second
+    LayerNorm (``stream_i_layer_norm``) that slot gets ``second_norm``, so the converted model
+    computes LN after LN as TencentPretrain does; a logit scale above the clr target's cap raises
+    the cap (TencentPretrain has none)."""
+    import math
+
+    from pentad.config.tencentpretrain import import_config
+
+    words = [state.get(f"{DUAL_PREFIX}embedding_{i}.word.embedding.weight") for i in (0, 1)]
+    word = next((w for w in words if w is not None), None)
+    notes: list[str] = []
+    out, _ = import_config(raw, [] if word is None else [f"vocab_size={int(word.shape[0])}"], label, notes)
+    model = out["model"]
+    slots = [model["embedding"], model["encoder"]["stream_1"].get("embedding")]
+    doubled = []
+    for i, slot in enumerate(slots):
+        if slot is not None and f"{DUAL_PREFIX}stream_{i}_layer_norm.gamma" in state:
+            slot["second_norm"] = True
+            doubled.append(f"stream_{i}_layer_norm")
+    notes[:] = [n for n in notes if not n.startswith("TencentPretrain's DualEmbedding applies a second LayerNorm")]
+    if doubled:
+        notes.append(f"{', '.join(doubled)}: TencentPretrain's DualEmbedding normalises the stream twice (its "
+                     "embedding LayerNorm, then this one); the converted slot has second_norm, so the model computes "
+                     "what the checkpoint computes there (TencentPretrain also applies dropout twice, pentad once; "
+                     "a model trained from the imported config alone has one norm)")
+    scale = state.get("target.clr.logit_scale")
+    for target in model.get("targets", []):
+        if target.get("type") == "clr" and scale is not None and scale.numel() == 1:
+            cap = float(target.get("max_logit_scale", 100.0))
+            factor = math.exp(float(scale))
+            if factor > cap:
+                target["max_logit_scale"] = factor * (1 + 1e-6)  # log() of it stays above the scale
+                notes.append(f"target.clr.logit_scale is {float(scale):.4g} (a factor of {factor:.4g}): "
+                             f"TencentPretrain never caps it, so the clr target's max_logit_scale is "
+                             f"raised from {cap:g}")
+    return out, Layout(), notes
+
+
 def plan(raw: dict[str, Any], state: dict[str, Tensor], label: str, tags: bool = False
          ) -> tuple[dict[str, Any], Layout, list[str]]:
     """(run-config dict, checkpoint layout, notes) of a TencentPretrain config + state dict. ``tags``: a
@@ -613,13 +737,17 @@ def plan(raw: dict[str, Any], state: dict[str, Tensor], label: str, tags: bool =
     from pentad.config.tencentpretrain import import_config
 
     word = state.get("embedding.word.embedding.weight")
-    if word is None and "embedding.dual.embedding_0.word.embedding.weight" in state:
-        raise UserError(f"{label}: a dual-stream (SBERT / siamese) checkpoint, which is not converted: "
-                        "TencentPretrain's DualEmbedding normalises each stream twice (the embedding's LayerNorm, then "
-                        "stream_i_layer_norm), and pentad's dual model has one LayerNorm per stream, so no pentad "
-                        "model computes what this checkpoint computes. Convert the original sentence-transformers "
-                        "model from Hugging Face instead (pentad convert hf-to-pentad), or fine-tune pentad's "
-                        "sbert recipe from a one-stream BERT checkpoint (docs/dual.md).")
+    if word is None and any(k.startswith(DUAL_PREFIX) for k in state):
+        if raw.get("tie_weights") or "target" not in raw:
+            raise UserError(f"{label}: a dual-stream (SBERT / siamese) checkpoint with tied streams or a siamese "
+                            "classifier, which is not converted: TencentPretrain's DualEmbedding normalises each "
+                            "stream twice (the embedding's LayerNorm, then stream_i_layer_norm, one per stream even "
+                            "when the streams are tied), and pentad's tied streams share one embedding slot, so no "
+                            "pentad model computes what this checkpoint computes. Convert the original "
+                            "sentence-transformers model from Hugging Face instead (pentad convert hf-to-pentad), or "
+                            "fine-tune pentad's sbert recipe from a one-stream BERT checkpoint (docs/dual.md). "
+                            "(Untied dual-stream pre-training checkpoints, TencentPretrain's CLIP, convert.)")
+        return _dual_plan(raw, state, label)
     image = word is None and PATCH_MARKER in state  # a ViT: no vocabulary
     if word is None and SPEECH_MARKER in state:  # S2T: the vocabulary is the decoder's
         word = state.get(TARGET_WORDS)
@@ -705,6 +833,8 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
     hidden = model.hidden_size
     parts = [p.type for p in model.embedding.parts]
     config: dict[str, Any] = dict(base or {})
+    if enc.type == "dual":
+        return _dual_config(model, config, label)
     _norm_kinds(model, problems, notes)
     if enc.type in RECURRENT or enc.type == "gatedcnn":
         if problems:
@@ -818,6 +948,62 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
         config["data_processor"] = objective
     if problems:
         raise UserError(f"cannot export {label} to TencentPretrain: " + "; ".join(problems) + ".")
+    return config, notes
+
+
+_STREAM_ONLY = ("target", "tie_weights", "data_processor", "labels_num", "pooling")
+_IMAGE_KEYS = ("image_height", "image_width", "patch_size", "channels_num")
+
+
+def _dual_config(model: Any, config: dict[str, Any], label: str) -> tuple[dict[str, Any], list[str]]:
+    """The config of an untied dual model with a clr target (TencentPretrain's CLIP): each stream's
+    keys under ``stream_0`` / ``stream_1`` (as a one-stream export writes them, with its pooling), the
+    image keys and the clr options at the top level."""
+    problems: list[str] = []
+    notes: list[str] = []
+    poolings = model.encoder.pooling
+    kinds = []
+    for i, (view, _, _) in enumerate(streams(model)):
+        one = view.model_copy(update={"targets": [], "decoder": None, "target_embedding": None,
+                                      "tie_word_embeddings": False})
+        try:
+            flat, stream_notes = export_config(one, label=f"{label} (stream {i})")
+        except UserError as e:
+            problems.append(str(e).rstrip("."))
+            continue
+        notes += stream_notes
+        for key in _STREAM_ONLY:
+            flat.pop(key, None)
+        for key in _IMAGE_KEYS:
+            if key in flat:
+                config[key] = flat.pop(key)
+        previous = config.get(f"stream_{i}")
+        config[f"stream_{i}"] = {**(previous if isinstance(previous, dict) else {}), **flat, "pooling": poolings[i]}
+        kinds.append({p.type for p in view.embedding.parts})
+        if i == 0:
+            config["dropout"] = flat["dropout"]
+    clr = [t for t in model.targets if t.type == "clr"]
+    if len(clr) != 1 or len(model.targets) != 1:
+        problems.append(f"targets {[t.type for t in model.targets]}: TencentPretrain's dual-stream pre-training has "
+                        "the clr target alone")
+    else:
+        if not clr[0].symmetric:
+            problems.append("a clr target with symmetric: false; TencentPretrain's averages both directions")
+        config.update({"projection": bool(clr[0].projection), "target": ["clr"]})
+        if clr[0].projection:
+            config["feature_size"] = clr[0].feature_size or model.hidden_size
+        else:
+            config.pop("feature_size", None)
+        notes.append("TencentPretrain's clr target never caps its logit scale (pentad's caps it at "
+                     f"{clr[0].max_logit_scale:g})")
+    if problems:
+        raise UserError(f"cannot export {label} to TencentPretrain: " + "; ".join(problems) + ".")
+    config.update({"embedding": ["dual"], "encoder": "dual", "tie_weights": False})
+    if len(kinds) == 2 and "word" in kinds[0] and "patch" in kinds[1]:
+        config["data_processor"] = "clip"
+    for key in ("emb_size", "hidden_size", "feedforward_size", "heads_num", "layers_num", "hidden_act",
+                "max_seq_length", "mask", "layernorm_positioning", "remove_embedding_layernorm"):
+        config.pop(key, None)  # TencentPretrain's streams name their own
     return config, notes
 
 

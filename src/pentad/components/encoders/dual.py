@@ -12,7 +12,8 @@ Parameter names follow from this layout: a tied dual model has exactly the names
 model with the same embedding and encoder (``embedding.*``, ``encoder.*``), so a BERT checkpoint
 initialises an SBERT model as it is; an untied one adds ``pair.embedding.*`` and
 ``pair.encoder.*``. Unlike TencentPretrain's ``DualEmbedding`` there is no second LayerNorm and
-dropout on top of each stream's embedding slot: each stream has exactly one embedding norm.
+dropout on top of each stream's embedding slot: each stream has exactly one embedding norm, unless
+its slot sets ``second_norm`` (a converted TencentPretrain CLIP checkpoint does).
 
 Config (``model.encoder``)::
 
