@@ -9,7 +9,7 @@ import shlex
 import pytest
 from tests.conftest import REPO
 
-from pentad.cli.main import build_parser
+from pentad.cli.main import parse_arguments
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # A synopsis line (alternatives, groups, placeholders such as RUN or TSV) is not an example; an example
@@ -55,13 +55,13 @@ def test_the_docs_have_examples():
 @pytest.mark.parametrize("where,argv", EXAMPLES, ids=[w for w, _ in EXAMPLES])
 def test_example_parses(where, argv):
     try:
-        build_parser().parse_args(argv)
+        parse_arguments(argv)
     except SystemExit:
         pytest.fail(f"{where}: `pentad {' '.join(argv)}` is not accepted by the command line")
 
 
 def _config_and_overrides(argv: list[str]) -> tuple[str | None, list[str]]:
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(argv)
     if args.command == "validate":
         config = args.config_option or (args.overrides[0] if args.overrides else None)
         overrides = args.overrides[0 if args.config_option else 1:]

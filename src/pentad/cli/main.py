@@ -381,19 +381,25 @@ def _outputs(args: argparse.Namespace) -> list[Path]:
     return [Path(p) for p in found if p is not None and str(p) != "-"]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from pentad.training.threads import prepare_environment
-
-    prepare_environment()  # before torch starts its OpenMP pool (pentad.training.threads says why)
+def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line parsed; key=value overrides may also follow options (`infer --model RUN
+    data.test=F --output P task.num_beams=4`): argparse leaves such a second run of positionals
+    unparsed, and they join the first. Anything else unknown is an error (exit 2)."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    # key=value overrides after an option (`infer --model RUN data.test=F --output P task.num_beams=4`):
-    # argparse leaves a second run of positionals unparsed; they are overrides like the first run
     stray = [a for a in extra if a.startswith("-") or "=" not in a]
     if stray or (extra and not isinstance(getattr(args, "overrides", None), list)):
         parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from pentad.training.threads import prepare_environment
+
+    prepare_environment()  # before torch starts its OpenMP pool (pentad.training.threads says why)
+    args = parse_arguments(argv)
     try:
         return run(args)
     except UserError as e:
