@@ -704,7 +704,9 @@ def _finite_forward(model_cfg: Any, tensors: dict[str, Tensor]) -> Check:
             (f"{second.pixels.shape[0]} images" if second.pixels is not None else f"{second.tokens.shape[0]} rows")
         return Check(name, exact=True, detail=f"{stacks} on a seeded batch of {rows}",
                      problem=f"{bad} non-finite values in the last hidden states" if bad else "")
-    rows = (f"{batch.pixels.shape[0]} images" if batch.pixels is not None
+    rows = (f"{batch.tokens.shape[0]} captions, two padded, each followed by an image"
+            if batch.pixels is not None and batch.tokens is not None
+            else f"{batch.pixels.shape[0]} images" if batch.pixels is not None
             else f"{batch.audio.shape[0]} utterances, two padded" if batch.audio is not None
             else f"{batch.tokens.shape[0]} rows, two padded")
     return Check(name, exact=True, detail=f"{stacks} on a seeded batch of {rows}",
@@ -798,9 +800,21 @@ def _sample_batch(model_cfg: Any, pad: int, seq: int = 12, batch: int = 3,
         _add_decoder_tokens(out, hf_inputs, model_cfg, pad, batch, g)
         return out, hf_inputs
 
+    image = parts["word_patch"].patch if "word_patch" in parts else None
+    if image is not None:  # ViLT: the caption, then the image's CLS and patches, within the positions
+        image_length = int(image.cls) + (image.image_size[0] // image.patch_size) * (image.image_size[1] //
+                                                                                     image.patch_size)
+        seq = max(2, min(seq, positions - image_length))
     lengths = [seq, max(1, seq - 3), max(1, seq // 2)]
     tokens, padding = _sample_rows(seq, int(model_cfg.vocab_size), lengths, pad, batch, g)
     segments = None
+    if image is not None:
+        pixels = torch.randn(batch, image.channels, *image.image_size, generator=g)
+        # segment 0 over the caption, 1 over the image (as pentad's image_text_match data gives them)
+        segments = torch.cat([torch.zeros(batch, seq), torch.ones(batch, image_length)], 1).long() \
+            if "seg" in parts else None
+        return Batch(tokens=tokens, segments=segments, padding_mask=padding, pixels=pixels), \
+            {"input_ids": tokens, "attention_mask": (~padding).long(), "pixel_values": pixels}
     if "seg" in parts:
         two = parts["seg"].num_segments >= 2
         index = torch.arange(seq)[None, :]

@@ -21,6 +21,9 @@ TencentPretrain                                                 pentad
 (ViT: no projection bias, no word table)
 ``embedding.speech.conv.conv_layers.<i>.0.weight`` / ``bias``     ``embedding.speech.convs.<i>.weight`` / ``bias``
 (S2T: the subsampler's convolutions; no word table)
+``embedding.word_patch.language_embedding.embedding.weight``     ``embedding.word_patch.word.weight``
+``embedding.word_patch.vision_embedding.projection.weight`` /    ``embedding.word_patch.patch.proj.weight`` / ``cls``
+``cls_emb`` (ViLT: the caption's words, then ViT's patches)
 ``embedding.dual.embedding_0`` / ``_1`` ``.*`` (CLIP: the names   ``embedding.*`` / ``pair.embedding.*``
 above under each stream)
 ``embedding.dual.stream_0_layer_norm`` / ``stream_1_...``         ``embedding.second_norm`` / ``pair.embedding...``
@@ -122,7 +125,12 @@ EMBEDDING_PARTS: dict[str, list[RuleSpec]] = {
     # ViT: a Conv2d without bias, and the CLS vector [1, 1, E].
     "patch": [("{slot}.patch.proj.weight", "{tslot}.patch.projection.weight"),
               ("{slot}.patch.cls", "{tslot}.patch.cls_emb", "leading_ones:2")],
+    # ViLT: WordPatchEmbedding's word table, then a PatchEmbedding as ViT's.
+    "word_patch": [("{slot}.word_patch.word.weight", "{tslot}.word_patch.language_embedding.embedding.weight"),
+                   ("{slot}.word_patch.patch.proj.weight", "{tslot}.word_patch.vision_embedding.projection.weight"),
+                   ("{slot}.word_patch.patch.cls", "{tslot}.word_patch.vision_embedding.cls_emb", "leading_ones:2")],
 }
+WORD_PATCH_WORDS = "embedding.word_patch.language_embedding.embedding.weight"
 PATCH_MARKER = "embedding.patch.projection.weight"
 # S2T's subsampler (SpeechEmbedding's Conv1dModule): each convolution is the first module of a
 # Sequential (followed by a GELU where there is no GLU).
@@ -176,7 +184,7 @@ TARGETS: dict[str, list[RuleSpec]] = {
 TARGETS["sop"] = TARGETS["sp"]  # ALBERT's sentence-order head is TencentPretrain's sp target
 # The vocabulary projection: tied to a word table (saved under both names) or a tensor of its own.
 OUTPUT_TIED: dict[str, list[RuleSpec]] = {
-    "mlm": [("embedding.word.weight", "target.mlm.linear_2.weight", "tied")],
+    "mlm": [("{encoder_words}", "target.mlm.linear_2.weight", "tied")],
     "lm": [("{words}", "target.lm.output_layer.weight", "tied")],
     "bilm": [("{words}", "target.bilm.output_layer.weight", "tied")],
 }
@@ -269,9 +277,9 @@ def _embedding_specs(slot: Any, pentad: str, tp: str, shared_words: bool, proble
                 problems.append(f"{pentad}.seg has {part.num_segments} rows; TencentPretrain's segment table has "
                                 "three (padding, A, B)")
             specs += SEGMENTS.get(part.num_segments, [])
-        elif part.type == "patch" and (part.bias or not part.cls):
-            problems.append(f"{pentad}.patch has " + ("a bias in its projection (Hugging Face's ViT layout)"
-                                                       if part.bias else "no CLS vector")
+        elif part.type in ("patch", "word_patch") and (_patch(part).bias or not _patch(part).cls):
+            problems.append(f"{pentad}.{part.type} has " + ("a bias in its projection (Hugging Face's ViT layout)"
+                                                             if _patch(part).bias else "no CLS vector")
                             + "; TencentPretrain's PatchEmbedding has a bias-free projection and a CLS vector (its "
                             "Hugging Face converter drops the bias, which changes the model)")
         elif part.type == "speech":
@@ -298,6 +306,11 @@ def _embedding_specs(slot: Any, pentad: str, tp: str, shared_words: bool, proble
         if part.type == "speech":
             out += expand(_substitute(SPEECH_CONV, slot=pentad, tslot=tp), conv=range(len(part.kernel_sizes)), wb=WB)
     return out
+
+
+def _patch(part: Any) -> Any:
+    """The patch config of a ``patch`` or ``word_patch`` part."""
+    return part.patch if part.type == "word_patch" else part
 
 
 def _speech_problems(part: Any, path: str) -> list[str]:
@@ -353,6 +366,9 @@ def rules(model: Any, layout: Layout | bool | None = None) -> list[Rule]:
     if model.decoder is not None:
         out += _decoder_rules(model, problems)
     words = "embedding.word.weight"
+    if any(p.type == "word_patch" for p in model.embedding.parts):
+        words = "embedding.word_patch.word.weight"
+    encoder_words = words
     if model.target_embedding is not None and not model.share_embedding:
         words = "target_embedding.word.weight"
     tied_done = False
@@ -376,7 +392,8 @@ def rules(model: Any, layout: Layout | bool | None = None) -> list[Rule]:
                 head += OUTPUT_UNTIED[target.type]
         if target.type in ("lm", "bilm") and target.bias:
             head += LM_BIAS
-        target_rules += expand(head, name=target.target_name, wb=WB, words=words, type=target.type, p=CRF_PARAMETERS)
+        target_rules += expand(head, name=target.target_name, wb=WB, words=words, encoder_words=encoder_words,
+                               type=target.type, p=CRF_PARAMETERS)
     if problems:
         raise UserError("cannot map this model to TencentPretrain's layout: " + "; ".join(problems) + ".")
     return out + target_rules
@@ -748,6 +765,8 @@ def plan(raw: dict[str, Any], state: dict[str, Tensor], label: str, tags: bool =
                             "fine-tune pentad's sbert recipe from a one-stream BERT checkpoint (docs/dual.md). "
                             "(Untied dual-stream pre-training checkpoints, TencentPretrain's CLIP, convert.)")
         return _dual_plan(raw, state, label)
+    if word is None:
+        word = state.get(WORD_PATCH_WORDS)  # ViLT: the words come first in its word_patch embedding
     image = word is None and PATCH_MARKER in state  # a ViT: no vocabulary
     if word is None and SPEECH_MARKER in state:  # S2T: the vocabulary is the decoder's
         word = state.get(TARGET_WORDS)
@@ -817,7 +836,7 @@ _MASKS = {"bidirectional": "fully_visible", "causal": "causal", "prefix": "causa
 # TencentPretrain has no option for torch's LayerNorm: "layernorm" exports as "normal", with a note.
 _NORMS = {"layernorm_unbiased": "normal", "layernorm": "normal", "t5": "t5", "rmsnorm": "rms"}
 _EMBEDDINGS = {"word": "word", "pos": "pos", "seg": "seg", "sinusoidal": "sinusoidalpos", "patch": "patch",
-               "speech": "speech"}
+               "speech": "speech", "word_patch": "word_patch"}
 _TARGETS = {"mlm": "mlm", "sp": "sp", "sop": "sp", "lm": "lm", "bilm": "bilm", "cls": "cls"}
 TP_EPS = 1e-6
 
@@ -874,6 +893,12 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
             problems.append(f"embedding parts {parts}: TencentPretrain's ViT embedding is patch then pos")
         config.update({"image_height": patch.image_size[0], "image_width": patch.image_size[1],
                        "patch_size": patch.patch_size, "channels_num": patch.channels, "data_processor": "vit"})
+    if "word_patch" in positions:
+        patch = positions["word_patch"].patch
+        if parts[0] != "word_patch":
+            problems.append(f"embedding parts {parts}: TencentPretrain's ViLT embedding starts with word_patch")
+        config.update({"image_height": patch.image_size[0], "image_width": patch.image_size[1],
+                       "patch_size": patch.patch_size, "channels_num": patch.channels, "data_processor": "vilt"})
     if "speech" in positions:
         problems += _speech_config(model, config, parts, positions["speech"])
     if enc.num_kv_heads not in (None, enc.num_heads):
