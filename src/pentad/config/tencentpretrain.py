@@ -544,8 +544,8 @@ class _Importer:
                                 f"with a KeyError); imported as its equivalent '{_STALE_TOKENIZERS[tokenizer]}'")
         self.notices.append("the model's vocabulary is the text vocabulary followed by "
                             f"{size or 'image_vocab_size'} image-token ids (give vocab_size=N for the sum); pentad "
-                            "has no VQGAN image tokenizer or dalle objective yet, so it builds this model but "
-                            "cannot prepare its data")
+                            "has no VQGAN image tokenizer: prepare its data with data.objective.type=dalle and an "
+                            "image tokenizer pentad fits (pentad image-tokenizer fit)")
         return self.finish(model, None)
 
     def vit_finish(self, model: dict[str, Any], target_names: list[str | None]) -> dict[str, Any]:

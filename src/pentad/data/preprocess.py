@@ -317,6 +317,8 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
     vocab = 0 if tokenizer is None else int(tokenizer.vocab_size)  # no tokenizer: instances hold no tokens
     target_vocab = getattr(job.objective, "target_tokenizer", tokenizer)
     target_vocab = vocab if target_vocab is None else int(target_vocab.vocab_size)
+    # ids beyond the tokenizer's (dalle: the image tokens after the text vocabulary)
+    target_vocab = max(target_vocab, int(getattr(objective, "stored_vocab_size", 0)))
     writer = ShardWriter(directory, token_dtype_for(max(vocab, target_vocab)),
                          objective.field_names, max_shard_tokens, objective.array_specs())
     window, stride = objective.window

@@ -12,6 +12,7 @@ from pentad.data.objectives.bert import BertObjective, BertObjectiveConfig
 from pentad.data.objectives.bilm import BilmObjective, BilmObjectiveConfig
 from pentad.data.objectives.cls import ClsObjective, ClsObjectiveConfig
 from pentad.data.objectives.cls_mlm import ClsMlmObjective, ClsMlmObjectiveConfig
+from pentad.data.objectives.dalle import DalleObjective, DalleObjectiveConfig
 from pentad.data.objectives.gsg import GsgObjective, GsgObjectiveConfig
 from pentad.data.objectives.llm import (
     LlmPretrainObjective,
@@ -39,7 +40,8 @@ __all__ = [
     "BartObjectiveConfig",
     "BeitObjective", "BeitObjectiveConfig",
     "BertObjective", "BertObjectiveConfig", "BilmObjective", "BilmObjectiveConfig", "ClsMlmObjective",
-    "ClsMlmObjectiveConfig", "ClsObjective", "ClsObjectiveConfig", "GsgObjective", "GsgObjectiveConfig",
+    "ClsMlmObjectiveConfig", "ClsObjective", "ClsObjectiveConfig", "DalleObjective", "DalleObjectiveConfig",
+    "GsgObjective", "GsgObjectiveConfig",
     "LlmPretrainObjective", "LlmPretrainObjectiveConfig", "LlmSftObjective", "LlmSftObjectiveConfig",
     "LmObjective", "LmObjectiveConfig", "MaskingObjectiveConfig", "MlmObjective", "MlmObjectiveConfig",
     "MtObjective", "MtObjectiveConfig", "Objective", "ObjectiveConfig", "PrefixLmObjective",
