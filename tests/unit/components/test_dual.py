@@ -183,6 +183,26 @@ def test_one_embedding_norm_per_stream():
     assert torch.allclose(real.std(-1, unbiased=False), torch.full((len(real),), 3.0), atol=1e-3)
 
 
+def test_second_norm_normalises_twice():
+    """second_norm (a converted TencentPretrain dual-stream checkpoint's stream_i_layer_norm): the
+    slot's output is the second norm of the first norm's output; it needs the first norm."""
+    d = dual_dict(tie=False)
+    d["embedding"]["second_norm"] = True
+    model = build(d)
+    with torch.no_grad():
+        model.embedding.norm.weight.normal_()
+        model.embedding.second_norm.weight.fill_(2.0)
+        model.embedding.second_norm.bias.fill_(-1.0)
+    batch = pair_batch()
+    hidden = model.embedding(batch).hidden
+    parts = model.embedding.word(batch) + model.embedding.pos(batch, 7) + model.embedding.seg(batch, 7)
+    torch.testing.assert_close(hidden, model.embedding.second_norm(model.embedding.norm(parts)))
+    assert "pair.embedding.second_norm.weight" in model.state_dict()  # stream 1 defaults to the same slot config
+    d["embedding"]["norm"] = False
+    with pytest.raises(Exception, match="second_norm is true but norm is false"):
+        model_config_class().model_validate(d)
+
+
 # ----------------------------------------------------------------------------- targets
 def _infonce(a: torch.Tensor, b: torch.Tensor, scale: float) -> float:
     """Symmetric InfoNCE by explicit sums."""
