@@ -98,7 +98,7 @@ def test_bad_lines_are_named_or_skipped(corpus, tmp_path, capsys):
     bad = root / "bad.tsv"
     lines = train.read_text().splitlines()
     too_long = "one two three four five six seven eight\twav/train0.wav"
-    bad.write_text("\n".join(lines[:4] + ["one\twav/missing.wav", too_long]
+    bad.write_text("\n".join(lines[:4] + ["one\twav/missing.wav", too_long, "one zwei\twav/train1.wav"]
                              + lines[4:8]) + "\n")
     code = main(["preprocess", *_config(vocab), *OBJECTIVE, f"data.corpus={bad}", f"data.output={tmp_path / 'a'}"])
     assert code == 2 and not (tmp_path / "a").exists()
@@ -106,9 +106,10 @@ def test_bad_lines_are_named_or_skipped(corpus, tmp_path, capsys):
     assert main(["preprocess", *_config(vocab), *OBJECTIVE, f"data.corpus={bad}", f"data.output={tmp_path / 'b'}",
                  "data.on_bad_line=skip"]) == 0
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
-    assert manifest["num_instances"] == 7 and manifest["skipped_lines"]["count"] == 2
+    assert manifest["num_instances"] == 7 and manifest["skipped_lines"]["count"] == 3
     reasons = " ".join(e["reason"] for e in manifest["skipped_lines"]["examples"])
     assert "missing.wav, which does not exist" in reasons and "transcript of 8 tokens" in reasons
+    assert "outside the vocabulary ('z', 'w', 'e', 'i')" in reasons
     headerless = root / "headerless.tsv"
     headerless.write_text("\n".join(lines[1:4]) + "\n")
     assert main(["preprocess", *_config(vocab), *OBJECTIVE, f"data.corpus={headerless}",

@@ -140,6 +140,13 @@ class S2tObjective(Objective):
         if not transcript or not audio_path:
             raise BadLine(f"has an empty {'transcript' if not transcript else 'audio path'}")
         ids = self.tokenizer.encode(transcript)
+        unk = self.tokenizer.unk_id
+        if unk is not None and unk in ids:
+            pieces = self.tokenizer.unknown_text(transcript)
+            if pieces:  # as the asr task: text the vocabulary cannot hold is refused, not silently [UNK]
+                shown = ", ".join(repr(p) for p in pieces[:10]) + (" ..." if len(pieces) > 10 else "")
+                raise BadLine(f"has a transcript with text outside the vocabulary ({shown}), which would become "
+                              "the unknown token")
         if len(ids) + 1 > self.seq_length:
             raise BadLine(f"has a transcript of {len(ids)} tokens; objective.seq_length {self.seq_length} allows "
                           f"{self.seq_length - 1} (and the end token)")
