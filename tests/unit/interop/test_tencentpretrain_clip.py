@@ -147,6 +147,63 @@ def test_tencentpretrain_clip_embeddings_follow_its_modules(shared_data, tmp_pat
     assert torch.isfinite(output["clr"].loss)
 
 
+def _tp_tower(hidden, state, prefix, layers, post, act):
+    """TencentPretrain's transformer (no padding): post-LN, or pre-LN with a final LayerNorm."""
+    def lin(x, name):
+        return x @ state[f"{name}.weight"].T + state[f"{name}.bias"]
+
+    def ln(x, name):
+        return _layer_norm(x, state[f"{name}.gamma"], state[f"{name}.beta"])
+
+    def attention(x, layer):
+        b, s, width = x.shape
+        q, k, v = (lin(x, f"{layer}.self_attn.linear_layers.{j}").view(b, s, 4, -1).transpose(1, 2) for j in range(3))
+        probs = torch.softmax(q @ k.transpose(-1, -2) / (width // 4) ** 0.5, dim=-1)
+        return lin((probs @ v).transpose(1, 2).reshape(b, s, width), f"{layer}.self_attn.final_linear")
+
+    def ffn(x, layer):
+        return lin(act(lin(x, f"{layer}.feed_forward.linear_1")), f"{layer}.feed_forward.linear_2")
+
+    for i in range(layers):
+        layer = f"{prefix}.transformer.{i}"
+        if post:
+            inter = ln(attention(hidden, layer) + hidden, f"{layer}.layer_norm_1")
+            hidden = ln(ffn(inter, layer) + inter, f"{layer}.layer_norm_2")
+        else:
+            inter = attention(ln(hidden, f"{layer}.layer_norm_1"), layer) + hidden
+            hidden = ffn(ln(inter, f"{layer}.layer_norm_2"), layer) + inter
+    return hidden if post else ln(hidden, f"{prefix}.layer_norm")
+
+
+def test_tencentpretrain_clip_logits_follow_its_modules(shared_data, tmp_path):
+    """The converted model's clr logits are TencentPretrain's, recomputed from its tensors: the post-LN
+    text tower (exact GELU) and the pre-LN image tower (tanh GELU) pooled at the first position,
+    projected by the [H, F] matrices, normalised, scaled by exp(logit_scale)."""
+    state = tp_clip(tmp_path / "tp", shared_data)
+    convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "run")
+    cfg, _ = load_run(tmp_path / "run")
+    model = build_model(cfg.model)
+    model.load_state_dict(read_weights(find_weights(tmp_path / "run")))
+    model.eval()
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, VOCAB, (3, 9), generator=g)
+    pixels = torch.randn(3, 3, IMAGE, IMAGE, generator=g)
+    batch = Batch(tokens=tokens, padding_mask=torch.zeros(3, 9, dtype=torch.bool), pair=Batch(pixels=pixels))
+    with torch.no_grad():
+        logits = model(batch)["clr"].logits
+        text = model.embedding(batch).hidden
+        image = model.pair.embedding(batch.pair).hidden
+    gelu = torch.nn.functional.gelu
+    text = _tp_tower(text, state, "encoder.encoder_0", SHRINK_0["layers_num"], True, gelu)
+    image = _tp_tower(image, state, "encoder.encoder_1", SHRINK_1["layers_num"], False,
+                      lambda x: gelu(x, approximate="tanh"))
+    f0 = text[:, 0] @ state["target.clr.encoder_0_projection"]
+    f1 = image[:, 0] @ state["target.clr.encoder_1_projection"]
+    f0, f1 = f0 / f0.norm(dim=-1, keepdim=True), f1 / f1.norm(dim=-1, keepdim=True)
+    expected = state["target.clr.logit_scale"].exp() * f0 @ f1.T
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_clip_stream_with_one_embedding_norm_is_not_written_as_tencentpretrain(shared_data, tmp_path):
     """TencentPretrain's DualEmbedding always adds stream_0_layer_norm after a stream's embedding
     LayerNorm, so a pentad stream with one norm (a model trained from the imported config) is refused."""
