@@ -44,3 +44,19 @@ def test_dropless_moe_under_fsdp_matches_single(pretrain_data, tmp_path):
     launch(2, *common, f"output={two}", "train.strategy=fsdp")
     for key in ("loss", "grad_norm"):
         assert losses(two, key) == pytest.approx(losses(one, key), rel=1e-5, abs=1e-6), key
+
+
+@pytest.mark.heavy
+def test_dropless_moe_under_deepspeed_zero3_matches_single(pretrain_data, tmp_path):
+    """DeepSpeed ZeRO-3 partitions every parameter, the stacked expert tensors included, across the
+    ranks and gathers them per layer: the same losses and gradient norms as one process."""
+    pytest.importorskip("deepspeed")
+    from tests.distributed.test_deepspeed import ds_launch
+
+    common = ["pretrain", "--config", "bert/tiny", *pretrain_data, *MOE, "train.steps=3",
+              "model.encoder.moe.balance_loss_weight=0"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    single(*common, f"output={one}")
+    ds_launch(2, *common, f"output={two}", "train.strategy=deepspeed", "train.deepspeed.stage=3")
+    for key in ("loss", "grad_norm"):
+        assert losses(two, key) == pytest.approx(losses(one, key), rel=1e-5, abs=1e-6), key
