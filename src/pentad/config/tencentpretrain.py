@@ -506,9 +506,8 @@ class _Importer:
         if model["embedding"]["parts"][0].get("type") != "word_patch":
             self.problems.append(f"'embedding' {self.flat.get('embedding')!r}: word_patch comes first (it defines "
                                  "the sequence: the caption, then the image)")
-        self.notices.append("data_processor vilt: pentad trains ViLT with the image_text_match task (caption<TAB>path "
-                            "files, seeded negative images); a pre-training objective over preprocessed shards is "
-                            "not in pentad yet")
+        self.notices.append("data_processor vilt: the run's task is image_text_match (caption<TAB>path files, seeded "
+                            "negative images); to pre-train from preprocessed shards use data.objective.type=vilt")
         return self.finish(model, None, {"type": "image_text_match", "normalise": "clip"})
 
     def beit_finish(self, model: dict[str, Any], target_names: list[str | None]) -> dict[str, Any]:
@@ -634,8 +633,8 @@ class _Importer:
                                 "and a second dropout on top of each stream's embedding LayerNorm; pentad applies "
                                 "one, so it has 2 x emb_size fewer parameters per such stream")
         if is_clip(flat):
-            self.notices.append("data_processor clip: pentad trains CLIP with the image_text task (caption<TAB>path "
-                                "files); a pre-training objective over preprocessed shards is not in pentad yet")
+            self.notices.append("data_processor clip: the run's task is image_text (caption<TAB>path files); to "
+                                "pre-train from preprocessed shards use data.objective.type=clip")
             return self.finish(model, None, {"type": "image_text", "normalise": "clip"})
         return self.finish(model, self.objective())
 
