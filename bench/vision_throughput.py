@@ -17,6 +17,11 @@ root (needs ``transformers``, as the test extra installs)::
 
     PYTHONPATH=src .venv/bin/python bench/vision_throughput.py                 # DeiT-Ti/16 at 224, ~2 min
     PYTHONPATH=src .venv/bin/python bench/vision_throughput.py --size base-16  # ViT-B/16, ~10 min
+    PYTHONPATH=src .venv/bin/python bench/vision_throughput.py --profile 10 --threads 1
+
+``--profile N`` prints instead the operators of the two eval forwards (no_grad) as torch.profiler
+sees them, N alternating forwards of each, self CPU time per forward in ms: CPU time, unlike wall
+time, hardly moves when other jobs share the cores, so it compares the work the libraries do.
 """
 
 from __future__ import annotations
@@ -100,6 +105,41 @@ def model_rows(args) -> list[str]:
     return rows
 
 
+def profile_rows(args) -> list[str]:
+    from collections import Counter
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from pentad.components.base import Batch
+
+    torch.manual_seed(0)
+    ours, hf = build(args.size, 10)
+    ours.eval()
+    hf.eval()
+    pixels = torch.randn(args.batch_size, 3, 224, 224)
+    forwards = {"pentad": lambda: ours(Batch(pixels=pixels))["cls"].logits,
+                "hf": lambda: hf(pixel_values=pixels).logits}
+    self_ms: dict[str, Counter] = {"pentad": Counter(), "hf": Counter()}
+    calls: dict[str, Counter] = {"pentad": Counter(), "hf": Counter()}
+    with torch.no_grad():
+        for forward in forwards.values():
+            forward()  # warm-up
+        for rep in range(args.profile):
+            for name in (("pentad", "hf") if rep % 2 == 0 else ("hf", "pentad")):
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    forwards[name]()
+                for event in prof.key_averages():
+                    self_ms[name][event.key] += event.self_cpu_time_total / 1000 / args.profile
+                    calls[name][event.key] += event.count / args.profile
+    ops = sorted(set(self_ms["pentad"]) | set(self_ms["hf"]), key=lambda op: -self_ms["pentad"][op] - self_ms["hf"][op])
+    rows = ["| operator | pentad ms (calls) | HF ms (calls) |", "|---|---:|---:|"]
+    for op in ops[:10]:
+        rows.append(f"| {op} | {self_ms['pentad'][op]:.1f} ({calls['pentad'][op]:.0f}) | "
+                    f"{self_ms['hf'][op]:.1f} ({calls['hf'][op]:.0f}) |")
+    rows.append(f"| all | {sum(self_ms['pentad'].values()):.1f} | {sum(self_ms['hf'].values()):.1f} |")
+    return rows
+
+
 def pipeline_rows(args) -> list[str]:
     from PIL import Image
 
@@ -139,12 +179,17 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--images", type=int, default=256, help="images the pipeline rows decode")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="print the eval forwards' operators (N forwards of each) instead of the timings")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     import transformers
 
     print(f"vit/{args.size}, batch {args.batch_size} x 3x224x224, {args.threads} threads, torch {torch.__version__}, "
           f"transformers {transformers.__version__}, python {sys.version.split()[0]}")
+    if args.profile:
+        print("\n".join(profile_rows(args)))
+        return
     print("| what | pentad images/s | HF images/s | pentad / HF |\n|---|---:|---:|---:|")
     for row in [*model_rows(args), *pipeline_rows(args)]:
         print(row)
