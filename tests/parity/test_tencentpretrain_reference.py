@@ -7,6 +7,12 @@ stack's output, the heads' logits and the losses (``make_reference.py`` there re
 from a TencentPretrain checkout). Each checkpoint is converted with ``tencentpretrain-to-pentad`` as
 a user would, and the pentad model must reproduce every recorded tensor to 1e-5 relative to the
 reference's largest magnitude.
+
+Speech (``s2t``) rows are feature frames, the second padded with zeros; TencentPretrain's loader marks
+frames / 4 positions real where the subsampler gives ceil(frames / 4) (a padded row whose frame count
+is not divisible by 4 has one subsampled position that mixes real frames and padding, which
+TencentPretrain treats as padding and pentad as real), so the reference's frame counts are
+divisible by 4. Images (``vit``) are unpadded pixels with a class label.
 """
 
 from __future__ import annotations
@@ -69,11 +75,19 @@ def converted_model(tmp_path: Path, family: str, config: dict, state: dict, norm
 
 def pentad_batch(model, inputs: dict[str, torch.Tensor], with_labels: bool) -> Batch:
     """TencentPretrain's inputs as a pentad Batch: its segments (1 = A, 2 = B, 0 = padding) become
-    segments 0/1 and a padding mask; its target tensors become labels."""
+    segments 0/1 and a padding mask; its target tensors become labels. Speech features become
+    ``audio`` with a frame padding mask from each row's frame count (the subsampler derives the
+    positions' mask from it); images become ``pixels``."""
     seg = inputs["seg"]
     has_segments = hasattr(model.embedding, "seg")
-    batch = Batch(tokens=inputs["src"], segments=(seg - 1).clamp(min=0) if has_segments else None,
-                  padding_mask=seg == 0)
+    if "src_frames" in inputs:
+        frames = torch.arange(inputs["src"].shape[1])[None, :] >= inputs["src_frames"][:, None]
+        batch = Batch(audio=inputs["src"], audio_padding_mask=frames)
+    elif inputs["src"].dim() == 4:
+        batch = Batch(pixels=inputs["src"])
+    else:
+        batch = Batch(tokens=inputs["src"], segments=(seg - 1).clamp(min=0) if has_segments else None,
+                      padding_mask=seg == 0)
     if "tgt_in" in inputs:
         batch.decoder_tokens, batch.decoder_padding_mask = inputs["tgt_in"], inputs["tgt_seg"] == 0
     if not with_labels:
@@ -83,6 +97,8 @@ def pentad_batch(model, inputs: dict[str, torch.Tensor], with_labels: bool) -> B
         batch.labels[names["mlm"]] = torch.where(inputs["tgt_mlm"] > 0, inputs["tgt_mlm"], IGNORE_INDEX)
     if "tgt_sp" in inputs:
         batch.labels[names.get("sp", names.get("sop"))] = inputs["tgt_sp"]
+    if "tgt_cls" in inputs:
+        batch.labels[names["cls"]] = inputs["tgt_cls"]
     if "tgt_lm" in inputs:
         scored = inputs["tgt_seg"] > 0 if "tgt_in" in inputs else seg > 0
         batch.labels[names["lm"]] = torch.where(scored, inputs["tgt_lm"], IGNORE_INDEX)
@@ -168,7 +184,7 @@ def test_converted_checkpoint_reproduces_tencentpretrain(tmp_path, family):
 
 def test_reference_set_covers_every_converted_family():
     assert set(FAMILIES) >= {"bert", "albert", "xlm-roberta", "gpt2", "bart", "pegasus", "transformer", "t5",
-                             "t5-v1_1", "llama", "llama2-70b", "bloom", "lstm", "bilstm", "gatedcnn"}
+                             "t5-v1_1", "llama", "llama2-70b", "bloom", "lstm", "bilstm", "gatedcnn", "s2t", "vit"}
     total = sum(p.stat().st_size for p in REFERENCE.glob("*.safetensors"))
     assert total < 1.5 * 2**20
 

@@ -849,7 +849,9 @@ class _Importer:
         elif name in ("lm", "bilm"):
             out["bias"] = self.flag("has_lmtarget_bias")
             if "label_smoothing" in flat:
-                out["label_smoothing"] = float(flat["label_smoothing"])
+                # TencentPretrain's smoothed loss (lm_target.py, as fairseq's) puts eps/(V-1) on each
+                # wrong token, torch's eps/V on every token.
+                out.update(label_smoothing=float(flat["label_smoothing"]), label_smoothing_spread="others")
         elif name == "cls":
             out["pooling"] = self.name("pooling", POOLINGS, flat.get("pooling", "first"), "pooling")
             out["dropout"] = 0.0  # TencentPretrain's cls head has no dropout

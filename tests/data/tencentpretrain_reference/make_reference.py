@@ -16,7 +16,8 @@ must be importable. For each family below, this script
 3. gives it trained-like weights (``trained_like``: unit-scale norm scales 1 + 0.1 N(0, 1),
    biases N(0, 0.1), matrices N(0, 1/fan_in), embedding tables N(0, 0.5)) — freshly initialised
    N(0, 0.02) weights would hide mistakes in norms and query/key layouts,
-4. runs its forward pass in eval mode and fp32 on a fixed batch of two rows (the second padded) and
+4. runs its forward pass in eval mode and fp32 on a fixed batch of two rows (the second padded; speech:
+   feature frames as its s2t loader pads them, images: pixels, see ``speech_inputs``/``image_inputs``) and
    records, through forward hooks, the embedding output, every transformer layer's output, each
    stack's output, the target heads' logits and the losses,
 
@@ -43,6 +44,9 @@ from safetensors.torch import save_file
 HERE = Path(__file__).resolve().parent
 VOCAB = 40
 SRC_LEN, TGT_LEN = 8, 6
+# speech rows: 32 frames, the second with 20 real ones (TencentPretrain's loader marks frames / 4
+# positions real, exact for frame counts divisible by 4), i.e. 8 and 5 positions after the subsampler
+AUDIO_FRAMES, AUDIO_REAL = 32, (32, 20)
 # family -> (shipped config under models/, extra overrides)
 FAMILIES = {
     "bert": ("bert/base_config.json", {}),
@@ -60,6 +64,13 @@ FAMILIES = {
     "lstm": ("rnn/lstm_config.json", {}),
     "bilstm": ("rnn/bilstm_config.json", {}),
     "gatedcnn": ("cnn/gatedcnn_9_config.json", {"layers_num": 4}),
+    # speech: 10 features per frame, 32 frames; two stride-2 convolutions of 32 then 48 channels, each
+    # halved by its GLU, so the second takes 16 and gives the 24-wide embedding
+    "s2t": ("s2t/small_config.json", {"audio_feature_size": 10, "conv_channels": [32, 48],
+                                      "max_audio_frames": AUDIO_FRAMES}),
+    # images: 3 x 12 x 8 pixels in 4 x 4 patches (3 x 2 of them, plus the CLS position), 5 classes
+    "vit": ("vit/base-16-224_config.json", {"image_height": 12, "image_width": 8, "patch_size": 4,
+                                            "labels_num": 5}),
 }
 SHRINK = {"hidden_size": 24, "feedforward_size": 32, "heads_num": 4, "layers_num": 2, "max_seq_length": 16}
 
@@ -118,17 +129,46 @@ def trained_like(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(noise / math.sqrt(p[0].numel()))
 
 
+def speech_inputs(config: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """What TencentPretrain's s2t loader gives: feature frames [2, frames, features] padded with zeros
+    to ``max_audio_frames``, and seg with frames / (conv_layers_num * 2) ones per row (``src_frames``
+    keeps each row's frame count for the pentad side)."""
+    frames = config["max_audio_frames"]
+    src = torch.randn(2, frames, config["audio_feature_size"], generator=g)
+    positions = frames // (len(config["conv_channels"]) * 2)
+    seg = torch.zeros(2, positions, dtype=torch.long)
+    for row, real in enumerate(AUDIO_REAL):
+        src[row, real:] = 0.0
+        seg[row, :real // (len(config["conv_channels"]) * 2)] = 1
+    return {"src": src, "seg": seg, "src_frames": torch.tensor(AUDIO_REAL)}
+
+
+def image_inputs(config: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """What TencentPretrain's vit loader gives: pixels [2, channels, height, width], seg all ones over
+    the patches and the CLS position (images are not padded), and a class per image."""
+    pixels = torch.randn(2, config.get("channels_num", 3), config["image_height"], config["image_width"], generator=g)
+    patches = (config["image_height"] // config["patch_size"]) * (config["image_width"] // config["patch_size"])
+    return {"src": pixels, "seg": torch.ones(2, patches + 1, dtype=torch.long),
+            "tgt_cls": torch.randint(0, config["labels_num"], (2,), generator=g)}
+
+
 def fixed_inputs(config: dict, seed: int) -> dict[str, torch.Tensor]:
     """Source tokens and segments (TencentPretrain's: 1 = A, 2 = B, 0 = padding), and per target
-    what its forward reads; the second row is padded."""
+    what its forward reads; the second row is padded. Speech and image families take their
+    modality's source instead (``speech_inputs``, ``image_inputs``)."""
     g = torch.Generator().manual_seed(seed)
-    src = torch.randint(1, VOCAB, (2, SRC_LEN), generator=g)
-    seg = torch.ones(2, SRC_LEN, dtype=torch.long)
-    if "seg" in config["embedding"] and config.get("data_processor") in ("bert", "albert"):
-        seg[:, SRC_LEN // 2:] = 2
-    seg[1, SRC_LEN - 3:] = 0
-    src[seg == 0] = 0
-    out = {"src": src, "seg": seg}
+    if "speech" in config["embedding"]:
+        out = speech_inputs(config, g)
+    elif "patch" in config["embedding"]:
+        return image_inputs(config, g)
+    else:
+        src = torch.randint(1, VOCAB, (2, SRC_LEN), generator=g)
+        seg = torch.ones(2, SRC_LEN, dtype=torch.long)
+        if "seg" in config["embedding"] and config.get("data_processor") in ("bert", "albert"):
+            seg[:, SRC_LEN // 2:] = 2
+        seg[1, SRC_LEN - 3:] = 0
+        src[seg == 0] = 0
+        out = {"src": src, "seg": seg}
     targets = config["target"]
     if "mlm" in targets:
         tgt = torch.zeros(2, SRC_LEN, dtype=torch.long)
@@ -195,7 +235,7 @@ def run_family(checkout: Path, family: str, seed: int) -> None:
         model.decoder.register_forward_hook(keep("decoder"))
         for layer in model.decoder.transformer_decoder:
             layer.register_forward_hook(keep("decoder.layer"))
-    heads = {"mlm": "linear_2", "sp": "linear_2", "lm": "output_layer"}
+    heads = {"mlm": "linear_2", "sp": "linear_2", "lm": "output_layer", "cls": "linear_2"}
     for target in config["target"]:
         if target in heads:
             getattr(getattr(model.target, target), heads[target]).register_forward_hook(keep(f"{target}.logits"))
@@ -215,7 +255,8 @@ def run_family(checkout: Path, family: str, seed: int) -> None:
         elif config.get("decoder"):
             losses["lm"] = first_of(model(src, inputs["tgt_lm"], seg, inputs["tgt_in"], inputs["tgt_seg"]))
         else:
-            tgt = {"mlm": inputs.get("tgt_mlm"), "sp": inputs.get("tgt_sp"), "lm": inputs.get("tgt_lm")}
+            tgt = {"mlm": inputs.get("tgt_mlm"), "sp": inputs.get("tgt_sp"), "lm": inputs.get("tgt_lm"),
+                   "cls": inputs.get("tgt_cls")}
             result = model(src, tgt if len(targets) > 1 else tgt[targets[0]], seg)
             if len(targets) > 1:
                 losses.update({name: first_of(info) for name, info in result.items()})

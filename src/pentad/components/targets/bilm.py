@@ -16,7 +16,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pentad.components.base import IGNORE_INDEX, Batch, Target, TargetOutput
-from pentad.components.targets.common import TargetConfigBase
+from pentad.components.targets.common import SMOOTHING_SPREAD_HELP, TargetConfigBase, spread_smoothing
 from pentad.layers.cross_entropy import linear_cross_entropy
 from pentad.registry import TARGETS
 
@@ -25,6 +25,7 @@ class BilmTargetConfig(TargetConfigBase):
     type: Literal["bilm"] = "bilm"
     bias: bool = Field(False, description="bias on the vocabulary projection")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
+    label_smoothing_spread: Literal["all", "others"] = Field("all", description=SMOOTHING_SPREAD_HELP)
 
     def check(self, model: Any) -> list[tuple[str, str]]:
         """Problems that need the model-level sizes: (sub-path, message)."""
@@ -56,7 +57,8 @@ class BilmTarget(Target):
 
     @classmethod
     def from_config(cls, cfg: BilmTargetConfig, model: Any) -> BilmTarget:
-        return cls(cfg.target_name, model.hidden_size, model.vocab_size, cfg.bias, cfg.label_smoothing)
+        smoothing = spread_smoothing(cfg.label_smoothing, cfg.label_smoothing_spread, model.vocab_size)
+        return cls(cfg.target_name, model.hidden_size, model.vocab_size, cfg.bias, smoothing)
 
     def tie_to(self, weight: nn.Parameter) -> bool:
         """Tie only when the word table is [V, H/2] (embedding width = half the hidden size)."""

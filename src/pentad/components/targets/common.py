@@ -21,6 +21,20 @@ class TargetConfigBase(StrictModel):
         return self.name or self.type  # type: ignore[attr-defined]
 
 
+SMOOTHING_SPREAD_HELP = ("how label_smoothing spreads its mass: all (torch's: eps/V on every class, the true one "
+                         "included) or others (fairseq's and TencentPretrain's: eps/(V-1) on each wrong class, the "
+                         "true one keeps 1 - eps)")
+
+
+def spread_smoothing(label_smoothing: float, spread: str, classes: int) -> float:
+    """The ``label_smoothing`` torch's cross-entropy takes for ``label_smoothing`` spread over ``spread``
+    classes: itself for ``all``; for ``others`` eps * V / (V - 1), which puts eps / (V - 1) on each
+    wrong class and 1 - eps on the true one, as fairseq's and TencentPretrain's smoothed loss does."""
+    if spread == "others" and classes > 1:
+        return label_smoothing * classes / (classes - 1)
+    return label_smoothing
+
+
 def classification_loss(logits: Tensor, labels: Tensor, label_smoothing: float = 0.0
                         ) -> tuple[Tensor, dict[str, Tensor]]:
     """Cross-entropy over [N, C] logits and [N] labels, with correct/count metrics as tensors."""

@@ -8,7 +8,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pentad.components.base import IGNORE_INDEX, Batch, Target, TargetOutput
-from pentad.components.targets.common import TargetConfigBase
+from pentad.components.targets.common import SMOOTHING_SPREAD_HELP, TargetConfigBase, spread_smoothing
 from pentad.layers.cross_entropy import linear_cross_entropy
 from pentad.registry import TARGETS
 
@@ -17,6 +17,7 @@ class LmTargetConfig(TargetConfigBase):
     type: Literal["lm"] = "lm"
     bias: bool = Field(False, description="bias on the vocabulary projection")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
+    label_smoothing_spread: Literal["all", "others"] = Field("all", description=SMOOTHING_SPREAD_HELP)
     scale_hidden: bool = Field(False, description="multiply the hidden states by hidden_size^-0.5 before "
                                "the output projection (T5 with a tied output)")
 
@@ -37,8 +38,8 @@ class LmTarget(Target):
 
     @classmethod
     def from_config(cls, cfg: LmTargetConfig, model) -> LmTarget:
-        return cls(cfg.target_name, model.hidden_size, model.vocab_size, cfg.bias, cfg.label_smoothing,
-                   cfg.scale_hidden)
+        smoothing = spread_smoothing(cfg.label_smoothing, cfg.label_smoothing_spread, model.vocab_size)
+        return cls(cfg.target_name, model.hidden_size, model.vocab_size, cfg.bias, smoothing, cfg.scale_hidden)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """[..., H] -> [..., V] next-token scores (generation reads the last position's)."""

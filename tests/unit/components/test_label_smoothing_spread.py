@@ -1,0 +1,77 @@
+"""Label smoothing spread over every class (torch's) or over the wrong ones only (fairseq's and
+TencentPretrain's ``lm_target.py``), and TencentPretrain configs importing the latter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from pentad.components.base import IGNORE_INDEX, Batch
+from pentad.components.targets.bilm import BilmTarget, BilmTargetConfig
+from pentad.components.targets.lm import LmTarget, LmTargetConfig
+from pentad.config.tencentpretrain import import_config
+
+VOCAB, HIDDEN = 7, 8
+
+
+class Sizes:
+    hidden_size, vocab_size = HIDDEN, VOCAB
+
+
+def fairseq_smoothed(logits: torch.Tensor, labels: torch.Tensor, eps: float) -> torch.Tensor:
+    """The smoothed loss as TencentPretrain's lm target writes it: eps_i = eps / (V - 1),
+    (1 - eps - eps_i) * nll + eps_i * sum of -log p over the vocabulary, averaged over the rows."""
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    nll = -logp.gather(-1, labels[:, None]).squeeze(-1)
+    smooth = -logp.sum(dim=-1)
+    eps_i = eps / (logits.shape[-1] - 1)
+    return ((1 - eps - eps_i) * nll + eps_i * smooth).mean()
+
+
+@pytest.mark.parametrize("spread", ["all", "others"])
+@torch.no_grad()
+def test_lm_target_spreads_the_smoothing_as_configured(spread):
+    torch.manual_seed(0)
+    target = LmTarget.from_config(LmTargetConfig(label_smoothing=0.1, label_smoothing_spread=spread), Sizes)
+    hidden = torch.randn(2, 3, HIDDEN)
+    labels = torch.tensor([[1, 2, 3], [4, 5, IGNORE_INDEX]])
+    batch = Batch(tokens=torch.zeros(2, 3, dtype=torch.long), labels={"lm": labels})
+    loss = target(hidden, batch).loss
+    scored = labels != IGNORE_INDEX
+    logits = target.output(hidden)[scored]
+    if spread == "others":
+        expected = fairseq_smoothed(logits, labels[scored], 0.1)
+    else:
+        expected = torch.nn.functional.cross_entropy(logits.double(), labels[scored], label_smoothing=0.1)
+    assert float(loss) == pytest.approx(float(expected), rel=1e-6)
+    # the two conventions differ: the test would notice a spread that is ignored
+    other = fairseq_smoothed(logits, labels[scored], 0.1) if spread == "all" else \
+        torch.nn.functional.cross_entropy(logits.double(), labels[scored], label_smoothing=0.1)
+    assert abs(float(loss) - float(other)) > 1e-5
+
+
+@torch.no_grad()
+def test_bilm_target_spreads_over_the_others():
+    torch.manual_seed(1)
+    target = BilmTarget.from_config(BilmTargetConfig(label_smoothing=0.2, label_smoothing_spread="others"), Sizes)
+    hidden = torch.randn(1, 4, HIDDEN)
+    labels = torch.randint(0, VOCAB, (1, 4, 2))
+    loss = target(hidden, Batch(tokens=torch.zeros(1, 4, dtype=torch.long), labels={"bilm": labels})).loss
+    halves = (hidden[0, :, : HIDDEN // 2], hidden[0, :, HIDDEN // 2:])
+    expected = sum(fairseq_smoothed(target.output(h), labels[0, :, i], 0.2) for i, h in enumerate(halves)) / 2
+    assert float(loss) == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_tencentpretrain_smoothing_imports_spread_over_the_others():
+    shipped = Path(__file__).resolve().parents[3] / "src" / "pentad" / "zoo" / "s2t" / "small.yaml"
+    assert "label_smoothing_spread: others" in shipped.read_text(encoding="utf-8")
+    gpt2 = {"emb_size": 32, "feedforward_size": 64, "hidden_size": 32, "hidden_act": "gelu_fast", "heads_num": 2,
+            "layers_num": 1, "max_seq_length": 16, "embedding": ["word", "pos"], "remove_embedding_layernorm": True,
+            "encoder": "transformer", "mask": "causal", "layernorm_positioning": "pre", "target": ["lm"],
+            "tie_weights": True, "label_smoothing": 0.1}
+    out, _ = import_config(json.loads(json.dumps(gpt2)), ["vocab_size=60"], "test", [])
+    (lm,) = out["model"]["targets"]
+    assert (lm["label_smoothing"], lm["label_smoothing_spread"]) == (0.1, "others")
