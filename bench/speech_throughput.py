@@ -1,29 +1,36 @@
-"""Speech throughput: pentad against Hugging Face Transformers in one process, for the S2T-small
-shape, on the CPU and, when ``torch.cuda.is_available()``, on the GPU.
+"""Speech throughput: pentad against Hugging Face Transformers in one process, for the S2T-small and
+Whisper-tiny shapes, on the CPU and, when ``torch.cuda.is_available()``, on the GPU.
 
 Three measurements per shape:
 
-* ``features``: ``pentad.data.audio.load_features`` (read WAV, Kaldi filterbank, utterance CMVN,
-  float16) over synthetic utterances of ``--seconds`` seconds (tones in noise; a filterbank costs
-  the same whatever the audio holds), as utterances/s and x real time (audio seconds per wall
-  second), against Hugging Face's ``Speech2TextFeatureExtractor`` on the same samples (its numpy
-  filterbank, as without torchaudio). CPU only, one process: a loader worker's rate.
-* ``train``: forward + label-smoothed cross-entropy + backward + AdamW step (pentad's optimizer for
-  both) on the same batch of random features and random targets, both models from random weights
-  in train mode (dropout as the recipe), fp32; target tokens/s and audio seconds/s.
+* ``features``: ``pentad.data.audio.load_features`` (read WAV; S2T: Kaldi filterbank, utterance
+  CMVN, float16; Whisper: its log-mel spectrogram of a 30 s chunk) over synthetic utterances of
+  ``--seconds`` seconds (tones in noise: the features cost the same whatever the audio holds), as
+  utterances/s and x real time (audio seconds per wall second), against Hugging Face's
+  ``Speech2TextFeatureExtractor`` / ``WhisperFeatureExtractor`` on the same files (numpy, as
+  without torchaudio). CPU only, one process: a loader worker's rate. The headroom row divides it by
+  the audio seconds per second the training step consumes.
+* ``train``: forward + cross-entropy (the recipe's label smoothing) + backward + AdamW step
+  (pentad's optimizer for both) on the same batch of random features and random targets, both
+  models from random weights in train mode (dropout as the recipe), fp32; target tokens/s and audio
+  seconds/s (Whisper reads every utterance as a 30 s chunk; the audio seconds are the real ones).
 * ``decode``: greedy decoding of exactly ``--new-tokens`` tokens per utterance (pentad's cached
-  generator with no stop token; HF ``generate`` with ``min_new_tokens`` = ``max_new_tokens``), eval
-  mode; the real-time factor is decoding seconds / audio seconds (lower is faster).
+  generator with no stop token; HF's plain ``GenerationMixin.generate`` with ``min_new_tokens`` =
+  ``max_new_tokens``), eval mode, no dropout; the real-time factor is decoding seconds / audio
+  seconds (lower is faster), at each of ``--decode-batch-sizes``.
 
-pentad builds the model from its recipe (``s2t/small``); Hugging Face builds
-``Speech2TextForConditionalGeneration`` from the equivalent ``Speech2TextConfig`` (no download), and
-the bench checks that the two have the same number of parameters. Repetitions alternate between the
+pentad builds each model from its recipe (``s2t/small``, ``whisper/tiny``); Hugging Face builds
+``Speech2TextForConditionalGeneration`` (eager attention, its only one) or
+``WhisperForConditionalGeneration`` (sdpa) from the equivalent config, random weights, no download.
+Trainable parameters are reported for both (equal for S2T; pentad's Whisper keeps a key bias in its
+fused projection, zero in converted weights, which HF's has not). Repetitions alternate between the
 libraries (and which goes first) so a background load hits both; medians are reported with the
 ratio pentad / HF (speed: above 1 pentad is faster). ``--quick`` shrinks the widths and the work
-to a smoke test of seconds. A Whisper-tiny shape joins ``SHAPES`` with its recipe. Run from the
-repository root (needs ``transformers``, as the test extra installs)::
+to a smoke test of seconds (it sets the work options itself). A shape runs once its recipe exists
+in the checkout (``--help`` lists them). Run from the repository root (needs ``transformers``, as
+the test extra installs)::
 
-    PYTHONPATH=src .venv/bin/python bench/speech_throughput.py                 # ~3 min on 2 cores
+    PYTHONPATH=src .venv/bin/python bench/speech_throughput.py                 # ~4 min on 2 cores
     PYTHONPATH=src .venv/bin/python bench/speech_throughput.py --quick --json out.json
 """
 
@@ -46,11 +53,13 @@ import torch
 # Sizes of each shape: the pentad recipe with overrides, and the same numbers for Hugging Face.
 SHAPES: dict[str, dict[str, Any]] = {
     "s2t-small": dict(family="s2t", recipe="s2t/small", hidden=256, encoder_layers=12, decoder_layers=6, heads=4,
-                      ffn=2048, conv_channels=1024, features=80, vocab=10000, batch_size=8, chunk_seconds=None),
-    # Whisper reads every utterance as a 30 s chunk: a smaller training batch keeps the run short
+                      ffn=2048, conv_channels=1024, features=80, vocab=10000, batch_size=8, chunk_seconds=None,
+                      decode_batch_sizes=[1, 8]),
+    # Whisper reads every utterance as a 30 s chunk: a smaller training batch and decoding one
+    # utterance at a time keep the run short (its encoder dominates a batch of 8)
     "whisper-tiny": dict(family="whisper", recipe="whisper/tiny", hidden=384, encoder_layers=4, decoder_layers=4,
                          heads=6, ffn=1536, conv_channels=384, features=80, vocab=51865, batch_size=2,
-                         chunk_seconds=30),
+                         chunk_seconds=30, decode_batch_sizes=[1]),
 }
 QUICK = dict(hidden=32, encoder_layers=1, decoder_layers=1, heads=2, ffn=64, conv_channels=64, vocab=64)
 START, PAD = 2, 1  # decoder start (HF S2T's eos = decoder start) and padding ids
@@ -227,8 +236,10 @@ def decode_rows(spec: dict[str, Any], args, device: torch.device) -> list[dict[s
     # no stop token anywhere: both libraries decode exactly `new` tokens per row
     hf.generation_config.eos_token_id = None
     hf.generation_config.forced_eos_token_id = None
-    t = batch_tensors(spec, args, device, max(args.decode_batch_sizes))
-    return [decode(ours, hf, t, rows, args, device) for rows in args.decode_batch_sizes]
+    hf.generation_config.begin_suppress_tokens = None  # WhisperConfig's default; pentad's call suppresses none
+    batches = args.decode_batch_sizes or spec["decode_batch_sizes"]
+    t = batch_tensors(spec, args, device, max(batches))
+    return [decode(ours, hf, t, rows, args, device) for rows in batches]
 
 
 def decode(ours, hf, t: dict[str, torch.Tensor], rows: int, args, device: torch.device) -> dict[str, Any]:
@@ -398,8 +409,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         + ", ".join(f"{k} {v['batch_size']}" for k, v in SHAPES.items()))
     parser.add_argument("--seconds", type=float, default=6.0, help="seconds of audio per utterance")
     parser.add_argument("--target-tokens", type=int, default=48, help="transcript tokens per utterance (training)")
-    parser.add_argument("--steps", type=int, default=7, help="timed training steps per library (median)")
-    parser.add_argument("--decode-batch-sizes", default="1,8", help="comma-separated decoding batch sizes")
+    parser.add_argument("--steps", type=int, default=5, help="timed training steps per library (median)")
+    parser.add_argument("--decode-batch-sizes", default=None, help="comma-separated decoding batch sizes; "
+                        "default: " + ", ".join(f"{k} {','.join(map(str, v['decode_batch_sizes']))}"
+                                                for k, v in SHAPES.items()))
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--decode-reps", type=int, default=5)
     parser.add_argument("--utterances", type=int, default=40, help="utterances the feature rows read")
@@ -413,7 +426,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         for key, value in dict(batch_size=2, seconds=1.0, target_tokens=6, steps=1, decode_batch_sizes="2",
                                new_tokens=4, decode_reps=1, utterances=2, feature_reps=1).items():
             setattr(args, key, value)
-    args.decode_batch_sizes = [int(b) for b in str(args.decode_batch_sizes).split(",")]
+    if args.decode_batch_sizes is not None:
+        args.decode_batch_sizes = [int(b) for b in str(args.decode_batch_sizes).split(",")]
     args.from_cli = argv is None
     return args
 
