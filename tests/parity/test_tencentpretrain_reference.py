@@ -12,7 +12,8 @@ Speech (``s2t``) rows are feature frames, the second padded with zeros; TencentP
 frames / 4 positions real where the subsampler gives ceil(frames / 4) (a padded row whose frame count
 is not divisible by 4 has one subsampled position that mixes real frames and padding, which
 TencentPretrain treats as padding and pentad as real), so the reference's frame counts are
-divisible by 4. Images (``vit``) are unpadded pixels with a class label.
+divisible by 4. Images (``vit``) are unpadded pixels with a class label. ``clip`` pairs captions (the
+second padded) with images; the image tower's tensors are named ``pair.*``.
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ def pentad_batch(model, inputs: dict[str, torch.Tensor], with_labels: bool) -> B
     positions' mask from it); images become ``pixels``."""
     seg = inputs["seg"]
     has_segments = hasattr(model.embedding, "seg")
-    if "src_frames" in inputs:
+    if "src_image" in inputs:
+        batch = Batch(tokens=inputs["src"], padding_mask=seg == 0, pair=Batch(pixels=inputs["src_image"]))
+    elif "src_frames" in inputs:
         frames = torch.arange(inputs["src"].shape[1])[None, :] >= inputs["src_frames"][:, None]
         batch = Batch(audio=inputs["src"], audio_padding_mask=frames)
     elif inputs["src"].dim() == 4:
@@ -105,8 +108,36 @@ def pentad_batch(model, inputs: dict[str, torch.Tensor], with_labels: bool) -> B
     return batch
 
 
+def pentad_pair_outputs(model, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What the reference records of a two-tower model (CLIP), from the pentad model: each tower's
+    embedding, layers and output (the image tower's as ``pair.*``), the clr logits and loss."""
+    out: dict[str, torch.Tensor] = {}
+
+    def keep(name):
+        def hook(module, args_, output) -> None:
+            hidden = output.hidden if hasattr(output, "hidden") else output
+            out.setdefault(name, hidden[0] if isinstance(hidden, tuple) else hidden)
+        return hook
+
+    hooks = []
+    for prefix, embedding, encoder in (("", model.embedding, model.encoder),
+                                       ("pair.", model.pair.embedding, model.pair.encoder)):
+        hooks.append(embedding.register_forward_hook(keep(f"{prefix}embedding")))
+        hooks.append(encoder.register_forward_hook(keep(f"{prefix}encoder")))
+        for i, layer in enumerate(encoder.layers):
+            hooks.append(layer.register_forward_hook(keep(f"{prefix}encoder.layer.{i}")))
+    with torch.no_grad():
+        heads = model(pentad_batch(model, inputs, with_labels=False))
+    for hook in hooks:
+        hook.remove()
+    out["clr.logits"], out["clr.loss"] = heads["clr"].logits, heads["clr"].loss
+    return out
+
+
 def pentad_outputs(model, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The tensors TencentPretrain's reference records, named alike, from the pentad model."""
+    if model.pair is not None:
+        return pentad_pair_outputs(model, inputs)
     seg = inputs["seg"]
     real = seg > 0
     out: dict[str, torch.Tensor] = {}
@@ -184,7 +215,8 @@ def test_converted_checkpoint_reproduces_tencentpretrain(tmp_path, family):
 
 def test_reference_set_covers_every_converted_family():
     assert set(FAMILIES) >= {"bert", "albert", "xlm-roberta", "gpt2", "bart", "pegasus", "transformer", "t5",
-                             "t5-v1_1", "llama", "llama2-70b", "bloom", "lstm", "bilstm", "gatedcnn", "s2t", "vit"}
+                             "t5-v1_1", "llama", "llama2-70b", "bloom", "lstm", "bilstm", "gatedcnn", "s2t", "vit",
+                             "clip"}
     total = sum(p.stat().st_size for p in REFERENCE.glob("*.safetensors"))
     assert total < 1.5 * 2**20
 

@@ -71,13 +71,24 @@ FAMILIES = {
     # images: 3 x 12 x 8 pixels in 4 x 4 patches (3 x 2 of them, plus the CLS position), 5 classes
     "vit": ("vit/base-16-224_config.json", {"image_height": 12, "image_width": 8, "patch_size": 4,
                                             "labels_num": 5}),
+    # two towers: the text tower shrunk as the others, a 16-wide image tower over 3 x 12 x 8 pixels in
+    # 4 x 4 patches, both projected to 12 features
+    "clip": ("clip/base-32_config.json", {"image_height": 12, "image_width": 8, "patch_size": 4, "feature_size": 12}),
 }
+IMAGE_TOWER = {"emb_size": 16, "hidden_size": 16, "feedforward_size": 32, "heads_num": 4, "layers_num": 2}
 SHRINK = {"hidden_size": 24, "feedforward_size": 32, "heads_num": 4, "layers_num": 2, "max_seq_length": 16}
 
 
 def shrunk_config(checkout: Path, family: str) -> dict:
     path, extra = FAMILIES[family]
     config = json.loads((checkout / "models" / path).read_text(encoding="utf-8"))
+    if "stream_0" in config:  # two towers (CLIP): text as the others, the image tower IMAGE_TOWER
+        config["stream_0"].update(SHRINK, emb_size=SHRINK["hidden_size"])
+        config["stream_1"].update(IMAGE_TOWER)
+        config.update(extra)
+        patches = (config["image_height"] // config["patch_size"]) * (config["image_width"] // config["patch_size"])
+        config["stream_1"]["max_seq_length"] = patches + 1
+        return config
     narrow = config.get("emb_size", config["hidden_size"]) != config["hidden_size"]
     config.update(SHRINK)
     config["emb_size"] = 16 if narrow else SHRINK["hidden_size"]
@@ -101,6 +112,7 @@ def tencentpretrain_args(config: dict, vocab: dict):
     parser.add_argument("--labels_num", type=int, default=None)
     parser.add_argument("--data_processor", default="bert")
     parser.add_argument("--deep_init", action="store_true")
+    parser.add_argument("--batch_size", type=int, default=2)  # ClrTarget reads it (and does nothing with it)
     args = parser.parse_args([])
     vars(args).update(config)
     args.tokenizer = SimpleNamespace(vocab=vocab)
@@ -119,6 +131,8 @@ def trained_like(model: torch.nn.Module, seed: int) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():  # tied parameters once
             noise = torch.randn(p.shape, generator=g)
+            if p.dim() == 0:  # CLIP's logit scale keeps TencentPretrain's log(1 / 0.07)
+                continue
             if is_norm_scale(name):
                 p.copy_(1 + 0.1 * noise)
             elif p.dim() == 1 or name.startswith(("encoder.conv_b", "encoder.gate_b")):  # biases
@@ -148,8 +162,10 @@ def image_inputs(config: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
     the patches and the CLS position (images are not padded), and a class per image."""
     pixels = torch.randn(2, config.get("channels_num", 3), config["image_height"], config["image_width"], generator=g)
     patches = (config["image_height"] // config["patch_size"]) * (config["image_width"] // config["patch_size"])
-    return {"src": pixels, "seg": torch.ones(2, patches + 1, dtype=torch.long),
-            "tgt_cls": torch.randint(0, config["labels_num"], (2,), generator=g)}
+    out = {"src": pixels, "seg": torch.ones(2, patches + 1, dtype=torch.long)}
+    if "labels_num" in config:
+        out["tgt_cls"] = torch.randint(0, config["labels_num"], (2,), generator=g)
+    return out
 
 
 def fixed_inputs(config: dict, seed: int) -> dict[str, torch.Tensor]:
@@ -157,6 +173,13 @@ def fixed_inputs(config: dict, seed: int) -> dict[str, torch.Tensor]:
     what its forward reads; the second row is padded. Speech and image families take their
     modality's source instead (``speech_inputs``, ``image_inputs``)."""
     g = torch.Generator().manual_seed(seed)
+    if "stream_0" in config:  # CLIP: captions (the second padded) and images, as its clip loader gives
+        src = torch.randint(1, VOCAB, (2, SRC_LEN), generator=g)
+        seg = torch.ones(2, SRC_LEN, dtype=torch.long)
+        seg[1, SRC_LEN - 3:] = 0
+        src[seg == 0] = 0
+        image = image_inputs(config, g)
+        return {"src": src, "seg": seg, "src_image": image["src"], "seg_image": image["seg"]}
     if "speech" in config["embedding"]:
         out = speech_inputs(config, g)
     elif "patch" in config["embedding"]:
@@ -222,6 +245,54 @@ def run_family(checkout: Path, family: str, seed: int) -> None:
             names.append(key)
         return hook
 
+    if "stream_0" in config:
+        run_two_towers(model, config, inputs, captured, names)
+    else:
+        run_one_stream(model, config, inputs, captured, names, keep)
+    write_reference(model, family, config, inputs, captured, names)
+
+
+def run_two_towers(model, config: dict, inputs: dict, captured: dict, names: list) -> None:
+    """CLIP: each tower's embedding, layers and output (the image tower's under ``pair.``), the
+    contrastive logits and TencentPretrain's loss. ClrTarget keeps its logits to itself, so they are
+    recomputed from the recorded towers as its forward computes them (its own pooling, projections
+    and scale); the loss is its forward's."""
+    from tencentpretrain.utils.misc import pooling
+
+    def record(name, tensor):
+        captured[name] = tensor.detach().clone()
+        names.append(name)
+
+    def both(stage):
+        def hook(module, args_, out) -> None:  # a hook returning something would replace the output
+            record(stage, out[0])
+            record(f"pair.{stage}", out[1])
+        return hook
+
+    def one(name):
+        def hook(module, args_, out) -> None:
+            record(name, out[0] if isinstance(out, tuple) else out)
+        return hook
+
+    model.embedding.dual.register_forward_hook(both("embedding"))
+    for prefix, tower in (("encoder", model.encoder.encoder_0), ("pair.encoder", model.encoder.encoder_1)):
+        for i, layer in enumerate(tower.transformer):
+            layer.register_forward_hook(one(f"{prefix}.layer.{i}"))
+    model.encoder.register_forward_hook(both("encoder"))
+    src, seg = (inputs["src"], inputs["src_image"]), (inputs["seg"], inputs["seg_image"])
+    with torch.no_grad():
+        loss, _ = model(src, None, seg)
+        clr = model.target.clr
+        features = []
+        for stream, (name, projection) in enumerate((("encoder", clr.encoder_0_projection),
+                                                      ("pair.encoder", clr.encoder_1_projection))):
+            pooled = pooling(captured[name], seg[stream], clr.pooling_type[stream]) @ projection
+            features.append(pooled / pooled.norm(dim=-1, keepdim=True))
+        record("clr.logits", clr.logit_scale.exp() * features[0] @ features[1].T)
+    record("clr.loss", loss.reshape(()))
+
+
+def run_one_stream(model, config: dict, inputs: dict, captured: dict, names: list, keep) -> None:
     model.embedding.register_forward_hook(keep("embedding"))
     model.encoder.register_forward_hook(keep("encoder"))
     layers = getattr(model.encoder, "transformer", None)
@@ -266,6 +337,8 @@ def run_family(checkout: Path, family: str, seed: int) -> None:
         captured[f"{name}.loss"] = loss.detach().reshape(())
         names.append(f"{name}.loss")
 
+
+def write_reference(model, family: str, config: dict, inputs: dict, captured: dict, names: list) -> None:
     state = model.state_dict()
     first: dict[int, str] = {}
     aliases: dict[str, str] = {}
