@@ -961,6 +961,7 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
             problems.append(f"target '{target.type}' has no TencentPretrain name")
         if target.type == "lm":
             config["has_lmtarget_bias"] = bool(target.bias)
+            _export_label_smoothing(target, model.vocab_size, config, notes)
             if target.scale_hidden:
                 problems.append("an lm head that rescales its input (T5 v1.0): TencentPretrain's does not")
         if target.type == "cls":
@@ -978,6 +979,21 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
 
 _STREAM_ONLY = ("target", "tie_weights", "data_processor", "labels_num", "pooling")
 _IMAGE_KEYS = ("image_height", "image_width", "patch_size", "channels_num")
+
+
+def _export_label_smoothing(target: Any, vocab_size: int, config: dict[str, Any], notes: list[str]) -> None:
+    """TencentPretrain's ``label_smoothing`` of an lm head: it spreads eps over the wrong tokens only
+    (lm_target.py, as fairseq), so torch's spread over every token (``all``) is written as the eps
+    giving the same loss, eps * (V - 1) / V."""
+    eps = float(target.label_smoothing)
+    if not eps:
+        config.pop("label_smoothing", None)
+        return
+    if target.label_smoothing_spread == "all":
+        eps = eps * (vocab_size - 1) / vocab_size
+        notes.append(f"label_smoothing {target.label_smoothing} spread over every token is TencentPretrain's "
+                     f"label_smoothing {eps:.6g} (it spreads over the wrong tokens only): the same loss")
+    config["label_smoothing"] = eps
 
 
 def _dual_config(model: Any, config: dict[str, Any], label: str) -> tuple[dict[str, Any], list[str]]:

@@ -12,7 +12,9 @@ import torch
 from pentad.components.base import IGNORE_INDEX, Batch
 from pentad.components.targets.bilm import BilmTarget, BilmTargetConfig
 from pentad.components.targets.lm import LmTarget, LmTargetConfig
+from pentad.config.model import model_config_class
 from pentad.config.tencentpretrain import import_config
+from pentad.interop.tencentpretrain import export_config
 
 VOCAB, HIDDEN = 7, 8
 
@@ -65,13 +67,28 @@ def test_bilm_target_spreads_over_the_others():
     assert float(loss) == pytest.approx(float(expected), rel=1e-6)
 
 
-def test_tencentpretrain_smoothing_imports_spread_over_the_others():
-    shipped = Path(__file__).resolve().parents[3] / "src" / "pentad" / "zoo" / "s2t" / "small.yaml"
-    assert "label_smoothing_spread: others" in shipped.read_text(encoding="utf-8")
-    gpt2 = {"emb_size": 32, "feedforward_size": 64, "hidden_size": 32, "hidden_act": "gelu_fast", "heads_num": 2,
+GPT2 = {"emb_size": 32, "feedforward_size": 64, "hidden_size": 32, "hidden_act": "gelu_fast", "heads_num": 2,
             "layers_num": 1, "max_seq_length": 16, "embedding": ["word", "pos"], "remove_embedding_layernorm": True,
             "encoder": "transformer", "mask": "causal", "layernorm_positioning": "pre", "target": ["lm"],
             "tie_weights": True, "label_smoothing": 0.1}
-    out, _ = import_config(json.loads(json.dumps(gpt2)), ["vocab_size=60"], "test", [])
+
+
+def test_tencentpretrain_smoothing_imports_spread_over_the_others():
+    shipped = Path(__file__).resolve().parents[3] / "src" / "pentad" / "zoo" / "s2t" / "small.yaml"
+    assert "label_smoothing_spread: others" in shipped.read_text(encoding="utf-8")
+    out, _ = import_config(json.loads(json.dumps(GPT2)), ["vocab_size=60"], "test", [])
     (lm,) = out["model"]["targets"]
     assert (lm["label_smoothing"], lm["label_smoothing_spread"]) == (0.1, "others")
+
+
+@pytest.mark.parametrize(("smoothing", "spread", "written"), [(0.1, "others", 0.1), (0.1, "all", 0.1 * 59 / 60),
+                                                              (0.0, "others", None)])
+def test_export_writes_tencentpretrains_smoothing(smoothing, spread, written):
+    """The exported label_smoothing gives TencentPretrain's loss the pentad head computes: torch's
+    spread over all 60 tokens becomes eps * 59 / 60 over the wrong ones; none is written without any."""
+    out, _ = import_config(json.loads(json.dumps(GPT2)), ["vocab_size=60"], "test", [])
+    out["model"]["targets"][0].update(label_smoothing=smoothing, label_smoothing_spread=spread)
+    model = model_config_class().model_validate(out["model"])
+    config, notes = export_config(model, label="test", base=dict(GPT2))
+    assert config.get("label_smoothing") == (pytest.approx(written) if written else None)
+    assert any("label_smoothing" in n for n in notes) == (spread == "all")
