@@ -333,3 +333,23 @@ def fit_on_files(source: Path, output: Path, image_size: int | tuple[int, int], 
     info(f"image tokenizer: {codebook_size} codes of {patch_size}x{patch_size}x{channels} patches fitted on "
          f"{described} ({tokenizer.meta['fit']['patches_sampled']:,} sampled patches) -> {output}")
     return tokenizer
+
+
+def load_for_objective(path: Path | None, objective: str, purpose: str, image_size: tuple[int, int],
+                       channels: int) -> tuple[ImageTokenizer, tuple[int, int]]:
+    """The image tokenizer an objective's ``image_tokenizer`` option names, checked against the
+    objective's images, and the patch grid (rows, cols) of one image; ``purpose``: what its ids are to
+    the objective, for the error when the option is missing."""
+    if path is None:
+        raise UserError(f"objective '{objective}' needs data.objective.image_tokenizer=FILE: {purpose} are the ids of "
+                        "an image tokenizer's codebook (fit one with `pentad image-tokenizer fit --images DIR "
+                        "--output FILE`)")
+    image = ImageTokenizer.load(Path(path), "data.objective.image_tokenizer")
+    if image.channels != channels:
+        raise UserError(f"data.objective.image_tokenizer {path} encodes images of {image.channels} channel(s), but "
+                        f"data.objective.channels is {channels}")
+    if image_size[0] % image.patch_size or image_size[1] % image.patch_size:
+        raise UserError(f"data.objective.image_size {list(image_size)} is not a multiple of the image tokenizer's "
+                        f"patch size {image.patch_size} ({path})")
+    return image, image.grid(*image_size)
+

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from pentad.data.image_tokenizer import ImageTokenizer
+from pentad.data.image_tokenizer import load_for_objective
 from pentad.data.images import AugmentConfig, augment, to_pixels
 from pentad.data.objectives.base import new_batch, to_batch_tensor
 from pentad.data.objectives.vision import ImageObjective, ImageObjectiveConfig
@@ -119,19 +119,8 @@ class BeitObjective(ImageObjective):
     def __init__(self, cfg: BeitObjectiveConfig, tokenizer: Any):
         super().__init__(cfg, tokenizer)
         self.cfg: BeitObjectiveConfig = cfg
-        if cfg.image_tokenizer is None:
-            raise UserError("objective 'beit' needs data.objective.image_tokenizer=FILE: the visual tokens it predicts "
-                            "are the ids of an image tokenizer's codebook (fit one with `pentad image-tokenizer fit "
-                            "--images DIR --output FILE`)")
-        self.image_tokenizer = ImageTokenizer.load(Path(cfg.image_tokenizer), "data.objective.image_tokenizer")
-        image = self.image_tokenizer
-        if image.channels != cfg.channels:
-            raise UserError(f"data.objective.image_tokenizer {cfg.image_tokenizer} encodes images of {image.channels} "
-                            f"channel(s), but data.objective.channels is {cfg.channels}")
-        if self.size[0] % image.patch_size or self.size[1] % image.patch_size:
-            raise UserError(f"data.objective.image_size {list(self.size)} is not a multiple of the image tokenizer's "
-                            f"patch size {image.patch_size} ({cfg.image_tokenizer})")
-        self.grid = image.grid(*self.size)
+        self.image_tokenizer, self.grid = load_for_objective(
+            cfg.image_tokenizer, "beit", "the visual tokens it predicts", self.size, cfg.channels)
         self.first = 1  # the CLS position before the patches (check_model reads the model's patch part)
 
     def instance_options(self) -> dict[str, Any]:

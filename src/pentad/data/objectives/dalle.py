@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from pentad.data.image_tokenizer import ImageTokenizer
+from pentad.data.image_tokenizer import load_for_objective
 from pentad.data.images import AugmentConfig
 from pentad.data.objectives.base import new_batch, segments_from_split, to_batch_tensor
 from pentad.data.objectives.vision import ImageObjective, ImageObjectiveConfig
@@ -71,19 +71,9 @@ class DalleObjective(ImageObjective):
         self.cfg: DalleObjectiveConfig = cfg
         self.require_ids(**{"[CLS]": tokenizer.cls_id, "[SEP]": tokenizer.sep_id})
         self.cls_id, self.sep_id = int(tokenizer.cls_id), int(tokenizer.sep_id)
-        if cfg.image_tokenizer is None:
-            raise UserError("objective 'dalle' needs data.objective.image_tokenizer=FILE: its image tokens are the ids "
-                            "of an image tokenizer's codebook (fit one with `pentad image-tokenizer fit --images DIR "
-                            "--output FILE`)")
-        self.image_tokenizer = ImageTokenizer.load(Path(cfg.image_tokenizer), "data.objective.image_tokenizer")
+        self.image_tokenizer, self.grid = load_for_objective(
+            cfg.image_tokenizer, "dalle", "its image tokens", self.size, cfg.channels)
         image = self.image_tokenizer
-        if image.channels != cfg.channels:
-            raise UserError(f"data.objective.image_tokenizer {cfg.image_tokenizer} encodes images of {image.channels} "
-                            f"channel(s), but data.objective.channels is {cfg.channels}")
-        if self.size[0] % image.patch_size or self.size[1] % image.patch_size:
-            raise UserError(f"data.objective.image_size {list(self.size)} is not a multiple of the image tokenizer's "
-                            f"patch size {image.patch_size} ({cfg.image_tokenizer})")
-        self.grid = image.grid(*self.size)
         self.image_length = self.grid[0] * self.grid[1]
         self.offset = int(tokenizer.vocab_size)  # image token i is id offset + i
         if cfg.text_length + self.image_length > cfg.seq_length:
