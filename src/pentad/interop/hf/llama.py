@@ -128,6 +128,35 @@ def rope_and_tokens(config: dict[str, Any], base: dict[str, Any], model: Any, eo
             config[key] = value
 
 
+def body_model(c: dict[str, Any], act: str, rotary_base: float, max_length: int | None, tied: bool, *,
+               ffn: str, bias: bool, **encoder_options: Any) -> dict[str, Any]:
+    """The pentad model config of a LLaMA-style decoder (LLaMA, Mixtral, Qwen2-MoE) from its HF config
+    ``c`` (defaults filled in): word embedding, pre-RMSNorm causal transformer with rotary positions,
+    grouped-query heads and a head size when they differ, an ``lm`` target; ``ffn``, ``bias`` and
+    ``encoder_options`` (``moe``, ``qkv_bias``) are the family's."""
+    hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+    kv_heads = int(c["num_key_value_heads"] or heads)
+    head = int(c.get("head_dim") or hidden // heads)
+    encoder: dict[str, Any] = {
+        "type": "transformer", "num_layers": int(c["num_hidden_layers"]), "num_heads": heads,
+        "ffn_size": int(c["intermediate_size"]), "ffn": ffn, "activation": act, "norm": "rmsnorm",
+        "norm_position": "pre", "final_norm": True, "mask": "causal", "dropout": 0.0,
+        "attention_dropout": float(c["attention_dropout"]), "bias": bias,
+        "layer_norm_eps": float(c["rms_norm_eps"]), "positions": "rotary", "rotary_base": rotary_base,
+        **encoder_options}
+    if kv_heads != heads:
+        encoder["num_kv_heads"] = kv_heads
+    if head * heads != hidden:
+        encoder["head_size"] = head
+    return {
+        "hidden_size": hidden, "vocab_size": int(c["vocab_size"]),
+        "max_seq_length": seq_length(max_length, int(c["max_position_embeddings"])), "tie_word_embeddings": tied,
+        "init_std": float(c["initializer_range"]),
+        "embedding": {"parts": [{"type": "word"}], "norm": False, "dropout": 0.0},
+        "encoder": encoder, "targets": [{"type": "lm"}],
+    }
+
+
 class LlamaFamily(HFFamily):
     name = "llama"
     model_types = ("llama",)
@@ -159,34 +188,16 @@ class LlamaFamily(HFFamily):
                             "switch for attention and feed-forward)")
         if problems:
             raise UserError(f"cannot convert {label} (llama): " + "; ".join(problems) + ".")
-        hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+        heads = int(c["num_attention_heads"])
         kv_heads = int(c["num_key_value_heads"] or heads)
-        head = int(c["head_dim"] or hidden // heads)
         prefix = "model." if any(k.startswith("model.") for k in keys) else ""
         has_head = "lm_head.weight" in keys
         tied = bool(c["tie_word_embeddings"]) or not has_head
         notes = []
         if not has_head and not c["tie_word_embeddings"]:
             notes.append("LlamaModel has no lm_head: the pentad lm target uses the word embedding (tied)")
-        encoder: dict[str, Any] = {
-            "type": "transformer", "num_layers": int(c["num_hidden_layers"]), "num_heads": heads,
-            "ffn_size": int(c["intermediate_size"]), "ffn": "gated", "activation": act, "norm": "rmsnorm",
-            "norm_position": "pre", "final_norm": True, "mask": "causal", "dropout": 0.0,
-            "attention_dropout": float(c["attention_dropout"]), "bias": bool(c["attention_bias"]),
-            "layer_norm_eps": float(c["rms_norm_eps"]), "positions": "rotary", "rotary_base": base}
-        if kv_heads != heads:
-            encoder["num_kv_heads"] = kv_heads
-        if head * heads != hidden:
-            encoder["head_size"] = head
-        positions = int(c["max_position_embeddings"])
-        model = {
-            "hidden_size": hidden, "vocab_size": int(c["vocab_size"]),
-            "max_seq_length": seq_length(max_length, positions), "tie_word_embeddings": tied,
-            "init_std": float(c["initializer_range"]),
-            "embedding": {"parts": [{"type": "word"}], "norm": False, "dropout": 0.0},
-            "encoder": encoder, "targets": [{"type": "lm"}],
-        }
-        rules = self.rules(prefix=prefix, num_layers=encoder["num_layers"], heads=heads, kv_heads=kv_heads,
+        model = body_model(c, act, base, max_length, tied, ffn="gated", bias=bool(c["attention_bias"]))
+        rules = self.rules(prefix=prefix, num_layers=int(c["num_hidden_layers"]), heads=heads, kv_heads=kv_heads,
                            attention_bias=bool(c["attention_bias"]), mlp_bias=bool(c["mlp_bias"]),
                            head="tied" if tied else "untied", lm="lm")
         arch = "LlamaForCausalLM" if has_head or prefix else "LlamaModel"

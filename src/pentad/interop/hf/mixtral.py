@@ -29,9 +29,8 @@ from pentad.interop.hf import (
     activation_name,
     hinted_problems,
     merge_config,
-    seq_length,
 )
-from pentad.interop.hf.llama import BODY, HEADS, LlamaFamily, body_problems, rope, rope_and_tokens
+from pentad.interop.hf.llama import BODY, HEADS, LlamaFamily, body_model, body_problems, rope, rope_and_tokens
 from pentad.interop.keymap import Rule, RuleSpec, expand
 
 ATTENTION: list[RuleSpec] = [
@@ -84,31 +83,14 @@ class MixtralFamily(LlamaFamily):
             problems.append(f"sliding_window {c['sliding_window']} (pentad's attention is not windowed)")
         if problems:
             raise UserError(f"cannot convert {label} (mixtral): " + "; ".join(problems) + ".")
-        hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+        heads = int(c["num_attention_heads"])
         kv_heads = int(c["num_key_value_heads"] or heads)
-        head = int(c["head_dim"] or hidden // heads)
         experts, top_k = int(c["num_local_experts"]), int(c["num_experts_per_tok"])
-        encoder: dict[str, Any] = {
-            "type": "transformer", "num_layers": int(c["num_hidden_layers"]), "num_heads": heads,
-            "ffn_size": int(c["intermediate_size"]), "ffn": "moe", "activation": act, "norm": "rmsnorm",
-            "norm_position": "pre", "final_norm": True, "mask": "causal", "dropout": 0.0,
-            "attention_dropout": float(c["attention_dropout"]), "bias": False,
-            "layer_norm_eps": float(c["rms_norm_eps"]), "positions": "rotary", "rotary_base": base,
-            "moe": {"num_experts": experts, "top_k": top_k, "expert": "gated", "normalize": True,
-                    "balance_loss_weight": float(c["router_aux_loss_coef"]) * top_k}}
-        if kv_heads != heads:
-            encoder["num_kv_heads"] = kv_heads
-        if head * heads != hidden:
-            encoder["head_size"] = head
         tied = bool(c["tie_word_embeddings"])
-        model = {
-            "hidden_size": hidden, "vocab_size": int(c["vocab_size"]),
-            "max_seq_length": seq_length(max_length, int(c["max_position_embeddings"])),
-            "tie_word_embeddings": tied, "init_std": float(c["initializer_range"]),
-            "embedding": {"parts": [{"type": "word"}], "norm": False, "dropout": 0.0},
-            "encoder": encoder, "targets": [{"type": "lm"}],
-        }
-        rules = self.rules(prefix="model.", num_layers=encoder["num_layers"], heads=heads, kv_heads=kv_heads,
+        moe = {"num_experts": experts, "top_k": top_k, "expert": "gated", "normalize": True,
+               "balance_loss_weight": float(c["router_aux_loss_coef"]) * top_k}
+        model = body_model(c, act, base, max_length, tied, ffn="moe", bias=False, moe=moe)
+        rules = self.rules(prefix="model.", num_layers=int(c["num_hidden_layers"]), heads=heads, kv_heads=kv_heads,
                            experts=experts, head="tied" if tied else "untied", lm="lm")
         notes = []
         if float(c["router_jitter_noise"]):

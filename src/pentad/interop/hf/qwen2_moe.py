@@ -32,9 +32,20 @@ from pentad.interop.hf import (
     activation_name,
     hinted_problems,
     merge_config,
-    seq_length,
 )
-from pentad.interop.hf.llama import BODY, HEADS, MLP, NORMS, OUT, QKV, LlamaFamily, body_problems, rope, rope_and_tokens
+from pentad.interop.hf.llama import (
+    BODY,
+    HEADS,
+    MLP,
+    NORMS,
+    OUT,
+    QKV,
+    LlamaFamily,
+    body_model,
+    body_problems,
+    rope,
+    rope_and_tokens,
+)
 from pentad.interop.keymap import Rule, RuleSpec, expand
 
 SPARSE: list[RuleSpec] = [
@@ -127,9 +138,8 @@ class Qwen2MoeFamily(LlamaFamily):
                             "wide)")
         if problems:
             raise UserError(f"cannot convert {label} (qwen2_moe): " + "; ".join(problems) + ".")
-        hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+        heads = int(c["num_attention_heads"])
         kv_heads = int(c["num_key_value_heads"] or heads)
-        head = int(c["head_dim"] or hidden // heads)
         top_k = int(c["num_experts_per_tok"])
         moe: dict[str, Any] = {
             "num_experts": experts, "top_k": top_k, "expert": "gated", "expert_ffn_size": moe_size,
@@ -137,26 +147,9 @@ class Qwen2MoeFamily(LlamaFamily):
             "shared_gate": True, "balance_loss_weight": float(c["router_aux_loss_coef"]) * top_k}
         if first != every - 1:
             moe["first"] = first
-        encoder: dict[str, Any] = {
-            "type": "transformer", "num_layers": layers, "num_heads": heads,
-            "ffn_size": int(c["intermediate_size"]), "ffn": "moe", "activation": act, "norm": "rmsnorm",
-            "norm_position": "pre", "final_norm": True, "mask": "causal", "dropout": 0.0,
-            "attention_dropout": float(c["attention_dropout"]), "bias": False,
-            "layer_norm_eps": float(c["rms_norm_eps"]), "positions": "rotary", "rotary_base": base, "moe": moe}
-        if c["qkv_bias"]:
-            encoder["qkv_bias"] = True
-        if kv_heads != heads:
-            encoder["num_kv_heads"] = kv_heads
-        if head * heads != hidden:
-            encoder["head_size"] = head
         tied = bool(c["tie_word_embeddings"])
-        model = {
-            "hidden_size": hidden, "vocab_size": int(c["vocab_size"]),
-            "max_seq_length": seq_length(max_length, int(c["max_position_embeddings"])),
-            "tie_word_embeddings": tied, "init_std": float(c["initializer_range"]),
-            "embedding": {"parts": [{"type": "word"}], "norm": False, "dropout": 0.0},
-            "encoder": encoder, "targets": [{"type": "lm"}],
-        }
+        model = body_model(c, act, base, max_length, tied, ffn="moe", bias=False, moe=moe,
+                           **({"qkv_bias": True} if c["qkv_bias"] else {}))
         rules = self.rules(prefix="model.", num_layers=layers, heads=heads, kv_heads=kv_heads,
                            qkv_bias=bool(c["qkv_bias"]), experts=experts, sparse=sparse,
                            head="tied" if tied else "untied", lm="lm")
