@@ -275,3 +275,11 @@ def load_pentad_run(run_dir: Path) -> tuple[Any, Any]:
 def relative(ours: torch.Tensor, theirs: torch.Tensor) -> float:
     """max |ours - theirs| / max |theirs|, in float64."""
     return float((ours.double() - theirs.double()).abs().max() / theirs.double().abs().max())
+
+
+def write_tencentpretrain_dir(directory: Path, state: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+    """A TencentPretrain checkpoint directory as ``tencentpretrain-to-pentad`` reads it: ``model.bin``
+    (``torch.save`` of the state dict) beside its JSON config."""
+    directory.mkdir(parents=True)
+    torch.save(state, directory / "model.bin")
+    (directory / "config.json").write_text(json.dumps(config))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.unit.interop.helpers import write_tencentpretrain_dir
 
 from pentad.builder import build_model
 from pentad.components.base import Batch
@@ -73,9 +74,7 @@ def tp_clip(directory: Path, shared_data: Path, state: dict[str, torch.Tensor] |
     raw["stream_1"].update(SHRINK_1)
     raw.update(image_height=IMAGE, image_width=IMAGE, feature_size=FEATURES)
     state = state if state is not None else clip_state(torch.Generator().manual_seed(0))
-    directory.mkdir(parents=True)
-    torch.save(state, directory / "model.bin")
-    (directory / "config.json").write_text(json.dumps(raw))
+    write_tencentpretrain_dir(directory, state, raw)
     return state
 
 

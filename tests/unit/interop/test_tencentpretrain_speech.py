@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.unit.interop.helpers import write_tencentpretrain_dir
 
 from pentad.errors import UserError
 from pentad.interop import convert
@@ -70,9 +71,7 @@ def tp_s2t(directory: Path, shared_data: Path) -> dict[str, torch.Tensor]:
     raw = json.loads((shared_data / "configs" / "s2t" / "small_config.json").read_text(encoding="utf-8"))
     raw.update(SHRINK)
     state = s2t_state(torch.Generator().manual_seed(0))
-    directory.mkdir(parents=True)
-    torch.save(state, directory / "model.bin")
-    (directory / "config.json").write_text(json.dumps(raw))
+    write_tencentpretrain_dir(directory, state, raw)
     return state
 
 

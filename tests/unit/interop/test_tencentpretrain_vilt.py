@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.unit.interop.helpers import write_tencentpretrain_dir
 
 from pentad.builder import build_model
 from pentad.components.base import Batch
@@ -66,9 +67,7 @@ def tp_vilt(directory: Path, shared_data: Path, tie: bool = False) -> dict[str, 
     if tie:  # tie_weights: the mlm output layer is the word table, saved under both names
         raw["tie_weights"] = True
         state["target.mlm.linear_2.weight"] = state["embedding.word_patch.language_embedding.embedding.weight"]
-    directory.mkdir(parents=True)
-    torch.save(state, directory / "model.bin")
-    (directory / "config.json").write_text(json.dumps(raw))
+    write_tencentpretrain_dir(directory, state, raw)
     return state
 
 
