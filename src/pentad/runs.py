@@ -19,7 +19,6 @@ import yaml
 from pentad.config.loader import dump_config, validate_raw
 from pentad.errors import UserError
 from pentad.log import info, set_quiet  # noqa: F401  (re-exported: callers use runs.info)
-from pentad.training.checkpoint import atomic_write_text, remove_temporaries, write_json
 
 CONFIG = "config.yaml"
 TOKENIZER_DIR = "tokenizer"
@@ -90,6 +89,8 @@ class RunLock:
         os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
         self._fd = fd
         _HELD_LOCKS.add(fd)
+        from pentad.training.checkpoint import remove_temporaries  # (torch: imported when a run needs it)
+
         for path in remove_temporaries(self.run_dir, keep=(LOCK,)):
             info(f"removed {path}, left by an interrupted earlier run")
         return self
@@ -240,6 +241,8 @@ def prepare_run_dir(run_dir: Path, cfg: Any, tokenizer, extra: dict[str, Any] | 
     ``train.allow_changes`` accepts them; ``unused`` names keys the command does not read. Returns the
     accepted changes (``key: (old, new)``).
     """
+    from pentad.training.checkpoint import atomic_write_text, write_json
+
     absolute_paths(cfg)
     saved = run_dir / CONFIG
     # resume_from is a one-off instruction, not a setting of the run: a later command reusing this

@@ -18,7 +18,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from pentad.interop.convert import DIRECTIONS
+from pentad.conversions import DIRECTIONS
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -157,7 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _load(args: argparse.Namespace, extra: Sequence[str] = ()):
     from pentad.config.loader import dump_config, load_config
 
-    cfg = load_config(args.config, list(extra) + list(args.overrides))
+    # preprocess checks only what it reads (the model and task sections need torch to check; it does not),
+    # unless the whole resolved config is to be printed
+    preprocess_only = args.command == "preprocess" and not getattr(args, "print_config", False)
+    cfg = load_config(args.config, list(extra) + list(args.overrides), preprocess_only=preprocess_only)
     if args.command == "finetune":  # its train defaults, so that --print-config shows what would run
         cfg.train = cfg.train.for_finetuning()
     if getattr(args, "print_config", False):

@@ -270,10 +270,12 @@ def load_raw(config: str | Path | None, overrides: list[str] | tuple[str, ...] =
     return raw, applied, label
 
 
-def validate_raw(raw: dict[str, Any], applied: dict[str, str], label: str) -> Any:
-    from pentad.config.run import run_config_class
+def validate_raw(raw: dict[str, Any], applied: dict[str, str], label: str, preprocess_only: bool = False) -> Any:
+    """``raw`` as a ``RunConfig``; with ``preprocess_only``, as ``pentad preprocess`` reads it (model and task
+    sections unchecked: :func:`pentad.config.run.preprocess_config_class`)."""
+    from pentad.config.run import preprocess_config_class, run_config_class
 
-    cls = run_config_class()
+    cls = preprocess_config_class() if preprocess_only else run_config_class()
 
     def source_of(path: str) -> str:
         for key, text in applied.items():
@@ -287,10 +289,12 @@ def validate_raw(raw: dict[str, Any], applied: dict[str, str], label: str) -> An
         raise ConfigError(problems_from_validation(e, raw, cls, source_of), f"invalid config {label}") from None
 
 
-def load_config(config: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Any:
-    """Load, override and validate a run config (a ``RunConfig``)."""
+def load_config(config: str | Path | None, overrides: list[str] | tuple[str, ...] = (), *,
+                preprocess_only: bool = False) -> Any:
+    """Load, override and validate a run config (a ``RunConfig``; ``preprocess_only``: see
+    :func:`validate_raw`)."""
     raw, applied, label = load_raw(config, overrides)
-    return validate_raw(raw, applied, label)
+    return validate_raw(raw, applied, label, preprocess_only)
 
 
 def dump_config(cfg: BaseModel) -> str:

@@ -9,7 +9,6 @@ from typing import Any
 from pydantic import Field, create_model
 
 from pentad.config.base import StrictModel
-from pentad.config.model import model_config_class
 from pentad.config.unions import registry_union
 from pentad.registry import OBJECTIVES, TASKS, TOKENIZERS
 from pentad.training.config import TrainConfig
@@ -25,19 +24,33 @@ class RunConfigBase(StrictModel):
 @cache
 def run_config_class() -> Any:
     """``RunConfig`` with model, tokenizer, data (objective) and task unions from the registries."""
+    import pentad.tasks  # noqa: F401  (registers tasks)
+    from pentad.config.model import model_config_class
+
+    return _run_config("RunConfig", model=(model_config_class(), ...), task=(registry_union(TASKS) | None, None))
+
+
+@cache
+def preprocess_config_class() -> Any:
+    """The run config as ``pentad preprocess`` validates it: ``tokenizer``, ``data`` (objective) and
+    ``train`` as in :func:`run_config_class`; ``model`` and ``task``, which preprocessing does not
+    read, are kept as given (mappings, checked by the commands that read them). Their unions come
+    from the component and task registries, whose modules import torch: seconds of start-up that
+    preprocessing, which needs no torch, would otherwise pay."""
+    return _run_config("PreprocessRunConfig", model=(dict[str, Any] | None, None), task=(dict[str, Any] | None, None))
+
+
+def _run_config(name: str, model: tuple[Any, Any], task: tuple[Any, Any]) -> Any:
     import pentad.data.objectives  # noqa: F401  (registers objectives)
     import pentad.data.tokenizers  # noqa: F401  (registers tokenizers)
-    import pentad.tasks  # noqa: F401  (registers tasks)
     from pentad.data.config import DataConfigBase
 
     data = create_model("DataConfig", __base__=DataConfigBase,
                         objective=(registry_union(OBJECTIVES) | None, None))
     return create_model(
-        "RunConfig", __base__=RunConfigBase,
-        model=(model_config_class(), ...),
+        name, __base__=RunConfigBase,
+        model=model,
         tokenizer=(registry_union(TOKENIZERS) | None, None),
         data=(data, Field(default_factory=data)),
-        task=(registry_union(TASKS) | None, None),
+        task=task,
     )
-
-

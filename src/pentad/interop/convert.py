@@ -43,6 +43,7 @@ from pentad.components.base import Batch
 from pentad.components.embeddings.speech import subsampled_lengths
 from pentad.config.loader import problems_from_validation, validate_raw
 from pentad.config.model import model_config_class
+from pentad.conversions import DIRECTIONS
 from pentad.data.tokenizers import load_tokenizer
 from pentad.errors import ConfigError, UserError
 from pentad.interop import ctranslate2, keymap, numerics
@@ -56,8 +57,6 @@ from pentad.runs import load_run, prepare_run_dir
 from pentad.training.checkpoint import find_weights, load_weights, read_weights, weights_to_save
 
 TOKENIZER_DIR = "tokenizer"  # pentad.runs.TOKENIZER_DIR
-DIRECTIONS = ("hf-to-pentad", "pentad-to-hf", "tencentpretrain-to-pentad", "pentad-to-tencentpretrain",
-              "ctranslate2-to-hf", "ctranslate2-to-pentad")
 INTEROP = "interop.json"
 EXTRA_WEIGHTS = "interop_extra.safetensors"
 WEIGHTS = "model.safetensors"
