@@ -8,6 +8,7 @@ from torch import nn
 
 from pentad.builder import build_model
 from pentad.config.model import model_config_class
+from pentad.layers import norms
 from pentad.layers.norms import NORM_KINDS, RMSNorm, UnbiasedLayerNorm, make_norm, norm_kind_of
 
 
@@ -64,6 +65,34 @@ def test_unbiased_layernorm_in_bf16_takes_its_statistics_in_fp32():
     assert float((out.double() - expected).abs().max()) < 5e-2
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.isfinite(norm(x)).all()
+
+
+def test_unbiased_layernorm_gradients_are_the_formulas():
+    """Where a gradient is taken the norm runs its written-out backward: values and the gradients of
+    input, weight and bias as autograd of the formula gives them (float64 reference; gradcheck)."""
+    norm = UnbiasedLayerNorm(32, eps=1e-6)
+    trained_like(norm, 32)
+    x = (3 * torch.randn(6, 7, 32) + 0.5).requires_grad_()
+    upstream = torch.randn(6, 7, 32)
+    out = norm(x)
+    out.backward(upstream)
+    ref_x = x.detach().double().requires_grad_()
+    gamma, beta = (p.detach().double().requires_grad_() for p in (norm.weight, norm.bias))
+    expected = tencentpretrain_formula(ref_x, gamma, beta, 1e-6)
+    expected.backward(upstream.double())
+    assert float((out.detach().double() - expected).abs().max()) < 1e-5
+    for got, want in ((x.grad, ref_x.grad), (norm.weight.grad, gamma.grad), (norm.bias.grad, beta.grad)):
+        assert float((got.double() - want).abs().max() / want.abs().max()) < 1e-5
+    # the written-out gradient itself, in float64 (the module computes in float32)
+    assert torch.autograd.gradcheck(lambda t: norms._UnbiasedNormalize.apply(t, 0.1),
+                                    (torch.randn(3, 5, dtype=torch.float64, requires_grad=True),))
+    # a row without spread: the formula's gradient is NaN there (0 / 0 in the std), this one's is finite
+    flat = torch.ones(2, 32).requires_grad_()
+    norm(flat).sum().backward()
+    assert torch.isfinite(flat.grad).all()
+    # without a gradient the plain formula runs: the same values
+    with torch.no_grad():
+        torch.testing.assert_close(norm(x), out.detach(), rtol=1e-6, atol=1e-6)
 
 
 def test_make_norm_builds_every_kind_with_matching_parameter_names():
