@@ -27,13 +27,27 @@ def _cells(rows: list[str], operator: str) -> list[str]:
 
 
 def test_profile_counts_the_operators_of_both_forwards() -> None:
-    rows = _bench().profile_rows(argparse.Namespace(size="tiny-16", batch_size=1, profile=1))
-    assert rows[:2] == ["| operator | pentad ms (calls) | HF ms (calls) |", "|---|---:|---:|"]
-    # pentad fuses query, key and value into one linear: 4 per layer + the head, against HF's 6 per layer + 1
-    _, ours, hf = _cells(rows, "aten::addmm")
-    assert ours.endswith("(49)") and hf.endswith("(73)")
-    # both take SDPA's fused kernel (no mask for images), once per layer
-    _, ours, hf = _cells(rows, "aten::_scaled_dot_product_flash_attention_for_cpu")
-    assert ours.endswith("(12)") and hf.endswith("(12)")
-    _, ours, hf = _cells(rows, "all")
-    assert float(ours) > 0 and float(hf) > 0
+    args = argparse.Namespace(size="tiny-16", layers=2, batch_size=1, profile=1, mode="infer", top=10)
+    rows = _bench().profile_rows(args)
+    assert rows[1:3] == ["| operator | pentad | pentad, last layer at CLS | HF |", "|---|---:|---:|---:|"]
+    # (2 layers) pentad fuses query, key and value into one linear: 4 per layer + the head, against HF's 6 per
+    # layer + 1;
+    # with the last layer at CLS, that layer's fused projection is split into queries (the CLS row) and
+    # keys/values (every row): one more
+    _, ours, ours_cls, hf = _cells(rows, "aten::addmm")
+    assert ours.endswith("(9)") and ours_cls.endswith("(10)") and hf.endswith("(13)")
+    # all take SDPA's fused kernel (no mask for images), once per layer
+    _, ours, ours_cls, hf = _cells(rows, "aten::_scaled_dot_product_flash_attention_for_cpu")
+    assert ours.endswith("(2)") and ours_cls.endswith("(2)") and hf.endswith("(2)")
+    _, ours, ours_cls, hf = _cells(rows, "all")
+    assert float(ours) > 0 and float(ours_cls) > 0 and float(hf) > 0
+
+
+def test_training_profile_runs_the_backward_and_the_optimizer() -> None:
+    args = argparse.Namespace(size="tiny-16", layers=2, batch_size=1, profile=1, mode="train", top=40)
+    rows = _bench().profile_rows(args)
+    assert rows[0].startswith("train step")
+    _, ours, ours_cls, hf = _cells(rows, "aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+    assert ours.endswith("(2)") and ours_cls.endswith("(2)") and hf.endswith("(2)")
+    _, ours, ours_cls, hf = _cells(rows, "aten::_fused_adamw_")
+    assert float(ours.split()[0]) > 0 and float(hf.split()[0]) > 0

@@ -16,6 +16,7 @@ Conventions used everywhere:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
@@ -276,13 +277,16 @@ class Encoder(nn.Module):
 
     Declared capabilities (read directly, never probed): ``mask_kind`` (``bidirectional``,
     ``causal`` or ``prefix``: which positions attend to which), ``supports_cache`` (incremental
-    decoding with a KV cache).
+    decoding with a KV cache), ``trims_positions`` (``forward`` also takes ``output_positions=n``:
+    the caller reads only the first n positions, [B,n,H] comes back, and the encoder may skip work
+    for the others; :func:`pentad.components.stream.run_stream` cuts the output of the others).
     """
 
     registry_name: ClassVar[str]
     requires: ClassVar[tuple[str, ...]] = ()
     mask_kind: str = "bidirectional"
     supports_cache: ClassVar[bool] = False
+    trims_positions: ClassVar[bool] = False
 
     def forward(self, hidden: Tensor, padding_mask: Tensor | None, prefix_lengths: Tensor | None = None,
                 positions: Tensor | None = None, cache: Any = None) -> Tensor:  # pragma: no cover
@@ -326,6 +330,13 @@ class Target(nn.Module):
         extra = (f"labels.{self.name}",) if training else ()
         return tuple(self.requires) + extra
 
+    def positions_read(self) -> int | None:
+        """How many leading positions of ``hidden`` [B,S,H] this head reads: n when it reads
+        ``hidden[:, :n]`` alone (a classifier over the first, CLS, position: 1), None when it may read
+        any. When every head of a model reads only leading positions, the encoder need not compute
+        the others in its last layer (:func:`leading_positions`)."""
+        return None
+
     def tie_to(self, weight: nn.Parameter) -> bool:
         """Share ``weight`` (the word embedding, [V, H]) as this head's output projection.
 
@@ -353,3 +364,13 @@ class Target(nn.Module):
         if student.logits is None or teacher is None or teacher.logits is None:
             return None
         return soft_label_loss(student.logits, teacher.logits, temperature, kind, rows=self.distill_positions(batch))
+
+
+def leading_positions(targets: Iterable[Target]) -> int | None:
+    """The leading positions that ``targets`` read together (the largest of their
+    :meth:`Target.positions_read`), or None when one of them may read any position or there is none:
+    the ``output_positions`` to run an encoder with when these heads are its only readers."""
+    counts = [target.positions_read() for target in targets]
+    if not counts or any(n is None for n in counts):
+        return None
+    return max(counts)

@@ -27,7 +27,8 @@ class DataConfigBase(StrictModel):
     workers: int = Field(
         1, ge=1, description="Processes that tokenize the corpus in `preprocess` (1 = in-process).")
     loader_workers: int = Field(
-        0, ge=0, description="DataLoader worker processes that build batches while training.")
+        0, ge=0, description="DataLoader worker processes that build batches while training (pre-training and "
+                              "fine-tuning tasks alike); 0 builds them in the training process.")
     on_bad_line: Literal["fail", "skip"] = Field(
         "fail", description="What `preprocess` does with a corpus line that is not UTF-8 or not in "
                             "the objective's format: stop with an error, or skip it and count it.")

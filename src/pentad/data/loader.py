@@ -131,17 +131,24 @@ class PretrainBatches:
 
     def iterate(self, start: int = 0) -> Iterator[Batch]:
         """Batches ``start, start+1, ...`` forever (``start`` = batches already consumed)."""
-        if self.num_workers <= 0:
-            for i in itertools.count(start):
-                yield self.batch(i)
-            return
-        loader = DataLoader(
-            self, batch_size=None, sampler=_CountFrom(start), num_workers=self.num_workers,
-            collate_fn=_identity, worker_init_fn=_ignore_stop_signals,
-            # its own generator: the base seed it draws for its workers must not come from the
-            # global RNG, whose state (dropout) a checkpoint restores; batches do not use it
-            generator=torch.Generator().manual_seed(self.seed))
-        yield from loader
+        yield from iterate_batches(self, start, self.num_workers, self.seed)
+
+
+def iterate_batches(batches: Any, start: int, num_workers: int, seed: int) -> Iterator[Batch]:
+    """``batches[start], batches[start + 1], ...`` forever, where ``batches[i]`` builds batch ``i`` as a pure
+    function of ``i``: in this process (``num_workers`` 0) or in that many DataLoader worker processes,
+    which give the same batches in the same order. ``seed`` seeds the loader's own generator."""
+    if num_workers <= 0:
+        for i in itertools.count(start):
+            yield batches[i]
+        return
+    loader = DataLoader(
+        batches, batch_size=None, sampler=_CountFrom(start), num_workers=num_workers,
+        collate_fn=_identity, worker_init_fn=_ignore_stop_signals,
+        # its own generator: the base seed it draws for its workers must not come from the
+        # global RNG, whose state (dropout) a checkpoint restores; batches do not use it
+        generator=torch.Generator().manual_seed(seed))
+    yield from loader
 
 
 def shortest_first(order: np.ndarray, lengths: np.ndarray, count: int) -> np.ndarray:

@@ -65,6 +65,8 @@ class Attention(Block):
     recomputes) it has no query/key projections at all: ``v`` [kv_dim, H] replaces ``qkv``.
     """
 
+    leading_queries = True
+
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
                  head_size: int | None = None, dropout: float = 0.0, bias: bool = True,
                  scale: bool = True, cross: bool = False, residual: bool = False, reuse: bool = False,
@@ -126,17 +128,26 @@ class Attention(Block):
 
     def forward(self, x: Tensor, inputs: AttentionInputs, cache: LayerCache | None = None,
                 memory: Tensor | None = None, prev_scores: Tensor | None = None,
-                prev_probs: Tensor | None = None, want_probs: bool = False
+                prev_probs: Tensor | None = None, want_probs: bool = False, queries: int | None = None
                 ) -> tuple[Tensor, Tensor | None]:
         """x [B,q,H]; memory [B,m,H] for cross-attention (ignored when the cache already holds its
         keys/values); prev_scores: the previous layer's raw scores for residual attention;
         prev_probs: the previous layer's attention probabilities [B,heads,q,k] (before dropout) to
         use instead of this layer's own (attention-weight reuse); want_probs: return the
         probabilities this layer used, for the next layer to reuse (the explicit path instead of SDPA).
+        ``queries`` (self-attention without a cache, residual attention or reuse): only the first
+        ``queries`` positions of ``x`` ask, all of them give keys and values; the output then covers
+        those positions alone, [B,queries,H] (what a head reading only the first positions needs
+        of a stack's last layer).
 
         Returns (output [B,q,H], raw scores [B,heads,q,k] when residual attention is on, the
         probabilities [B,heads,q,k] (float32) when want_probs, else None).
         """
+        if queries is not None:
+            if self.cross or cache is not None or self.residual or prev_probs is not None or want_probs:
+                raise ValueError("queries at the first positions only is for self-attention without a cache, "
+                                 "residual attention or attention-weight reuse")
+            return self._leading(x, inputs, queries), None
         b, q_len, _ = x.shape
         if prev_probs is not None:
             return self._reuse(x, prev_probs, cache, want_probs)
@@ -175,6 +186,36 @@ class Attention(Block):
                                                      is_causal=inputs.is_causal,
                                                      dropout_p=dropout, scale=self.scale, enable_gqa=gqa)
         return self.out(context.transpose(1, 2).reshape(b, q_len, self.q_dim)), scores
+
+    def _leading(self, x: Tensor, inputs: AttentionInputs, n: int) -> Tensor:
+        """Self-attention of the first ``n`` positions of ``x`` [B,S,H] over all S: [B,n,H]. The query rows
+        of ``qkv`` run on those positions alone (the whole projection runs and is sliced when ``qkv`` is
+        wrapped, by LoRA say); the mask and rotary tables are cut to their query rows."""
+        if self.qkv is None:
+            raise ValueError("this attention layer has no query/key projections (attention_reuse with keep_qk "
+                             "false): it can only reuse the previous layer's probabilities")
+        b = x.shape[0]
+        if type(self.qkv) is nn.Linear:
+            weight, bias = self.qkv.weight, self.qkv.bias
+            q = F.linear(x[:, :n], weight[:self.q_dim], bias[:self.q_dim] if bias is not None else None)
+            k, v = F.linear(x, weight[self.q_dim:], bias[self.q_dim:] if bias is not None else None).split(
+                self.kv_dim, dim=-1)
+        else:
+            q, k, v = self.qkv(x).split((self.q_dim, self.kv_dim, self.kv_dim), dim=-1)
+            q = q[:, :n]
+        q, k, v = self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
+        if inputs.rotary is not None:
+            cos, sin = inputs.rotary
+            q, k = apply_rotary(q, cos[..., :n, :], sin[..., :n, :]), apply_rotary(k, cos, sin)
+        mask = inputs.mask_for(q.dtype)
+        if mask is not None and mask.shape[-2] > 1:
+            mask = mask[..., :n, :]
+        # is_causal with fewer queries than keys is aligned to the top left (query i sees keys 0..i):
+        # right for the first n positions
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=inputs.is_causal,
+                                                 dropout_p=self.dropout if self.training else 0.0, scale=self.scale,
+                                                 enable_gqa=self.num_kv_heads != self.num_heads)
+        return self.out(context.transpose(1, 2).reshape(b, n, self.q_dim))
 
     def _values(self, x: Tensor) -> Tensor:
         """The value heads [B, kv_heads, q, D] alone: the query/key rows of ``qkv`` are not computed

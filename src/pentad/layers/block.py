@@ -7,6 +7,8 @@ A block is a plain ``nn.Module`` that
   the builder never needs to know a block's internal layout (fused ``qkv`` rows, stacked experts);
 * declares what its ``forward`` reads beyond the hidden states (``routed``: the feed-forward
   takes ``padding_mask`` and ``router_input``, as a mixture of experts does);
+* declares whether its ``forward`` takes ``queries=n`` (``leading_queries``: self-attention that lets
+  only the first n positions ask, as the last layer of a stack whose heads read only those does);
 * reports auxiliary losses and metrics of its last forward through ``pop_aux`` (``has_aux``):
   MoE load balancing and router z-loss, which the model output carries beside the targets'.
 """
@@ -24,6 +26,7 @@ class Block(nn.Module):
     """Base of transformer-layer blocks (see the module docstring)."""
 
     routed: ClassVar[bool] = False
+    leading_queries: ClassVar[bool] = False
     has_aux: ClassVar[bool] = False
 
     def reset_parameters(self, std: float = 0.02, scheme: InitScheme = "normal") -> None:  # pragma: no cover

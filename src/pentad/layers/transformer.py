@@ -48,23 +48,38 @@ class TransformerLayer(nn.Module):
         self.ffn_norm = make_norm(norm, hidden_size, layer_norm_eps)
         self.dropout = nn.Dropout(dropout)
 
-    def _sublayer(self, x: Tensor, norm: nn.Module, fn) -> tuple[Tensor, Tensor | None]:
+    def _sublayer(self, x: Tensor, norm: nn.Module, fn, keep: int | None = None) -> tuple[Tensor, Tensor | None]:
+        """``keep``: ``fn`` returns the first ``keep`` positions alone; so does the sub-layer."""
+        residual = x if keep is None else x[:, :keep]
         if self.pre_norm:
             out, extra = fn(norm(x))
-            return x + self.dropout(out), extra
+            return residual + self.dropout(out), extra
         out, extra = fn(x)
-        return norm(x + self.dropout(out)), extra
+        return norm(residual + self.dropout(out)), extra
+
+    @property
+    def can_keep(self) -> bool:
+        """Whether ``forward(..., keep=n)`` is available: self-attention that takes ``queries``, no
+        cross-attention, a position-wise (not routed) feed-forward."""
+        return self.attention.leading_queries and self.cross_attention is None and not self.ffn.routed
 
     def forward(self, x: Tensor, inputs: AttentionInputs, cache: LayerCache | None = None,
                 memory: Tensor | None = None, memory_inputs: AttentionInputs | None = None,
                 prev_scores: Tensor | None = None, padding_mask: Tensor | None = None,
                 router_input: Tensor | None = None, prev_probs: Tensor | None = None,
-                want_probs: bool = False) -> tuple[Tensor, Tensor | None]:
+                want_probs: bool = False, keep: int | None = None) -> tuple[Tensor, Tensor | None]:
         """Returns (hidden, raw attention scores when residual attention is on, the attention
         probabilities when ``want_probs``, else None). ``prev_probs``: the previous layer's attention
         probabilities, used instead of computing this layer's (attention-weight reuse).
         ``padding_mask`` [B,q] (of these positions) and ``router_input`` [B,q,H] are read only by a
-        routed feed-forward (mixture of experts)."""
+        routed feed-forward (mixture of experts). ``keep``: compute, and return, the first ``keep``
+        positions alone ([B,keep,H]): their queries attend to every position's keys and values, and
+        the rest of the layer runs on them only (the caller checks :meth:`can_keep`)."""
+        if keep is not None:
+            x, _ = self._sublayer(x, self.attention_norm, lambda h: self.attention(h, inputs, queries=keep),
+                                  keep)
+            x, _ = self._sublayer(x, self.ffn_norm, lambda h: (self.ffn(h), None))
+            return x, None
         if prev_probs is None and not want_probs:
             attend = lambda h: self.attention(h, inputs, cache, prev_scores=prev_scores)  # noqa: E731
         else:
@@ -176,9 +191,24 @@ class TransformerStack(nn.Module):
 
     def run(self, hidden: Tensor, padding_mask: Tensor | None, prefix_lengths: Tensor | None = None,
             positions: Tensor | None = None, cache: KVCache | None = None, memory: Tensor | None = None,
-            memory_padding_mask: Tensor | None = None) -> Tensor:
+            memory_padding_mask: Tensor | None = None, output_positions: int | None = None) -> Tensor:
         """hidden [B,q,H] -> [B,q,H]; with ``cache`` the q new positions follow the cached ones and
-        ``padding_mask`` covers all of them ([B, cached + q])."""
+        ``padding_mask`` covers all of them ([B, cached + q]).
+
+        ``output_positions`` n: the caller reads only the first n positions of the output, which is
+        then [B,min(n,q),H]. The last layer computes just those (their queries over every position's
+        keys and values; the attention output projection, feed-forward and final norm on n rows), the
+        same values as the full stack up to float rounding, when it can: no cache, memory, residual
+        attention, attention-weight reuse or routed feed-forward, and a layer whose blocks support
+        it (:meth:`TransformerLayer.can_keep`). Otherwise the full output is cut."""
+        if output_positions is not None:
+            if output_positions < 1:
+                raise ValueError(f"output_positions must be at least 1, got {output_positions}")
+            if output_positions >= hidden.shape[1]:
+                output_positions = None
+            elif not self._can_keep(cache, memory):
+                return self.run(hidden, padding_mask, prefix_lengths, positions, cache, memory,
+                                memory_padding_mask)[:, :output_positions]
         offset = cache.length if cache is not None else 0
         inputs = self.attention_inputs(hidden.shape[1], padding_mask, prefix_lengths, positions, offset,
                                        hidden.device, hidden.dtype)
@@ -196,13 +226,21 @@ class TransformerStack(nn.Module):
         if self.routed:  # the padding of these positions, and the token embeddings for word-vector routing
             routing = {"padding_mask": padding_mask[:, -hidden.shape[1]:] if padding_mask is not None else None,
                        "router_input": hidden}
-        for i in range(self.num_layers):
+        last = self.num_layers - 1 if output_positions is not None else self.num_layers
+        for i in range(last):
             layer = self.layers[i % len(self.layers)]
             hidden, scores = layer(hidden, inputs, cache.layer(i) if cache is not None else None, memory,
                                    memory_inputs, scores if self.residual_attention else None, **routing)
+        if output_positions is not None:
+            hidden, _ = self.layers[last % len(self.layers)](hidden, inputs, keep=output_positions)
         if self.final_norm is not None:
             hidden = self.final_norm(hidden)
         return hidden
+
+    def _can_keep(self, cache: KVCache | None, memory: Tensor | None) -> bool:
+        """Whether the last layer can compute only the first positions (see :meth:`run`)."""
+        return (cache is None and memory is None and self.attention_reuse is None and not self.residual_attention
+                and not self.routed and self.layers[-1].can_keep)
 
     def _run_reusing(self, hidden: Tensor, inputs: AttentionInputs, cache: KVCache | None, memory: Tensor | None,
                      memory_inputs: AttentionInputs | None, padding_mask: Tensor | None) -> Tensor:

@@ -15,6 +15,7 @@ from pydantic import Field
 
 from pentad.components.base import Batch
 from pentad.config.base import StrictModel
+from pentad.data.loader import iterate_batches
 
 
 class TaskConfig(StrictModel):
@@ -212,25 +213,36 @@ class EpochBatches:
     """Batches over ``n`` in-memory instances, reshuffled each epoch with a seeded permutation.
 
     ``iterate(start)`` yields batches from micro-batch ``start`` on, exactly as an uninterrupted
-    run would; the last, smaller batch of an epoch is kept (no example is dropped).
+    run would; the last, smaller batch of an epoch is kept (no example is dropped). Batch ``i``
+    (``batch(i)``) is a pure function of ``i``, so ``num_workers`` DataLoader worker processes
+    (``data.loader_workers``) build the same batches, in the same order, as the main process does.
     """
 
     def __init__(self, n: int, batch_size: int, seed: int,
-                 collate: Callable[[Sequence[int], np.random.Generator], Batch]):
+                 collate: Callable[[Sequence[int], np.random.Generator], Batch], num_workers: int = 0):
         self.n = n
         self.batch_size = batch_size
         self.seed = seed
         self.collate = collate
+        self.num_workers = num_workers
         self.batches_per_epoch = math.ceil(n / batch_size)
+        self._epoch = -1
+        self._order = np.zeros(0, dtype=np.int64)
+
+    def batch(self, i: int) -> Batch:
+        """Micro-batch ``i`` (0-based, counted from the start of training)."""
+        epoch, pos = divmod(i, self.batches_per_epoch)
+        if epoch != self._epoch:  # consecutive batches share an epoch's permutation
+            self._order = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+            self._epoch = epoch
+        rows = self._order[pos * self.batch_size:(pos + 1) * self.batch_size]
+        return self.collate(rows, np.random.default_rng([self.seed, epoch, pos]))
+
+    def __getitem__(self, i: int) -> Batch:
+        return self.batch(int(i))
 
     def iterate(self, start: int = 0) -> Iterator[Batch]:
-        i = start
-        while True:
-            epoch, pos = divmod(i, self.batches_per_epoch)
-            order = np.random.default_rng([self.seed, epoch]).permutation(self.n)
-            rows = order[pos * self.batch_size:(pos + 1) * self.batch_size]
-            yield self.collate(rows, np.random.default_rng([self.seed, epoch, pos]))
-            i += 1
+        return iterate_batches(self, start, self.num_workers, self.seed)
 
 
 def in_order(n: int, batch_size: int, progress: str | None = None) -> Iterator[np.ndarray]:

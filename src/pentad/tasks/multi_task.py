@@ -38,7 +38,9 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator
 
+from pentad.components.base import Batch
 from pentad.config.base import StrictModel
+from pentad.data.loader import iterate_batches
 from pentad.errors import UserError
 from pentad.layers.pooling import PoolingKind
 from pentad.registry import TASKS
@@ -107,6 +109,9 @@ class MultiTaskBatches:
         self.seed = seed
         self.sampling = sampling
         self.collate = collate
+        self.num_workers = 0
+        self._epoch = -1
+        self._plan: list[tuple[int, int, int]] = []
         self.offsets = np.cumsum([0, *self.sizes])
         self.counts = [math.ceil(n / batch_size) for n in self.sizes]
         if sampling == "proportional":
@@ -132,15 +137,22 @@ class MultiTaskBatches:
                 plan.append((k, own_epoch, pos))
         return plan
 
-    def iterate(self, start: int = 0):
-        i = start
-        while True:
-            epoch, pos = divmod(i, self.batches_per_epoch)
-            plan = self.plan(epoch)
-            for index in range(pos, self.batches_per_epoch):
-                k, own_epoch, p = plan[index]
-                yield self.collate(self._rows(k, own_epoch, p), np.random.default_rng([self.seed, epoch, index]))
-                i += 1
+    def batch(self, i: int) -> Batch:
+        """Micro-batch ``i`` (0-based, counted from the start of training)."""
+        epoch, index = divmod(i, self.batches_per_epoch)
+        if epoch != self._epoch:  # consecutive batches share an epoch's plan
+            self._plan = self.plan(epoch)
+            self._epoch = epoch
+        k, own_epoch, p = self._plan[index]
+        return self.collate(self._rows(k, own_epoch, p), np.random.default_rng([self.seed, epoch, index]))
+
+    def __getitem__(self, i: int) -> Batch:
+        return self.batch(int(i))
+
+    def iterate(self, start: int = 0) -> Iterator[Batch]:
+        """Batches ``start, start + 1, ...``: in this process or in ``num_workers`` DataLoader workers
+        (``data.loader_workers``), the same batches either way."""
+        return iterate_batches(self, start, self.num_workers, self.seed)
 
 
 @TASKS.register("multi_task")

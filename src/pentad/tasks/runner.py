@@ -110,6 +110,7 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
     if not task.trains:
         return _evaluate_only(cfg, session, task, model, evaluation)
     batches = task.train_batches(train, cfg.train.batch_size, cfg.train.seed)
+    batches.num_workers = cfg.data.loader_workers
     steps_per_epoch = max(1, math.ceil(batches.batches_per_epoch / cfg.train.grad_accum))
     total = steps_per_epoch * cfg.train.epochs
     every = cfg.train.eval_every or steps_per_epoch

@@ -132,6 +132,8 @@ def test_batch_plans_and_resuming():
     small = np.concatenate([b for b in first if (b >= 5).all()])
     assert sorted(small[:3].tolist()) == [5, 6, 7]  # the smaller dataset is used up, then reshuffled
     assert [b.tolist() for b in _take(rotating.iterate(5), 4)] == [b.tolist() for b in first[5:9]]
+    rotating.num_workers = 1  # a loader worker builds the same batches
+    assert [b.tolist() for b in _take(rotating.iterate(5), 4)] == [b.tolist() for b in first[5:9]]
 
 
 def test_a_head_without_labels_gives_no_loss_and_no_gradient():

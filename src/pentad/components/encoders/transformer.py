@@ -170,9 +170,12 @@ class TransformerEncoderConfig(TransformerStackConfig):
 @ENCODERS.register("transformer")
 class TransformerEncoder(TransformerStack, Encoder):
     """[B,S,H] -> [B,S,H]. Mask, position bias and rotary tables are built once per batch and shared
-    by every layer. With a ``KVCache`` (decoder-only generation) only the new positions are run."""
+    by every layer. With a ``KVCache`` (decoder-only generation) only the new positions are run.
+    ``output_positions`` n: [B,n,H], the last layer computing only those positions where it can
+    (``TransformerStack.run``)."""
 
     Config = TransformerEncoderConfig
+    trims_positions = True
 
     @property
     def requires(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -183,5 +186,6 @@ class TransformerEncoder(TransformerStack, Encoder):
         return cls(mask=cfg.mask, **cfg.stack_kwargs(model))
 
     def forward(self, hidden: Tensor, padding_mask: Tensor | None, prefix_lengths: Tensor | None = None,
-                positions: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
-        return self.run(hidden, padding_mask, prefix_lengths, positions, cache)
+                positions: Tensor | None = None, cache: KVCache | None = None,
+                output_positions: int | None = None) -> Tensor:
+        return self.run(hidden, padding_mask, prefix_lengths, positions, cache, output_positions=output_positions)

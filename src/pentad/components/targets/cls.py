@@ -46,6 +46,10 @@ class ClsTarget(Target):
         return cls(cfg.target_name, model.hidden_size, cfg.num_labels or 2, cfg.pooling, cfg.pooler,
                    cfg.dropout)
 
+    def positions_read(self) -> int | None:
+        """1 with ``first`` pooling (the CLS state alone), else None."""
+        return 1 if self.pooling == "first" else None
+
     def scores(self, hidden: Tensor, batch: Batch) -> Tensor:
         """hidden [B,S,H] -> the classifier's outputs [B, num_labels] (before any loss)."""
         pooled = pool(hidden, batch.padding_mask, self.pooling)
