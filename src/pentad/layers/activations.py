@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -25,6 +26,22 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 ACTIVATION_NAMES = tuple(ACTIVATIONS)
 
+# The same functions overwriting their input (same values, bit for bit): for a fresh tensor that nothing
+# else reads, outside autograd, where they save allocating (and, on CPU, page-faulting in) an output.
+IN_PLACE_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu": torch.ops.aten.gelu_,
+    "gelu_tanh": partial(torch.ops.aten.gelu_, approximate="tanh"),
+    "relu": torch.relu_,
+    "silu": partial(F.silu, inplace=True),
+    "tanh": torch.tanh_,
+    "linear": lambda x: x,
+}
+
 
 def get_activation(name: str) -> Callable[[Tensor], Tensor]:
     return ACTIVATIONS[name]
+
+
+def get_in_place_activation(name: str) -> Callable[[Tensor], Tensor] | None:
+    """The in-place form of activation ``name`` (see ``IN_PLACE_ACTIVATIONS``), None if it has none."""
+    return IN_PLACE_ACTIVATIONS.get(name)

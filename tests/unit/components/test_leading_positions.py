@@ -171,3 +171,30 @@ def test_attention_queries_refuse_a_cache():
     cache = KVCache()
     with pytest.raises(ValueError, match="without a cache"):
         attention(x, AttentionInputs(), cache.layer(0), queries=1)
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["dense", "gated"])
+def test_feed_forward_in_place_activation_outside_autograd_is_bit_identical(gated):
+    from pentad.layers.activations import ACTIVATION_NAMES, IN_PLACE_ACTIVATIONS
+    from pentad.layers.feed_forward import FeedForward
+
+    assert set(IN_PLACE_ACTIVATIONS) == set(ACTIVATION_NAMES) - {"quick_gelu"}
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(3))
+    for activation in ACTIVATION_NAMES:
+        torch.manual_seed(0)
+        ffn = FeedForward(16, 24, activation, gated=gated)
+        reference = ffn(x)  # autograd on: the allocating path
+        assert reference.requires_grad
+        kept = x.clone()
+        with torch.no_grad():
+            plain = ffn(x)
+        with torch.inference_mode():
+            inference = ffn(x)
+        assert torch.equal(plain, reference.detach()) and torch.equal(inference, plain), activation
+        assert torch.equal(x, kept)  # the input is never overwritten
+    calls = []
+    ffn.act_in_place = lambda h: calls.append(h.shape) or IN_PLACE_ACTIVATIONS["relu"](h)
+    with torch.no_grad():
+        ffn(x)
+    ffn(x)
+    assert calls == [torch.Size([2, 5, 24])]  # taken outside autograd only
