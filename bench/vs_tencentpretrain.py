@@ -12,7 +12,8 @@ user of either would run them:
   step's time is the difference of two runs' wall times over the difference of their step counts
   (``--steps A B``), so start-up (imports, model building, dataset loading) cancels; samples/s =
   batch / step time. Runs alternate between the two programs (``--repeats`` pairs; the median step
-  time is reported) so that a background load hits both alike.
+  time is reported) so that a background load hits both alike. Every row records the 1-minute load
+  average before and after its runs (``load_1min``): on a shared machine, read ratios with it.
 
 Ratios are pentad / TencentPretrain for throughput (higher is better for pentad). TencentPretrain
 runs from the checkout given by ``--tencentpretrain`` (nothing of it is part of pentad; it needs
@@ -157,6 +158,7 @@ def bench_preprocess(p: Programs, args: argparse.Namespace) -> list[dict]:
         corpus = repeated_corpus(TP_DATA / "corpora" / CORPORA[processor], p.work / f"corpus_{processor}.txt",
                                  args.corpus_mb)
         size = corpus.stat().st_size
+        load_before = os.getloadavg()[0]
         tp_out, pentad_out = p.work / f"tp_{processor}.pt", p.work / f"pentad_{processor}"
         tp_s, tp_mem = p.tp_preprocess(processor, corpus, tp_out)
         pentad_s, pentad_mem = p.pentad_preprocess(workload, corpus, pentad_out)
@@ -166,7 +168,8 @@ def bench_preprocess(p: Programs, args: argparse.Namespace) -> list[dict]:
                "ratio": round(tp_s / pentad_s, 2), "tp_peak_mib": tp_mem and round(tp_mem),
                "pentad_peak_mib": pentad_mem and round(pentad_mem),
                "tp_dataset_mb": round(size_of(tp_out) / 1e6, 1),
-               "pentad_dataset_mb": round(size_of(pentad_out) / 1e6, 1)}
+               "pentad_dataset_mb": round(size_of(pentad_out) / 1e6, 1),
+               "load_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
         print(json.dumps(row), file=sys.stderr)
         rows.append(row)
     return rows
@@ -186,6 +189,7 @@ def bench_pretrain(p: Programs, args: argparse.Namespace) -> list[dict]:
         if not pentad_ds.exists():
             p.pentad_preprocess(workload, corpus, pentad_ds)
         tp_steps, pentad_steps = [], []
+        load_before = os.getloadavg()[0]
         for r in range(args.repeats):
             order = ("tp", "pentad") if r % 2 == 0 else ("pentad", "tp")
             for side in order:
@@ -202,7 +206,8 @@ def bench_pretrain(p: Programs, args: argparse.Namespace) -> list[dict]:
                "tp_samples_per_s": round(args.batch_size / tp_step, 1),
                "pentad_samples_per_s": round(args.batch_size / pentad_step, 1),
                "ratio": round(tp_step / pentad_step, 2),
-               "tp_step_runs": [round(s, 4) for s in tp_steps], "pentad_step_runs": [round(s, 4) for s in pentad_steps]}
+               "tp_step_runs": [round(s, 4) for s in tp_steps], "pentad_step_runs": [round(s, 4) for s in pentad_steps],
+               "load_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
         print(json.dumps(row), file=sys.stderr)
         rows.append(row)
     return rows
@@ -240,12 +245,13 @@ def main() -> int:
         results["preprocess"] = bench_preprocess(programs, args)
     for row in results.get("pretrain", []):
         print(f"pretrain {row['workload']}: TencentPretrain {row['tp_samples_per_s']} samples/s, pentad "
-              f"{row['pentad_samples_per_s']} samples/s: {row['ratio']}x")
+              f"{row['pentad_samples_per_s']} samples/s: {row['ratio']}x (load {row['load_1min'][0]}-"
+              f"{row['load_1min'][1]})")
     for row in results.get("preprocess", []):
         print(f"preprocess {row['processor']} ({row['corpus_mb']} MB, {row['workers']} workers): TencentPretrain "
               f"{row['tp_mb_per_s']} MB/s ({row['tp_peak_mib']} MiB, dataset {row['tp_dataset_mb']} MB), pentad "
               f"{row['pentad_mb_per_s']} MB/s ({row['pentad_peak_mib']} MiB, dataset {row['pentad_dataset_mb']} MB): "
-              f"{row['ratio']}x")
+              f"{row['ratio']}x (load {row['load_1min'][0]}-{row['load_1min'][1]})")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1), encoding="utf-8")
     return 0

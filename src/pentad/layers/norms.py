@@ -87,7 +87,7 @@ class _UnbiasedNormalize(torch.autograd.Function):
     gradients; here the statistics are two fast passes (mean, then the norm of the centred rows)
     and the backward is ``(g - mean(g) - y * sum(g * y) * (std + eps) / ((H - 1) std)) / (std + eps)``
     for the output ``y`` and its incoming gradient ``g`` (the mean of the last term vanishes: the
-    rows of ``y`` sum to zero). Same values up to float32 rounding; about 4x faster forward and
+    rows of ``y`` sum to zero). Same values up to float32 rounding; about 3x faster forward and
     backward at width 128 (bench/RESULTS.md). Used where a gradient is taken; a row with zero spread
     gets a zero gradient through its std (the plain formula gives NaN there).
     """
