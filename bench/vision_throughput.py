@@ -8,20 +8,27 @@ equivalent ``ViTConfig`` with ``attn_implementation="sdpa"``), get the same pixe
 * ``train``: train mode, forward + cross-entropy + backward + AdamW step;
 * ``infer``: eval mode under ``no_grad``, forward to the logits.
 
-Repetitions alternate between the libraries (and which goes first); the median is reported as
-images/s with the ratio pentad / HF. The pipeline rows time, on the same machine, decoding PNG
-files into the task's uint8 arrays (``read``) and building augmented training batches
-(``train batches``: random resized crop + flip + normalisation), in images/s of one process:
-the loader keeps up when these exceed the model's training images/s. Run from the repository
-root (needs ``transformers``, as the test extra installs)::
+pentad is timed twice: through ``Model.forward``, and with its last layer computing the CLS row
+alone (``run_stream(output_positions=leading_positions(targets))`` then the head: the only row the
+``cls`` head with ``first`` pooling reads; the same logits and gradients to fp32 rounding).
+Repetitions rotate between the three (each goes first in turn); the medians are reported as
+images/s (wall) and CPU ms per step (``time.process_time``, all threads of the process), each
+with HF's over this one's: CPU time moves much less than wall time when other jobs share the cores.
 
-    PYTHONPATH=src .venv/bin/python bench/vision_throughput.py                 # DeiT-Ti/16 at 224, ~2 min
-    PYTHONPATH=src .venv/bin/python bench/vision_throughput.py --size base-16  # ViT-B/16, ~10 min
-    PYTHONPATH=src .venv/bin/python bench/vision_throughput.py --profile 10 --threads 1
+The pipeline rows time, on the same machine, decoding PNG files into the task's uint8 arrays
+(``read``, once per run) and the training batches of the ``image_classification`` task
+(``EpochBatches``: random resized crop + flip + normalisation) built in the training process
+(0 workers) or in 1 or 2 loader worker processes (``data.loader_workers``), in images/s, with the
+training process's CPU per image and the multiple of the model's training images/s (pentad, last
+layer at CLS). Run from the repository root (needs ``transformers``, as the test extra installs)::
 
-``--profile N`` prints instead the operators of the two eval forwards (no_grad) as torch.profiler
-sees them, N alternating forwards of each, self CPU time per forward in ms: CPU time, unlike wall
-time, hardly moves when other jobs share the cores, so it compares the work the libraries do.
+    PYTHONPATH=src .venv/bin/python bench/vision_throughput.py                 # DeiT-Ti/16 at 224, ~4 min
+    PYTHONPATH=src .venv/bin/python bench/vision_throughput.py --size base-16  # ViT-B/16, ~20 min
+    PYTHONPATH=src .venv/bin/python bench/vision_throughput.py --profile 4 --mode train --threads 1
+
+``--profile N`` prints instead the operators of N steps of each (``--mode infer`` or ``train``) as
+torch.profiler sees them, self time per step in ms (the profiler's times are wall times of each
+operator: a loaded machine inflates them).
 """
 
 from __future__ import annotations
