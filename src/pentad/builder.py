@@ -9,7 +9,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from pentad.components.stream import Stream, StreamPlan
 from pentad.config.sizes import SlotSizes
+from pentad.config.streams import (
+    shares,
+    stream_embedding,
+    stream_encoder,
+    stream_names,
+    stream_problems,
+    stream_sizes,
+    target_streams,
+)
 from pentad.errors import ConfigError, ConfigProblem, UserError
 from pentad.layers.attention import Attention
 from pentad.layers.block import Block
@@ -56,7 +66,7 @@ def model_problems(cfg: Any) -> list[ConfigProblem]:
             continue
         for key, msg in getattr(sub, "check", lambda m: [])(cfg):
             problems.append(ConfigProblem(f"{path}.{key}", msg))
-    problems += _pair_problems(cfg)
+    problems += [ConfigProblem(path, msg) for path, msg in stream_problems(cfg, (ENCODERS, TARGETS, EMBEDDINGS))]
     seen: set[str] = set()
     for i, target in enumerate(cfg.targets):
         if target.target_name in seen:
@@ -68,57 +78,30 @@ def model_problems(cfg: Any) -> list[ConfigProblem]:
     return problems
 
 
-def _two_streams(cfg: Any) -> bool:
-    """Whether the encoder config is a two-stream (dual) one."""
-    return bool(getattr(ENCODERS.get(cfg.encoder.type), "two_streams", False))
-
-
-def _pair_problems(cfg: Any) -> list[ConfigProblem]:
-    """A dual encoder gives its targets pooled pairs, which only pair targets read (and pair
-    targets need a dual encoder); it has no decoder."""
-    problems: list[ConfigProblem] = []
-    two = _two_streams(cfg)
-    pair_kinds = sorted(name for name, cls in TARGETS.items() if getattr(cls, "reads_pair", False))
-    for i, target in enumerate(cfg.targets):
-        reads_pair = getattr(TARGETS.get(target.type), "reads_pair", False)
-        if two and not reads_pair:
-            problems.append(ConfigProblem(f"model.targets.{i}.type", f"'{target.type}' reads token states, "
-                                          "but a dual encoder gives its targets one pooled vector per stream; "
-                                          f"use a pair target ({', '.join(pair_kinds)}; for classification "
-                                          "set task.pair_input=separate)"))
-        elif reads_pair and not two:
-            problems.append(ConfigProblem(f"model.targets.{i}.type", f"'{target.type}' compares the two "
-                                          f"streams of a dual encoder, but model.encoder is "
-                                          f"'{cfg.encoder.type}' (set model.encoder.type: dual)"))
-    if two and cfg.decoder is not None:
-        problems.append(ConfigProblem("model.decoder", "a dual (two-stream) model has no decoder; remove it"))
-    return problems
-
-
-def _stream_encoder_config(cfg: Any) -> Any:
-    """The config of the module in the encoder slot: stream 0's encoder for a dual model."""
-    return cfg.encoder.stream_0.encoder if _two_streams(cfg) else cfg.encoder
-
-
 def _reads_embedding_width(encoder_cfg: Any) -> bool:
     """Recurrent/convolutional encoders read the embedding at its own width (no projection)."""
     return bool(getattr(ENCODERS.get(encoder_cfg.type), "takes_embedding_width", False))
 
 
-def build_pair_stream(dual_cfg: Any, cfg: Any) -> nn.Module:
-    """The ``pair`` module of a dual model: stream 1's own embedding slot and encoder (none when
-    tied) and both poolings. ``cfg`` is the model config (or a SlotSizes view of it)."""
-    pooling_0, pooling_1 = dual_cfg.pooling
-    cls = ENCODERS.get(dual_cfg.type)
-    if dual_cfg.tie:
-        return cls(pooling_0, pooling_1)
-    sizes = dual_cfg.stream_1_sizes(cfg)
-    encoder_cfg = dual_cfg.stream_1_encoder()
+def build_streams(cfg: Any) -> tuple[dict[str, Stream], StreamPlan | None]:
+    """The second stream's own modules (none when it shares the first's) and the layout of a model with
+    ``model.streams``; ({}, None) for a one-stream model."""
+    names = stream_names(cfg)
+    if not names:
+        return {}, None
+    reads = {t.target_name: target_streams(cfg, t, bool(getattr(TARGETS.get(t.type), "reads_pair", False)))
+             for t in cfg.targets}
+    plan = StreamPlan((names[0], names[1]), {n: cfg.streams[n].pooling for n in names}, shares(cfg), reads)
+    if plan.shared:
+        return {}, plan
+    name = plan.second
+    sizes = stream_sizes(cfg, name)
+    encoder_cfg = stream_encoder(cfg, name)
     width = sizes.embedding_size or sizes.hidden_size
-    embedding = _embedding_slot(dual_cfg.stream_1_embedding(cfg), sizes, SlotSizes(sizes, hidden_size=width),
+    embedding = _embedding_slot(stream_embedding(cfg, name), sizes, SlotSizes(sizes, hidden_size=width),
                                 not _reads_embedding_width(encoder_cfg))
     encoder = ENCODERS.get(encoder_cfg.type).from_config(encoder_cfg, sizes)
-    return cls(pooling_0, pooling_1, embedding, encoder)
+    return {name: Stream(embedding, encoder)}, plan
 
 
 def _preorder(module: nn.Module, seen: set[int]) -> Iterable[nn.Module]:
@@ -193,12 +176,12 @@ def build_model(cfg: Any, provided: Iterable[str] | None = None, device: str | t
     on_meta = device is not None and torch.device(device).type == "meta"
     width = cfg.embedding_size or cfg.hidden_size
     with torch.device(device) if device is not None else nullcontext():
-        # A dual model's encoder slot holds stream 0's encoder; stream 1 goes beside it (pair).
-        encoder_cfg = _stream_encoder_config(cfg)
+        # The first (or only) stream is the embedding and encoder slots; a second stream's own modules
+        # are built after them (the order modules are built and initialised in).
         embedding = _embedding_slot(cfg.embedding, cfg, SlotSizes(cfg, hidden_size=width),
-                                    not _reads_embedding_width(encoder_cfg))
-        encoder = ENCODERS.get(encoder_cfg.type).from_config(encoder_cfg, cfg)
-        pair = build_pair_stream(cfg.encoder, cfg) if _two_streams(cfg) else None
+                                    not _reads_embedding_width(cfg.encoder))
+        encoder = ENCODERS.get(cfg.encoder.type).from_config(cfg.encoder, cfg)
+        streams, plan = build_streams(cfg)
         target_embedding = decoder = None
         if cfg.decoder is not None:
             target_vocab = cfg.target_vocab_size or cfg.vocab_size
@@ -207,7 +190,7 @@ def build_model(cfg: Any, provided: Iterable[str] | None = None, device: str | t
             decoder = DECODERS.get(cfg.decoder.type).from_config(cfg.decoder, cfg)
         head_sizes = SlotSizes(cfg, vocab_size=cfg.output_vocab_size)
         targets = {t.target_name: TARGETS.get(t.type).from_config(t, head_sizes) for t in cfg.targets}
-        model = Model(embedding, encoder, targets, target_embedding, decoder, pair)
+        model = Model(embedding, encoder, targets, target_embedding, decoder, streams, plan)
     if cfg.share_embedding and target_embedding is not None:
         source = embedding.word_embedding_weight()
         if source is not None and target_embedding.word_embedding_weight() is not None:
@@ -284,9 +267,14 @@ def check_requirements(model: Model, provided: set[str], training: bool = True) 
     for f in getattr(model.encoder, "requires", ()):
         if f not in provided:
             missing.append(f"encoder '{model.encoder.registry_name}' needs Batch.{f}")
-    if model.pair is not None:
-        missing += [f"{who} needs Batch.{f}" for who, f in model.pair.required_fields(model.embedding, model.encoder)
-                    if f not in provided]
+    plan = model.stream_plan
+    if plan is not None and plan.second in plan.needed():
+        embedding, encoder = model.stream_slots(plan.second)
+        who = f"stream '{plan.second}'"
+        needs = [(f"{who} embedding part '{name}'", f"pair.{f}")
+                 for name in embedding.part_names for f in getattr(embedding, name).requires]
+        needs += [(f"{who} encoder '{encoder.registry_name}'", f"pair.{f}") for f in getattr(encoder, "requires", ())]
+        missing += [f"{what} needs Batch.{f}" for what, f in needs if f not in provided]
     if model.target_embedding is not None:
         for part_name in model.target_embedding.part_names:
             part = getattr(model.target_embedding, part_name)
@@ -297,11 +285,27 @@ def check_requirements(model: Model, provided: set[str], training: bool = True) 
             if f not in provided:
                 missing.append(f"target '{name}' needs Batch.{f}")
     if missing:
-        pair_hint = (" A dual model reads its second input from Batch.pair, which pair-aware data fills "
-                     "(for classification: task.pair_input=separate)." if model.pair is not None else "")
+        pair_hint = (f" Stream '{plan.second}' reads its input from Batch.pair, which pair-aware data fills "
+                     "(for classification: task.pair_input=separate)." if plan is not None else "")
         raise UserError("the data does not provide what the model reads: " + "; ".join(missing)
                         + f". The objective/task provides: {', '.join(sorted(provided)) or 'nothing'}. "
                         "Pick an objective that provides these fields, or change the model's slots." + pair_hint)
+
+
+def describe_streams(model: Model) -> str:
+    """One line of ``summarize`` for a two-stream model: the streams, their modules, pooling and readers."""
+    plan = model.stream_plan
+    first, second = plan.names
+    if plan.shared:
+        other = f"{second} (Batch.pair) through {first}'s modules"
+    else:
+        own = model.streams[second]
+        n = sum(p.numel() for p in own.parameters())
+        other = (f"{second} (Batch.pair): embedding {'+'.join(own.embedding.part_names)}, encoder "
+                 f"{own.encoder.registry_name} ({n:,})")
+    readers = "; ".join(f"{t} reads {', '.join(names)}" for t, names in plan.reads.items())
+    return (f"streams: {first} (the embedding and encoder slots), {other}; pooling "
+            f"{plan.pooling[first]} / {plan.pooling[second]}; {readers}")
 
 
 def summarize(model: Model) -> str:
@@ -319,8 +323,8 @@ def summarize(model: Model) -> str:
     lines.append(f"encoder: {enc.registry_name}" + (f" x{getattr(enc, 'num_layers', len(layers))} layers"
                                                      if layers is not None else "")
                  + (f", mask {enc.mask_kind}" if hasattr(enc, "mask_kind") else "") + f" ({n(enc)})")
-    if model.pair is not None:
-        lines.append(f"pair: {model.pair.registry_name}: {model.pair.describe()}")
+    if model.stream_plan is not None:
+        lines.append(describe_streams(model))
     if model.decoder is not None:
         lines.append("target embedding: " + ", ".join(
             f"{name} ({n(getattr(model.target_embedding, name))})" for name in model.target_embedding.part_names))

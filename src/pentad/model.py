@@ -15,11 +15,12 @@ from pentad.components.base import (
     Target,
     TargetOutput,
 )
-from pentad.components.stream import run_stream
+from pentad.components.stream import Stream, StreamPlan, run_stream, stacked
 from pentad.layers.block import Block
 from pentad.layers.cache import KVCache
 from pentad.layers.moe import MoE
 from pentad.layers.norms import make_norm
+from pentad.layers.pooling import pool
 
 
 class EmbeddingSlot(nn.Module):
@@ -126,19 +127,23 @@ class Model(nn.Module):
     ``decode(batch, memory, memory_padding_mask) -> [B,T,H]`` for encoder-decoder models.
     Targets read the decoder output when there is a decoder, else the encoder output.
 
-    Two-stream (dual) models have ``pair`` (``components/encoders/dual.py``): stream 0 is the
-    embedding and encoder slots as in any model, ``pair`` holds stream 1 (or shares stream 0's
-    modules when tied) and the pooling of both. ``encode_pair(batch) -> PooledPair`` and the
-    targets read the pooled pair; ``encode`` still gives stream 0's token states.
+    A two-stream model (``model.streams``, docs/streams.md) has a ``stream_plan``: its first stream
+    is the embedding and encoder slots over the batch, its second reads ``Batch.pair`` (and hard
+    negatives, ``Batch.negative``) through those same modules (shared) or its own
+    (``streams[name]``, a :class:`~pentad.components.stream.Stream`). Each target reads the streams
+    the plan gives it: a pair target a :class:`PooledPair` of two pooled streams, another the first
+    stream's token states. ``encode`` still gives the first stream's token states.
     """
 
     def __init__(self, embedding: EmbeddingSlot, encoder: Encoder, targets: dict[str, Target],
                  target_embedding: EmbeddingSlot | None = None, decoder: nn.Module | None = None,
-                 pair: nn.Module | None = None):
+                 streams: dict[str, Stream] | None = None, stream_plan: StreamPlan | None = None):
         super().__init__()
         self.embedding = embedding
         self.encoder = encoder
-        self.pair = pair
+        # Registered where a dual model's second stream was, so modules initialise in the same order.
+        self.streams = nn.ModuleDict(streams) if streams else None
+        self.stream_plan = stream_plan
         self.target_embedding = target_embedding
         self.decoder = decoder
         self.targets = nn.ModuleDict(targets)
@@ -164,26 +169,79 @@ class Model(nn.Module):
         new positions only and ``batch.padding_mask`` covers cached and new positions."""
         return run_stream(self.embedding, self.encoder, batch, cache)
 
+    def _plan(self) -> StreamPlan:
+        if self.stream_plan is None:
+            raise ValueError("this model has one stream (its config has no model.streams section)")
+        return self.stream_plan
+
+    def stream_slots(self, stream: int | str) -> tuple[EmbeddingSlot, Encoder]:
+        """(embedding slot, encoder) of a stream, by name or index: the model's own for the first
+        stream and a shared second one, else the second stream's own modules."""
+        plan = self._plan()
+        name = plan.name(stream)
+        if name == plan.first or plan.shared:
+            return self.embedding, self.encoder
+        own = self.streams[name]
+        return own.embedding, own.encoder
+
+    def stream_states(self, batch: Batch, names: set[str] | None = None
+                      ) -> dict[str, tuple[Tensor, Tensor | None]]:
+        """Token states (hidden [B,S,H], padding_mask) of the streams ``names`` (default: those the
+        targets read): the first over ``batch``, the second over ``batch.pair`` and, under the key
+        ``"negative"``, over ``batch.negative`` when it is set. Inputs of shared modules run as one
+        stacked batch where their fields allow."""
+        plan = self._plan()
+        names = plan.needed() if names is None else names
+        inputs: dict[str, Batch] = {}
+        if plan.first in names:
+            inputs[plan.first] = batch
+        if plan.second in names:
+            for key, part in (("pair", batch.pair), ("negative", batch.negative)):
+                if part is not None and part.batch_size != batch.batch_size:
+                    raise ValueError(f"batch.{key} has {part.batch_size} rows, the batch {batch.batch_size}; "
+                                     f"stream '{plan.second}' needs one {key} row per row")
+            if batch.pair is None:
+                raise ValueError(f"stream '{plan.second}' reads its input from batch.pair, which is not set")
+            inputs[plan.second] = batch.pair
+            if batch.negative is not None:
+                inputs["negative"] = batch.negative
+        keys, parts = list(inputs), list(inputs.values())
+        merged = stacked(parts) if plan.shared and len(parts) > 1 else None
+        if merged is not None:
+            hidden, mask = run_stream(self.embedding, self.encoder, merged[0])
+            rows = batch.batch_size
+            return {key: (hidden[i * rows:(i + 1) * rows, :length],
+                          None if mask is None else mask[i * rows:(i + 1) * rows, :length])
+                    for i, (key, length) in enumerate(zip(keys, merged[1]))}
+        return {key: run_stream(*self.stream_slots(plan.second if key == "negative" else key), part)
+                for key, part in inputs.items()}
+
+    def _pooled(self, states: dict[str, tuple[Tensor, Tensor | None]]) -> dict[str, Tensor]:
+        plan = self._plan()
+        return {key: pool(*value, plan.pooling[plan.second if key == "negative" else key])
+                for key, value in states.items()}
+
     def encode_pair(self, batch: Batch) -> PooledPair:
         """Both streams of a two-stream model, pooled: first [B,H0] from ``batch``, second [B,H1]
-        from ``batch.pair``."""
-        if self.pair is None:
-            raise ValueError("this model has one stream (its encoder is not 'dual')")
-        return self.pair(batch, self.embedding, self.encoder)
+        from ``batch.pair`` (and its hard negatives from ``batch.negative``)."""
+        plan = self._plan()
+        pooled = self._pooled(self.stream_states(batch, set(plan.names)))
+        return PooledPair(pooled[plan.first], pooled[plan.second], pooled.get("negative"))
+
+    def encode_stream(self, batch: Batch, stream: int | str) -> Tensor:
+        """One stream (by name or index) over ``batch`` alone (its own input, not ``batch.pair``),
+        pooled [B,H]: texts and images encoded separately, as retrieval and zero-shot need."""
+        plan = self._plan()
+        name = plan.name(stream)
+        return pool(*run_stream(*self.stream_slots(name), batch), plan.pooling[name])
 
     def adapt_checkpoint(self, tensors: dict[str, Tensor]) -> list[str]:
         """Adapt ``tensors`` (a checkpoint about to be loaded) where a slot can (image position tables
         at another resolution: :meth:`EmbeddingSlot.adapt_checkpoint`); returns notes."""
         notes = self.embedding.adapt_checkpoint("embedding.", tensors)
-        if self.pair is not None and self.pair.embedding is not None:
-            notes += self.pair.embedding.adapt_checkpoint("pair.embedding.", tensors)
+        for name, own in (self.streams or {}).items():
+            notes += own.embedding.adapt_checkpoint(f"streams.{name}.embedding.", tensors)
         return notes
-
-    def encode_stream(self, batch: Batch, stream: int) -> Tensor:
-        """Stream ``stream`` (0 or 1) of a two-stream model over ``batch`` alone, pooled [B,H]."""
-        if self.pair is None:
-            raise ValueError("this model has one stream (its encoder is not 'dual')")
-        return self.pair.pooled_stream(batch, stream, self.embedding, self.encoder)
 
     def decode(self, batch: Batch, memory: Tensor | None, memory_padding_mask: Tensor | None,
                cache: KVCache | None = None) -> Tensor:
@@ -197,13 +255,27 @@ class Model(nn.Module):
 
     def forward(self, batch: Batch) -> ModelOutput:
         """{target name: TargetOutput}, with the blocks' auxiliary losses and metrics of this forward."""
-        if self.pair is not None:
-            pooled = self.encode_pair(batch)
-            return self._output({name: target(pooled, batch) for name, target in self.targets.items()})
+        if self.stream_plan is not None:
+            return self._output(self._stream_forward(batch))
         hidden, padding_mask = self.encode(batch)
         if self.decoder is not None:
             hidden = self.decode(batch, hidden, padding_mask)
         return self._output({name: target(hidden, batch) for name, target in self.targets.items()})
+
+    def _stream_forward(self, batch: Batch) -> dict[str, TargetOutput]:
+        plan = self._plan()
+        states = self.stream_states(batch)
+        pooled: dict[str, Tensor] | None = None
+        out: dict[str, TargetOutput] = {}
+        for name, target in self.targets.items():
+            reads = plan.reads[name]
+            if target.reads_pair:
+                pooled = self._pooled(states) if pooled is None else pooled
+                negative = pooled.get("negative") if reads[1] == plan.second else None
+                out[name] = target(PooledPair(pooled[reads[0]], pooled[reads[1]], negative), batch)
+            else:
+                out[name] = target(states[reads[0]][0], batch)
+        return out
 
     def _output(self, targets: dict[str, TargetOutput]) -> ModelOutput:
         if self._aux_blocks is None:

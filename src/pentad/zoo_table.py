@@ -21,13 +21,6 @@ def published() -> dict[str, dict[str, Any]]:
 
 def _stack(cfg: Any, hidden: int) -> str:
     """One line for an encoder/decoder config."""
-    if cfg.type == "dual":
-        first = f"{_stack(cfg.stream_0.encoder, hidden)}, {cfg.stream_0.pooling} pooling"
-        if cfg.tie:
-            return f"dual (tied streams: {first})"
-        second = cfg.stream_1.encoder
-        other = _stack(second, cfg.stream_1.hidden_size or hidden) if second is not None else "as stream 0"
-        return f"dual (stream 0: {first}; stream 1: {other}, {cfg.stream_1.pooling or cfg.stream_0.pooling} pooling)"
     if cfg.type != "transformer":
         shown = ("num_layers", "kernel_size", "block_size", "bidirectional")
         extra = ", ".join(f"{k}={v}" for k, v in cfg.model_dump().items() if k in shown and v not in (None, False))
@@ -56,6 +49,20 @@ def _embedding(slot: Any, width: int | None) -> str:
     return parts + (" +norm" if slot.norm else "") + (f" (E={width})" if width else "")
 
 
+def _streams(m: Any) -> str:
+    """One cell for the two streams of a model with ``model.streams``."""
+    from pentad.config.streams import stream_embedding, stream_encoder, stream_sizes
+
+    (first, one), (second, two) = m.streams.items()
+    text = f"{first}: {_embedding(m.embedding, m.embedding_size)} → {_stack(m.encoder, m.hidden_size)}, {one.pooling}"
+    if two.share is not None:
+        return f"streams ({text}; {second}: shares {first}'s, {two.pooling})"
+    sizes = stream_sizes(m, second)
+    other = (f"{second}: {_embedding(stream_embedding(m, second), two.embedding_size)} → "
+             f"{_stack(stream_encoder(m, second), sizes.hidden_size)}, {two.pooling}")
+    return f"streams ({text}; {other})"
+
+
 def rows() -> list[dict[str, str]]:
     from pentad.builder import build_model
     from pentad.config.loader import load_config, zoo_names
@@ -68,6 +75,8 @@ def rows() -> list[dict[str, str]]:
         model = build_model(m, device="meta")
         count, active = count_parameters(model), count_active_parameters(model)
         slots = [_embedding(m.embedding, m.embedding_size), _stack(m.encoder, m.hidden_size)]
+        if m.streams:
+            slots = [_streams(m)]
         if m.decoder is not None:
             slots += [_embedding(m.target_embedding, None), _stack(m.decoder, m.hidden_size)]
         slots.append("+".join(t.target_name for t in m.targets))

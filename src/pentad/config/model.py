@@ -5,10 +5,11 @@ from __future__ import annotations
 from functools import cache
 from typing import Any, Literal
 
-from pydantic import Field, create_model
+from pydantic import Field, create_model, model_validator
 
 from pentad.config.base import StrictModel
 from pentad.config.embedding import embedding_config_class
+from pentad.config.streams import StreamConfigBase, from_dual_encoder
 from pentad.config.unions import registry_union
 from pentad.registry import DECODERS, ENCODERS, TARGETS
 
@@ -49,6 +50,12 @@ class ModelConfigBase(StrictModel):
     compression: CompressionConfig | None = Field(None, description="set by pentad compress: pruned block "
                                                   "sizes and int8 quantization (docs/compress.md)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _dual_encoder_is_streams(cls, data: Any) -> Any:
+        """The former ``dual`` pseudo-encoder (``stream_0`` / ``stream_1``) as ``model.streams``."""
+        return from_dual_encoder(data) if isinstance(data, dict) else data
+
     @property
     def output_vocab_size(self) -> int | None:
         """Vocabulary the output heads predict: the target side's when there is a decoder."""
@@ -63,10 +70,21 @@ def model_config_class() -> Any:
     import pentad.components  # noqa: F401  (registers every component)
 
     embedding = embedding_config_class()
+    encoder = registry_union(ENCODERS)
+    stream = create_model(
+        "StreamConfig", __base__=StreamConfigBase,
+        embedding=(embedding | None, Field(None, description="the second stream's own embedding slot; default: "
+                                           "the same config as model.embedding")),
+        encoder=(encoder | None, Field(None, description="the second stream's own encoder; default: the same "
+                                       "config as model.encoder")))
     return create_model(
         "ModelConfig", __base__=ModelConfigBase,
         embedding=(embedding, ...),
-        encoder=(registry_union(ENCODERS), ...),
+        encoder=(encoder, ...),
+        streams=(dict[str, stream] | None, Field(None, description="two named streams, for a model that reads two "
+                                                 "inputs (SBERT, CLIP): the first is model.embedding + "
+                                                 "model.encoder over the batch, the second reads Batch.pair "
+                                                 "(docs/streams.md)")),
         target_embedding=(embedding | None, Field(None, description="embedding slot of the decoder input")),
         decoder=(registry_union(DECODERS) | None, Field(None, description="decoder slot (encoder-decoder "
                                                          "models)")),

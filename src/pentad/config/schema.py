@@ -36,6 +36,12 @@ def class_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | N
                 for arg in typing.get_args(c):
                     current += unwrap(arg)
             continue
+        maps = [c for c in current if typing.get_origin(c) is dict]
+        if isinstance(part, str) and maps and not any(part in m.model_fields for m in models):
+            current = []  # a key of a mapping (a stream's name): its values' type
+            for c in maps:
+                current += unwrap(typing.get_args(c)[1])
+            continue
         tagged = [m for m in models if m.model_fields.get("type") is not None
                   and m.model_fields["type"].default == part]
         if tagged:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from pentad.config.streams import default_names
 from pentad.errors import UserError, closest
 
 # Keys that mark a file as a TencentPretrain config (pentad configs nest everything under model/...).
@@ -297,12 +298,11 @@ def _refuse_non_text(flat: dict[str, Any], label: str) -> None:
 
 
 def _dual_available() -> bool:
-    """Whether pentad's two-stream encoder and pair head are registered."""
+    """Whether pentad's pair heads (for model.streams) are registered."""
     import pentad.components  # noqa: F401  (registers every component)
-    from pentad.registry import ENCODERS as ENCODER_REGISTRY
     from pentad.registry import TARGETS as TARGET_REGISTRY
 
-    return "dual" in ENCODER_REGISTRY and "pair_cls" in TARGET_REGISTRY
+    return "pair_cls" in TARGET_REGISTRY and "clr" in TARGET_REGISTRY
 
 
 def _is_dual(flat: dict[str, Any]) -> bool:
@@ -598,19 +598,19 @@ class _Importer:
         # pools both by the top-level one.
         poolings = [s.name("pooling", POOLINGS, (s.flat if pretraining else flat).get("pooling", "first"), "pooling")
                     for s in streams]
-        encoder: dict[str, Any] = {"type": "dual", "tie": tie,
-                                   "stream_0": {"encoder": bodies[0]["encoder"], "pooling": poolings[0]},
-                                   "stream_1": {"pooling": poolings[1]}}
+        names = default_names(bodies[1]["embedding"])
+        second: dict[str, Any] = {"pooling": poolings[1]}
         if tie:
+            second["share"] = names[0]
             if (bodies[0]["sizes"], bodies[0]["embedding"], bodies[0]["encoder"]) != \
                     (bodies[1]["sizes"], bodies[1]["embedding"], bodies[1]["encoder"]):
                 self.problems.append("'tie_weights' with streams that differ: TencentPretrain then takes stream 1's "
                                      "embedding but stream 0's encoder for both; make the streams equal or set "
                                      "tie_weights false")
         else:
-            encoder["stream_1"].update(bodies[1]["sizes"], embedding=bodies[1]["embedding"],
-                                       encoder=bodies[1]["encoder"])
-        model["encoder"] = encoder
+            second.update(bodies[1]["sizes"], embedding=bodies[1]["embedding"], encoder=bodies[1]["encoder"])
+        model["encoder"] = bodies[0]["encoder"]
+        model["streams"] = {names[0]: {"pooling": poolings[0]}, names[1]: second}
         if pretraining:
             targets = _as_list(flat["target"])
             if targets != ["clr"]:

@@ -43,6 +43,7 @@ from pentad.components.base import Batch
 from pentad.components.embeddings.speech import subsampled_lengths
 from pentad.config.loader import problems_from_validation, validate_raw
 from pentad.config.model import model_config_class
+from pentad.config.streams import stream_embedding, stream_names
 from pentad.conversions import DIRECTIONS
 from pentad.data.tokenizers import load_tokenizer
 from pentad.errors import ConfigError, UserError
@@ -425,7 +426,7 @@ def guess_family(model_cfg: Any) -> str:
         strides = parts["speech"].strides
         return "whisper" if strides and strides[0] == 1 else "speech_to_text"
     enc = model_cfg.encoder
-    if getattr(enc, "type", None) == "dual":
+    if getattr(model_cfg, "streams", None):
         return "clip"  # the only two-tower model Hugging Face has a class for
     positions = getattr(enc, "positions", "none")
     if model_cfg.decoder is not None:
@@ -691,8 +692,8 @@ def _finite_forward(model_cfg: Any, tensors: dict[str, Tensor]) -> Check:
             hidden = model.decode(batch, hidden, mask)
             stacks += " and decoder"
     bad = int((~torch.isfinite(hidden)).sum())
-    if model.pair is not None:  # a dual model: stream 1 over its own seeded batch, both pooled
-        view = next(v for v, emb, _ in tp.streams(model_cfg) if emb == "pair.embedding")
+    if model.stream_plan is not None:  # two streams: the second over its own seeded batch, both pooled
+        view = tp.streams(model_cfg)[1][0]
         batch = dataclasses.replace(batch, pair=_sample_batch(view, pad=0)[0])
         with torch.no_grad():
             pooled = model.encode_pair(batch)
@@ -1015,7 +1016,7 @@ def clip_sample(model_cfg: Any, hf_config: dict[str, Any], batch: int = 3) -> tu
     padding = torch.arange(seq)[None, :] >= torch.tensor(lengths)[:, None]
     tokens[torch.arange(batch), torch.tensor(lengths) - 1] = end
     tokens[padding] = pad
-    parts = {p.type: p for p in model_cfg.encoder.stream_1_embedding(model_cfg).parts}
+    parts = {p.type: p for p in stream_embedding(model_cfg, stream_names(model_cfg)[1]).parts}
     patch = parts["patch"]
     pixels = torch.randn(batch, patch.channels, *patch.image_size, generator=g)
     out = Batch(tokens=tokens, padding_mask=padding, pair=Batch(pixels=pixels))
@@ -1023,13 +1024,14 @@ def clip_sample(model_cfg: Any, hf_config: dict[str, Any], batch: int = 3) -> tu
 
 
 def _verify_clip(hf: Any, ours: Any, model_cfg: Any, hf_config: dict[str, Any]) -> list[Check]:
-    """CLIPModel against the pentad dual model: the embeddings and every layer of both towers, each
+    """CLIPModel against the pentad two-stream model: the embeddings and every layer of both towers, each
     tower's pooled output (after its final norm), the normalised projected features and the logits."""
     batch, inputs = clip_sample(model_cfg, hf_config)
     text_states: list[Tensor] = []
     image_states: list[Tensor] = []
     hooks = _capture(ours.embedding, ours.encoder.layers, text_states)
-    hooks += _capture(ours.pair.embedding, ours.pair.encoder.layers, image_states)
+    image_embedding, image_encoder = ours.stream_slots(1)
+    hooks += _capture(image_embedding, image_encoder.layers, image_states)
     try:
         with torch.no_grad():
             reference = hf(**inputs, output_hidden_states=True)

@@ -24,10 +24,10 @@ TencentPretrain                                                 pentad
 ``embedding.word_patch.language_embedding.embedding.weight``     ``embedding.word_patch.word.weight``
 ``embedding.word_patch.vision_embedding.projection.weight`` /    ``embedding.word_patch.patch.proj.weight`` / ``cls``
 ``cls_emb`` (ViLT: the caption's words, then ViT's patches)
-``embedding.dual.embedding_0`` / ``_1`` ``.*`` (CLIP: the names   ``embedding.*`` / ``pair.embedding.*``
-above under each stream)
-``embedding.dual.stream_0_layer_norm`` / ``stream_1_...``         ``embedding.second_norm`` / ``pair.embedding...``
-``encoder.encoder_0`` / ``_1`` ``.transformer.N``, ``.layer_norm``    ``encoder.*`` / ``pair.encoder.*``
+``embedding.dual.embedding_0`` / ``_1`` ``.*`` (CLIP: the names   ``embedding.*`` / ``streams.S.embedding.*``
+above under each stream; S: the second stream's name)
+``embedding.dual.stream_0_layer_norm`` / ``stream_1_...``         ``embedding.second_norm`` / ``streams.S.embedding...``
+``encoder.encoder_0`` / ``_1`` ``.transformer.N``, ``.layer_norm``    ``encoder.*`` / ``streams.S.encoder.*``
 ``target.clr.logit_scale``, ``encoder_0_projection`` [H, F]      ``targets.clr.logit_scale``, ``projection_0`` [F, H]
 ``tgt_embedding.*`` (the same names)                            ``target_embedding.*``
 ``encoder.linear`` (``factorized_embedding_parameterization``)  ``embedding.project``
@@ -103,6 +103,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from pentad.config.streams import shares, stream_embedding, stream_encoder, stream_names, stream_sizes
 from pentad.errors import UserError
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand, to_foreign
 
@@ -347,7 +348,7 @@ def rules(model: Any, layout: Layout | bool | None = None) -> list[Rule]:
             raise UserError(f"cannot map this model to TencentPretrain's layout: {path}.qkv_bias is {qkv_bias} with "
                             f"bias {stack.bias}, and TencentPretrain has one bias switch for every projection "
                             "(remove_transformer_bias); export it to Hugging Face instead.")
-    if model.encoder.type == "dual":
+    if model.streams:
         return _dual_rules(model, layout)
     hidden = model.hidden_size
     out = _embedding_specs(model.embedding, "embedding", "embedding", False, problems)
@@ -450,14 +451,16 @@ def _transformer_rules(model: Any, layout: Layout, problems: list[str], ours: st
 
 def streams(model: Any) -> list[tuple[Any, str, str]]:
     """(one-stream model config, pentad embedding prefix, pentad encoder prefix) of each stream of a
-    dual model: stream 0 is the model's own slots, stream 1 ``pair.*`` with its own sizes."""
-    dual = model.encoder
-    sizes = dual.stream_1_sizes(model)
-    one = model.model_copy(update={"encoder": dual.stream_1_encoder(), "embedding": dual.stream_1_embedding(model),
+    model with ``model.streams``: the first is the model's own slots, the second ``streams.<name>.*``
+    with its own sizes."""
+    name = stream_names(model)[1]
+    sizes = stream_sizes(model, name)
+    one = model.model_copy(update={"encoder": stream_encoder(model, name), "embedding": stream_embedding(model, name),
                                    "hidden_size": sizes.hidden_size, "embedding_size": sizes.embedding_size,
-                                   "vocab_size": sizes.vocab_size, "max_seq_length": sizes.max_seq_length})
-    return [(model.model_copy(update={"encoder": dual.stream_0.encoder}), "embedding", "encoder"),
-            (one, "pair.embedding", "pair.encoder")]
+                                   "vocab_size": sizes.vocab_size, "max_seq_length": sizes.max_seq_length,
+                                   "streams": None})
+    return [(model.model_copy(update={"streams": None}), "embedding", "encoder"),
+            (one, f"streams.{name}.embedding", f"streams.{name}.encoder")]
 
 
 def _dual_rules(model: Any, layout: Layout) -> list[Rule]:
@@ -466,10 +469,10 @@ def _dual_rules(model: Any, layout: Layout) -> list[Rule]:
     its encoder under ``encoder.encoder_i``, and the clr target's logit scale and projections (stored
     [hidden, feature] by TencentPretrain, a Linear's [feature, hidden] in pentad)."""
     problems: list[str] = []
-    if model.encoder.tie:
-        problems.append("a dual model with tied streams: TencentPretrain's tied DualEmbedding still has a second "
-                        "LayerNorm of its own per stream (stream_0_layer_norm, stream_1_layer_norm), which pentad's "
-                        "tied streams cannot hold")
+    if shares(model):
+        problems.append("a model whose second stream shares the first's modules: TencentPretrain's tied "
+                        "DualEmbedding still has a second LayerNorm of its own per stream (stream_0_layer_norm, "
+                        "stream_1_layer_norm), which pentad's shared streams cannot hold")
     out: list[Rule] = []
     for i, (view, emb, enc) in enumerate(streams(model)):
         if view.encoder.type != "transformer":
@@ -721,7 +724,7 @@ def _dual_plan(raw: dict[str, Any], state: dict[str, Tensor], label: str
     notes: list[str] = []
     out, _ = import_config(raw, [] if word is None else [f"vocab_size={int(word.shape[0])}"], label, notes)
     model = out["model"]
-    slots = [model["embedding"], model["encoder"]["stream_1"].get("embedding")]
+    slots = [model["embedding"], list(model["streams"].values())[1].get("embedding")]
     doubled = []
     for i, slot in enumerate(slots):
         if slot is not None and f"{DUAL_PREFIX}stream_{i}_layer_norm.gamma" in state:
@@ -852,7 +855,7 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
     hidden = model.hidden_size
     parts = [p.type for p in model.embedding.parts]
     config: dict[str, Any] = dict(base or {})
-    if enc.type == "dual":
+    if model.streams:
         return _dual_config(model, config, label)
     _norm_kinds(model, problems, notes)
     if enc.type in RECURRENT or enc.type == "gatedcnn":
@@ -1002,7 +1005,7 @@ def _dual_config(model: Any, config: dict[str, Any], label: str) -> tuple[dict[s
     image keys and the clr options at the top level."""
     problems: list[str] = []
     notes: list[str] = []
-    poolings = model.encoder.pooling
+    poolings = [stream.pooling for stream in model.streams.values()]
     kinds = []
     for i, (view, _, _) in enumerate(streams(model)):
         one = view.model_copy(update={"targets": [], "decoder": None, "target_embedding": None,
@@ -1028,6 +1031,9 @@ def _dual_config(model: Any, config: dict[str, Any], label: str) -> tuple[dict[s
         problems.append(f"targets {[t.type for t in model.targets]}: TencentPretrain's dual-stream pre-training has "
                         "the clr target alone")
     else:
+        if clr[0].streams not in (None, list(model.streams)):
+            problems.append(f"a clr target reading streams {clr[0].streams}; TencentPretrain's compares stream_0 "
+                            "with stream_1")
         if not clr[0].symmetric:
             problems.append("a clr target with symmetric: false; TencentPretrain's averages both directions")
         config.update({"projection": bool(clr[0].projection), "target": ["clr"]})

@@ -165,11 +165,9 @@ class Embedder:
 
 
 def run_pooling(cfg: Any) -> PoolingKind:
-    """How a run pools its sentences: a two-stream run's stream 0 pooling, else ``mean``."""
-    encoder = cfg.model.encoder
-    if getattr(encoder, "type", None) == "dual":
-        return encoder.stream_0.pooling
-    return "mean"
+    """How a run pools its sentences: a two-stream run's first stream's pooling, else ``mean``."""
+    streams = getattr(cfg.model, "streams", None)
+    return next(iter(streams.values())).pooling if streams else "mean"
 
 
 @dataclass

@@ -24,6 +24,7 @@ import torch
 from pydantic import Field
 
 from pentad.components.base import Batch
+from pentad.config.streams import shares, stream_embedding, stream_names
 from pentad.data.images import NORMALISE, AugmentConfig, augment, load_images, to_pixels
 from pentad.data.tsv import LabelMap, read_path_tsv
 from pentad.errors import UserError
@@ -57,16 +58,19 @@ class ZeroShotTaskConfig(TaskConfig):
 
 def _streams(run_cfg: Any, task: str) -> tuple[tuple[int, int], int]:
     """(image size, channels) of the image stream of a two-tower model; UserError for any other model."""
-    encoder = run_cfg.model.encoder
-    if encoder.type != "dual" or encoder.tie:
-        raise UserError(f"task {task} compares a text stream with an image stream, but model.encoder is "
-                        f"'{encoder.type}'{' (tied)' if encoder.type == 'dual' else ''}: use a two-tower model "
-                        "(model.encoder.type: dual, tie: false; e.g. --config clip/base-32)")
-    parts = encoder.stream_1.embedding.parts if encoder.stream_1.embedding is not None else []
+    model = run_cfg.model
+    names = stream_names(model)
+    if not names or shares(model):
+        raise UserError(f"task {task} compares a text stream with an image stream, but the model has "
+                        + ("one stream" if not names else f"two streams ({', '.join(names)}) through one tower")
+                        + ": use a two-tower model (model.streams, the second with an embedding of its own; e.g. "
+                        "--config clip/base-32; docs/streams.md)")
+    parts = stream_embedding(model, names[1]).parts
     patch = next((p for p in parts if p.type == "patch"), None)
-    if patch is None or not any(p.type == "word" for p in run_cfg.model.embedding.parts):
-        raise UserError(f"task {task} reads texts in stream 0 (model.embedding needs a 'word' part) and images in "
-                        "stream 1 (model.encoder.stream_1.embedding needs a 'patch' part)")
+    if patch is None or not any(p.type == "word" for p in model.embedding.parts):
+        raise UserError(f"task {task} reads texts in the first stream ('{names[0]}': model.embedding needs a 'word' "
+                        f"part) and images in the second ('{names[1]}': model.streams.{names[1]}.embedding needs a "
+                        "'patch' part)")
     return (patch.image_size[0], patch.image_size[1]), patch.channels
 
 

@@ -36,6 +36,7 @@ import torch
 from pydantic import Field
 
 from pentad.components.base import Batch
+from pentad.config.streams import from_dual_encoder
 from pentad.data.shards import Instances
 from pentad.errors import UserError
 from pentad.layers.pooling import PoolingKind
@@ -175,16 +176,13 @@ class SimcseTask(Task):
         return [{"type": "clr", "name": self.head, "temperature": self.cfg.temperature, "symmetric": False}]
 
     def model_config(self, model: dict[str, Any]) -> dict[str, Any]:
-        """A tied dual model over the configured encoder, pooling by ``task.pooling`` (a dual model
-        is kept as it is, with both streams pooling by ``task.pooling``)."""
-        model = dict(model)
-        encoder = dict(model["encoder"])
-        if encoder.get("type") == "dual":
-            encoder["stream_0"] = {**encoder["stream_0"], "pooling": self.cfg.pooling}
-            encoder["stream_1"] = {**encoder.get("stream_1", {}), "pooling": None}
-        else:
-            encoder = {"type": "dual", "tie": True, "stream_0": {"encoder": encoder, "pooling": self.cfg.pooling}}
-        model["encoder"] = encoder
+        """Two streams through the configured embedding and encoder (the second shares the first's
+        modules), pooling by ``task.pooling``; a two-stream model keeps its streams, both pooling by
+        ``task.pooling`` (docs/streams.md)."""
+        model = from_dual_encoder(dict(model))
+        streams = model.get("streams") or {"text_a": {}, "text_b": {"share": "text_a"}}
+        model["streams"] = {name: {**dict(stream or {}), "pooling": self.cfg.pooling}
+                            for name, stream in streams.items()}
         return model
 
     # ---------------------------------------------------------------- data

@@ -32,6 +32,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from pentad.config.streams import legacy_key
 from pentad.errors import UserError, writing
 from pentad.model import Model
 from pentad.training import lora
@@ -228,9 +229,15 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str
     adapted tables).
     """
     adapted_notes: list[str] = []
+    plan = getattr(model, "stream_plan", None)
+    if plan is not None and any(key.startswith("pair.") for key in tensors):
+        # A checkpoint of the former dual layout: its second stream under pair.*.
+        tensors = {legacy_key(key, plan.second): value for key, value in tensors.items()}
+        adapted_notes.append(f"pair.embedding.* / pair.encoder.* (the former dual layout) read as "
+                             f"streams.{plan.second}.*")
     if adapt and isinstance(model, Model):
         tensors = dict(tensors)
-        adapted_notes = model.adapt_checkpoint(tensors)
+        adapted_notes += model.adapt_checkpoint(tensors)
     aliases = {head for head, _ in getattr(model, "tied", [])}
     own = {k: v for k, v in model.state_dict().items() if k not in aliases}
     adapted = getattr(model, "lora", None)  # a LoRA model: its frozen base weights may be left out

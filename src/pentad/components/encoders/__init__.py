@@ -1,3 +1,3 @@
 """Encoders: ``forward(hidden, padding_mask, prefix_lengths) -> hidden``."""
 
-from pentad.components.encoders import cnn, dual, rnn, transformer  # noqa: F401
+from pentad.components.encoders import cnn, rnn, transformer  # noqa: F401

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from pentad.components.base import Batch, PooledPair, Target, TargetOutput
 from pentad.components.targets.common import TargetConfigBase
-from pentad.components.targets.pair_cls import _widths
+from pentad.config.streams import pair_widths
 from pentad.layers.soft_labels import SoftLoss
 from pentad.registry import TARGETS
 
@@ -56,7 +56,7 @@ class ClrTargetConfig(TargetConfigBase):
 
     def check(self, model) -> list[tuple[str, str]]:
         problems = []
-        widths = _widths(model)
+        widths = pair_widths(model, self)
         if not self.projection and widths[0] != widths[1]:
             problems.append(("projection", f"the streams are {widths[0]} and {widths[1]} wide, so they can only "
                                            "be compared after projection: set projection: true (and feature_size)"))
@@ -99,7 +99,7 @@ class ClrTarget(Target):
 
     @classmethod
     def from_config(cls, cfg: ClrTargetConfig, model) -> ClrTarget:
-        return cls(cfg.target_name, _widths(model), cfg.projection, cfg.feature_size, cfg.temperature,
+        return cls(cfg.target_name, pair_widths(model, cfg), cfg.projection, cfg.feature_size, cfg.temperature,
                    cfg.init_temperature, cfg.max_logit_scale, cfg.symmetric, cfg.gather)
 
     def required_fields(self, training: bool = True) -> tuple[str, ...]:

@@ -15,6 +15,8 @@ class TargetConfigBase(StrictModel):
     (``targets.<name>.*``); it defaults to the target's type."""
 
     name: str | None = Field(None, description="key in batch.labels and parameter prefix; default: type")
+    streams: list[str] | None = Field(None, description="the model.streams this target reads: a pair target two "
+                                      "(default: both, first to second), another the first (docs/streams.md)")
 
     @property
     def target_name(self) -> str:

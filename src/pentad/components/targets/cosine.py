@@ -12,7 +12,7 @@ from torch import Tensor
 
 from pentad.components.base import Batch, PooledPair, Target, TargetOutput
 from pentad.components.targets.common import TargetConfigBase
-from pentad.components.targets.pair_cls import _widths
+from pentad.config.streams import pair_widths
 from pentad.layers.soft_labels import SoftLoss
 from pentad.registry import TARGETS
 
@@ -23,7 +23,7 @@ class CosineTargetConfig(TargetConfigBase):
                          "they compare with cosines in [-1, 1]")
 
     def check(self, model) -> list[tuple[str, str]]:
-        widths = _widths(model)
+        widths = pair_widths(model, self)
         if widths[0] != widths[1]:
             return [("type", f"cosine compares vectors of one width; the streams are {widths[0]} and "
                              f"{widths[1]} wide")]

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from pentad.components.base import Batch, PooledPair, Target, TargetOutput
 from pentad.components.targets.common import TargetConfigBase, classification_loss
+from pentad.config.streams import pair_widths
 from pentad.registry import TARGETS
 
 PairFeature = Literal["u", "v", "abs_diff", "product"]
@@ -38,17 +39,11 @@ class PairClsTargetConfig(TargetConfigBase):
                                            "from its training data; set it yourself to build the head alone)"))
         if len(set(self.features)) != len(self.features):
             problems.append(("features", f"a feature appears twice in {self.features}"))
-        widths = _widths(model)
+        widths = pair_widths(model, self)
         if widths[0] != widths[1] and {"abs_diff", "product"} & set(self.features):
             problems.append(("features", f"abs_diff and product need streams of one width; the streams are "
                                          f"{widths[0]} and {widths[1]} wide"))
         return problems
-
-
-def _widths(model) -> tuple[int, int]:
-    """(H0, H1) of a dual model config; (H, H) for any other (the builder reports that mismatch)."""
-    widths = getattr(model.encoder, "widths", None)
-    return widths(model) if widths is not None else (model.hidden_size, model.hidden_size)
 
 
 @TARGETS.register("pair_cls")
@@ -73,7 +68,7 @@ class PairClsTarget(Target):
 
     @classmethod
     def from_config(cls, cfg: PairClsTargetConfig, model) -> PairClsTarget:
-        return cls(cfg.target_name, _widths(model), cfg.num_labels or 2, tuple(cfg.features), cfg.mlp_size,
+        return cls(cfg.target_name, pair_widths(model, cfg), cfg.num_labels or 2, tuple(cfg.features), cfg.mlp_size,
                    cfg.dropout)
 
     def pair_features(self, pooled: PooledPair) -> Tensor:

@@ -1,6 +1,6 @@
 """CLIP (``model_type: clip``, ``CLIPModel``): key map and config translation, both ways.
 
-A CLIPModel is pentad's two-stream ``dual`` model (see ``docs/dual.md``) with a ``clr`` head:
+A CLIPModel is a pentad model with two streams, text and image (see ``docs/streams.md``), with a ``clr`` head:
 
 ==============================================  ===========================================================
 Hugging Face                                    pentad
@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pentad.config.streams import shares, stream_embedding, stream_encoder, stream_names, stream_sizes
 from pentad.errors import UserError
 from pentad.interop.hf import (
     ExportPlan,
@@ -61,11 +62,11 @@ TEXT: list[RuleSpec] = [
     ((), ("text_model.embeddings.position_ids?",), "ignore"),
 ]
 VISION: list[RuleSpec] = [
-    ("pair.embedding.patch.cls", "vision_model.embeddings.class_embedding"),
-    ("pair.embedding.patch.proj.weight", "vision_model.embeddings.patch_embedding.weight"),
-    ("pair.embedding.pos.weight", "vision_model.embeddings.position_embedding.weight"),
-    ("pair.embedding.norm.{wb}", "vision_model.pre_layrnorm.{wb}"),
-    ("pair.encoder.final_norm.{wb}", "vision_model.post_layernorm.{wb}"),
+    ("{image}embedding.patch.cls", "vision_model.embeddings.class_embedding"),
+    ("{image}embedding.patch.proj.weight", "vision_model.embeddings.patch_embedding.weight"),
+    ("{image}embedding.pos.weight", "vision_model.embeddings.position_embedding.weight"),
+    ("{image}embedding.norm.{wb}", "vision_model.pre_layrnorm.{wb}"),
+    ("{image}encoder.final_norm.{wb}", "vision_model.post_layernorm.{wb}"),
     ((), ("vision_model.embeddings.position_ids?",), "ignore"),
 ]
 HEAD: list[RuleSpec] = [
@@ -123,11 +124,13 @@ class CLIPFamily(HFFamily):
         value = (config.get("text_config") or {}).get("pad_token_id", TEXT_DEFAULTS["pad_token_id"])
         return int(value) if isinstance(value, int) else 1
 
-    def rules(self, *, text_layers: int, vision_layers: int, clr: str) -> list[Rule]:
+    def rules(self, *, text_layers: int, vision_layers: int, clr: str, image: str = "image") -> list[Rule]:
+        """``image``: the name of the image stream (its parameters are ``streams.<image>.*``)."""
+        prefix = f"streams.{image}."
         return (expand(TEXT + HEAD, wb=WB, clr=clr)
                 + expand(_LAYER, ours="", theirs="text_model.", layer=range(text_layers), wb=WB)
-                + expand(VISION, wb=WB)
-                + expand(_LAYER, ours="pair.", theirs="vision_model.", layer=range(vision_layers), wb=WB))
+                + expand(VISION, wb=WB, image=prefix)
+                + expand(_LAYER, ours=prefix, theirs="vision_model.", layer=range(vision_layers), wb=WB))
 
     # -- import -----------------------------------------------------------------------------------
     def plan_import(self, config: dict[str, Any], keys: dict[str, tuple[int, ...]], label: str,
@@ -162,10 +165,10 @@ class CLIPFamily(HFFamily):
             "hidden_size": text_hidden, "vocab_size": int(text["vocab_size"]), "max_seq_length": positions,
             "tie_word_embeddings": False, "init_std": float(text["initializer_range"]),
             "embedding": {"parts": ["word", {"type": "pos"}], "norm": False, "dropout": 0.0},
-            "encoder": {"type": "dual", "tie": False,
-                        "stream_0": {"encoder": text_stack, "pooling": "last"},
-                        "stream_1": {"hidden_size": vision_hidden, "max_seq_length": (image // patch) ** 2 + 1,
-                                     "embedding": vision_embedding, "encoder": vision_stack, "pooling": "first"}},
+            "encoder": text_stack,
+            "streams": {"text": {"pooling": "last"},
+                        "image": {"hidden_size": vision_hidden, "max_seq_length": (image // patch) ** 2 + 1,
+                                  "embedding": vision_embedding, "encoder": vision_stack, "pooling": "first"}},
             "targets": [{"type": "clr", "projection": True, "feature_size": projection,
                          "init_temperature": math.exp(-init), "max_logit_scale": 100.0}],
         }
@@ -181,14 +184,15 @@ class CLIPFamily(HFFamily):
                     labels: list[str] | None) -> ExportPlan:
         problems: list[str] = []
         notes: list[str] = []
-        dual = model.encoder
-        if getattr(dual, "type", None) != "dual" or dual.tie:
-            raise UserError(f"cannot export {label} as clip: CLIP is a two-tower model (model.encoder type dual with "
-                            f"tie: false); found {getattr(dual, 'type', None)}"
-                            + (" with tie: true" if getattr(dual, "type", None) == "dual" else "") + ".")
-        text_stack, vision_stack = dual.stream_0.encoder, dual.stream_1_encoder()
-        sizes = dual.stream_1_sizes(model)
-        vision_embedding = dual.stream_1_embedding(model)
+        names = stream_names(model)
+        if not names or shares(model):
+            raise UserError(f"cannot export {label} as clip: CLIP is a two-tower model (model.streams, the second "
+                            "stream with modules of its own); found "
+                            + ("one stream" if not names else "a second stream sharing the first's modules") + ".")
+        first, image = names
+        text_stack, vision_stack = model.encoder, stream_encoder(model, image)
+        sizes = stream_sizes(model, image)
+        vision_embedding = stream_embedding(model, image)
         vision_hidden = int(sizes.hidden_size)
         text_parts = [p.type for p in model.embedding.parts]
         if text_parts != ["word", "pos"] or model.embedding.norm:
@@ -200,7 +204,7 @@ class CLIPFamily(HFFamily):
             problems.append("CLIP's text tower has no factorised embedding and no decoder")
         parts = {p.type: p for p in vision_embedding.parts}
         if [p.type for p in vision_embedding.parts] != ["patch", "pos"]:
-            problems.append(f"model.encoder.stream_1.embedding.parts is {[p.type for p in vision_embedding.parts]}; "
+            problems.append(f"model.streams.{image}.embedding.parts is {[p.type for p in vision_embedding.parts]}; "
                             "CLIP's image embedding is patch then pos")
         else:
             patch = parts["patch"]
@@ -212,10 +216,10 @@ class CLIPFamily(HFFamily):
                 problems.append(f"the image pos table has {parts['pos'].max_positions or sizes.max_seq_length} rows; "
                                 f"CLIP has one per CLS and patch ({patch.length})")
         if not vision_embedding.norm:
-            problems.append("model.encoder.stream_1.embedding.norm is off; CLIP normalises the image embedding "
+            problems.append(f"model.streams.{image}.embedding.norm is off; CLIP normalises the image embedding "
                             "(pre_layrnorm)")
-        for path, stack, mask, width in (("model.encoder.stream_0.encoder", text_stack, "causal", model.hidden_size),
-                                         ("model.encoder.stream_1.encoder", vision_stack, "bidirectional",
+        for path, stack, mask, width in (("model.encoder", text_stack, "causal", model.hidden_size),
+                                         (f"model.streams.{image}.encoder", vision_stack, "bidirectional",
                                           vision_hidden)):
             final_norm = stack.final_norm if stack.final_norm is not None else stack.norm_position == "pre"
             if stack.type != "transformer" or stack.norm_position != "pre" or not final_norm or stack.mask != mask \
@@ -225,8 +229,9 @@ class CLIPFamily(HFFamily):
                 problems += stack_problems(stack, path, "clip", width)
                 if activation_name(None, stack.activation) is None:
                     problems.append(f"{path}.activation '{stack.activation}' has no HF name")
-        if dual.pooling != ("last", "first"):
-            problems.append(f"the streams pool {dual.pooling}; CLIP pools the text's end token (last) and the "
+        pooling = (model.streams[first].pooling, model.streams[image].pooling)
+        if pooling != ("last", "first"):
+            problems.append(f"the streams pool {pooling}; CLIP pools the text's end token (last) and the "
                             "image's CLS (first)")
         if vision_embedding.norm and vision_embedding.layer_norm_eps != vision_stack.layer_norm_eps:
             problems.append("the image embedding norm's eps differs from the image layers' (CLIP has one)")
@@ -234,6 +239,8 @@ class CLIPFamily(HFFamily):
         target = targets[0] if len(targets) == 1 and targets[0].type == "clr" else None
         if target is None:
             problems.append(f"targets {[t.type for t in targets]}: CLIP has exactly one clr head")
+        elif target.streams not in (None, list(names)):
+            problems.append(f"the clr head reads streams {target.streams}; CLIP compares text with image")
         elif not target.projection or target.temperature is not None:
             problems.append("the clr head must project both streams (projection: true) and learn its logit scale "
                             "(no fixed temperature), as CLIPModel does")
@@ -288,7 +295,7 @@ class CLIPFamily(HFFamily):
             notes.append(f"max_logit_scale {target.max_logit_scale:g}: Hugging Face's CLIPModel does not cap the "
                          "logit scale in its forward")
         rules = self.rules(text_layers=text_stack.num_layers, vision_layers=vision_stack.num_layers,
-                           clr=target.target_name)
+                           clr=target.target_name, image=image)
         return ExportPlan(config, rules, "CLIPModel", set(), notes)
 
 

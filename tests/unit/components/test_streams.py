@@ -1,6 +1,7 @@
-"""Two-stream (dual) models: tying, pooling, padding, the pair targets (clr against a hand-computed
-InfoNCE, pair_cls, cosine), one embedding norm per stream (TencentPretrain's double LayerNorm is
-absent), and config errors that name the nested key."""
+"""Two-stream models (``model.streams``): shared or own modules, pooling, padding, which streams each
+target reads, the pair targets (clr against a hand-computed InfoNCE, pair_cls, cosine), one embedding
+norm per stream (TencentPretrain's double LayerNorm is absent), config errors that name the nested
+key, and the former ``dual`` encoder's configs and checkpoints."""
 
 from __future__ import annotations
 
@@ -35,13 +36,27 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def dual_dict(tie: bool = True, inner: dict | None = None, pooling: str = "mean", targets=None, **stream_1) -> dict:
+def dual_dict(tie: bool = True, inner: dict | None = None, pooling: str = "mean", targets=None, **second) -> dict:
+    """Streams ``a`` (the model's slots) and ``b`` (shared with ``a`` when ``tie``, else its own, from
+    ``second``); both pool by ``pooling`` unless ``second`` says otherwise."""
     return {
         "hidden_size": H, "vocab_size": V, "max_seq_length": 24,
         "embedding": {"parts": ["word", "pos", "seg"], "dropout": 0.0},
-        "encoder": {"type": "dual", "tie": tie, "stream_0": {"encoder": dict(inner or TRANSFORMER), "pooling": pooling},
-                    "stream_1": stream_1},
+        "encoder": dict(inner or TRANSFORMER),
+        "streams": {"a": {"pooling": pooling},
+                    "b": {"pooling": pooling, **({"share": "a"} if tie else {}), **second}},
         "targets": targets or [{"type": "pair_cls", "num_labels": 3, "dropout": 0.0}],
+    }
+
+
+def legacy_dict(tie: bool = True, pooling: str = "mean", **stream_1) -> dict:
+    """The same model in the former layout: an encoder of type dual."""
+    return {
+        "hidden_size": H, "vocab_size": V, "max_seq_length": 24,
+        "embedding": {"parts": ["word", "pos", "seg"], "dropout": 0.0},
+        "encoder": {"type": "dual", "tie": tie, "stream_0": {"encoder": dict(TRANSFORMER), "pooling": pooling},
+                    "stream_1": stream_1},
+        "targets": [{"type": "pair_cls", "num_labels": 3, "dropout": 0.0}],
     }
 
 
@@ -78,16 +93,18 @@ def test_tied_streams_share_everything_and_keep_one_stream_names():
     tied = build(dual_dict(tie=True))
     untied = build(dual_dict(tie=False))
     one_stream = build_model(model_config_class().model_validate(
-        {**dual_dict(), "encoder": TRANSFORMER, "targets": [{"type": "cls", "num_labels": 3}]}), device="meta")
+        {**dual_dict(), "streams": None, "targets": [{"type": "cls", "num_labels": 3}]}), device="meta")
     body = {k for k in one_stream.state_dict() if not k.startswith("targets.")}
     assert {k for k in tied.state_dict() if not k.startswith("targets.")} == body  # BERT loads into SBERT
-    stream_1 = sum(p.numel() for p in untied.pair.parameters())
+    assert tied.streams is None and set(untied.streams) == {"b"}
+    stream_1 = sum(p.numel() for p in untied.streams.parameters())
     assert stream_1 == sum(p.numel() for p in untied.embedding.parameters()) + \
         sum(p.numel() for p in untied.encoder.parameters())
     assert count_parameters(untied) == count_parameters(tied) + stream_1
-    own = {id(p) for p in untied.pair.parameters()}
-    assert not own & {id(p) for n, p in untied.named_parameters() if not n.startswith("pair.")}
-    assert "tied" in summarize(tied) and "stream 1 embedding word+pos+seg" in summarize(untied)
+    own = {id(p) for p in untied.streams.parameters()}
+    assert not own & {id(p) for n, p in untied.named_parameters() if not n.startswith("streams.b.")}
+    assert "b (Batch.pair) through a's modules" in summarize(tied)
+    assert "b (Batch.pair): embedding word+pos+seg" in summarize(untied) and "pair_cls reads a, b" in summarize(tied)
 
 
 def test_untied_streams_train_separately():
@@ -95,7 +112,7 @@ def test_untied_streams_train_separately():
     out = model(pair_batch())
     out["pair_cls"].loss.backward()
     assert all(p.grad is not None for p in model.parameters())
-    assert not torch.equal(model.embedding.word.weight.grad, model.pair.embedding.word.weight.grad)
+    assert not torch.equal(model.embedding.word.weight.grad, model.streams["b"].embedding.word.weight.grad)
 
 
 # ----------------------------------------------------------------------------- pooling and padding
@@ -107,7 +124,8 @@ def test_each_stream_is_pooled_over_its_real_tokens(kind, tie):
     pooled = model.encode_pair(batch)
     hidden, mask = model.encode(batch)
     assert torch.allclose(pooled.first, pool(hidden, mask, kind), atol=1e-5)
-    emb, enc = (model.embedding, model.encoder) if tie else (model.pair.embedding, model.pair.encoder)
+    emb, enc = (model.embedding, model.encoder) if tie else (model.streams["b"].embedding, model.streams["b"].encoder)
+    assert (emb, enc) == model.stream_slots("b") == model.stream_slots(1)
     from pentad.components.stream import run_stream
 
     hidden_1, mask_1 = run_stream(emb, enc, batch.pair)
@@ -115,10 +133,9 @@ def test_each_stream_is_pooled_over_its_real_tokens(kind, tie):
 
 
 def test_stream_poolings_may_differ():
-    d = dual_dict(pooling="first")
-    d["encoder"]["stream_1"] = {"pooling": "max"}
-    model = build(d)
-    assert (model.pair.pooling_0, model.pair.pooling_1) == ("first", "max")
+    model = build(dual_dict(pooling="first") | {"streams": {"a": {"pooling": "first"},
+                                                            "b": {"share": "a", "pooling": "max"}}})
+    assert model.stream_plan.pooling == {"a": "first", "b": "max"}
     batch = pair_batch()
     pooled, (hidden, mask) = model.encode_pair(batch), model.encode(batch)
     assert torch.allclose(pooled.first, hidden[:, 0], atol=1e-5)
@@ -169,12 +186,12 @@ def test_one_embedding_norm_per_stream():
     encoder sees exactly its embedding slot's output."""
     model = build(dual_dict(tie=False))
     norms = [n for n, m in model.named_modules() if isinstance(m, nn.LayerNorm) and ".layers." not in n]
-    assert norms == ["embedding.norm", "pair.embedding.norm"]
+    assert norms == ["embedding.norm", "streams.b.embedding.norm"]
     with torch.no_grad():
-        model.pair.embedding.norm.weight.fill_(3.0)
-        model.pair.embedding.norm.bias.fill_(0.5)
+        model.streams["b"].embedding.norm.weight.fill_(3.0)
+        model.streams["b"].embedding.norm.bias.fill_(0.5)
     seen = []
-    handle = model.pair.encoder.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    handle = model.streams["b"].encoder.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
     batch = pair_batch()
     model.encode_pair(batch)
     handle.remove()
@@ -197,7 +214,7 @@ def test_second_norm_normalises_twice():
     hidden = model.embedding(batch).hidden
     parts = model.embedding.word(batch) + model.embedding.pos(batch, 7) + model.embedding.seg(batch, 7)
     torch.testing.assert_close(hidden, model.embedding.second_norm(model.embedding.norm(parts)))
-    assert "pair.embedding.second_norm.weight" in model.state_dict()  # stream 1 defaults to the same slot config
+    assert "streams.b.embedding.second_norm.weight" in model.state_dict()  # b defaults to the same slot config
     d["embedding"]["norm"] = False
     with pytest.raises(Exception, match="second_norm is true but norm is false"):
         model_config_class().model_validate(d)
@@ -292,49 +309,128 @@ def problems_of(raw_model: dict, build_it: bool = False) -> str:
 def test_nested_config_errors_name_the_nested_key():
     text = problems_of(dual_dict(tie=False, encoder={**TRANSFORMER, "num_layers": 0, "num_layer": 2},
                                  embedding={"parts": ["word", "pso"]}))
-    assert "model.encoder.stream_1.encoder.num_layers: input should be greater than or equal to 1" in text
-    assert "model.encoder.stream_1.encoder.num_layer: unknown key" in text and "did you mean 'num_layers'" in text
-    assert "model.encoder.stream_1.embedding.parts.1.type: unknown embedding name" in text
-    bad_inner = dual_dict()
-    bad_inner["encoder"]["stream_0"]["encoder"]["type"] = "transfomer"
-    assert "model.encoder.stream_0.encoder.type: unknown encoder name" in problems_of(bad_inner)
-    assert "did you mean 'transformer'" in problems_of(bad_inner)
+    assert "model.streams.b.encoder.num_layers: input should be greater than or equal to 1" in text
+    assert "model.streams.b.encoder.num_layer: unknown key" in text and "did you mean 'num_layers'" in text
+    assert "model.streams.b.embedding.parts.1.type: unknown embedding name" in text
+    bad = dual_dict()
+    bad["streams"]["b"]["shares"] = "a"
+    assert "model.streams.b.shares: unknown key" in problems_of(bad) and "did you mean 'share'" in problems_of(bad)
 
 
 def test_cross_field_config_problems_name_the_nested_key():
     text = problems_of(dual_dict(tie=False, hidden_size=18, encoder={**TRANSFORMER, "num_heads": 4}), build_it=True)
-    assert "model.encoder.stream_1.encoder.num_heads: hidden_size 18 is not divisible by num_heads 4" in text
+    assert "model.streams.b.encoder.num_heads: hidden_size 18 is not divisible by num_heads 4" in text
     text = problems_of(dual_dict(tie=True, encoder=TRANSFORMER), build_it=True)
-    assert "model.encoder.stream_1.encoder: set, but tie is true" in text
-    nested = dual_dict()
-    nested["encoder"]["stream_0"]["encoder"] = {"type": "dual", "stream_0": {"encoder": TRANSFORMER}}
-    assert "model.encoder.stream_0.encoder.type: a stream of a dual encoder cannot itself be dual" in \
-        problems_of(nested, build_it=True)
-    assert "model.targets.0.type: 'mlm' reads token states" in problems_of(dual_dict(targets=["mlm"]), build_it=True)
-    one_stream = {**dual_dict(), "encoder": TRANSFORMER}
-    assert "model.targets.0.type: 'pair_cls' compares the two streams" in problems_of(one_stream, build_it=True)
+    assert "model.streams.b.encoder: set, but the stream shares 'a''s embedding and encoder" in text
+    first = dual_dict()
+    first["streams"]["a"]["encoder"] = TRANSFORMER
+    assert "model.streams.a.encoder: set on the first stream, which is the model's own" in \
+        problems_of(first, build_it=True)
+    wrong_share = dual_dict()
+    wrong_share["streams"]["b"]["share"] = "c"
+    assert "model.streams.b.share: 'c' is not the first stream" in problems_of(wrong_share, build_it=True)
+    three = dual_dict()
+    three["streams"]["c"] = {"share": "a"}
+    assert "model.streams: found 3 streams (a, b, c)" in problems_of(three, build_it=True)
+    assert "model.targets.0.streams: 'mlm' reads token states and labels of the batch's own input" in \
+        problems_of(dual_dict(targets=[{"type": "mlm", "streams": ["b"]}]), build_it=True)
+    unread = problems_of(dual_dict(targets=["mlm"]), build_it=True)
+    assert "model.streams.b: no target reads stream 'b'" in unread and "task.pair_input=separate" in unread
+    one_stream = {**dual_dict(), "streams": None}
+    assert "model.targets.0.type: 'pair_cls' compares two streams, but the model has one" in \
+        problems_of(one_stream, build_it=True)
+    assert "model.targets.0.streams: set, but the model has no streams section" in problems_of(
+        {**dual_dict(), "streams": None, "targets": [{"type": "mlm", "streams": ["a"]}]}, build_it=True)
+    assert "model.targets.0.streams: no stream named 'c'" in problems_of(
+        dual_dict(targets=[{"type": "clr", "streams": ["a", "c"]}]), build_it=True)
+    assert "model.targets.0.streams: 'clr' compares two different streams; found ['a', 'a']" in problems_of(
+        dual_dict(targets=[{"type": "clr", "streams": ["a", "a"]}, {"type": "clr", "name": "other"}]),
+        build_it=True)
     wide = dual_dict(tie=False, hidden_size=24, targets=["clr"])
     assert "model.targets.0.projection: the streams are 16 and 24 wide" in problems_of(wide, build_it=True)
+    assert "model.decoder: a model with streams has no decoder" in problems_of(
+        {**dual_dict(), "decoder": {"type": "transformer", "num_layers": 1, "num_heads": 2, "ffn_size": 8},
+         "target_embedding": {"parts": ["word"]}}, build_it=True)
+
+
+def test_targets_read_the_streams_they_name():
+    """A pair target compares its streams in the order it names them; a token target reads the first
+    stream's states beside it (e.g. a masked LM on the text of a contrastive pair)."""
+    model = build(dual_dict(tie=False, hidden_size=H, targets=[
+        {"type": "cosine", "name": "ab"}, {"type": "cosine", "name": "ba", "streams": ["b", "a"]},
+        {"type": "mlm"}]))
+    assert model.stream_plan.reads == {"ab": ("a", "b"), "ba": ("b", "a"), "mlm": ("a",)}
+    batch = pair_batch()
+    batch.labels = {"ab": torch.rand(4), "ba": torch.rand(4),
+                    "mlm": torch.where(batch.padding_mask, -100, batch.tokens)}
+    out = model(batch)
+    pooled = model.encode_pair(batch)
+    torch.testing.assert_close(out["ab"].logits[:, 0], F.cosine_similarity(pooled.first, pooled.second))
+    torch.testing.assert_close(out["ba"].logits, out["ab"].logits)  # cosine is symmetric
+    hidden, _ = model.encode(batch)
+    reference = model.targets["mlm"](hidden, batch)
+    torch.testing.assert_close(out["mlm"].loss, reference.loss)
+    # a shared tower stacks both inputs into one pass; the first stream's states keep its own length
+    shared = build(dual_dict(tie=True, targets=[{"type": "clr"}, {"type": "mlm"}]))
+    batch = pair_batch(s0=5, s1=9)
+    batch.labels = {"mlm": torch.where(batch.padding_mask, -100, batch.tokens)}
+    out = shared(batch)
+    torch.testing.assert_close(out["mlm"].loss, shared.targets["mlm"](shared.encode(batch)[0], batch).loss)
 
 
 def test_missing_pair_data_is_named():
     model = build(dual_dict())
-    with pytest.raises(UserError, match=r"stream 1 embedding part 'word' needs Batch.pair.tokens.*task.pair_input"):
+    with pytest.raises(UserError, match=r"stream 'b' embedding part 'word' needs Batch.pair.tokens.*"
+                                        r"task.pair_input"):
         from pentad.builder import check_requirements
 
         check_requirements(model, {"tokens", "segments", "padding_mask", "labels.pair_cls"})
 
 
-def test_dual_config_round_trips_and_has_a_schema():
+def test_streams_config_round_trips_and_has_a_schema():
     from pentad.config.run import run_config_class
 
     cls = model_config_class()
     cfg = cls.model_validate(dual_dict(tie=False, encoder=LSTM, hidden_size=24, embedding={"parts": ["word"]}))
     again = cls.model_validate(cfg.model_dump())
-    assert again == cfg and again.encoder.stream_1.encoder.type == "lstm"
+    assert again == cfg and again.streams["b"].encoder.type == "lstm" and list(again.streams) == ["a", "b"]
     assert cls.model_validate(cfg.model_dump(mode="json")) == cfg
     schema = run_config_class().model_json_schema()
-    assert "DualEncoderConfig" in str(schema)
+    assert "StreamConfig" in str(schema)
+
+
+# ----------------------------------------------------------------------------- the former dual encoder
+@pytest.mark.parametrize("tie", [True, False])
+def test_dual_encoder_configs_load_as_streams(tie, capsys):
+    from pentad.config import streams
+
+    streams._warned.clear()
+    second = {} if tie else {"hidden_size": 24, "encoder": {**TRANSFORMER, "num_heads": 4}}
+    legacy = model_config_class().model_validate(legacy_dict(tie=tie, pooling="first", **second))
+    assert "model.encoder type 'dual' (stream_0 / stream_1) is now model.streams (text_a, text_b)" in \
+        capsys.readouterr().err
+    expected = {"text_a": {"pooling": "first"}, "text_b": {"pooling": "first", **({"share": "text_a"} if tie else {}),
+                                                           **second}}
+    assert legacy == model_config_class().model_validate({**legacy_dict(), "encoder": TRANSFORMER,
+                                                          "streams": expected})
+    assert legacy.encoder.type == "transformer"
+    # a saved config is written in the new form
+    assert "'dual'" not in str(legacy.model_dump()) and legacy.model_dump()["streams"]["text_b"]["pooling"] == "first"
+    bad = legacy_dict(tie=True, hidden_size=24)
+    assert "model.streams.text_b.hidden_size: set, but the stream shares 'text_a''s" in problems_of(bad, build_it=True)
+
+
+def test_dual_checkpoints_load_into_streams(tmp_path):
+    """A checkpoint of the former layout (the second stream under pair.*) loads as streams.<second>.*."""
+    from pentad.training.checkpoint import load_weights
+
+    model = build(model_config_class().model_validate(legacy_dict(tie=False)))
+    old = {k.replace("streams.text_b.", "pair."): v.clone() + 1 for k, v in model.state_dict().items()}
+    assert any(k.startswith("pair.embedding.") for k in old) and any(k.startswith("pair.encoder.") for k in old)
+    notes = load_weights(model, old, "old run")
+    assert any("read as streams.text_b" in n for n in notes)
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, old[key.replace("streams.text_b.", "pair.")])
 
 
 def _clr_rank(rank: int, init_file: str, out_dir: str, negatives: bool = False) -> None:
