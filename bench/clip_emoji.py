@@ -102,12 +102,12 @@ def main() -> None:
         heads = max(1, args.width // 32)
         tower = [f"num_layers={args.layers}", f"num_heads={heads}", f"ffn_size={4 * args.width}"]
         overrides = [f"model.hidden_size={args.width}", "model.max_seq_length=32",
-                     *(f"model.encoder.stream_0.encoder.{t}" for t in tower),
-                     f"model.encoder.stream_1.hidden_size={args.width}",
-                     f"model.encoder.stream_1.max_seq_length={positions}",
-                     f"model.encoder.stream_1.embedding.parts.0.image_size={args.image}",
-                     f"model.encoder.stream_1.embedding.parts.0.patch_size={args.patch}",
-                     *(f"model.encoder.stream_1.encoder.{t}" for t in tower),
+                     *(f"model.encoder.{t}" for t in tower),
+                     f"model.streams.image.hidden_size={args.width}",
+                     f"model.streams.image.max_seq_length={positions}",
+                     f"model.streams.image.embedding.parts.0.image_size={args.image}",
+                     f"model.streams.image.embedding.parts.0.patch_size={args.patch}",
+                     *(f"model.streams.image.encoder.{t}" for t in tower),
                      f"model.targets.0.feature_size={args.width}", f"model.init_std={args.width ** -0.5:.4f}",
                      "tokenizer.type=wordpiece", f"tokenizer.vocab={root / 'vocab' / 'vocab.txt'}",
                      f"data.train={files['train']}", f"data.dev={files['dev']}", f"data.test={files['test']}",

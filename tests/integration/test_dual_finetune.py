@@ -14,8 +14,8 @@ from tests.integration.conftest import SENTENCES
 from pentad.cli.main import main
 from pentad.training.trainer import MetricsLog
 
-SIZES = ["model.hidden_size=32", "model.max_seq_length=32", "model.encoder.stream_0.encoder.num_layers=2",
-         "model.encoder.stream_0.encoder.num_heads=2", "model.encoder.stream_0.encoder.ffn_size=64",
+SIZES = ["model.hidden_size=32", "model.max_seq_length=32", "model.encoder.num_layers=2",
+         "model.encoder.num_heads=2", "model.encoder.ffn_size=64",
          "data.objective.seq_length=16"]
 
 

@@ -15,11 +15,11 @@ from pentad.cli.main import main
 
 WORDS = ["zero", "one", "two", "three"]
 CLIP = ["--config", "clip/base-32", "model.hidden_size=32", "model.max_seq_length=16",
-        "model.encoder.stream_0.encoder.num_layers=1", "model.encoder.stream_0.encoder.num_heads=2",
-        "model.encoder.stream_0.encoder.ffn_size=64", "model.encoder.stream_1.hidden_size=32",
-        "model.encoder.stream_1.max_seq_length=17", "model.encoder.stream_1.embedding.parts.0.image_size=16",
-        "model.encoder.stream_1.embedding.parts.0.patch_size=4", "model.encoder.stream_1.encoder.num_layers=1",
-        "model.encoder.stream_1.encoder.num_heads=2", "model.encoder.stream_1.encoder.ffn_size=64",
+        "model.encoder.num_layers=1", "model.encoder.num_heads=2",
+        "model.encoder.ffn_size=64", "model.streams.image.hidden_size=32",
+        "model.streams.image.max_seq_length=17", "model.streams.image.embedding.parts.0.image_size=16",
+        "model.streams.image.embedding.parts.0.patch_size=4", "model.streams.image.encoder.num_layers=1",
+        "model.streams.image.encoder.num_heads=2", "model.streams.image.encoder.ffn_size=64",
         "model.targets.0.feature_size=16", "train.progress=false", "train.threads=1", "train.batch_size=16"]
 
 

@@ -55,7 +55,7 @@ def test_unsupervised_simcse_beats_the_untrained_encoder(tp, tmp_path):
     records = [r for r in MetricsLog(out / "metrics.jsonl").read() if "clr_loss" in r]
     assert records[-1]["clr_loss"] < 0.5 * records[0]["clr_loss"]
     config = (out / "config.yaml").read_text()
-    assert "type: dual" in config and "tie: true" in config
+    assert "streams:" in config and "share: text_a" in config
 
     predictions = tmp_path / "similarity.tsv"
     assert main(["infer", "--model", str(out), f"data.test={dev}", "--output", str(predictions)]) == 0

@@ -121,7 +121,7 @@ def pentad_pair_outputs(model, inputs: dict[str, torch.Tensor]) -> dict[str, tor
 
     hooks = []
     for prefix, embedding, encoder in (("", model.embedding, model.encoder),
-                                       ("pair.", model.pair.embedding, model.pair.encoder)):
+                                       ("pair.", *model.stream_slots(1))):  # the reference's names
         hooks.append(embedding.register_forward_hook(keep(f"{prefix}embedding")))
         hooks.append(encoder.register_forward_hook(keep(f"{prefix}encoder")))
         for i, layer in enumerate(encoder.layers):
@@ -136,7 +136,7 @@ def pentad_pair_outputs(model, inputs: dict[str, torch.Tensor]) -> dict[str, tor
 
 def pentad_outputs(model, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The tensors TencentPretrain's reference records, named alike, from the pentad model."""
-    if model.pair is not None:
+    if model.stream_plan is not None:
         return pentad_pair_outputs(model, inputs)
     seg = inputs["seg"]
     real = seg > 0

@@ -119,10 +119,11 @@ def batch_for(model, vocab: int, b: int = 2, s: int = 12, t: int = 9) -> Batch:
         batch.decoder_padding_mask = torch.zeros(b, t, dtype=torch.bool)
         batch.decoder_padding_mask[1, -2:] = True
         label_tokens, label_padding = batch.decoder_tokens, batch.decoder_padding_mask
-    if model.pair is not None and getattr(model.pair.embedding, "patch", None) is not None:  # text + image (CLIP)
-        patch = model.pair.embedding.patch
+    second = model.stream_slots(1)[0] if model.stream_plan is not None else None
+    if second is not None and getattr(second, "patch", None) is not None:  # text + image (CLIP)
+        patch = second.patch
         batch.pair = Batch(pixels=torch.randn(b, patch.channels, *patch.image_size, generator=g))
-    elif model.pair is not None:  # two-stream model: text B goes to batch.pair
+    elif second is not None:  # two-stream model: text B goes to batch.pair
         pair_padding = torch.zeros(b, t, dtype=torch.bool)
         pair_padding[0, -4:] = True
         batch.pair = Batch(tokens=torch.randint(0, vocab, (b, t), generator=g),

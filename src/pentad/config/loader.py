@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from pentad.config.schema import class_at
+from pentad.config.streams import legacy_overrides
 from pentad.errors import ConfigError, ConfigProblem, UserError, closest
 
 ZOO_PREFIX = "zoo:"
@@ -262,6 +263,7 @@ def load_raw(config: str | Path | None, overrides: list[str] | tuple[str, ...] =
         refuse_deepspeed_config(raw, label)
         if tencentpretrain.is_tencentpretrain_config(raw):
             raw, overrides = tencentpretrain.import_config(raw, list(overrides), label)
+        overrides = legacy_overrides(raw, list(overrides))
     applied: dict[str, str] = {}
     for text in overrides:
         keys, value = parse_override(text)

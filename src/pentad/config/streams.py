@@ -252,6 +252,31 @@ def from_dual_encoder(model: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def legacy_overrides(raw: dict[str, Any], overrides: list[str]) -> list[str]:
+    """Overrides written for the former ``dual`` layout (``model.encoder.stream_0.encoder.X``,
+    ``model.encoder.stream_0.pooling``, ``model.encoder.stream_1.X``) rewritten to ``model.streams``
+    when ``raw`` (the config file) has a streams section; other overrides unchanged."""
+    model = raw.get("model") if isinstance(raw, dict) else None
+    streams = model.get("streams") if isinstance(model, dict) else None
+    if not isinstance(streams, dict) or len(streams) != 2:
+        return list(overrides)
+    first, second = list(streams)
+    prefixes = (("model.encoder.stream_0.encoder.", "model.encoder."),
+                ("model.encoder.stream_0.", f"model.streams.{first}."),
+                ("model.encoder.stream_1.", f"model.streams.{second}."))
+    out = []
+    for text in overrides:
+        key, sep, value = text.partition("=")
+        for old, new in prefixes:
+            if key.startswith(old):
+                print(f"pentad: notice: override {key} names the former dual layout; read as "
+                      f"{new}{key[len(old):]} (docs/streams.md)", file=sys.stderr, flush=True)
+                key = new + key[len(old):]
+                break
+        out.append(key + sep + value)
+    return out
+
+
 def legacy_key(key: str, second: str) -> str:
     """A checkpoint key of the former dual layout (``pair.embedding.*``, ``pair.encoder.*``) under the
     second stream's name; other keys unchanged."""

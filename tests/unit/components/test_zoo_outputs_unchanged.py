@@ -74,7 +74,7 @@ def fingerprint(name: str) -> dict:
         model.eval()
         with torch.no_grad():
             outputs = model(batch)
-            hidden, _ = model.encode(batch) if model.pair is None else (model.encode_pair(batch).first, None)
+            hidden, _ = model.encode(batch) if model.stream_plan is None else (model.encode_pair(batch).first, None)
         eval_losses = {k: repr(float(o.loss)) for k, o in outputs.items() if o.loss is not None}
         cached, cached_sum = _cached_hidden(model, batch)
         model.train()
@@ -100,7 +100,7 @@ def _cached_hidden(model, batch) -> tuple[str | None, float | None]:
     from pentad.components.base import Batch
     from pentad.layers.cache import KVCache
 
-    if model.pair is not None or getattr(model.encoder, "mask_kind", None) != "causal":
+    if model.stream_plan is not None or getattr(model.encoder, "mask_kind", None) != "causal":
         return None, None
     cache = KVCache()
     first = Batch(tokens=batch.tokens[:, :8], padding_mask=batch.padding_mask[:, :8],

@@ -23,7 +23,7 @@ from pentad.config.model import model_config_class
 from pentad.config.tencentpretrain import import_config
 from pentad.errors import UserError
 from pentad.model import count_parameters
-from pentad.registry import ENCODERS
+from pentad.registry import TARGETS
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 
@@ -69,7 +69,7 @@ def documented() -> dict[str, tuple[int, int]]:
 def dual_available() -> bool:
     import pentad.components  # noqa: F401
 
-    return "dual" in ENCODERS
+    return "pair_cls" in TARGETS and "clr" in TARGETS
 
 
 def measured() -> list[tuple[str, int, int]]:
@@ -198,7 +198,8 @@ def test_image_token_and_vilt_imports_say_what_pentad_cannot_do_yet(shared_data,
     assert cfg.data.objective is None and "1024 image-token ids" in capsys.readouterr().err
     cfg = load_config(shared_data / "configs" / "clip/base-32_config.json", ["vocab_size=1000"])
     assert cfg.task.type == "image_text" and cfg.model.embedding.norm  # one LayerNorm (the second is a defect)
-    assert not cfg.model.encoder.stream_1.embedding.norm  # the image stream has no LayerNorm at all
+    assert list(cfg.model.streams) == ["text", "image"] and cfg.model.streams["image"].share is None
+    assert not cfg.model.streams["image"].embedding.norm  # the image stream has no LayerNorm at all
     assert "second LayerNorm" in cfg.description
     cfg = load_config(shared_data / "configs" / "beit/base_config.json")
     assert cfg.model.vocab_size == 16384 and cfg.model.embedding.parts[0].type == "masked_patch"

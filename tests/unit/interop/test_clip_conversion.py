@@ -1,11 +1,11 @@
 """CLIP conversion parity: a Hugging Face ``CLIPModel`` built from a tiny ``CLIPConfig`` with random
-weights (no download) converts to pentad's two-tower ``dual`` model with a ``clr`` head and back.
+weights (no download) converts to a pentad model with two streams (text, image) with a ``clr`` head and back.
 
 * HF -> pentad: text features, image features and ``logits_per_image`` equal HF's within 1e-5
   relative in fp32 on texts that end with the end-of-text token (padded after it) and seeded
   images; the ``--verify`` report (every layer of both towers) agrees.
 * HF -> pentad -> HF: bitwise-identical state dicts and the same config.
-* pentad -> HF: a pentad CLIP (family guessed from the dual encoder) loads with ``CLIPModel``;
+* pentad -> HF: a pentad CLIP (family guessed from its streams) loads with ``CLIPModel``;
   models CLIP cannot express are refused with the reason.
 """
 
@@ -67,7 +67,8 @@ def test_hf_to_pentad_outputs_match(tmp_path, eos):
     assert report.family == "clip" and report.architecture == "CLIPModel"
     assert len(report.verification) == 2 * (2 + 1) + 5  # embeddings + 2 layers per tower, pooled, features, logits
     cfg, net = pentad_model(tmp_path / "pentad")
-    assert cfg.model.encoder.type == "dual" and cfg.model.encoder.pooling == ("last", "first")
+    assert list(cfg.model.streams) == ["text", "image"] and cfg.model.encoder.mask == "causal"
+    assert [s.pooling for s in cfg.model.streams.values()] == ["last", "first"]
     assert cfg.task.type == "image_text" and cfg.task.normalise == "clip"
     assert sum(p.numel() for p in net.parameters()) == sum(p.numel() for p in hf.parameters())
     ref, text, image, logits = outputs(hf, net, cfg, json.loads((tmp_path / "hf" / "config.json").read_text()))
@@ -111,19 +112,18 @@ def test_position_ids_buffers_of_older_checkpoints_are_read(tmp_path):
 TINY_CLIP = {
     "hidden_size": 32, "vocab_size": VOCAB, "max_seq_length": 16, "tie_word_embeddings": False,
     "embedding": {"parts": ["word", "pos"], "norm": False, "dropout": 0.0},
-    "encoder": {
-        "type": "dual", "tie": False,
-        "stream_0": {"encoder": {"type": "transformer", "num_layers": 2, "num_heads": 4, "ffn_size": 48,
-                                 "activation": "quick_gelu", "norm_position": "pre", "final_norm": True,
-                                 "mask": "causal", "dropout": 0.0, "layer_norm_eps": 1e-5},
-                     "pooling": "last"},
-        "stream_1": {"hidden_size": 24, "max_seq_length": 17,
-                     "embedding": {"parts": [{"type": "patch", "image_size": 16, "patch_size": 4, "bias": False},
-                                             "pos"], "norm": True, "layer_norm_eps": 1e-5, "dropout": 0.0},
-                     "encoder": {"type": "transformer", "num_layers": 1, "num_heads": 2, "ffn_size": 40,
-                                 "activation": "quick_gelu", "norm_position": "pre", "final_norm": True,
-                                 "mask": "bidirectional", "dropout": 0.0, "layer_norm_eps": 1e-5},
-                     "pooling": "first"}},
+    "encoder": {"type": "transformer", "num_layers": 2, "num_heads": 4, "ffn_size": 48,
+                "activation": "quick_gelu", "norm_position": "pre", "final_norm": True,
+                "mask": "causal", "dropout": 0.0, "layer_norm_eps": 1e-5},
+    "streams": {
+        "caption": {"pooling": "last"},
+        "picture": {"hidden_size": 24, "max_seq_length": 17,  # any names: the export reads them
+                    "embedding": {"parts": [{"type": "patch", "image_size": 16, "patch_size": 4, "bias": False},
+                                            "pos"], "norm": True, "layer_norm_eps": 1e-5, "dropout": 0.0},
+                    "encoder": {"type": "transformer", "num_layers": 1, "num_heads": 2, "ffn_size": 40,
+                                "activation": "quick_gelu", "norm_position": "pre", "final_norm": True,
+                                "mask": "bidirectional", "dropout": 0.0, "layer_norm_eps": 1e-5},
+                    "pooling": "first"}},
     "targets": [{"type": "clr", "projection": True, "feature_size": 20}],
 }
 
@@ -143,8 +143,10 @@ def test_pentad_clip_exports_and_loads(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"encoder": {**TINY_CLIP["encoder"], "stream_1": {**TINY_CLIP["encoder"]["stream_1"], "pooling": "mean"}}},
+    ({"streams": {**TINY_CLIP["streams"], "picture": {**TINY_CLIP["streams"]["picture"], "pooling": "mean"}}},
      "CLIP pools the text's end token (last) and the image's CLS (first)"),
+    ({"targets": [{"type": "clr", "projection": True, "feature_size": 20, "streams": ["picture", "caption"]}]},
+     "CLIP compares text with image"),
     ({"targets": [{"type": "clr", "projection": True, "feature_size": 20, "temperature": 0.05}]},
      "learn its logit scale"),
     ({"embedding": {"parts": ["word", "pos"], "norm": True}}, "without a norm"),

@@ -85,14 +85,15 @@ def test_tencentpretrain_clip_converts_and_back_bitwise(shared_data, tmp_path):
     assert any("stream_0_layer_norm" in n for n in report.notes)
     assert any("images" in (c.detail or "") for c in report.verification)  # both towers ran
     cfg, _ = load_run(tmp_path / "run")
-    assert cfg.model.encoder.type == "dual" and not cfg.model.encoder.tie and cfg.task.type == "image_text"
+    assert list(cfg.model.streams) == ["text", "image"] and cfg.model.streams["image"].share is None
+    assert cfg.task.type == "image_text"
     assert cfg.model.embedding.second_norm and cfg.model.vocab_size == VOCAB
-    assert not cfg.model.encoder.stream_1_embedding(cfg.model).norm
+    assert not cfg.model.streams["image"].embedding.norm
     weights = read_weights(find_weights(tmp_path / "run"))
     assert torch.equal(weights["embedding.second_norm.weight"], state["embedding.dual.stream_0_layer_norm.gamma"])
-    assert torch.equal(weights["pair.embedding.patch.cls"], state["embedding.dual.embedding_1.patch.cls_emb"][0, 0])
+    assert torch.equal(weights["streams.image.embedding.patch.cls"], state["embedding.dual.embedding_1.patch.cls_emb"][0, 0])
     assert torch.equal(weights["targets.clr.projection_1.weight"], state["target.clr.encoder_1_projection"].T)
-    assert torch.equal(weights["pair.encoder.final_norm.bias"], state["encoder.encoder_1.layer_norm.beta"])
+    assert torch.equal(weights["streams.image.encoder.final_norm.bias"], state["encoder.encoder_1.layer_norm.beta"])
     back = convert("pentad-to-tencentpretrain", tmp_path / "run", tmp_path / "back", verify=True)
     assert back.ok, back.render()
     written = torch.load(tmp_path / "back" / "model.bin", weights_only=True)
@@ -131,7 +132,7 @@ def test_tencentpretrain_clip_embeddings_follow_its_modules(shared_data, tmp_pat
     batch = Batch(tokens=tokens, padding_mask=torch.zeros(2, 7, dtype=torch.bool), pair=Batch(pixels=pixels))
     with torch.no_grad():
         text = model.embedding(batch).hidden
-        image = model.pair.embedding(batch.pair).hidden
+        image = model.stream_slots(1)[0](batch.pair).hidden
         output = model(batch)
     d = "embedding.dual."
     words = state[f"{d}embedding_0.word.embedding.weight"][tokens] + state[f"{d}embedding_0.pos.embedding.weight"][:7]
@@ -191,7 +192,7 @@ def test_tencentpretrain_clip_logits_follow_its_modules(shared_data, tmp_path):
     with torch.no_grad():
         logits = model(batch)["clr"].logits
         text = model.embedding(batch).hidden
-        image = model.pair.embedding(batch.pair).hidden
+        image = model.stream_slots(1)[0](batch.pair).hidden
     gelu = torch.nn.functional.gelu
     text = _tp_tower(text, state, "encoder.encoder_0", SHRINK_0["layers_num"], True, gelu)
     image = _tp_tower(image, state, "encoder.encoder_1", SHRINK_1["layers_num"], False,

@@ -72,9 +72,9 @@ def test_cosine_rows():
 
 # ------------------------------------------------------------------------- pooling
 @pytest.mark.parametrize("pooling", ["first", "mean", "max", "last"])
-def test_pooled_vectors_equal_the_dual_models_pooled_output(wordpiece, pooling):
+def test_pooled_vectors_equal_the_two_stream_models_pooled_output(wordpiece, pooling):
     model_dict = tiny_model_dict(vocab_size=13, targets=[{"type": "clr"}])
-    model_dict["encoder"] = {"type": "dual", "stream_0": {"encoder": model_dict["encoder"], "pooling": pooling}}
+    model_dict["streams"] = {"text_a": {"pooling": pooling}, "text_b": {"share": "text_a", "pooling": pooling}}
     torch.manual_seed(0)
     model = build_model(model_config_class().model_validate(model_dict)).eval()
     texts = ["the cat sat on the mat", "a dog", "the dog ran on a mat"]

@@ -1,5 +1,5 @@
 """The simcse task: rank correlation against hand-computed values, reading TencentPretrain's SimCSE
-TSVs with clear errors, batches of each mode, the tied dual model it fine-tunes, and its predictions."""
+TSVs with clear errors, batches of each mode, the two-stream model (one shared tower) it fine-tunes, and its predictions."""
 
 from __future__ import annotations
 
@@ -107,19 +107,22 @@ def test_supervised_batches_pair_positives_and_hard_negatives(wordpiece, tmp_pat
     assert "hard negatives" in t.describe()
 
 
-def test_model_config_wraps_a_one_stream_encoder_as_a_tied_dual_model(wordpiece):
+def test_model_config_gives_a_one_stream_model_two_streams_through_one_tower(wordpiece):
     t = task(wordpiece, pooling="mean", temperature=0.1)
     model = tiny_model_dict(vocab_size=13)
     model["targets"] = t.head_configs()
     dual = t.model_config(model)
-    assert dual["encoder"]["type"] == "dual" and dual["encoder"]["stream_0"]["pooling"] == "mean"
+    assert dual["streams"] == {"text_a": {"pooling": "mean"}, "text_b": {"share": "text_a", "pooling": "mean"}}
+    assert dual["encoder"] == model["encoder"]
     cls = model_config_class()
     built = build_model(cls.model_validate(dual))
     plain = build_model(cls.model_validate(tiny_model_dict(vocab_size=13, targets=["sp"])))
     one_stream = {k for k in plain.state_dict() if not k.startswith("targets.")}
     assert set(built.state_dict()) == one_stream  # a BERT run initialises it as it is (clr has no weights)
-    again = t.model_config(cls.model_validate(dual).model_dump())  # a dual model stays one, repooled
-    assert again["encoder"]["stream_0"]["pooling"] == "mean" and again["encoder"]["tie"] is True
+    again = t.model_config(cls.model_validate(dual).model_dump())  # a two-stream model keeps its streams, repooled
+    assert again["streams"]["text_a"]["pooling"] == "mean" and again["streams"]["text_b"]["share"] == "text_a"
+    legacy = t.model_config({**model, "encoder": {"type": "dual", "stream_0": {"encoder": model["encoder"]}}})
+    assert legacy["streams"]["text_b"] == {"pooling": "mean", "share": "text_a"}
     assert t.head_configs() == [{"type": "clr", "name": "clr", "temperature": 0.1, "symmetric": False}]
 
 
