@@ -299,7 +299,7 @@ def _image_batches(model_cfg, count: int = 4, batch_size: int = 8, jitter: bool 
 def _captioned_image_batches(model_cfg, count: int = 4, batch_size: int = 8) -> list[Batch]:
     """Two-tower recipes (CLIP): the drawn digits of ``_image_batches`` in stream 1, and in stream 0 a
     caption naming the digit (the token of the digit's character between [CLS] and [SEP])."""
-    stream = model_cfg.encoder.stream_1
+    stream = list(model_cfg.streams.values())[1]
     patch = next(p for p in stream.embedding.parts if p.type == "patch")
     images = _image_batches(model_cfg.model_copy(update={"embedding": stream.embedding}), count, batch_size,
                             jitter=False)

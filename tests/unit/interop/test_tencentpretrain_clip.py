@@ -91,7 +91,8 @@ def test_tencentpretrain_clip_converts_and_back_bitwise(shared_data, tmp_path):
     assert not cfg.model.streams["image"].embedding.norm
     weights = read_weights(find_weights(tmp_path / "run"))
     assert torch.equal(weights["embedding.second_norm.weight"], state["embedding.dual.stream_0_layer_norm.gamma"])
-    assert torch.equal(weights["streams.image.embedding.patch.cls"], state["embedding.dual.embedding_1.patch.cls_emb"][0, 0])
+    assert torch.equal(weights["streams.image.embedding.patch.cls"],
+                       state["embedding.dual.embedding_1.patch.cls_emb"][0, 0])
     assert torch.equal(weights["targets.clr.projection_1.weight"], state["target.clr.encoder_1_projection"].T)
     assert torch.equal(weights["streams.image.encoder.final_norm.bias"], state["encoder.encoder_1.layer_norm.beta"])
     back = convert("pentad-to-tencentpretrain", tmp_path / "run", tmp_path / "back", verify=True)

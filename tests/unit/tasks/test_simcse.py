@@ -1,5 +1,6 @@
 """The simcse task: rank correlation against hand-computed values, reading TencentPretrain's SimCSE
-TSVs with clear errors, batches of each mode, the two-stream model (one shared tower) it fine-tunes, and its predictions."""
+TSVs with clear errors, batches of each mode, the two-stream model (one shared tower) it fine-tunes, and
+its predictions."""
 
 from __future__ import annotations
 
