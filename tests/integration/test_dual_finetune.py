@@ -116,4 +116,4 @@ def test_joint_pairs_on_a_dual_model_name_the_fix(english, pairs, tmp_path, caps
                "tokenizer.type=wordpiece", f"tokenizer.vocab={english['vocab']}", f"data.train={pairs / 'train.tsv'}",
                f"output={tmp_path / 'x'}", "train.progress=false") == 2
     err = capsys.readouterr().err
-    assert "model.targets.0.type: 'cls' reads token states" in err and "task.pair_input=separate" in err
+    assert "model.streams.text_b: no target reads stream 'text_b'" in err and "task.pair_input=separate" in err
