@@ -10,8 +10,9 @@ Conventions used everywhere:
   (-100) at positions that are not scored.
 * Segment ids are 0 for segment A (or the only segment) and 1 for segment B; padding is its
   own mask and never a segment id.
-* Two-stream (dual, siamese) models read their second input from ``Batch.pair``, a Batch of its
-  own; their encoder gives the targets a :class:`PooledPair` instead of token states.
+* Two-stream models (``model.streams``: SBERT, siamese, CLIP) read their second input from
+  ``Batch.pair``, a Batch of its own; their pair targets get a :class:`PooledPair` instead of token
+  states.
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ class Embedded:
 
 @dataclass
 class PooledPair:
-    """What a two-stream (dual) model gives its targets in place of token states: one pooled
+    """What a two-stream model (``model.streams``) gives its pair targets in place of token states: one pooled
     vector per stream. first [B, H0] (stream 0: ``Batch.tokens`` ...), second [B, H1] (stream 1:
     ``Batch.pair``); H0 and H1 differ only when the streams have different widths (CLIP).
     negative [B, H1]: stream 1's vectors of ``Batch.negative`` (hard negatives), when the batch has them."""
@@ -314,8 +315,8 @@ class Target(nn.Module):
     ``name`` is its key in ``batch.labels`` and the prefix of its parameters. A fine-tuning
     head is a target too, so pre-training and fine-tuning share class and parameter names.
     ``requires`` lists the Batch fields it reads (labels appear as ``labels.<name>``).
-    ``reads_pair``: the head compares the two streams of a dual model, so ``hidden`` is a
-    :class:`PooledPair` rather than [B,S,H] token states (and only such heads fit a dual model).
+    ``reads_pair``: the head compares the two streams of a two-stream model, so ``hidden`` is a
+    :class:`PooledPair` rather than [B,S,H] token states (and it reads the two streams its config names).
     """
 
     registry_name: ClassVar[str]

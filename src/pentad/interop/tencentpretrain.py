@@ -765,7 +765,7 @@ def plan(raw: dict[str, Any], state: dict[str, Tensor], label: str, tags: bool =
                             "when the streams are tied), and pentad's tied streams share one embedding slot, so no "
                             "pentad model computes what this checkpoint computes. Convert the original "
                             "sentence-transformers model from Hugging Face instead (pentad convert hf-to-pentad), or "
-                            "fine-tune pentad's sbert recipe from a one-stream BERT checkpoint (docs/dual.md). "
+                            "fine-tune pentad's sbert recipe from a one-stream BERT checkpoint (docs/streams.md). "
                             "(Untied dual-stream pre-training checkpoints, TencentPretrain's CLIP, convert.)")
         return _dual_plan(raw, state, label)
     if word is None:

@@ -5,7 +5,7 @@ batch through the ``cls`` objective's collate.
 
 A pair goes into the model one of two ways (``pair_input``): ``joint``, one sequence
 ``[CLS] a [SEP] b [SEP]`` with segments 0/1 for a one-stream model (a BERT cross-encoder); or
-``separate``, ``[CLS] a [SEP]`` as the batch and ``[CLS] b [SEP]`` as ``Batch.pair`` for a dual
+``separate``, ``[CLS] a [SEP]`` as the batch and ``[CLS] b [SEP]`` as ``Batch.pair`` for a two-stream
 model (SBERT, siamese LSTM), with a ``pair_cls`` head over the two pooled vectors.
 """
 
@@ -33,7 +33,7 @@ class ClassificationTaskConfig(TaskConfig):
     metric: Literal["accuracy", "macro_f1"] = Field("accuracy", description="dev metric that picks the best model")
     pair_input: Literal["joint", "separate"] = Field(
         "joint", description="how text_a and text_b enter the model: joint, one sequence [CLS] a [SEP] b [SEP] "
-        "(one-stream models); separate, two streams (a dual model: SBERT, siamese LSTM) with a pair_cls head")
+        "(one-stream models); separate, two streams (model.streams: SBERT, siamese LSTM) with a pair_cls head")
     pair_features: list[PairFeature] = Field(["u", "v", "abs_diff"], min_length=1, description="with "
                                              "pair_input separate: the pair_cls head's features (u, v, "
                                              "abs_diff, product)")
@@ -45,7 +45,7 @@ class ClassificationTaskConfig(TaskConfig):
 class ClassificationTask(Task):
     """Sentence and sentence-pair classification (sentiment, NLI, paraphrase): a softmax head.
 
-    Pairs enter one stream joined, or two streams (a dual model).
+    Pairs enter one stream joined, or two streams (model.streams).
     """
 
     Config = ClassificationTaskConfig
@@ -62,7 +62,7 @@ class ClassificationTask(Task):
 
     @property
     def separate(self) -> bool:
-        """Whether text_a and text_b go to the two streams of a dual model."""
+        """Whether text_a and text_b go to the two streams of a two-stream model."""
         return self.cfg.pair_input == "separate"
 
     @property
@@ -158,7 +158,7 @@ def encode_separate_pairs(rows, tokenizer: Any, seq_length: int, label_map, path
     from pentad.data.tsv import assemble_pairs
 
     if rows and rows[0].text_b is None:
-        raise UserError(f"{path}: pair_input is 'separate' (two streams for a dual model), but the file "
+        raise UserError(f"{path}: pair_input is 'separate' (two streams for a two-stream model), but the file "
                         "has no text_b column; give 'label<TAB>text_a<TAB>text_b' pairs, or use "
                         "task.pair_input=joint with a one-stream model")
     if tokenizer.cls_id is None or tokenizer.sep_id is None:

@@ -1,8 +1,8 @@
 """SimCSE: contrastive fine-tuning of sentence embeddings (Gao et al. 2021), evaluated by the
 rank correlation of cosine similarity with graded or binary similarity labels.
 
-The model runs as a tied two-stream (dual) model: a one-stream encoder (a BERT run, say) is
-wrapped by :meth:`SimcseTask.model_config` into ``encoder: {type: dual, tie: true}`` with the
+The model runs with two streams through one tower: a one-stream model (a BERT run, say) is
+given by :meth:`SimcseTask.model_config` ``streams: {text_a, text_b: {share: text_a}}`` with the
 task's pooling, which keeps its parameter names, so ``init`` may be any one-stream run. The head is
 ``clr`` with a fixed temperature and one direction (stream 0 -> stream 1), as SimCSE.
 
@@ -204,7 +204,7 @@ class SimcseTask(Task):
         idx = np.asarray(indices)
         batch = sentence_batch(instances.text_a[idx], self.pad_id)
         if self.cfg.mode == "unsupervised":
-            # The same tensors: a tied dual model stacks both copies into one pass, and dropout
+            # The same tensors: a shared tower stacks both copies into one pass, and dropout
             # differs between the copies' rows.
             batch.pair = Batch(tokens=batch.tokens, segments=batch.segments, padding_mask=batch.padding_mask)
             return batch

@@ -1,4 +1,4 @@
-"""Contrastive target over the two pooled streams of a dual model (CLIP, SimCSE, in-batch
+"""Contrastive target over the two pooled streams of a two-stream model (CLIP, SimCSE, in-batch
 negatives for sentence embeddings).
 
 Row i of stream 0 and row i of stream 1 are a positive pair; every other row of the batch is a

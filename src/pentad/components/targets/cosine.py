@@ -1,4 +1,4 @@
-"""Similarity regression over the two pooled streams of a dual model: the cosine of (u, v)
+"""Similarity regression over the two pooled streams of a two-stream model: the cosine of (u, v)
 regresses a gold score with a mean squared error (SBERT's regression objective, Reimers &
 Gurevych 2019, section 3, used for STS benchmark training)."""
 

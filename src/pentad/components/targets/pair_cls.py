@@ -1,4 +1,4 @@
-"""Sentence-pair classification over the two pooled streams of a dual model.
+"""Sentence-pair classification over the two pooled streams of a two-stream model.
 
 The features of a pair (u, v) are concatenated from ``u``, ``v``, ``abs_diff`` = |u - v| and
 ``product`` = u * v, then an optional hidden layer (tanh) and a linear classifier. SBERT's

@@ -8,9 +8,9 @@ Hugging Face                                    pentad
 ``text_model.embeddings`` (token, position)     stream 0: the model's ``embedding`` slot (word, pos; no norm)
 ``text_model.encoder`` + ``final_layer_norm``   ``encoder`` (pre-norm causal transformer, final norm),
                                                 pooled at the last real token (``pooling: last``)
-``vision_model.embeddings`` (class, patch,      stream 1: ``pair.embedding`` (patch part without bias and
+``vision_model.embeddings`` (class, patch,      stream 1: ``streams.image.embedding`` (patch part without bias and
 position) + ``pre_layrnorm``                    with a CLS vector, pos; the slot's norm)
-``vision_model.encoder`` + ``post_layernorm``   ``pair.encoder`` (pre-norm bidirectional, final norm),
+``vision_model.encoder`` + ``post_layernorm``   ``streams.image.encoder`` (pre-norm bidirectional, final norm),
                                                 pooled at CLS (``pooling: first``)
 ``text_projection`` / ``visual_projection``     ``targets.clr.projection_0`` / ``projection_1`` (no bias)
 ``logit_scale`` (a log)                         ``targets.clr.logit_scale`` (a log: the same number)
