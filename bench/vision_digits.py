@@ -31,20 +31,31 @@ from pathlib import Path
 import numpy as np
 
 
-def logistic_regression(train: Path, test: Path) -> float:
-    """Test accuracy of multinomial logistic regression on the raw pixels of the training split."""
+def load_pixels(tsv: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(raw pixels scaled to 0..1 [N, H*W], labels [N]) of a ``label<TAB>path`` file."""
     from PIL import Image
+
+    rows = [line.split("\t") for line in tsv.read_text(encoding="utf-8").splitlines()[1:]]
+    x = np.stack([np.asarray(Image.open(tsv.parent / p), dtype=np.float32).ravel() / 255.0 for _, p in rows])
+    return x, np.asarray([int(y) for y, _ in rows])
+
+
+def logistic_regression(splits: dict[str, Path]) -> tuple[float, float, float]:
+    """Multinomial logistic regression on the raw pixels of the training split: (test accuracy at
+    scikit-learn's default C=1, the C of the grid 10^-3..10^3 best on dev, its test accuracy)."""
     from sklearn.linear_model import LogisticRegression
 
-    def load(tsv: Path) -> tuple[np.ndarray, np.ndarray]:
-        rows = [line.split("\t") for line in tsv.read_text(encoding="utf-8").splitlines()[1:]]
-        x = np.stack([np.asarray(Image.open(tsv.parent / p), dtype=np.float32).ravel() / 255.0 for _, p in rows])
-        return x, np.asarray([int(y) for y, _ in rows])
-
-    x, y = load(train)
-    xt, yt = load(test)
-    model = LogisticRegression(max_iter=2000).fit(x, y)
-    return float((model.predict(xt) == yt).mean())
+    x, y = load_pixels(splits["train"])
+    xd, yd = load_pixels(splits["dev"])
+    xt, yt = load_pixels(splits["test"])
+    default = float((LogisticRegression(max_iter=5000).fit(x, y).predict(xt) == yt).mean())
+    best_c, best_dev = 1.0, -1.0
+    for c in 10.0 ** np.arange(-3.0, 3.5, 0.5):
+        dev = float((LogisticRegression(C=c, max_iter=5000).fit(x, y).predict(xd) == yd).mean())
+        if dev > best_dev:  # the smallest C of the best dev accuracy (the strongest regularisation)
+            best_c, best_dev = float(c), dev
+    tuned = float((LogisticRegression(C=best_c, max_iter=5000).fit(x, y).predict(xt) == yt).mean())
+    return default, best_c, tuned
 
 
 def write_digits(out: Path, seed: int = 0) -> dict[str, Path]:
@@ -68,8 +79,10 @@ def write_digits(out: Path, seed: int = 0) -> dict[str, Path]:
     return paths
 
 
-def vit(splits: dict[str, Path], out: Path, image: int, patch: int, epochs: int, args) -> tuple[dict, float, int]:
-    """(test metrics, seconds, parameters) of a ViT fine-tuned from random weights on ``splits``."""
+def vit(splits: dict[str, Path], out: Path, image: int, patch: int, epochs: int, seed: int,
+        augment: list[str], args) -> tuple[dict, float, float, int]:
+    """(test metrics, best dev accuracy, seconds, parameters) of a ViT trained from random weights on
+    ``splits``; ``augment``: the ``task.augment.*`` overrides."""
     from pentad.cli.main import main
 
     overrides = [f"model.embedding.parts.0.image_size={image}", f"model.embedding.parts.0.patch_size={patch}",
@@ -78,10 +91,9 @@ def vit(splits: dict[str, Path], out: Path, image: int, patch: int, epochs: int,
                  f"model.encoder.num_heads={args.heads}", f"model.encoder.ffn_size={2 * args.width}",
                  f"data.train={splits['train']}", f"data.dev={splits['dev']}", f"data.test={splits['test']}",
                  f"output={out}", f"train.epochs={epochs}", f"train.batch_size={args.batch_size}",
-                 f"train.lr={args.lr}", "train.weight_decay=0.05", "train.warmup=0.05", "train.progress=false",
-                 f"train.threads={args.threads}", "task.augment.flip=false",
-                 "task.augment.crop_scale=" + ("null" if args.no_crop else "[0.75,1.0]"),
-                 "task.pooling=mean"]
+                 f"train.lr={args.lr}", f"train.weight_decay={args.weight_decay}", "train.warmup=0.05",
+                 "train.progress=false", f"train.threads={args.threads}", f"train.seed={seed}",
+                 "task.augment.flip=false", *augment, f"task.pooling={args.pooling}", *args.set]
     start = time.perf_counter()
     assert main(["finetune", "--task", "image_classification", "--config", "vit/tiny-16", *overrides]) == 0
     seconds = time.perf_counter() - start
@@ -92,7 +104,7 @@ def vit(splits: dict[str, Path], out: Path, image: int, patch: int, epochs: int,
 
     cfg, _ = load_run(out)
     params = count_parameters(build_model(cfg.model, device="meta"))
-    return results["test"], seconds, params
+    return results["test"], float(results["dev"]["accuracy"]), seconds, params
 
 
 def main() -> None:
@@ -103,16 +115,39 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--weight-decay", type=float, default=0.05)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--pooling", choices=["first", "mean"], default="mean")
     parser.add_argument("--epochs", type=int, default=None, help="default: 40 (mnist), 60 (digits); --quick: 5")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--digits-patch", type=int, default=2, help="patch size on the 8x8 digits (1, 2 or 4)")
-    parser.add_argument("--no-crop", action="store_true", help="no random resized crop (only the flip is off "
-                        "otherwise)")
+    parser.add_argument("--seeds", default="7", help="comma-separated train.seed values: one ViT run each (the "
+                        "weights' initialisation, batch order and augmentation draws), mean and spread reported")
+    parser.add_argument("--digits-image", type=int, default=8, help="image size the 8x8 digits are resized to "
+                        "(bicubic) when read")
+    parser.add_argument("--digits-patch", type=int, default=2, help="patch size on the digits' image size")
+    parser.add_argument("--digits-augment", default="task.augment.crop_scale=[0.75,1.0]",
+                        help="comma-separated task.augment overrides for the digits (e.g. "
+                        "'task.augment.crop_scale=null,task.augment.translate=0.125')")
+    parser.add_argument("--mnist-augment", default="task.augment.crop_scale=[0.75,1.0]")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="another pentad override for every run (repeatable)")
     args = parser.parse_args()
 
     from pentad.data.assets import default_cache_dir, ensure_mnist
 
+    def split_overrides(text: str) -> list[str]:
+        # commas inside [..] belong to a list value
+        parts, depth, current = [], 0, ""
+        for ch in text:
+            depth += (ch == "[") - (ch == "]")
+            if ch == "," and depth == 0:
+                parts.append(current)
+                current = ""
+            else:
+                current += ch
+        return [p for p in [*parts, current] if p]
+
+    seeds = [int(s) for s in args.seeds.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -120,20 +155,33 @@ def main() -> None:
             if name == "mnist":
                 s = ensure_mnist(default_cache_dir())
                 splits, image, patch, epochs = {"train": s.train, "dev": s.dev, "test": s.test}, 28, 4, 40
+                augment = split_overrides(args.mnist_augment)
             else:
-                splits, image, patch, epochs = write_digits(root / "digits"), 8, args.digits_patch, 60
+                splits, image, patch, epochs = write_digits(root / "digits"), args.digits_image, args.digits_patch, 60
+                augment = split_overrides(args.digits_augment)
             epochs = 5 if args.quick else (args.epochs or epochs)
-            baseline = logistic_regression(splits["train"], splits["test"])
-            metrics, seconds, params = vit(splits, root / f"run-{name}", image, patch, epochs, args)
+            baseline = logistic_regression(splits)
+            print(f"{name}: logistic regression test accuracy {baseline[0]:.4f} (C=1), {baseline[2]:.4f} "
+                  f"(C={baseline[1]:g}, best on dev)", flush=True)
             counts = {k: len(p.read_text().splitlines()) - 1 for k, p in splits.items()}
-            rows.append((name, counts, metrics, baseline, seconds, params, epochs))
-    print("\n| data | train/dev/test | ViT (params, epochs) | ViT test accuracy | top-5 | logistic regression "
-          "| difference | ViT wall s |")
-    print("|---|---|---|---:|---:|---:|---:|---:|")
-    for name, counts, metrics, baseline, seconds, params, epochs in rows:
-        print(f"| {name} | {counts['train']}/{counts['dev']}/{counts['test']} | {params:,}, {epochs} | "
-              f"{metrics['accuracy']:.4f} | {metrics['top5']:.4f} | {baseline:.4f} | "
-              f"{metrics['accuracy'] - baseline:+.4f} | {seconds:.0f} |")
+            runs = []
+            for seed in seeds:
+                metrics, dev, seconds, params = vit(splits, root / f"run-{name}-{seed}", image, patch, epochs, seed,
+                                                    augment, args)
+                print(f"{name} seed {seed}: ViT test accuracy {metrics['accuracy']:.4f} (dev {dev:.4f}), "
+                      f"{seconds:.0f} s", flush=True)
+                runs.append((metrics, seconds, params))
+            rows.append((name, counts, runs, baseline, epochs))
+    print("\n| data | train/dev/test | ViT (params, epochs, seeds) | ViT test accuracy | top-5 | logistic "
+          "regression C=1 | LR, C tuned on dev | difference to the better LR | ViT wall s |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for name, counts, runs, (default, best_c, tuned), epochs in rows:
+        acc = np.asarray([m["accuracy"] for m, _, _ in runs])
+        top5 = np.mean([m["top5"] for m, _, _ in runs])
+        spread = f" ± {acc.std(ddof=1):.4f} (min {acc.min():.4f})" if len(acc) > 1 else ""
+        print(f"| {name} | {counts['train']}/{counts['dev']}/{counts['test']} | {runs[0][2]:,}, {epochs}, "
+              f"{len(runs)} | {acc.mean():.4f}{spread} | {top5:.4f} | {default:.4f} | {tuned:.4f} (C={best_c:g}) | "
+              f"{acc.mean() - max(default, tuned):+.4f} | {np.mean([s for _, s, _ in runs]):.0f} |")
 
 
 if __name__ == "__main__":

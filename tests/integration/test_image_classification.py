@@ -150,3 +150,26 @@ def test_fine_tuning_at_another_image_size_interpolates_the_positions(digits, tm
     tensors["embedding.pos.weight"] = torch.ones(17, 32)
     big.adapt_checkpoint(tensors)
     torch.testing.assert_close(tensors["embedding.pos.weight"][1:], torch.ones(36, 32))
+
+
+def test_the_random_affine_is_set_from_the_task_and_seeded(digits):
+    from pentad.config.loader import load_config
+    from pentad.registry import TASKS
+
+    cfg = load_config("vit/tiny-16", [*VIT[2:-2], f"data.train={digits['train']}", "task.augment.crop_scale=null",
+                                      "task.augment.flip=false", "task.augment.translate=0.25",
+                                      "task.augment.rotate=15", "task.augment.zoom=[0.9,1.1]",
+                                      "task.augment.shear=10"])
+    assert cfg.task.augment.affine and cfg.task.augment.zoom == [0.9, 1.1]
+    task = TASKS.get("image_classification")(cfg.task, None, 17)
+    task.bind(cfg)
+    task.fit(digits["train"])
+    instances = task.read(digits["train"])
+    a = next(task.train_batches(instances, 8, seed=3).iterate(2))
+    b = next(task.train_batches(instances, 8, seed=3).iterate(2))
+    c = next(task.train_batches(instances, 8, seed=4).iterate(2))
+    assert a.pixels.equal(b.pixels) and not a.pixels.equal(c.pixels)
+    plain = task.collate(instances, np.arange(len(instances)), None).pixels
+    # every image of the batch is warped (none equals any stored image), and the shapes are kept
+    assert a.pixels.shape == (8, 3, 16, 16)
+    assert not any(a.pixels[i].equal(p) for i in range(8) for p in plain)

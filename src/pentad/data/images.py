@@ -2,7 +2,7 @@
 
 Images are decoded once, when a file of examples is read, into uint8 arrays ``[N, H, W, C]`` at
 the model's image size (Pillow, bicubic, as Hugging Face's ViT image processor resizes); training
-batches then crop and flip those arrays with the batch's seeded generator, and every batch is
+batches then crop, warp (random affine) and flip those arrays with the batch's seeded generator, and every batch is
 normalised to float ``pixels [B, C, H, W]``. Nothing here needs a GPU, and nothing decodes an
 image inside the training loop.
 
@@ -39,6 +39,26 @@ class AugmentConfig(StrictModel):
         "this range (and its aspect ratio from 3/4..4/3), then resized back to the image size; null: no crop")
     flip: bool = Field(True, description="mirror half of the training images left to right (off for digits "
                        "and text, whose meaning a mirror changes)")
+    rotate: float = Field(0.0, ge=0.0, le=180.0, description="random affine: rotate by an angle drawn from "
+                          "-rotate..rotate degrees (0: no rotation)")
+    translate: float = Field(0.0, ge=0.0, lt=1.0, description="random affine: shift by up to this share of the "
+                             "width (across) and of the height (down), each drawn uniformly (0: no shift)")
+    zoom: list[float] | None = Field(None, description="random affine: scale by a factor drawn from [low, high] "
+                                     "(e.g. [0.9, 1.1]); null: no scaling")
+    shear: float = Field(0.0, ge=0.0, lt=90.0, description="random affine: shear along the width by an angle "
+                         "drawn from -shear..shear degrees (slants the image; 0: none)")
+
+    @field_validator("zoom")
+    @classmethod
+    def _zoom(cls, value: list[float] | None) -> list[float] | None:
+        if value is not None and (len(value) != 2 or not 0.0 < value[0] <= value[1]):
+            raise ValueError(f"expected [low, high] with 0 < low <= high, found {value}")
+        return value
+
+    @property
+    def affine(self) -> bool:
+        """Whether any random affine option is on."""
+        return bool(self.rotate or self.translate or self.shear or self.zoom is not None)
 
     @field_validator("crop_scale")
     @classmethod
@@ -131,6 +151,31 @@ def random_resized_crop(image: np.ndarray, scale: Sequence[float], rng: np.rando
     return np.asarray(resized, dtype=np.uint8).reshape(height, width, channels)
 
 
+def random_affine(image: np.ndarray, cfg: AugmentConfig, rng: np.random.Generator) -> np.ndarray:
+    """``image`` (uint8 ``[H, W, C]``) rotated, sheared, scaled about its centre and shifted, by amounts
+    drawn from ``cfg``'s ranges (as torchvision's RandomAffine), bilinear, the uncovered border black;
+    the same shape. Only the options that are on draw from ``rng``."""
+    from PIL import Image
+
+    height, width, channels = image.shape
+    angle = np.deg2rad(rng.uniform(-cfg.rotate, cfg.rotate)) if cfg.rotate else 0.0
+    shear = np.deg2rad(rng.uniform(-cfg.shear, cfg.shear)) if cfg.shear else 0.0
+    scale = rng.uniform(cfg.zoom[0], cfg.zoom[1]) if cfg.zoom is not None else 1.0
+    dx, dy = (rng.uniform(-cfg.translate, cfg.translate, size=2) * (width, height) if cfg.translate
+              else (0.0, 0.0))
+    cx, cy = width / 2, height / 2
+    # output = shift(centre + d) . rotate . shear . scale . shift(-centre) of the input (pixel-centre coordinates)
+    rotation = np.array([[np.cos(angle), -np.sin(angle), 0.0], [np.sin(angle), np.cos(angle), 0.0], [0, 0, 1]])
+    shearing = np.array([[1.0, np.tan(shear), 0.0], [0.0, 1.0, 0.0], [0, 0, 1]])
+    forward = (np.array([[1.0, 0.0, cx + dx], [0.0, 1.0, cy + dy], [0, 0, 1]]) @ rotation @ shearing
+               @ np.diag([scale, scale, 1.0]) @ np.array([[1.0, 0.0, -cx], [0.0, 1.0, -cy], [0, 0, 1]]))
+    inverse = np.linalg.inv(forward)  # Pillow maps each output pixel back to the input
+    pil = Image.fromarray(image[..., 0] if channels == 1 else image)
+    out = pil.transform((width, height), Image.Transform.AFFINE, tuple(inverse[:2].ravel()),
+                        resample=Image.Resampling.BILINEAR, fillcolor=0)
+    return np.asarray(out, dtype=np.uint8).reshape(height, width, channels)
+
+
 def to_pixels(images: np.ndarray, mean: Sequence[float], std: Sequence[float]):
     """uint8 ``[B, H, W, C]`` -> float32 tensor ``[B, C, H, W]``, scaled to 0..1 then normalised."""
     import torch
@@ -143,13 +188,16 @@ def to_pixels(images: np.ndarray, mean: Sequence[float], std: Sequence[float]):
 
 
 def augment(images: np.ndarray, cfg: AugmentConfig | None, rng: np.random.Generator) -> np.ndarray:
-    """The training view of a batch of uint8 images (a copy; the stored images stay as read)."""
+    """The training view of a batch of uint8 images (a copy; the stored images stay as read): per
+    image, the random resized crop, then the random affine, then the flip, as ``cfg`` turns them on."""
     if cfg is None:
         return images
     out = images.copy()
     for i in range(len(out)):
         if cfg.crop_scale is not None:
             out[i] = random_resized_crop(out[i], cfg.crop_scale, rng)
+        if cfg.affine:
+            out[i] = random_affine(out[i], cfg, rng)
         if cfg.flip and rng.random() < 0.5:
             out[i] = out[i][:, ::-1]
     return out

@@ -4,7 +4,7 @@ The file has a header line naming its columns, ``label`` and ``path`` (TencentPr
 inference input may leave ``label`` out). Paths are relative to the TSV file's folder, or
 absolute. Images are decoded and resized to the model's image size when the file is read
 (``pentad.data.images``); training batches are augmented with the batch's seeded generator
-(random resized crop, horizontal flip: ``task.augment``), evaluation batches never are.
+(random resized crop, random affine, horizontal flip: ``task.augment``), evaluation batches never are.
 The model needs no tokenizer.
 """
 

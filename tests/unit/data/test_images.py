@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pentad.data.assets import read_mnist_csv
-from pentad.data.images import AugmentConfig, augment, random_resized_crop, to_pixels
+from pentad.data.images import AugmentConfig, augment, random_affine, random_resized_crop, to_pixels
 from pentad.errors import UserError
 
 
@@ -36,6 +36,48 @@ def test_augment_copies_and_flip_mirrors():
     assert augment(images, None, np.random.default_rng(0)) is images
     with pytest.raises(ValueError):
         AugmentConfig(crop_scale=[0.5, 1.5])
+
+
+class _Draws:
+    """A stand-in generator that returns fixed draws: ``angle`` for scalars, ``shift`` for the pair."""
+
+    def __init__(self, angle=0.0, shift=(0.0, 0.0)):
+        self.angle, self.shift = angle, shift
+
+    def uniform(self, low, high, size=None):
+        return np.asarray(self.shift) if size is not None else self.angle
+
+
+def test_random_affine_shifts_and_rotates_exactly_and_fills_black():
+    image = (np.arange(64, dtype=np.uint8).reshape(8, 8, 1) * 3) + 1
+    shift = random_affine(image, AugmentConfig(translate=0.25), _Draws(shift=(0.25, -0.125)))
+    # two pixels right (0.25 x 8), one pixel up (-0.125 x 8); the uncovered border is 0
+    assert np.array_equal(shift[:7, 2:], image[1:, :6]) and not shift[:, :2].any() and not shift[7].any()
+    turned = random_affine(image, AugmentConfig(rotate=90.0), _Draws(angle=90.0))
+    assert np.array_equal(turned[..., 0], np.rot90(image[..., 0], k=-1))
+    same = random_affine(image, AugmentConfig(zoom=[1.0, 1.0]), np.random.default_rng(0))
+    assert np.array_equal(same, image)
+    odd = np.arange(81, dtype=np.uint8).reshape(9, 9, 1) + 1
+    slanted = random_affine(odd, AugmentConfig(shear=20.0), _Draws(angle=20.0))
+    assert np.array_equal(slanted[4], odd[4]) and not np.array_equal(slanted, odd)  # the centre row stays
+
+
+def test_random_affine_keeps_the_shape_and_is_seeded():
+    cfg = AugmentConfig(crop_scale=None, flip=False, rotate=15.0, translate=0.1, zoom=[0.9, 1.1], shear=10.0)
+    assert cfg.affine and not AugmentConfig().affine
+    images = np.random.default_rng(0).integers(0, 256, (4, 9, 7, 3), dtype=np.uint8)
+    out = augment(images, cfg, np.random.default_rng(3))
+    assert out.shape == images.shape and out.dtype == np.uint8
+    assert np.array_equal(out, augment(images, cfg, np.random.default_rng(3)))
+    assert not np.array_equal(out, augment(images, cfg, np.random.default_rng(4)))
+    assert all(not np.array_equal(o, i) for o, i in zip(out, images))
+    # an option left off draws nothing: crop and flip alone see the same draws as before it existed
+    plain = AugmentConfig(crop_scale=[0.5, 1.0])
+    assert np.array_equal(augment(images, plain, np.random.default_rng(5)),
+                          augment(images, plain.model_copy(update={"shear": 0.0}), np.random.default_rng(5)))
+    for bad in ({"zoom": [1.2, 0.8]}, {"zoom": [0.0, 1.0]}, {"translate": 1.0}, {"rotate": -5.0}, {"shear": 90.0}):
+        with pytest.raises(ValueError):
+            AugmentConfig(**bad)
 
 
 def test_to_pixels_normalises_channels_first():

@@ -9,7 +9,7 @@ objective's channels, resized bicubically to ``image_size``: :func:`pentad.data.
 and stores it as a typed uint8 array beside the instance's tokens (``vit``: none, its label in the
 manifest's label map; ``clip``: ``[CLS] text [SEP]``), ``image_size[0]`` rows of ``[width, channels]``
 per image. Training batches are memory-mapped images, seeded augmentation (``augment``: random resized
-crop and flip, from the batch's generator, so a resumed run sees the same crops) and normalisation
+crop, random affine and flip, from the batch's generator, so a resumed run sees the same crops) and normalisation
 (``normalise``) to ``pixels [B, C, H, W]``. A missing or undecodable image is a bad line
 (``data.on_bad_line``).
 
