@@ -969,6 +969,9 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
                 problems.append("an lm head that rescales its input (T5 v1.0): TencentPretrain's does not")
         if target.type == "cls":
             config["pooling"] = target.pooling
+            if target.label_smoothing:
+                notes.append(f"the cls head's label_smoothing {target.label_smoothing} is a training setting "
+                             "TencentPretrain's classifier does not have (the weights are unaffected)")
             if target.num_labels:
                 config["labels_num"] = target.num_labels
         if target.type == "sop":

@@ -34,6 +34,8 @@ class ImageClassificationTaskConfig(TaskConfig):
     pooler: bool = Field(False, description="dense + tanh before the classifier (TencentPretrain's cls head); "
                          "ViT's has none")
     head_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="training loss against targets with this "
+                                   "mass spread evenly over every class (DeiT: 0.1); 0: none")
     metric: Literal["accuracy", "macro_f1", "top5"] = Field("accuracy", description="dev metric that picks "
                                                             "the best model")
     normalise: Literal["half", "imagenet", "clip"] = Field(
@@ -107,7 +109,8 @@ class ImageClassificationTask(Task):
 
     def head_configs(self) -> list[dict[str, Any]]:
         return [{"type": "cls", "num_labels": self.label_map.num_labels, "pooling": self.cfg.pooling,
-                 "pooler": self.cfg.pooler, "dropout": self.cfg.head_dropout}]
+                 "pooler": self.cfg.pooler, "dropout": self.cfg.head_dropout,
+                 "label_smoothing": self.cfg.label_smoothing}]
 
     # ---------------------------------------------------------------- data
     def read(self, path: Path, with_labels: bool = True) -> ImageInstances:

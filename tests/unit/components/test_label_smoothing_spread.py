@@ -92,3 +92,36 @@ def test_export_writes_tencentpretrains_smoothing(smoothing, spread, written):
     config, notes = export_config(model, label="test", base=dict(GPT2))
     assert config.get("label_smoothing") == (pytest.approx(written) if written else None)
     assert any("label_smoothing" in n for n in notes) == (spread == "all")
+
+
+def test_cls_target_smooths_its_training_loss_only():
+    from pentad.components.targets.cls import ClsTarget, ClsTargetConfig
+    from pentad.tasks.image_classification import ImageClassificationTaskConfig
+
+    torch.manual_seed(0)
+    target = ClsTarget.from_config(ClsTargetConfig(num_labels=5, pooler=False, dropout=0.0, label_smoothing=0.2),
+                                   Sizes)
+    hidden, labels = torch.randn(4, 3, HIDDEN), torch.tensor([0, 4, 2, 2])
+    batch = Batch(labels={"cls": labels})
+    logits = target.scores(hidden, batch)
+    trained = target(hidden, batch).loss
+    assert torch.allclose(trained, torch.nn.functional.cross_entropy(logits, labels, label_smoothing=0.2))
+    assert not torch.allclose(trained, torch.nn.functional.cross_entropy(logits, labels))
+    target.eval()
+    assert torch.allclose(target(hidden, batch).loss, torch.nn.functional.cross_entropy(logits, labels))
+    # the image task hands its setting to the head it asks for
+    from pentad.tasks.image_classification import ImageClassificationTask
+
+    task = ImageClassificationTask(ImageClassificationTaskConfig(label_smoothing=0.1), None, 17)
+    task.load_state({"kind": "string", "labels": ["a", "b"]})
+    assert task.head_configs()[0]["label_smoothing"] == 0.1
+
+
+def test_a_smoothed_cls_head_exports_to_tencentpretrain_with_a_note():
+    from pentad.config.loader import load_config
+
+    for smoothing in (0.0, 0.1):
+        cfg = load_config("vit/tiny-16", [f"model.targets.0.label_smoothing={smoothing}"])
+        config, notes = export_config(cfg.model, label="test")
+        assert config["labels_num"] == 1000
+        assert any("label_smoothing 0.1" in n for n in notes) == bool(smoothing), notes

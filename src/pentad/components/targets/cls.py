@@ -19,6 +19,9 @@ class ClsTargetConfig(TargetConfigBase):
     pooling: PoolingKind = "first"
     pooler: bool = Field(True, description="dense + tanh after pooling (BERT's pooler)")
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="training loss: cross-entropy against "
+                                   "targets that put this mass evenly on every class (torch's, as DeiT trains "
+                                   "ViTs); 0: none")
 
     def check(self, model) -> list[tuple[str, str]]:
         if self.num_labels is None:
@@ -34,8 +37,9 @@ class ClsTarget(Target):
     Config = ClsTargetConfig
 
     def __init__(self, name: str, hidden_size: int, num_labels: int, pooling: PoolingKind = "first",
-                 pooler: bool = True, dropout: float = 0.1):
+                 pooler: bool = True, dropout: float = 0.1, label_smoothing: float = 0.0):
         super().__init__(name)
+        self.label_smoothing = label_smoothing
         self.pooling = pooling
         self.pooler = nn.Linear(hidden_size, hidden_size) if pooler else None
         self.dropout = nn.Dropout(dropout)
@@ -44,7 +48,7 @@ class ClsTarget(Target):
     @classmethod
     def from_config(cls, cfg: ClsTargetConfig, model) -> ClsTarget:
         return cls(cfg.target_name, model.hidden_size, cfg.num_labels or 2, cfg.pooling, cfg.pooler,
-                   cfg.dropout)
+                   cfg.dropout, cfg.label_smoothing)
 
     def positions_read(self) -> int | None:
         """1 with ``first`` pooling (the CLS state alone), else None."""
@@ -62,5 +66,5 @@ class ClsTarget(Target):
         labels = batch.labels.get(self.name)
         if labels is None:
             return TargetOutput(loss=None, logits=logits)
-        loss, metrics = classification_loss(logits, labels)
+        loss, metrics = classification_loss(logits, labels, self.label_smoothing if self.training else 0.0)
         return TargetOutput(loss=loss, metrics=metrics, logits=logits)
