@@ -1,5 +1,6 @@
 """Label smoothing spread over every class (torch's) or over the wrong ones only (fairseq's and
-TencentPretrain's ``lm_target.py``), and TencentPretrain configs importing the latter."""
+TencentPretrain's ``lm_target.py``), and TencentPretrain configs importing the latter; the cls
+head's smoothing of its training loss."""
 
 from __future__ import annotations
 
