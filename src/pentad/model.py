@@ -14,6 +14,7 @@ from pentad.components.base import (
     PooledPair,
     Target,
     TargetOutput,
+    leading_positions,
 )
 from pentad.components.stream import Stream, StreamPlan, run_stream, stacked
 from pentad.layers.block import Block
@@ -148,6 +149,10 @@ class Model(nn.Module):
         self.decoder = decoder
         self.targets = nn.ModuleDict(targets)
         self.tied: list[tuple[str, str]] = []  # (head parameter, shared parameter) declared by the builder
+        # forward computes, in the encoder's last layer, only the leading positions the heads read
+        # (Target.positions_read: a ViT's CLS); True keeps every position, for callers that watch the
+        # layers' states through hooks (distillation's LayerTap).
+        self.all_positions = False
         self._aux_blocks: list[Block] | None = None  # found at the first forward
 
     def blocks(self) -> list[nn.Module]:
@@ -257,9 +262,12 @@ class Model(nn.Module):
         """{target name: TargetOutput}, with the blocks' auxiliary losses and metrics of this forward."""
         if self.stream_plan is not None:
             return self._output(self._stream_forward(batch))
-        hidden, padding_mask = self.encode(batch)
         if self.decoder is not None:
+            hidden, padding_mask = self.encode(batch)
             hidden = self.decode(batch, hidden, padding_mask)
+        else:
+            keep = None if self.all_positions else leading_positions(self.targets.values())
+            hidden, padding_mask = run_stream(self.embedding, self.encoder, batch, output_positions=keep)
         return self._output({name: target(hidden, batch) for name, target in self.targets.items()})
 
     def _stream_forward(self, batch: Batch) -> dict[str, TargetOutput]:

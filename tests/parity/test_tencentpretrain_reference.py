@@ -127,7 +127,7 @@ def pentad_pair_outputs(model, inputs: dict[str, torch.Tensor]) -> dict[str, tor
         for i, layer in enumerate(encoder.layers):
             hooks.append(layer.register_forward_hook(keep(f"{prefix}encoder.layer.{i}")))
     with torch.no_grad():
-        heads = model(pentad_batch(model, inputs, with_labels=False))
+        heads = model(pentad_batch(model, inputs, with_labels=False))  # (a two-stream model trims nothing)
     for hook in hooks:
         hook.remove()
     out["clr.logits"], out["clr.loss"] = heads["clr"].logits, heads["clr"].loss

@@ -271,6 +271,9 @@ class LayerTap:
         self.hidden: list[Tensor] = []
         self.attention: list[Tensor] = []
         self.handles = []
+        self.model = model
+        self.all_positions = getattr(model, "all_positions", False)
+        model.all_positions = True  # every layer's states in full (no head-driven trimming of the last)
         for layer in self.layers:
             self.handles.append(layer.register_forward_hook(self._keep_hidden))
             if attention:
@@ -292,6 +295,7 @@ class LayerTap:
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
+        self.model.all_positions = self.all_positions
 
 
 def _first_scored(outputs: dict[str, TargetOutput]) -> str | None:

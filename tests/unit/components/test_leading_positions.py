@@ -117,6 +117,29 @@ def test_vit_logits_loss_and_gradients_match_with_the_cls_row_alone():
         torch.testing.assert_close(model.targets["cls"](hidden, batch).logits, reference, rtol=1e-5, atol=1e-5)
 
 
+def test_model_forward_trims_the_last_layer_unless_every_position_is_watched():
+    """Model.forward runs the last layer at the rows its heads read; all_positions (set by the
+    distiller's layer taps while they are attached) keeps every row; the logits agree."""
+    from pentad.training.distill import LayerTap
+
+    model = vit_model().eval()
+    batch = Batch(pixels=torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(4)))
+    rows: list[int] = []
+    handle = model.encoder.layers[-1].register_forward_hook(
+        lambda m, i, o: rows.append((o[0] if isinstance(o, tuple) else o).shape[1]))
+    with torch.no_grad():
+        trimmed = model(batch)["cls"].logits
+        tap = LayerTap(model, attention=False)
+        assert model.all_positions
+        full = model(batch)["cls"].logits
+        tap.remove()
+        assert not model.all_positions
+        hidden, _ = model.encode(batch)  # encode always gives every position
+    handle.remove()
+    assert rows == [1, 17, 17] and hidden.shape[1] == 17
+    torch.testing.assert_close(trimmed, full, rtol=1e-5, atol=1e-6)
+
+
 def test_stacks_that_cannot_trim_compute_everything_and_cut():
     for encoder in ({"residual_attention": True}, {"ffn": "moe", "moe": {"num_experts": 2, "top_k": 1}}):
         model = text_model(encoder)
