@@ -1,6 +1,6 @@
 """``pentad embed RUN --input FILE``: pooled sentence vectors (.npy) of a text file from any run's encoder,
-optionally BERT-whitened; ``--similarity``: the cosine similarity of each text_a/text_b pair
-(:mod:`pentad.tasks.embed`)."""
+optionally BERT-whitened; ``--similarity``: the cosine similarity of each text_a/text_b pair; ``--images``:
+image vectors from a ViT or a two-tower run's image stream (:mod:`pentad.tasks.embed`)."""
 
 from __future__ import annotations
 
@@ -21,19 +21,26 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "the token states into one vector per text and write them as OUT (.npy, float32 [N, dim]) with "
                     "a JSON description beside it (OUT with .json). --similarity reads text_a/text_b pairs instead "
                     "and writes each pair's cosine similarity (a TSV with header 'similarity'), with Spearman's and "
-                    "Pearson's correlation when the file has a label column.")
+                    "Pearson's correlation when the file has a label column. --images reads a TSV of image files "
+                    "(header naming 'path') and writes their vectors from a ViT/BEiT run or from a two-tower "
+                    "(CLIP-style) run's image stream.")
     p.add_argument("run", type=Path, metavar="RUN", help="a run directory")
     p.add_argument("--input", "-i", required=True, type=Path, help="the texts (or pairs, with --similarity)")
     p.add_argument("--output", "-o", type=Path, help="default: RUN/embeddings.npy (RUN/similarity.tsv with "
                    "--similarity)")
     p.add_argument("--overwrite", action="store_true", help="replace the output if it exists")
     p.add_argument("--pooling", choices=("first", "mean", "max", "last"),
-                   help="default: the run's own (a two-stream run's), else mean")
+                   help="default: the run's own (a two-stream run's; images: the cls head's or the image "
+                   "stream's), else mean")
     p.add_argument("--whitening", action="store_true", help="BERT-whitening: subtract the mean and decorrelate to "
                    "unit variance (fitted on the input's texts unless --whitening-fit)")
     p.add_argument("--whitening-dim", type=int, metavar="K", help="keep the K directions of largest variance")
     p.add_argument("--whitening-fit", type=Path, metavar="FILE", help="fit the whitening on these texts instead")
     p.add_argument("--similarity", action="store_true", help="score text_a/text_b pairs by cosine similarity")
+    p.add_argument("--images", action="store_true", help="--input is a TSV of image files (a header naming 'path'; "
+                   "paths relative to it): image vectors from a ViT or a two-tower run's image stream")
+    p.add_argument("--projected", action="store_true", help="a two-stream run with a clr head (CLIP): the head's "
+                   "projected, L2-normalised features (what retrieval compares) instead of pooled states")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     return p
@@ -55,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(output, args.overwrite)
     check_output_file(sidecar_path(output), args.overwrite)
     description = embed_file(args.run, args.input, output, args.pooling, args.whitening, args.whitening_dim,
-                             args.whitening_fit, args.batch_size, args.similarity, args.device)
+                             args.whitening_fit, args.batch_size, args.similarity, args.device,
+                             images=args.images, projected=args.projected)
     print(json.dumps(description, indent=2, ensure_ascii=False), flush=True)
     return 0

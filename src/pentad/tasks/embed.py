@@ -100,22 +100,42 @@ def read_texts(path: Path, pairs: bool = False) -> TextFile:
     return out
 
 
-class Embedder:
-    """A run's embedding and encoder, turning texts into pooled vectors [N, H] (float32, numpy)."""
+def projection_head(model: Any, stream: str, run_dir: Path) -> tuple[Any, int]:
+    """(clr head, index of ``stream`` among the streams it compares) of a two-stream run, for
+    ``--projected``; UserError when the run has none."""
+    plan = getattr(model, "stream_plan", None)
+    for name, target in getattr(model, "targets", {}).items():
+        if plan is not None and target.registry_name == "clr" and stream in plan.reads.get(name, ()):
+            return target, plan.reads[name].index(stream)
+    raise UserError(f"--projected: {run_dir} has no clr head over stream '{stream}' (only a two-stream run with a "
+                    "clr head, CLIP-style, has projected features); drop --projected for the pooled states")
 
-    def __init__(self, model: Any, tokenizer: Any, seq_length: int, pooling: PoolingKind, device: torch.device):
+
+class Embedder:
+    """A run's embedding and encoder, turning texts into pooled vectors [N, H] (float32, numpy); with
+    ``projected`` (a two-stream run with a clr head) the head's projected, L2-normalised features."""
+
+    def __init__(self, model: Any, tokenizer: Any, seq_length: int, pooling: PoolingKind, device: torch.device,
+                 projected: bool = False, run_dir: Path | None = None):
         if pooling not in POOLINGS:
             raise UserError(f"unknown pooling {pooling!r}; expected one of {', '.join(POOLINGS)}")
         self.model, self.tokenizer, self.seq_length = model, tokenizer, seq_length
         self.pooling = pooling
         self.device = device
         self.pad_id = int(tokenizer.pad_id) if tokenizer.pad_id is not None else 0
+        self.head = None
+        if projected:
+            plan = getattr(model, "stream_plan", None)
+            if plan is None:
+                raise UserError(f"--projected: {run_dir} has one stream; projected features belong to a two-stream "
+                                "run's clr head")
+            self.head = projection_head(model, plan.first, run_dir or Path("RUN"))
 
     @classmethod
-    def from_run(cls, run_dir: Path, pooling: PoolingKind | None = None, device: str | torch.device = "cpu"
-                 ) -> Embedder:
+    def from_run(cls, run_dir: Path, pooling: PoolingKind | None = None, device: str | torch.device = "cpu",
+                 projected: bool = False) -> Embedder:
         """The encoder of ``run_dir`` with its weights; ``pooling`` default: the run's own (a two-stream
-        run's stream 0 pooling), else ``mean``."""
+        run's first stream's pooling), else ``mean``."""
         from pentad.generation.text import load_model
 
         run_dir = Path(run_dir)
@@ -125,7 +145,8 @@ class Embedder:
         seq_length = cfg.model.max_seq_length
         if cfg.data.objective is not None:
             seq_length = min(seq_length, cfg.data.objective.seq_length)
-        return cls(model, tokenizer, seq_length, pooling or run_pooling(cfg), torch.device(device))
+        return cls(model, tokenizer, seq_length, pooling or run_pooling(cfg), torch.device(device), projected,
+                   run_dir)
 
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Token ids of each text: ``[CLS] text [SEP]`` cut to ``seq_length`` (the ids alone when the
@@ -160,8 +181,104 @@ class Embedder:
             batch = Batch(tokens=torch.from_numpy(ids), segments=torch.zeros(ids.shape, dtype=torch.long),
                           padding_mask=torch.from_numpy(~valid)).to(self.device)
             hidden, mask = self.model.encode(batch)
-            out.append(pool(hidden, mask, self.pooling).float().cpu().numpy())
+            vectors = pool(hidden, mask, self.pooling)
+            if self.head is not None:
+                vectors = self.head[0].stream_features(vectors, self.head[1])
+            out.append(vectors.float().cpu().numpy())
         return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
+
+
+class ImageEmbedder:
+    """A run's image tower, turning image files into pooled vectors [N, H] (float32, numpy): a model whose
+    embedding slot has a ``patch`` (or ``masked_patch``) part (ViT, BEiT) pools its encoder's states
+    (default: as its cls head pools, else the CLS position); a two-stream model whose second stream
+    embeds images (CLIP) pools that stream as it is configured to; with ``projected`` its clr head's
+    projected, L2-normalised features (what retrieval compares). Images are decoded, resized to the
+    patch part's size and channels and normalised as the run's task does (``half`` when it says
+    nothing)."""
+
+    def __init__(self, model: Any, cfg: Any, pooling: PoolingKind | None, device: torch.device,
+                 projected: bool = False, run_dir: Path | None = None):
+        from pentad.config.streams import stream_embedding, stream_names
+        from pentad.data.images import NORMALISE
+
+        where = run_dir or Path("RUN")
+        self.model, self.device = model, device
+        own = {p.type: p for p in cfg.model.embedding.parts}
+        names = stream_names(cfg.model)
+        second = {p.type: p for p in stream_embedding(cfg.model, names[1]).parts} if names else {}
+        self.stream: str | None = None
+        if "patch" in own or "masked_patch" in own:
+            patch = own.get("patch") or own.get("masked_patch")
+            heads = [t for t in cfg.model.targets if t.type == "cls"]
+            default = getattr(heads[0], "pooling", "first") if heads else "first"
+        elif "patch" in second:
+            self.stream, patch = names[1], second["patch"]
+            default = cfg.model.streams[names[1]].pooling
+        elif "word_patch" in own:
+            raise UserError(f"{where} reads a caption and an image as one sequence (word_patch, ViLT-style): an image "
+                            "alone has no vector there; embed with a ViT or a two-tower (CLIP-style) run")
+        else:
+            raise UserError(f"{where} reads no images: its embedding slot has no patch part, nor has a second stream "
+                            "(docs/vision.md)")
+        self.pooling = pooling or default
+        if self.pooling not in POOLINGS:
+            raise UserError(f"unknown pooling {self.pooling!r}; expected one of {', '.join(POOLINGS)}")
+        self.size, self.channels = (patch.image_size[0], patch.image_size[1]), patch.channels
+        objective = cfg.data.objective
+        self.normalise = (getattr(cfg.task, "normalise", None) if cfg.task is not None else None) or \
+            getattr(objective, "normalise", None) or "half"
+        self.mean, self.std = NORMALISE[self.normalise]
+        self.head = None
+        if projected:
+            if self.stream is None:
+                raise UserError(f"--projected: {where} has one stream; projected features belong to a two-stream "
+                                "run's clr head")
+            self.head = projection_head(model, self.stream, where)
+
+    @classmethod
+    def from_run(cls, run_dir: Path, pooling: PoolingKind | None = None, device: str | torch.device = "cpu",
+                 projected: bool = False) -> ImageEmbedder:
+        from pentad.generation.text import load_model
+
+        model, cfg, _ = load_model(Path(run_dir), device)
+        return cls(model, cfg, pooling, torch.device(device), projected, Path(run_dir))
+
+    @torch.no_grad()
+    def __call__(self, images: np.ndarray, batch_size: int = 64, progress: str | None = None) -> np.ndarray:
+        """Pooled vectors [N, H] of uint8 ``images`` [N, H, W, C] (as :func:`read_images` gives them)."""
+        from pentad.components.base import Batch
+        from pentad.components.stream import run_stream
+        from pentad.data.images import to_pixels
+        from pentad.tasks.base import in_order
+
+        if batch_size < 1:
+            raise UserError(f"--batch-size must be at least 1, got {batch_size}")
+        self.model.eval()
+        out = []
+        for idx in in_order(len(images), batch_size, progress):
+            batch = Batch(pixels=to_pixels(images[np.asarray(idx)], self.mean, self.std)).to(self.device)
+            if self.stream is None:
+                hidden, mask = self.model.encode(batch)
+            else:
+                hidden, mask = run_stream(*self.model.stream_slots(self.stream), batch)
+            vectors = pool(hidden, mask, self.pooling)
+            if self.head is not None:
+                vectors = self.head[0].stream_features(vectors, self.head[1])
+            out.append(vectors.float().cpu().numpy())
+        return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
+
+    def read(self, path: Path) -> tuple[list[str], np.ndarray]:
+        """(paths as written, uint8 images [N, H, W, C]) of a TSV of images: a header naming ``path`` (other
+        columns are ignored), one image per line, paths relative to the file's folder."""
+        from pentad.data.images import load_images
+        from pentad.data.tsv import read_path_tsv
+
+        path = Path(path)
+        rows = read_path_tsv(path, "label", False, "image")
+        images = load_images([path.parent / p for _, p, _ in rows], [n for n, _, _ in rows], path, self.size,
+                             self.channels)
+        return [p for _, p, _ in rows], images
 
 
 def run_pooling(cfg: Any) -> PoolingKind:
@@ -233,31 +350,44 @@ def check_options(whitening: bool, whitening_dim: int | None, whitening_fit: Pat
 def embed_file(run_dir: Path, input_path: Path, output: Path, pooling: PoolingKind | None = None,
                whitening: bool = False, whitening_dim: int | None = None, whitening_fit: Path | None = None,
                batch_size: int = 64, similarity: bool = False, device: str = "auto",
-               progress: bool = False) -> dict[str, Any]:
+               progress: bool = False, images: bool = False, projected: bool = False) -> dict[str, Any]:
     """Write the vectors of ``input_path``'s texts to ``output`` (.npy, [N, H] or [N, K] float32), or with
     ``similarity`` the cosine similarity of each text_a/text_b pair (a TSV with header ``similarity``),
     plus a JSON sidecar (:func:`sidecar_path`) describing them; returns that description.
 
     ``whitening``: fitted on the input's texts (both sides of the pairs) or on ``whitening_fit``'s,
     keeping ``whitening_dim`` dimensions. With pairs that have a ``label`` column the description holds
-    Spearman's and Pearson's correlation of similarity and label."""
+    Spearman's and Pearson's correlation of similarity and label. ``images``: ``input_path`` (and
+    ``whitening_fit``) are TSVs of image files (:class:`ImageEmbedder`); ``projected``: a two-stream
+    run's clr features instead of pooled states."""
     from pentad.tasks.correlation import pearson, spearman
     from pentad.training.checkpoint import atomic_write_text, write_json
     from pentad.training.distributed import pick_device
 
     check_options(whitening, whitening_dim, whitening_fit, batch_size)
-    texts = read_texts(input_path, pairs=similarity)
-    fit_texts = read_texts(whitening_fit) if whitening_fit is not None else None
-    embedder = Embedder.from_run(run_dir, pooling, pick_device(device))
+    if images and similarity:
+        raise UserError("--similarity scores text pairs; it does not go with --images")
     label = "embed" if progress else None
-    first = embedder(texts.text_a, batch_size, label)
-    second = embedder(texts.text_b, batch_size, label) if texts.text_b is not None else None
+    if images:
+        image_embedder = ImageEmbedder.from_run(run_dir, pooling, pick_device(device), projected)
+        names, pixels = image_embedder.read(input_path)
+        texts = TextFile(Path(input_path), names)
+        first, second = image_embedder(pixels, batch_size, label), None
+        embedder: Any = image_embedder
+    else:
+        texts = read_texts(input_path, pairs=similarity)
+        embedder = Embedder.from_run(run_dir, pooling, pick_device(device), projected)
+        first = embedder(texts.text_a, batch_size, label)
+        second = embedder(texts.text_b, batch_size, label) if texts.text_b is not None else None
     hidden_size = int(first.shape[1])
     transform = None
     if whitening:
-        if fit_texts is None:
+        if whitening_fit is None:
             fit_on = first if second is None else np.concatenate([first, second])
+        elif images:
+            fit_on = embedder(embedder.read(whitening_fit)[1], batch_size, label)
         else:
+            fit_texts = read_texts(whitening_fit)
             fit_on = embedder(fit_texts.text_a + (fit_texts.text_b or []), batch_size, label)
         transform = Whitening.fit(fit_on, whitening_dim)
         first = transform.apply(first)
@@ -265,7 +395,9 @@ def embed_file(run_dir: Path, input_path: Path, output: Path, pooling: PoolingKi
     description: dict[str, Any] = {
         "run": str(Path(run_dir).resolve()), "input": str(Path(input_path).resolve()), "output": str(output),
         "pooling": embedder.pooling, "count": len(texts.text_a), "hidden_size": hidden_size,
-        "dim": int(first.shape[1]), "seq_length": embedder.seq_length,
+        "dim": int(first.shape[1]), "projected": embedder.head is not None,
+        **({"images": {"stream": embedder.stream, "size": list(embedder.size), "channels": embedder.channels,
+                       "normalise": embedder.normalise}} if images else {"seq_length": embedder.seq_length}),
         "whitening": None if transform is None else {
             "fit_on": str(Path(whitening_fit).resolve()) if whitening_fit is not None else "input",
             "dim": int(transform.transform.shape[1])},
