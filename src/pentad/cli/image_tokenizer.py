@@ -1,5 +1,6 @@
 """``pentad image-tokenizer fit --images DIR --output FILE``: fit the k-means patch codebook whose ids are
-BEiT's visual tokens (:mod:`pentad.data.image_tokenizer`, docs/vision.md)."""
+BEiT's visual tokens; ``pentad image-tokenizer import --codebook FILE``: use a codebook made elsewhere
+(:mod:`pentad.data.image_tokenizer`, docs/vision.md)."""
 
 from __future__ import annotations
 
@@ -32,15 +33,36 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     f.add_argument("--steps", type=int, default=200, help="mini-batch k-means steps")
     f.add_argument("--batch-size", type=int, default=2048, help="patches per k-means step")
     f.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    i = sub.add_parser("import", help="turn a codebook made elsewhere into a pentad image tokenizer",
+                       description="Read centroids [K, P*P*C] from a .npy file (no pickle) or a safetensors file with "
+                                   "one tensor, rescale them to pentad's 0..1 pixel units and its (row, column, "
+                                   "channel) patch layout, and write the image tokenizer file that "
+                                   "data.objective.image_tokenizer names.")
+    i.add_argument("--codebook", required=True, type=Path, help="the centroids, one per row (.npy or .safetensors)")
+    i.add_argument("--output", "-o", required=True, type=Path, help="the file to write (.safetensors)")
+    i.add_argument("--patch-size", type=int, required=True, help="patch side in pixels")
+    i.add_argument("--channels", type=int, choices=(1, 3), default=3, help="3 (RGB, default) or 1 (grayscale)")
+    i.add_argument("--layout", choices=("hwc", "chw"), default="hwc", help="how a row flattens a patch: hwc (row, "
+                   "column, channel; default) or chw (channel first)")
+    i.add_argument("--pixel-range", choices=("0-1", "0-255", "symmetric"), default="0-1",
+                   help="the units of the centroids' numbers: 0-1 (default), 0-255, or symmetric (-1..1)")
+    i.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    from pentad.data.image_tokenizer import fit_on_files
+    from pentad.data.image_tokenizer import fit_on_files, import_codebook
     from pentad.errors import UserError
 
     if args.output.exists() and not args.overwrite:
         raise UserError(f"--output {args.output} exists; give --overwrite to replace it")
+    if args.image_tokenizer_command == "import":
+        if args.patch_size < 1:
+            raise UserError(f"--patch-size must be positive, found {args.patch_size}")
+        tokenizer = import_codebook(args.codebook, args.patch_size, args.channels, args.layout, args.pixel_range)
+        tokenizer.save(args.output)
+        print(json.dumps({"output": str(args.output), **tokenizer.metadata()}, indent=2))
+        return 0
     if len(args.image_size) > 2:
         raise UserError(f"--image-size takes one size or height and width, found {len(args.image_size)} numbers")
     for name in ("patch_size", "codebook_size", "max_patches", "steps", "batch_size"):

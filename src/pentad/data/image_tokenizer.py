@@ -161,6 +161,68 @@ class ImageTokenizer:
             raise UserError(f"{what} {path}: inconsistent metadata and codebook ({error})") from None
 
 
+PIXEL_RANGES = {"0-1": (0.0, 1.0), "0-255": (0.0, 255.0), "symmetric": (-1.0, 1.0)}
+
+
+def import_codebook(path: Path, patch_size: int, channels: int, layout: str = "hwc",
+                    pixel_range: str = "0-1") -> ImageTokenizer:
+    """A codebook made elsewhere as a pentad image tokenizer: ``path`` is a ``.npy`` file (read without
+    pickle) or a safetensors file holding one 2-D tensor, ``[K, patch_size * patch_size * channels]``,
+    one centroid per row. ``layout``: how a row flattens a patch, ``hwc`` (row, column, channel: pentad's)
+    or ``chw`` (channel first, as a convolution's weights); ``pixel_range``: the units of its numbers
+    (``0-1``, ``0-255`` or ``symmetric``, -1..1), rescaled to pentad's 0..1. UserError naming the file otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"codebook {path} does not exist")
+    if layout not in ("hwc", "chw"):
+        raise UserError(f"--layout {layout!r}: expected hwc (row, column, channel) or chw (channel first)")
+    if pixel_range not in PIXEL_RANGES:
+        raise UserError(f"--pixel-range {pixel_range!r}: expected one of {', '.join(PIXEL_RANGES)}")
+    if path.suffix == ".npy":
+        try:
+            codebook = np.load(path, allow_pickle=False)
+        except ValueError as error:
+            raise UserError(f"codebook {path} cannot be read without unpickling objects ({error}); save the "
+                            "centroids as a plain numeric array") from None
+        except OSError as error:
+            raise UserError(f"codebook {path} is not a .npy file ({error})") from None
+    else:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                names = list(f.keys())
+                if len(names) != 1:
+                    raise UserError(f"codebook {path} holds {len(names)} tensors ({', '.join(names[:5])}); expected "
+                                    "one [K, D] tensor of centroids")
+                codebook = f.get_tensor(names[0])
+        except UserError:
+            raise
+        except Exception as error:
+            raise UserError(f"codebook {path} is neither a .npy nor a safetensors file ({error})") from None
+    width = patch_size * patch_size * channels
+    if codebook.ndim != 2 or codebook.shape[1] != width or codebook.dtype.kind not in "fiu":
+        raise UserError(f"codebook {path}: expected numbers of shape [K, {width}] (patches of {patch_size}x"
+                        f"{patch_size} pixels, {channels} channel(s)), found {codebook.dtype} {list(codebook.shape)}")
+    if not 1 <= len(codebook) <= MAX_CODEBOOK_SIZE:
+        raise UserError(f"codebook {path} has {len(codebook)} centroids; pentad stores visual tokens as uint16 "
+                        f"(1 to {MAX_CODEBOOK_SIZE})")
+    values = codebook.astype(np.float64)
+    if not np.isfinite(values).all():
+        raise UserError(f"codebook {path} holds non-finite numbers")
+    low, high = PIXEL_RANGES[pixel_range]
+    if values.min() < low - 1e-3 * (high - low) or values.max() > high + 1e-3 * (high - low):
+        raise UserError(f"codebook {path}: its numbers run from {values.min():.4g} to {values.max():.4g}, outside "
+                        f"--pixel-range {pixel_range}; give the range its centroids are in")
+    values = (values - low) / (high - low)
+    if layout == "chw":
+        values = values.reshape(-1, channels, patch_size, patch_size).transpose(0, 2, 3, 1).reshape(-1, width)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return ImageTokenizer(values.astype(np.float32), patch_size, channels,
+                          {"imported_from": path.name, "source_sha256": digest, "source_layout": layout,
+                           "source_pixel_range": pixel_range})
+
+
 def nearest(vectors: np.ndarray, codebook: np.ndarray, squares: np.ndarray | None = None,
             chunk: int = 4096) -> np.ndarray:
     """The nearest row of ``codebook [K, D]`` to each row of ``vectors [M, D]`` -> int64 ``[M]``; in

@@ -88,3 +88,46 @@ def test_reservoir_is_uniform_and_bounded():
     # every part of the stream is sampled at its share (500 / 10,000 per draw)
     shares = counts.reshape(10, 1000).sum(1) / (60 * 500)
     assert np.all(np.abs(shares - 0.1) < 0.02), shares
+
+
+def test_an_imported_codebook_encodes_as_the_original(tmp_path):
+    """A codebook saved elsewhere channel-first in 0..255 (as a convolution's weights) imports to the same
+    tokenizer: the same ids for the same images, and the pentad file loads like a fitted one."""
+    from safetensors.numpy import save_file
+
+    from pentad.cli.main import main
+    from pentad.data.image_tokenizer import import_codebook
+
+    rng = np.random.default_rng(0)
+    original = ImageTokenizer(rng.random((12, 4 * 4 * 3)).astype(np.float32), 4, 3)
+    images = rng.integers(0, 256, (3, 8, 8, 3), dtype=np.uint8)
+    chw = original.codebook.reshape(12, 4, 4, 3).transpose(0, 3, 1, 2).reshape(12, -1) * 255.0
+    np.save(tmp_path / "c.npy", chw)
+    imported = import_codebook(tmp_path / "c.npy", 4, 3, layout="chw", pixel_range="0-255")
+    np.testing.assert_allclose(imported.codebook, original.codebook, atol=1e-6)
+    assert np.array_equal(imported.encode(images), original.encode(images))
+    assert imported.meta["imported_from"] == "c.npy" and imported.meta["source_layout"] == "chw"
+    save_file({"centroids": original.codebook * 2 - 1}, str(tmp_path / "c.safetensors"))
+    assert main(["image-tokenizer", "import", "--codebook", str(tmp_path / "c.safetensors"), "--patch-size", "4",
+                 "--pixel-range", "symmetric", "--output", str(tmp_path / "tok.safetensors")]) == 0
+    loaded = ImageTokenizer.load(tmp_path / "tok.safetensors")
+    assert np.array_equal(loaded.encode(images), original.encode(images)) and loaded.codebook_size == 12
+
+
+def test_bad_codebooks_are_named(tmp_path):
+    from pentad.data.image_tokenizer import import_codebook
+
+    np.save(tmp_path / "wide.npy", np.zeros((4, 10)))
+    with pytest.raises(UserError, match=r"expected numbers of shape \[K, 48\].*found float64 \[4, 10\]"):
+        import_codebook(tmp_path / "wide.npy", 4, 3)
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(UserError, match="cannot be read without unpickling"):
+        import_codebook(tmp_path / "objects.npy", 4, 3)
+    np.save(tmp_path / "bytes.npy", np.full((2, 48), 200.0))
+    with pytest.raises(UserError, match="outside --pixel-range 0-1"):
+        import_codebook(tmp_path / "bytes.npy", 4, 3)
+    np.save(tmp_path / "nan.npy", np.full((2, 48), np.nan))
+    with pytest.raises(UserError, match="non-finite"):
+        import_codebook(tmp_path / "nan.npy", 4, 3)
+    with pytest.raises(UserError, match="does not exist"):
+        import_codebook(tmp_path / "missing.npy", 4, 3)
