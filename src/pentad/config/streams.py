@@ -32,7 +32,7 @@ from pydantic import Field
 
 from pentad.config.base import StrictModel
 from pentad.config.sizes import SlotSizes
-from pentad.layers.pooling import PoolingKind
+from pentad.layers.pooling_kinds import PoolingKind  # (no torch: reading a config needs none)
 
 STREAM_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 SIZE_FIELDS = ("hidden_size", "embedding_size", "vocab_size", "max_seq_length")

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import Tensor
 
-PoolingKind = Literal["first", "mean", "max", "last"]
+from pentad.layers.pooling_kinds import PoolingKind
 
 
 def pool(hidden: Tensor, padding_mask: Tensor | None, kind: PoolingKind) -> Tensor:
