@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from pentad.cli.main import main
 
@@ -173,3 +174,30 @@ def test_the_random_affine_is_set_from_the_task_and_seeded(digits):
     # every image of the batch is warped (none equals any stored image), and the shapes are kept
     assert a.pixels.shape == (8, 3, 16, 16)
     assert not any(a.pixels[i].equal(p) for i in range(8) for p in plain)
+
+
+def test_mixup_and_cutmix_train_from_the_cli_on_soft_targets(digits, tmp_path):
+    from pentad.config.loader import load_config
+    from pentad.registry import TASKS
+
+    cfg = load_config("vit/tiny-16", [*VIT[2:-2], f"data.train={digits['train']}", "task.mix={}"])
+    assert cfg.task.mix.mixup == 0.8 and cfg.task.mix.cutmix == 1.0
+    task = TASKS.get("image_classification")(cfg.task, None, 17)
+    task.bind(cfg)
+    task.fit(digits["train"])
+    instances = task.read(digits["train"])
+    batch = next(task.train_batches(instances, 8, seed=3).iterate(0))
+    targets = batch.labels["cls"]
+    assert targets.shape == (8, 3) and targets.dtype == torch.float32
+    assert targets.sum(1).allclose(torch.ones(8)) and (targets.max(1).values < 1).any()
+    # evaluation batches keep the class ids
+    assert task.collate(instances, np.arange(4), None).labels["cls"].dtype == torch.int64
+    out = tmp_path / "run"
+    assert main(["finetune", "--task", "image_classification", *VIT, f"data.train={digits['train']}",
+                 f"data.dev={digits['dev']}", f"output={out}", "train.epochs=2", "train.batch_size=16",
+                 "task.mix.mixup=0.4", "task.mix.switch=0.3", "model.encoder.drop_path=0.1"]) == 0
+    from pentad.runs import load_run
+
+    saved, _ = load_run(out)  # the run records both, so a resumed or repeated run trains the same way
+    assert saved.task.mix.mixup == 0.4 and saved.task.mix.switch == 0.3 and saved.model.encoder.drop_path == 0.1
+    assert "accuracy" in json.loads((out / "results.json").read_text())["dev"]

@@ -68,6 +68,56 @@ class AugmentConfig(StrictModel):
         return value
 
 
+class MixConfig(StrictModel):
+    """Mixup and CutMix of training batches (Zhang et al. 2018; Yun et al. 2019; DeiT's recipe):
+    each image blended with, or given a box cut from, another image of the batch, and its target
+    becoming the two labels weighted by their share."""
+
+    mixup: float = Field(0.8, ge=0.0, description="mixup: the Beta(a, a) the blend weight is drawn from "
+                         "(DeiT: 0.8); 0: no mixup")
+    cutmix: float = Field(1.0, ge=0.0, description="CutMix: the Beta(a, a) that sets the share of the image a "
+                          "box from the other one replaces (DeiT: 1.0); 0: no CutMix")
+    prob: float = Field(1.0, ge=0.0, le=1.0, description="the share of training batches that are mixed")
+    switch: float = Field(0.5, ge=0.0, le=1.0, description="with both on, the share of mixed batches that use "
+                          "CutMix rather than mixup")
+
+    @property
+    def on(self) -> bool:
+        return self.prob > 0 and (self.mixup > 0 or self.cutmix > 0)
+
+
+def mix_batch(pixels, labels: np.ndarray, num_labels: int, cfg: MixConfig, rng: np.random.Generator):
+    """``pixels`` [B, C, H, W] (a float tensor) and class ids ``labels`` [B] -> mixed pixels and
+    target distributions [B, num_labels] (float32), drawn with ``rng``. Row i is mixed with row
+    B-1-i (the batch reversed, as timm pairs them); the weight of its own label is the share of
+    its own pixels: lambda for mixup, the area outside the box for CutMix (the box is clipped to
+    the image, and lambda recomputed from what is left). A batch that is not drawn for mixing keeps
+    its pixels and gets one-hot targets."""
+    import torch
+
+    targets = np.zeros((len(labels), num_labels), dtype=np.float32)
+    targets[np.arange(len(labels)), labels] = 1.0
+    if not cfg.on or rng.random() >= cfg.prob:
+        return pixels, torch.from_numpy(targets)
+    cutmix = cfg.cutmix > 0 and (cfg.mixup <= 0 or rng.random() < cfg.switch)
+    other = pixels.flip(0)
+    if cutmix:
+        lam = float(rng.beta(cfg.cutmix, cfg.cutmix))
+        height, width = pixels.shape[-2:]
+        cut_h, cut_w = int(height * np.sqrt(1.0 - lam)), int(width * np.sqrt(1.0 - lam))
+        cy, cx = int(rng.integers(0, height)), int(rng.integers(0, width))
+        top, bottom = max(cy - cut_h // 2, 0), min(cy + cut_h // 2, height)
+        left, right = max(cx - cut_w // 2, 0), min(cx + cut_w // 2, width)
+        pixels = pixels.clone()
+        pixels[..., top:bottom, left:right] = other[..., top:bottom, left:right]
+        lam = 1.0 - (bottom - top) * (right - left) / (height * width)
+    else:
+        lam = float(rng.beta(cfg.mixup, cfg.mixup))
+        pixels = pixels * lam + other * (1.0 - lam)
+    targets = lam * targets + (1.0 - lam) * targets[::-1]
+    return pixels, torch.from_numpy(np.ascontiguousarray(targets, dtype=np.float32))
+
+
 def _mode(channels: int) -> str:
     if channels == 3:
         return "RGB"

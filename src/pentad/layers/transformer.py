@@ -21,6 +21,15 @@ BlockFactory = Callable[[int], nn.Module]
 """Layer index -> a new block (attention or feed-forward, a :class:`~pentad.layers.block.Block`)."""
 
 
+def drop_path_rate(drop_path: float, index: int, num_layers: int, shared: bool = False) -> float:
+    """Stochastic-depth rate of layer ``index`` of ``num_layers``: rising linearly from 0 at the first
+    layer to ``drop_path`` at the last (DeiT, BEiT); ``shared`` (one layer applied ``num_layers``
+    times, ALBERT): ``drop_path`` for every application."""
+    if shared or num_layers == 1:
+        return drop_path
+    return drop_path * index / (num_layers - 1)
+
+
 class TransformerLayer(nn.Module):
     """A transformer layer, [B,S,H] -> [B,S,H], assembled from blocks passed in: self-attention,
     optional cross-attention over an encoder memory (decoder layers), feed-forward; each
@@ -34,9 +43,13 @@ class TransformerLayer(nn.Module):
 
     def __init__(self, attention: nn.Module, ffn: nn.Module, hidden_size: int, *,
                  norm_position: Literal["pre", "post"] = "post", norm: str = "layernorm",
-                 layer_norm_eps: float = 1e-12, dropout: float = 0.1, cross_attention: nn.Module | None = None):
+                 layer_norm_eps: float = 1e-12, dropout: float = 0.1, cross_attention: nn.Module | None = None,
+                 drop_path: float = 0.0):
         super().__init__()
+        if not 0.0 <= drop_path < 1.0:
+            raise ValueError(f"drop_path must be in [0, 1), got {drop_path}")
         self.pre_norm = norm_position == "pre"
+        self.drop_path = drop_path
         self.attention = attention
         self.attention_norm = make_norm(norm, hidden_size, layer_norm_eps)
         if cross_attention is not None:
@@ -53,9 +66,19 @@ class TransformerLayer(nn.Module):
         residual = x if keep is None else x[:, :keep]
         if self.pre_norm:
             out, extra = fn(norm(x))
-            return residual + self.dropout(out), extra
+            return residual + self._branch(out), extra
         out, extra = fn(x)
-        return norm(residual + self.dropout(out)), extra
+        return norm(residual + self._branch(out)), extra
+
+    def _branch(self, out: Tensor) -> Tensor:
+        """A sub-layer's output as added to the residual: dropout, then in training with ``drop_path``
+        p > 0 the whole branch dropped for each example with probability p and the kept ones scaled
+        by 1 / (1 - p) (stochastic depth, Huang et al. 2016, as DeiT and BEiT train ViTs)."""
+        out = self.dropout(out)
+        if self.drop_path and self.training:
+            keep = 1.0 - self.drop_path
+            out = out * out.new_empty((out.shape[0],) + (1,) * (out.dim() - 1)).bernoulli_(keep).div_(keep)
+        return out
 
     @property
     def can_keep(self) -> bool:
@@ -128,7 +151,8 @@ class TransformerStack(nn.Module):
                  norm: str = "layernorm", positions: PositionKind = "none", rotary_base: float = 10000.0,
                  rotary_dim: int | None = None, relative_buckets: int = 32, relative_max_distance: int = 128,
                  share_layers: bool = False, final_norm_kind: str | None = None,
-                 final_norm_eps: float | None = None, attention_reuse: AttentionReuse | None = None):
+                 final_norm_eps: float | None = None, attention_reuse: AttentionReuse | None = None,
+                 drop_path: float = 0.0):
         super().__init__()
         self.mask_kind = mask
         self.num_layers = num_layers
@@ -144,7 +168,8 @@ class TransformerStack(nn.Module):
             self_attention = attention(i)
             cross = cross_attention(i) if cross_attention is not None else None
             return TransformerLayer(self_attention, ffn(i), hidden_size, norm_position=norm_position, norm=norm,
-                                    layer_norm_eps=layer_norm_eps, dropout=dropout, cross_attention=cross)
+                                    layer_norm_eps=layer_norm_eps, dropout=dropout, cross_attention=cross,
+                                    drop_path=drop_path_rate(drop_path, i, num_layers, share_layers))
 
         self.layers = nn.ModuleList(layer(i) for i in range(1 if share_layers else num_layers))
         self.residual_attention = bool(self.layers[0].attention.residual)

@@ -4,7 +4,8 @@ The file has a header line naming its columns, ``label`` and ``path`` (TencentPr
 inference input may leave ``label`` out). Paths are relative to the TSV file's folder, or
 absolute. Images are decoded and resized to the model's image size when the file is read
 (``pentad.data.images``); training batches are augmented with the batch's seeded generator
-(random resized crop, random affine, horizontal flip: ``task.augment``), evaluation batches never are.
+(random resized crop, random affine, horizontal flip: ``task.augment``; mixup and CutMix:
+``task.mix``), evaluation batches never are.
 The model needs no tokenizer.
 """
 
@@ -18,7 +19,7 @@ import torch
 from pydantic import Field
 
 from pentad.components.base import Batch
-from pentad.data.images import NORMALISE, AugmentConfig, augment, load_images, to_pixels
+from pentad.data.images import NORMALISE, AugmentConfig, MixConfig, augment, load_images, mix_batch, to_pixels
 from pentad.data.tsv import LabelMap, TsvRow, read_path_tsv
 from pentad.errors import UserError
 from pentad.layers.pooling import PoolingKind
@@ -43,6 +44,9 @@ class ImageClassificationTaskConfig(TaskConfig):
         "clip (CLIP's)")
     augment: AugmentConfig | None = Field(default_factory=AugmentConfig, description="training augmentation; "
                                           "null: none")
+    mix: MixConfig | None = Field(None, description="mixup / CutMix of training batches, with targets weighted "
+                                  "by each image's share ({} for DeiT's: mixup 0.8, CutMix 1.0, half each); "
+                                  "null: none")
 
 
 class ImageInstances:
@@ -132,7 +136,13 @@ class ImageClassificationTask(Task):
             images = augment(images, self.cfg.augment, rng)
         batch = Batch(pixels=to_pixels(images, self.mean, self.std))
         if instances.labels is not None:
-            batch.labels[self.head] = torch.from_numpy(instances.labels[index])
+            labels = instances.labels[index]
+            if rng is not None and self.cfg.mix is not None:
+                # the head then trains on the target distributions [B, num_labels]
+                batch.pixels, batch.labels[self.head] = mix_batch(batch.pixels, labels, self.label_map.num_labels,
+                                                                  self.cfg.mix, rng)
+            else:
+                batch.labels[self.head] = torch.from_numpy(labels)
         return batch
 
     def collate(self, instances: ImageInstances, indices, rng: np.random.Generator) -> Batch:

@@ -232,3 +232,43 @@ def test_decoder_cache_equals_full_forward():
                  for i in range(7)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-4)
     assert cache.layers[0].cross_keys.shape == (2, 2, 6, 8)
+
+
+def test_drop_path_rates_rise_linearly_and_shared_layers_take_the_rate():
+    from pentad.layers.transformer import drop_path_rate
+
+    model = build_model(model_cfg({"num_layers": 4, "drop_path": 0.3}))
+    rates = [layer.drop_path for layer in model.encoder.layers]
+    assert rates == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    shared = build_model(model_cfg({"num_layers": 4, "drop_path": 0.3, "share_layers": True}))
+    assert [layer.drop_path for layer in shared.encoder.layers] == [0.3]
+    assert drop_path_rate(0.2, 0, 1) == 0.2
+    with pytest.raises(Exception, match="drop_path"):
+        model_cfg({"drop_path": 1.0})
+
+
+def test_drop_path_drops_whole_branches_per_example_in_training_only():
+    torch.manual_seed(0)
+    cfg = model_cfg({"num_layers": 1, "drop_path": 0.5})
+    model = build_model(cfg)
+    layer = model.encoder.layers[0]
+    out = torch.ones(400, 3, 5)
+    layer.train()
+    branch = layer._branch(out)
+    per_example = branch.flatten(1)
+    # each example's branch is all dropped (0) or all kept and scaled by 1 / (1 - 0.5)
+    assert set(per_example.unique().tolist()) == {0.0, 2.0}
+    assert torch.equal(per_example.min(1).values, per_example.max(1).values)
+    assert 0.4 < (per_example[:, 0] == 0).float().mean().item() < 0.6
+    layer.eval()
+    assert torch.equal(layer._branch(out), out)
+    # evaluation: the same outputs as the same weights without stochastic depth
+    plain = build_model(model_cfg({"num_layers": 1}))
+    plain.load_state_dict(model.state_dict())
+    model.eval(), plain.eval()
+    batch = Batch(tokens=torch.randint(0, 61, (2, 7)))
+    torch.testing.assert_close(model.encode(batch)[0], plain.encode(batch)[0], rtol=0, atol=0)
+    # training: branches dropped or scaled, so the outputs differ from the undropped model's
+    model.train(), plain.train()
+    many = Batch(tokens=torch.randint(0, 61, (16, 7)))
+    assert not torch.equal(model.encode(many)[0], plain.encode(many)[0])

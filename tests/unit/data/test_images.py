@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from pentad.data.assets import read_mnist_csv
-from pentad.data.images import AugmentConfig, augment, random_affine, random_resized_crop, to_pixels
+from pentad.data.images import (AugmentConfig, MixConfig, augment, mix_batch, random_affine, random_resized_crop,
+                                to_pixels)
 from pentad.errors import UserError
 
 
@@ -94,3 +95,57 @@ def test_mnist_csv_rows_become_images_and_labels():
     assert labels == [7, 3] and len(images[0]) == 784 and images[0][783] == 255
     with pytest.raises(UserError, match="line 1: expected 784 pixels and a label, found 3"):
         read_mnist_csv(gzip.compress(b"1,2,3\n"))
+
+
+def _two_images():
+    pixels = torch.zeros(2, 1, 8, 10)
+    pixels[1] = 1.0
+    return pixels, np.asarray([0, 2])
+
+
+def test_mixup_blends_the_reversed_batch_and_weights_the_targets_by_lambda():
+    pixels, labels = _two_images()
+    mixed, targets = mix_batch(pixels, labels, 3, MixConfig(cutmix=0.0), np.random.default_rng(0))
+    lam = float(1.0 - mixed[0].mean())  # row 0 (zeros) blended with row 1 (ones): 1 - lam everywhere
+    assert 0.0 < lam < 1.0 and torch.allclose(mixed[0], torch.full_like(mixed[0], 1.0 - lam))
+    torch.testing.assert_close(mixed[1], torch.full_like(mixed[1], lam))
+    torch.testing.assert_close(targets, torch.tensor([[lam, 0.0, 1.0 - lam], [1.0 - lam, 0.0, lam]]))
+    assert pixels[0].sum() == 0  # the input is not changed in place
+
+
+def test_cutmix_pastes_a_box_and_weights_the_targets_by_area():
+    pixels, labels = _two_images()
+    for seed in range(20):
+        mixed, targets = mix_batch(pixels, labels, 3, MixConfig(mixup=0.0), np.random.default_rng(seed))
+        pasted = float(mixed[0].mean())  # the share of row 0 that comes from row 1
+        # a box: the pasted pixels of row 0 form a rectangle, and row 1 has the complementary hole
+        rows, cols = torch.nonzero(mixed[0, 0], as_tuple=True)
+        if len(rows):
+            assert mixed[0, 0, rows.min():rows.max() + 1, cols.min():cols.max() + 1].eq(1).all()
+        torch.testing.assert_close(mixed[1], 1.0 - mixed[0])
+        torch.testing.assert_close(targets[0], torch.tensor([1.0 - pasted, 0.0, pasted]))
+        assert targets.sum(1).allclose(torch.ones(2))
+
+
+def test_mix_is_seeded_and_a_batch_not_drawn_keeps_one_hot_targets():
+    pixels, labels = _two_images()
+    a = mix_batch(pixels, labels, 3, MixConfig(), np.random.default_rng(5))
+    b = mix_batch(pixels, labels, 3, MixConfig(), np.random.default_rng(5))
+    assert a[0].equal(b[0]) and a[1].equal(b[1])
+    kept, onehot = mix_batch(pixels, labels, 3, MixConfig(prob=0.0), np.random.default_rng(5))
+    assert kept.equal(pixels) and onehot.equal(torch.tensor([[1.0, 0, 0], [0, 0, 1.0]]))
+    assert not MixConfig(mixup=0.0, cutmix=0.0).on
+
+
+def test_soft_targets_give_the_expected_cross_entropy_and_accuracy():
+    from pentad.components.targets.common import classification_loss
+
+    logits = torch.tensor([[2.0, 0.0, -1.0], [0.0, 1.0, 3.0]])
+    targets = torch.tensor([[0.7, 0.0, 0.3], [0.4, 0.0, 0.6]])
+    loss, metrics = classification_loss(logits, targets)
+    expected = -(targets * logits.log_softmax(-1)).sum(-1).mean()
+    torch.testing.assert_close(loss, expected)
+    assert int(metrics["correct"]) == 2 and int(metrics["count"]) == 2
+    one_hot, _ = classification_loss(logits, torch.tensor([[1.0, 0, 0], [0, 0, 1.0]]), label_smoothing=0.1)
+    ids, _ = classification_loss(logits, torch.tensor([0, 2]), label_smoothing=0.1)
+    torch.testing.assert_close(one_hot, ids)

@@ -49,6 +49,10 @@ class TransformerStackConfig(StrictModel):
     final_norm_eps: float | None = Field(None, gt=0.0, description="eps of the final norm; default: layer_norm_eps")
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     attention_dropout: float | None = Field(None, ge=0.0, lt=1.0, description="default: dropout")
+    drop_path: float = Field(0.0, ge=0.0, lt=1.0, description="stochastic depth in training: each layer's "
+                             "attention and feed-forward branches dropped per example, at a rate rising "
+                             "linearly from 0 (first layer) to this (last layer), as DeiT and BEiT train "
+                             "ViTs (with share_layers: this rate throughout); 0: off")
     bias: bool = Field(True, description="biases in the attention and feed-forward projections")
     qkv_bias: bool | None = Field(None, description="biases in the query/key/value projections alone; default: "
                                   "bias (Qwen2: true with bias false)")
@@ -156,7 +160,8 @@ class TransformerStackConfig(StrictModel):
             rotary_base=self.rotary_base, rotary_dim=self.rotary_dim, relative_buckets=self.relative_buckets,
             relative_max_distance=self.relative_max_distance, share_layers=self.share_layers,
             final_norm_kind=self.final_norm_kind, final_norm_eps=self.final_norm_eps,
-            attention_reuse=self.attention_reuse.runtime() if self.attention_reuse is not None else None)
+            attention_reuse=self.attention_reuse.runtime() if self.attention_reuse is not None else None,
+            drop_path=self.drop_path)
 
 
 class TransformerEncoderConfig(TransformerStackConfig):

@@ -39,8 +39,12 @@ def spread_smoothing(label_smoothing: float, spread: str, classes: int) -> float
 
 def classification_loss(logits: Tensor, labels: Tensor, label_smoothing: float = 0.0
                         ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Cross-entropy over [N, C] logits and [N] labels, with correct/count metrics as tensors."""
-    loss = F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
+    """Cross-entropy over [N, C] logits and [N] class ids, or [N, C] target distributions (float: mixup
+    and CutMix targets; correct then means the argmax is the target's heaviest class), with
+    correct/count metrics as tensors."""
+    loss = F.cross_entropy(logits.float(), labels.float() if labels.is_floating_point() else labels,
+                           label_smoothing=label_smoothing)
     with torch.no_grad():
-        correct = (logits.argmax(dim=-1) == labels).sum()
-    return loss, {"correct": correct, "count": torch.tensor(labels.numel(), device=labels.device)}
+        classes = labels.argmax(dim=-1) if labels.is_floating_point() else labels
+        correct = (logits.argmax(dim=-1) == classes).sum()
+    return loss, {"correct": correct, "count": torch.tensor(classes.numel(), device=labels.device)}
