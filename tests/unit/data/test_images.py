@@ -10,8 +10,15 @@ import pytest
 import torch
 
 from pentad.data.assets import read_mnist_csv
-from pentad.data.images import (AugmentConfig, MixConfig, augment, mix_batch, random_affine, random_resized_crop,
-                                to_pixels)
+from pentad.data.images import (
+    AugmentConfig,
+    MixConfig,
+    augment,
+    mix_batch,
+    random_affine,
+    random_resized_crop,
+    to_pixels,
+)
 from pentad.errors import UserError
 
 
