@@ -8,9 +8,11 @@ equivalent ``ViTConfig`` with ``attn_implementation="sdpa"``), get the same pixe
 * ``train``: train mode, forward + cross-entropy + backward + AdamW step;
 * ``infer``: eval mode under ``no_grad``, forward to the logits.
 
-pentad is timed twice: through ``Model.forward``, and with its last layer computing the CLS row
-alone (``run_stream(output_positions=leading_positions(targets))`` then the head: the only row the
-``cls`` head with ``first`` pooling reads; the same logits and gradients to fp32 rounding).
+pentad is timed twice: with every position through the last layer (``Model.forward`` with
+``Model.all_positions`` set), and with its last layer computing the CLS row alone
+(``run_stream(output_positions=leading_positions(targets))`` then the head: the only row the ``cls``
+head with ``first`` pooling reads; the same logits and gradients to fp32 rounding; what
+``Model.forward`` does by default, and so what fine-tuning and inference run).
 Repetitions rotate between the three (each goes first in turn); the medians are reported as
 images/s (wall) and CPU ms per step (``time.process_time``, all threads of the process), each
 with HF's over this one's: CPU time moves much less than wall time when other jobs share the cores.
@@ -67,7 +69,7 @@ NAMES = {"pentad": "pentad", "pentad-cls": "pentad, last layer at CLS", "hf": "H
 
 
 def step_fn(name: str, model, pixels, labels, train: bool):
-    """One step of ``name``: ``pentad`` (``Model.forward``), ``pentad-cls`` (the same model through
+    """One step of ``name``: ``pentad`` (``Model.forward`` at every position), ``pentad-cls`` (the same model through
     ``run_stream(output_positions=leading_positions(targets))`` and its head: the last layer computes
     the CLS row alone, the only one the head reads) or ``hf``."""
     from pentad.components.base import Batch, leading_positions
@@ -80,7 +82,11 @@ def step_fn(name: str, model, pixels, labels, train: bool):
 
     def forward():
         if name == "pentad":
-            out = model(Batch(pixels=pixels, labels={"cls": labels} if train else {}))["cls"]
+            model.all_positions = True  # every row through the last layer, as before the CLS-only default
+            try:
+                out = model(Batch(pixels=pixels, labels={"cls": labels} if train else {}))["cls"]
+            finally:
+                model.all_positions = False
             return out.loss if train else out.logits
         if name == "pentad-cls":
             batch = Batch(pixels=pixels, labels={"cls": labels} if train else {})

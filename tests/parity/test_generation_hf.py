@@ -162,7 +162,10 @@ def test_beam_search(pair: Pair, early_stopping: Any, length_penalty: float) -> 
         ours, new, theirs = pair.run(stop, num_beams=3, num_return_sequences=2, early_stopping=early_stopping,
                                      length_penalty=length_penalty, do_sample=False)
         assert_same(pair, ours, new, stop)
-        torch.testing.assert_close(ours.scores, theirs.sequences_scores, atol=1e-4, rtol=0)
+        # a sequence score sums every new token's log-probability (each to fp32 rounding; with
+        # length_penalty 0.5 it is only divided by sqrt(length)), so the tolerance grows with it:
+        # switch_transformers was seen 1.2e-4 (1.7e-5 relative) apart
+        torch.testing.assert_close(ours.scores, theirs.sequences_scores, atol=1e-4, rtol=5e-5)
 
 
 def test_sampling_with_the_same_seed(pair: Pair) -> None:
