@@ -135,7 +135,7 @@ def complete_vocab(cfg: Any, tokenizer) -> Any:
 FREE_TRAIN_KEYS = frozenset({"progress", "log_every", "threads", "device", "save_every", "save_minutes",
                              "keep_checkpoints", "stop_at", "resume_from", "allow_changes", "eval_every",
                              "tensorboard", "peak_tflops", "strategy", "dist_backend", "dist_timeout",
-                             "activation_checkpointing",
+                             "activation_checkpointing", "compile",
                              "deepspeed"})
 # data.* keys that do
 GUARDED_DATA_KEYS = ("dataset", "train", "dev", "objective")

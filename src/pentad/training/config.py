@@ -159,6 +159,9 @@ class TrainConfig(StrictModel):
                                 "before the run stops with an error (a rank that died or hangs)")
     activation_checkpointing: bool = Field(False, description="recompute each transformer block's activations "
                                            "in backward instead of keeping them (less memory, ~30% more compute)")
+    compile: Literal["off", "blocks", "model"] = Field(
+        "off", description="torch.compile: blocks (each transformer layer, compiled once per layer kind), model "
+        "(the whole forward), off; the first steps of each input shape compile (docs/training.md)")
     fsdp: FsdpConfig = Field(default_factory=FsdpConfig)
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
     adversarial: AdversarialConfig = Field(default_factory=AdversarialConfig)

@@ -39,6 +39,7 @@ from pentad.training.precision import (
     resolve,
     synchronize,
 )
+from pentad.training.compiled import compile_model
 from pentad.training.recompute import checkpoint_blocks
 from pentad.training.strategies.base import Strategy
 from pentad.training.strategies.single import SingleStrategy
@@ -215,6 +216,15 @@ class Trainer:
         if cfg.activation_checkpointing and not checkpoint_blocks(model):
             raise UserError("train.activation_checkpointing=true, but this model has no repeated blocks to "
                             "recompute (its encoder has no layers: an RNN or bag-of-words encoder); set it to false")
+        if cfg.compile != "off":
+            if cfg.strategy in ("fsdp", "deepspeed"):
+                raise UserError(f"train.compile={cfg.compile} with train.strategy={cfg.strategy} is not supported "
+                                "yet (compiled blocks are tested on one process and under ddp); set train.compile=off")
+            compiled = compile_model(model, cfg.compile)
+            if self.dist.is_main:
+                what = "the model" if cfg.compile == "model" else f"{compiled} blocks"
+                print(f"compile: {what} with torch.compile; the first steps of each input shape are slow while "
+                      "they compile", file=sys.stderr)
         self.precision = resolve(cfg.precision, self.device)
         strategy.set_precision(self.precision)
         apply_matmul_precision(self.precision, self.device)

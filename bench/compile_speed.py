@@ -1,0 +1,121 @@
+"""``train.compile`` against eager execution: the same pentad model trained with each mode, one process.
+
+For each workload the model is built three times from the same seed (``off``: eager; ``blocks``:
+each transformer layer compiled; ``model``: the whole forward compiled, both with
+``pentad.training.compile_model``, as ``train.compile`` does) and trained for ``--steps`` steps
+(forward, backward, AdamW step; dropout off so that the three compute the same losses). Reported:
+the seconds of the first step (which compiles), the median step time after ``--warmup`` steps, the
+speed-up over eager, and the largest difference of the losses from eager's (a check that the three
+train the same model). Workloads (reduced sizes, so a CPU run takes minutes):
+
+* ``gpt2``: ``gpt2/base`` at width 256, 4 layers, 4 heads, causal LM, batch 8 x 256;
+* ``bert``: ``bert/base`` at width 256, 4 layers, 4 heads, masked LM (15 %) + next-sentence, batch 8 x 128;
+* ``vit``: ``vit/tiny-16`` (12 layers, width 192) at 224x224, 10 classes, batch 8.
+
+Run from the repository root (a GPU is used when there is one; ``--device cpu`` forces the CPU)::
+
+    PYTHONPATH=src .venv/bin/python bench/compile_speed.py --models gpt2,vit --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import torch
+
+from pentad.builder import build_model
+from pentad.components.base import Batch
+from pentad.config.loader import load_config
+from pentad.model import total_loss
+from pentad.training.compiled import compile_model
+from pentad.training.config import TrainConfig
+from pentad.training.optim import build_optimizer
+
+VOCAB = 8000
+TEXT = {"model.hidden_size": 256, "model.encoder.num_layers": 4, "model.encoder.num_heads": 4,
+        "model.encoder.ffn_size": 1024, "model.vocab_size": VOCAB}
+WORKLOADS = {"gpt2": ("gpt2/base", TEXT, 256), "bert": ("bert/base", TEXT, 128), "vit": ("vit/tiny-16", {}, 0)}
+
+
+def build(name: str, device: torch.device):
+    recipe, overrides, _ = WORKLOADS[name]
+    cfg = load_config(recipe, [f"{k}={v}" for k, v in overrides.items()])
+    if name == "vit":
+        cfg.model.targets[0].num_labels = 10
+    torch.manual_seed(0)
+    model = build_model(cfg.model).to(device)
+    for module in model.modules():  # no dropout: the three modes then compute the same losses
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        elif isinstance(getattr(module, "dropout", None), float):
+            module.dropout = 0.0
+    return model
+
+
+def batch(name: str, size: int, device: torch.device) -> Batch:
+    g = torch.Generator().manual_seed(1)
+    if name == "vit":
+        return Batch(pixels=torch.randn(size, 3, 224, 224, generator=g),
+                     labels={"cls": torch.randint(0, 10, (size,), generator=g)}).to(device)
+    seq = WORKLOADS[name][2]
+    tokens = torch.randint(5, VOCAB, (size, seq), generator=g)
+    if name == "gpt2":
+        return Batch(tokens=tokens, labels={"lm": tokens}).to(device)
+    mlm = tokens.masked_fill(torch.rand(size, seq, generator=g) > 0.15, -100)
+    segments = (torch.arange(seq) >= seq // 2).long().expand(size, seq)
+    return Batch(tokens=tokens, segments=segments, labels={"mlm": mlm, "sp": torch.arange(size) % 2}).to(device)
+
+
+def run(name: str, mode: str, args, device: torch.device) -> dict:
+    torch._dynamo.reset()
+    model = build(name, device)
+    compile_model(model, mode)
+    model.train()
+    optimizer = build_optimizer(model, TrainConfig(lr=1e-4))
+    data = batch(name, args.batch_size, device)
+    times, losses = [], []
+    for _ in range(args.warmup + args.steps):
+        start = time.perf_counter()
+        loss = total_loss(model(data))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))  # a host sync: the step has finished
+        times.append(time.perf_counter() - start)
+    return {"first": times[0], "step": statistics.median(times[args.warmup:]), "losses": losses}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="gpt2,bert,vit")
+    p.add_argument("--modes", default="off,blocks,model")
+    p.add_argument("--steps", type=int, default=8, help="timed steps after the warm-up")
+    p.add_argument("--warmup", type=int, default=3, help="steps before timing (the first compiles)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if args.device == "auto" else args.device)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.processor() or 'cpu'}, " \
+        f"{args.threads} threads"
+    print(f"torch {torch.__version__}, {where}; batch {args.batch_size}, fp32, {args.steps} timed steps after "
+          f"{args.warmup}")
+    print("| model | compile | first step s | step ms (median) | speed-up | largest loss difference |")
+    print("|---|---|---:|---:|---:|---:|")
+    for name in args.models.split(","):
+        eager = None
+        for mode in args.modes.split(","):
+            r = run(name, mode, args, device)
+            eager = eager or r
+            diff = max(abs(a - b) for a, b in zip(r["losses"], eager["losses"]))
+            print(f"| {name} | {mode} | {r['first']:.1f} | {1000 * r['step']:.0f} | "
+                  f"{eager['step'] / r['step']:.2f}x | {diff:.1e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
