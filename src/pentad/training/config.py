@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from pentad.config.base import StrictModel
 
@@ -161,7 +161,14 @@ class TrainConfig(StrictModel):
                                            "in backward instead of keeping them (less memory, ~30% more compute)")
     compile: Literal["off", "blocks", "model"] = Field(
         "off", description="torch.compile: blocks (each transformer layer, compiled once per layer kind), model "
-        "(the whole forward), off; the first steps of each input shape compile (docs/training.md)")
+        "(the whole forward), off; the first steps of each input shape compile (docs/training.md); YAML's "
+        "bare off/false is off, on/true is blocks")
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_switch(cls, value: Any) -> Any:
+        """YAML reads a bare ``off`` / ``on`` as a boolean: false is ``off``, true the default mode, ``blocks``."""
+        return ("blocks" if value else "off") if isinstance(value, bool) else value
     fsdp: FsdpConfig = Field(default_factory=FsdpConfig)
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
     adversarial: AdversarialConfig = Field(default_factory=AdversarialConfig)

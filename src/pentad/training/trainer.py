@@ -222,7 +222,7 @@ class Trainer:
                                 "yet (compiled blocks are tested on one process and under ddp); set train.compile=off")
             compiled = compile_model(model, cfg.compile)
             if self.dist.is_main:
-                what = "the model" if cfg.compile == "model" else f"{compiled} blocks"
+                what = "the model" if cfg.compile == "model" else f"{compiled} block{'s' * (compiled != 1)}"
                 print(f"compile: {what} with torch.compile; the first steps of each input shape are slow while "
                       "they compile", file=sys.stderr)
         self.precision = resolve(cfg.precision, self.device)

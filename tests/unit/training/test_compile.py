@@ -47,6 +47,11 @@ def test_compiled_forward_and_backward_equal_eager(name, mode):
 def test_trainer_compiles_and_refuses_what_is_not_supported(tmp_path, capsys):
     from pentad.training.trainer import Trainer
 
+    # YAML reads a bare off/on as booleans
+    assert TrainConfig(compile=False).compile == "off" and TrainConfig(compile=True).compile == "blocks"
+    with pytest.raises(ValueError, match="compile"):
+        TrainConfig(compile="graph")
+
     model = build_model(shrunk_model_config("elmo/base"))
     with pytest.raises(UserError, match="no repeated blocks to compile"):
         Trainer(model, TrainConfig(compile="blocks"), tmp_path, 1)
