@@ -26,6 +26,7 @@ from pentad.errors import Interrupted, RankFailure, UserError
 from pentad.model import aux_loss, total_loss
 from pentad.training import checkpoint as ckpt
 from pentad.training.adversarial import Adversary
+from pentad.training.compiled import compile_model
 from pentad.training.config import TrainConfig
 from pentad.training.distributed import Dist, describe_failure, pick_device
 from pentad.training.optim import build_optimizer, build_schedule
@@ -39,7 +40,6 @@ from pentad.training.precision import (
     resolve,
     synchronize,
 )
-from pentad.training.compiled import compile_model
 from pentad.training.recompute import checkpoint_blocks
 from pentad.training.strategies.base import Strategy
 from pentad.training.strategies.single import SingleStrategy
