@@ -11,6 +11,18 @@ SHARED = REPO.parent / "shared" / "data"
 TP = SHARED / "tencentpretrain"
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test (modules using it: ``pytestmark = pytest.mark.usefixtures("one_thread")``):
+    their models are tiny, and a second thread only adds spinning, slow on a busy machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not TP.is_dir():

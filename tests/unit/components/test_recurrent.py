@@ -32,13 +32,7 @@ from pentad.components.targets.bilm import BilmTarget, BilmTargetConfig
 E, H, V = 6, 8, 23  # embedding width differs from hidden width on purpose
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These modules are tiny: a second intra-op thread only adds spinning (slow on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def model_cfg(hidden_size: int = H, embedding_size: int | None = E, vocab_size: int = V) -> SimpleNamespace:

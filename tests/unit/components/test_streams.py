@@ -28,12 +28,7 @@ TRANSFORMER = {"type": "transformer", "num_layers": 2, "num_heads": 2, "ffn_size
 LSTM = {"type": "lstm", "num_layers": 2, "dropout": 0.0}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def dual_dict(tie: bool = True, inner: dict | None = None, pooling: str = "mean", targets=None, **second) -> dict:

@@ -21,13 +21,7 @@ WIDE = ["model.hidden_size=64", "model.encoder.num_heads=4", "model.encoder.ffn_
 LLAMA = ["model.encoder.num_heads=4", "model.encoder.num_kv_heads=2"]  # head size 8, grouped-query
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread is several times faster than two on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def config(recipe: str, *overrides: str):
