@@ -3,10 +3,11 @@
 For each workload the model is built three times from the same seed (``off``: eager; ``blocks``:
 each transformer layer compiled; ``model``: the whole forward compiled, both with
 ``pentad.training.compile_model``, as ``train.compile`` does) and trained for ``--steps`` steps
-(forward, backward, AdamW step; dropout off so that the three compute the same losses). Reported:
-the seconds of the first step (which compiles), the median step time after ``--warmup`` steps, the
-speed-up over eager, and the largest difference of the losses from eager's (a check that the three
-train the same model). Workloads (reduced sizes, so a CPU run takes minutes):
+(forward, backward, AdamW step; dropout off so that the three compute the same losses); after
+``--warmup`` steps each, the timed steps of the three take turns (each mode going first in turn), so
+a load that comes and goes hits all alike. Reported: the seconds of the first step (which compiles),
+the median step time, the speed-up over eager, and the largest difference of the losses from eager's
+(a check that the three train the same model). Workloads (reduced sizes, so a CPU run takes minutes):
 
 * ``gpt2``: ``gpt2/base`` at width 256, 4 layers, 4 heads, causal LM, batch 8 x 256;
 * ``bert``: ``bert/base`` at width 256, 4 layers, 4 heads, masked LM (15 %) + next-sentence, batch 8 x 128;
@@ -69,30 +70,37 @@ def batch(name: str, size: int, device: torch.device) -> Batch:
     return Batch(tokens=tokens, segments=segments, labels={"mlm": mlm, "sp": torch.arange(size) % 2}).to(device)
 
 
-def run(name: str, mode: str, args, device: torch.device) -> dict:
-    torch._dynamo.reset()
+def prepare(name: str, mode: str, args, device: torch.device) -> dict:
+    """The model of ``mode`` with its optimizer and batch, after the warm-up steps (the first compiles)."""
     model = build(name, device)
     compile_model(model, mode)
     model.train()
-    optimizer = build_optimizer(model, TrainConfig(lr=1e-4))
-    data = batch(name, args.batch_size, device)
-    times, losses = [], []
-    for _ in range(args.warmup + args.steps):
-        start = time.perf_counter()
-        loss = total_loss(model(data))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))  # a host sync: the step has finished
-        times.append(time.perf_counter() - start)
-    return {"first": times[0], "step": statistics.median(times[args.warmup:]), "losses": losses}
+    state = {"model": model, "optimizer": build_optimizer(model, TrainConfig(lr=1e-4)),
+             "batch": batch(name, args.batch_size, device), "times": [], "losses": []}
+    start = time.perf_counter()
+    step(state)
+    state["first"] = time.perf_counter() - start
+    for _ in range(args.warmup - 1):
+        step(state)
+    return state
+
+
+def step(state: dict) -> float:
+    """One training step; returns its seconds (the loss read back: the step has finished)."""
+    start = time.perf_counter()
+    loss = total_loss(state["model"](state["batch"]))
+    loss.backward()
+    state["optimizer"].step()
+    state["optimizer"].zero_grad(set_to_none=True)
+    state["losses"].append(float(loss.detach()))
+    return time.perf_counter() - start
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="gpt2,bert,vit")
     p.add_argument("--modes", default="off,blocks,model")
-    p.add_argument("--steps", type=int, default=8, help="timed steps after the warm-up")
+    p.add_argument("--steps", type=int, default=8, help="timed steps of each mode after the warm-up")
     p.add_argument("--warmup", type=int, default=3, help="steps before timing (the first compiles)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -107,14 +115,22 @@ def main() -> None:
           f"{args.warmup}")
     print("| model | compile | first step s | step ms (median) | speed-up | largest loss difference |")
     print("|---|---|---:|---:|---:|---:|")
+    modes = args.modes.split(",")
     for name in args.models.split(","):
-        eager = None
-        for mode in args.modes.split(","):
-            r = run(name, mode, args, device)
-            eager = eager or r
+        torch._dynamo.reset()  # no compiled code of the previous workload
+        states = {mode: prepare(name, mode, args, device) for mode in modes}
+        for rep in range(args.steps):  # the modes take turns, each going first in turn: load hits all alike
+            for mode in modes[rep % len(modes):] + modes[:rep % len(modes)]:
+                states[mode]["times"].append(step(states[mode]))
+        eager = states[modes[0]]
+        median = {mode: statistics.median(states[mode]["times"]) for mode in modes}
+        for mode in modes:
+            r = states[mode]
+            # the same weights, batch and steps: the losses of every step agree up to float rounding
             diff = max(abs(a - b) for a, b in zip(r["losses"], eager["losses"]))
-            print(f"| {name} | {mode} | {r['first']:.1f} | {1000 * r['step']:.0f} | "
-                  f"{eager['step'] / r['step']:.2f}x | {diff:.1e} |", flush=True)
+            print(f"| {name} | {mode} | {r['first']:.1f} | {1000 * median[mode]:.0f} | "
+                  f"{median[modes[0]] / median[mode]:.2f}x | {diff:.1e} |", flush=True)
+        del states
 
 
 if __name__ == "__main__":
