@@ -13,9 +13,11 @@ from pentad.errors import UserError
 from pentad.model import total_loss
 from pentad.training.compiled import compile_model
 from pentad.training.config import TrainConfig
+from pentad.training.recompute import checkpoint_blocks
 
 
-def _step(name: str, mode: str) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[str], int]:
+def _step(name: str, mode: str, recompute: bool = False
+          ) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[str], int]:
     torch.manual_seed(3)
     model = build_model(shrunk_model_config(name))
     for module in model.modules():  # no dropout: compiled kernels draw their random numbers differently
@@ -24,6 +26,8 @@ def _step(name: str, mode: str) -> tuple[torch.Tensor, dict[str, torch.Tensor], 
         elif isinstance(getattr(module, "dropout", None), float):  # attention dropout, given to SDPA
             module.dropout = 0.0
     names = [k for k, _ in model.named_parameters()]
+    if recompute:  # as the trainer orders them: activation checkpointing first, then compilation
+        checkpoint_blocks(model)
     compiled = compile_model(model, mode)
     model.train()
     loss = total_loss(model(batch_for(model, 97)))
@@ -61,3 +65,12 @@ def test_trainer_compiles_and_refuses_what_is_not_supported(tmp_path, capsys):
     trainer = Trainer(model, TrainConfig(compile="blocks", tensorboard=False), tmp_path, 1)
     assert "compile: 2 blocks with torch.compile" in capsys.readouterr().err
     assert trainer.model is model or trainer.forward_model is model
+
+
+def test_compiled_blocks_with_activation_checkpointing_equal_eager():
+    torch._dynamo.reset()
+    loss, grads, _, _ = _step("bert/base", "off")
+    loss2, grads2, _, _ = _step("bert/base", "blocks", recompute=True)
+    torch.testing.assert_close(loss2, loss, rtol=1e-5, atol=1e-6)
+    for key in grads:
+        assert float((grads2[key] - grads[key]).norm() / grads[key].norm().clamp_min(1e-12)) < 1e-4, key
