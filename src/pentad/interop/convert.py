@@ -177,7 +177,7 @@ def convert(direction: str, in_dir: str | Path, out_dir: str | Path, family: str
     """Convert the model in ``in_dir`` into ``out_dir`` (created; must not hold files yet).
 
     family: HF family (``bert``, ``roberta``, ``xlm-roberta``, ``gpt2``, ``albert``, ``t5``, ``bart``,
-    ``pegasus``, ``llama``, ``mixtral``, ``bloom``, ``vit``, ``clip``, ``speech_to_text``); by default the one
+    ``pegasus``, ``llama``, ``mixtral``, ``bloom``, ``vit``, ``clip``, ``vilt``, ``speech_to_text``); by default the one
     ``config.json`` names (import) or the one recorded / guessed from the pentad config (export).
     allow_norm_change: ``pentad-to-hf`` of a model with TencentPretrain's LayerNorm
     (``layernorm_unbiased``), which Hugging Face has no equivalent of, is refused with the measured
@@ -422,6 +422,8 @@ def guess_family(model_cfg: Any) -> str:
     parts = {p.type: p for p in model_cfg.embedding.parts}
     if "patch" in parts:
         return "vit"
+    if "word_patch" in parts:
+        return "vilt"
     if "speech" in parts:  # Whisper's stem has a stride-1 convolution first; S2T subsamples at every layer
         strides = parts["speech"].strides
         return "whisper" if strides and strides[0] == 1 else "speech_to_text"
@@ -946,6 +948,12 @@ def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config:
     finally:
         for hook in hooks:
             hook.remove()
+    # ViLT: HF shuffles the image's positions, so its states are compared over the caption only.
+    text = batch.tokens.shape[1] if family.shuffles_image_positions and batch.tokens is not None else None
+
+    def cut(tensor: Tensor) -> Tensor:
+        return tensor[:, :text] if text is not None and tensor.dim() == 3 else tensor
+
     rows: list[Check] = []
     for name, _, stack, keep in stacks:
         states = reference.hidden_states if not encoder_decoder else getattr(reference, f"{name}_hidden_states")
@@ -961,9 +969,9 @@ def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config:
                 # HF's last hidden state is after the final norm (GPT-2's ln_f)
                 ours_state = finals[name]
                 label += " + final norm" if stack.final_norm is not None else ""
-            rows.append(_compare(prefix + label, ours_state, state, keep))
+            rows.append(_compare(prefix + label, cut(ours_state), cut(state), keep))
         if family.states_before_final_norm and getattr(reference, "last_hidden_state", None) is not None:
-            rows.append(_compare(prefix + "final norm", finals[name], reference.last_hidden_state, keep))
+            rows.append(_compare(prefix + "final norm", cut(finals[name]), cut(reference.last_hidden_state), keep))
     fields = family.outputs(architecture)
     head_keep = stacks[-1][3]
     for target in model_cfg.targets:
@@ -971,7 +979,7 @@ def verify_hf(hf_dir: Path, architecture: str, family: hfio.HFFamily, hf_config:
         if target.type in fields and getattr(reference, fields[target.type], None) is not None:
             logits = outputs[name].logits
             theirs = getattr(reference, fields[target.type])
-            rows.append(_compare(f"{name} logits", logits, theirs, head_keep if logits.dim() == 3 else None))
+            rows.append(_compare(f"{name} logits", cut(logits), cut(theirs), head_keep if logits.dim() == 3 else None))
         for column, part in ((0, "start"), (1, "end")):
             field = fields.get(f"{target.type}:{part}")
             if field and getattr(reference, field, None) is not None:  # span heads: start and end scores

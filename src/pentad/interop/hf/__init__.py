@@ -7,7 +7,7 @@ WordPiece, ``vocab.json`` + ``merges.txt`` for byte-level BPE, ``tokenizer_confi
 
 One module per family (:mod:`.bert`, :mod:`.roberta`, :mod:`.gpt2`, :mod:`.albert`, :mod:`.t5`,
 :mod:`.bart`, :mod:`.pegasus`, :mod:`.llama`, :mod:`.mixtral`, :mod:`.bloom`, :mod:`.switch`,
-:mod:`.vit`, :mod:`.clip`, :mod:`.whisper`, :mod:`.speech2text`) holds its key map (data, see
+:mod:`.vit`, :mod:`.clip`, :mod:`.vilt`, :mod:`.whisper`, :mod:`.speech2text`) holds its key map (data, see
 :mod:`pentad.interop.keymap`) and translates ``config.json`` <-> pentad's model config both ways.
 Reading and writing HF files needs no ``transformers`` install; only ``--verify`` runs it.
 SentencePiece tokenizers (``spiece.model``, ``tokenizer.model``, XLM-R's ``sentencepiece.bpe.model``)
@@ -96,6 +96,9 @@ class HFFamily:
     needs_tokenizer: bool = True  # False: an image model (ViT), which has none to convert
     # HF's ``hidden_states`` end with the last layer's output before the final norm (ViT), not after it.
     states_before_final_norm: bool = False
+    # The HF model feeds an image's patches in a random order (ViLT's visual_embed): only the text
+    # positions of its states, and the heads over them, can be compared position by position.
+    shuffles_image_positions: bool = False
 
     # speech models: whether the HF model takes padded audio with an attention mask (S2T) or always
     # the same number of frames (Whisper's 30 s)

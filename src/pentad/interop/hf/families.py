@@ -23,6 +23,7 @@ from pentad.interop.hf import (
     speech2text,
     switch,
     t5,
+    vilt,
     vit,
     whisper,
 )
@@ -33,7 +34,7 @@ def families() -> dict[str, HFFamily]:
     table: dict[str, HFFamily] = {}
     for family in (bert.FAMILY, roberta.FAMILY, gpt2.FAMILY, albert.FAMILY, t5.FAMILY, bart.FAMILY, pegasus.FAMILY,
                    llama.FAMILY, mixtral.FAMILY, qwen2_moe.FAMILY, bloom.FAMILY, switch.FAMILY, vit.FAMILY,
-                   clip.FAMILY, whisper.FAMILY, speech2text.FAMILY):
+                   clip.FAMILY, vilt.FAMILY, whisper.FAMILY, speech2text.FAMILY):
         for model_type in family.model_types:
             table[model_type] = family
     return table
