@@ -118,6 +118,7 @@ def test_hf_to_pentad_outputs_match(tmp_path, case):
             pooled = pooler(hidden[:, 0]).tanh()
         assert relative(pooled, states.pooler_output) <= TOL
     if class_name == "ViltForMaskedLM":
+        assert cfg.task.type == "image_text_match" and cfg.task.normalise == "half"
         logits = outputs["mlm"].logits[:, :text]
         assert logits.shape == head.logits.shape
         assert relative(logits[real], head.logits[real]) <= TOL

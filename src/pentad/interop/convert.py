@@ -326,8 +326,9 @@ def _hf_to_pentad(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
         interop["sentence_transformers"] = sentence
     raw = {"description": f"converted from Hugging Face {plan.architecture} ({in_dir.resolve()})", "model": plan.model}
     files = _classifier_task(raw, config, notes, in_dir)
-    if family.name == "clip":
-        raw["task"] = {"type": "image_text", **_image_normalisation(in_dir, notes, default="clip")}
+    image_task = family.image_task(plan.architecture)
+    if image_task is not None:  # CLIP's image_text, ViLT's image_text_match
+        raw["task"] = {"type": image_task[0], **_image_normalisation(in_dir, notes, default=image_task[1])}
     task, task_notes = family.task_config(config, in_dir)
     if task is not None:  # a run `pentad infer` and `finetune init=` use as it is (a task without state)
         raw["task"] = task

@@ -278,6 +278,10 @@ def _embedding_specs(slot: Any, pentad: str, tp: str, shared_words: bool, proble
                 problems.append(f"{pentad}.seg has {part.num_segments} rows; TencentPretrain's segment table has "
                                 "three (padding, A, B)")
             specs += SEGMENTS.get(part.num_segments, [])
+        elif part.type == "word_patch" and (part.own_positions or part.text_norm or part.text_segments):
+            problems.append(f"{pentad}.word_patch has Hugging Face ViLT's layout (the caption's own positions, "
+                            "token type or norm, the image's own positions); TencentPretrain's WordPatchEmbedding "
+                            "has none of them (export the model with pentad-to-hf)")
         elif part.type in ("patch", "word_patch") and (_patch(part).bias or not _patch(part).cls):
             problems.append(f"{pentad}.{part.type} has " + ("a bias in its projection (Hugging Face's ViT layout)"
                                                              if _patch(part).bias else "no CLS vector")

@@ -154,3 +154,18 @@ def test_tencentpretrain_vilt_with_tied_mlm_head_round_trips(shared_data, tmp_pa
     assert written["target.mlm.linear_2.weight"].data_ptr() == \
         written["embedding.word_patch.language_embedding.embedding.weight"].data_ptr()
     assert all(torch.equal(written[k], v) for k, v in state.items())
+
+
+def test_word_patch_in_hugging_faces_layout_is_not_written_as_tencentpretrain(tmp_path):
+    part = {"type": "word_patch", "patch": {"image_size": IMAGE, "patch_size": PATCH, "bias": False},
+            "text_positions": 8, "text_segments": 2, "text_norm": True, "image_positions": True}
+    model = {
+        "hidden_size": H, "vocab_size": VOCAB, "max_seq_length": 13,
+        "embedding": {"parts": [part, {"type": "seg", "num_segments": 2}], "norm": False},
+        "encoder": {"type": "transformer", "num_layers": 1, "num_heads": 4, "ffn_size": FFN},
+        "targets": [{"type": "mlm"}],
+    }
+    make_run(tmp_path / "run", model)
+    with pytest.raises(UserError, match="word_patch has Hugging Face ViLT's layout"):
+        convert("pentad-to-tencentpretrain", tmp_path / "run", tmp_path / "tp")
+    assert not (tmp_path / "tp").exists()

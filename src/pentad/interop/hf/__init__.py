@@ -112,6 +112,12 @@ class HFFamily:
             inputs["attention_mask"] = (~padding).long()
         return inputs
 
+    def image_task(self, architecture: str) -> tuple[str, str] | None:
+        """The task of an imported image-and-text run of ``architecture`` and its default pixel
+        normalisation (``task.normalise`` when the checkpoint has no ``preprocessor_config.json``);
+        None: none."""
+        return None
+
     def task_config(self, config: dict[str, Any], in_dir: Path | None) -> tuple[dict[str, Any] | None, list[str]]:
         """The run's ``task`` section this family's checkpoints imply (None: decided elsewhere), and notes."""
         return None, []

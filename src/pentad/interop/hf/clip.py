@@ -120,6 +120,9 @@ class CLIPFamily(HFFamily):
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"clr": "logits_per_text"}
 
+    def image_task(self, architecture: str) -> tuple[str, str] | None:
+        return "image_text", "clip"
+
     def pad_token_id(self, config: dict[str, Any]) -> int:
         value = (config.get("text_config") or {}).get("pad_token_id", TEXT_DEFAULTS["pad_token_id"])
         return int(value) if isinstance(value, int) else 1

@@ -117,6 +117,11 @@ class ViltFamily(HFFamily):
             return {"regression": "logits"}
         return {"sp:pooled": "pooler_output"}
 
+    def image_task(self, architecture: str) -> tuple[str, str] | None:
+        # image_text_match trains both heads a ViltForMaskedLM run has (mlm, and sp holding the
+        # pooler); HF's ViltProcessor normalises with mean and std 0.5 (half)
+        return ("image_text_match", "half") if architecture == "ViltForMaskedLM" else None
+
     def rules(self, *, prefix: str, num_layers: int, heads: set[str], names: dict[str, str]) -> list[Rule]:
         """The key map of one model. heads: subset of {pooler, mlm, rank}."""
         specs = list(BODY)
