@@ -41,13 +41,12 @@ from pentad.interop.hf import (
     ExportPlan,
     HFFamily,
     ImportPlan,
-    activation,
     activation_name,
-    hinted_problems,
     merge_config,
     seq_length,
     stack_problems,
 )
+from pentad.interop.hf.vit import LAYERS, read_config
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
 
 # {prefix}: "vilt." inside a model with a head, "" for a bare ViltModel checkpoint.
@@ -62,16 +61,7 @@ BODY: list[RuleSpec] = [
     ("embedding.word_patch.patch.proj.{wb}", "{prefix}embeddings.patch_embeddings.projection.{wb}"),
     ("embedding.word_patch.image_pos.weight", "{prefix}embeddings.position_embeddings", "leading_ones:1"),
     ("embedding.seg.weight", "{prefix}embeddings.token_type_embeddings.weight"),
-    ("encoder.layers.{layer}.attention_norm.{wb}", "{prefix}encoder.layer.{layer}.layernorm_before.{wb}"),
-    ("encoder.layers.{layer}.attention.qkv.{wb}",
-     ("{prefix}encoder.layer.{layer}.attention.attention.query.{wb}",
-      "{prefix}encoder.layer.{layer}.attention.attention.key.{wb}",
-      "{prefix}encoder.layer.{layer}.attention.attention.value.{wb}"), "fuse_qkv"),
-    ("encoder.layers.{layer}.attention.out.{wb}", "{prefix}encoder.layer.{layer}.attention.output.dense.{wb}"),
-    ("encoder.layers.{layer}.ffn_norm.{wb}", "{prefix}encoder.layer.{layer}.layernorm_after.{wb}"),
-    ("encoder.layers.{layer}.ffn.up.{wb}", "{prefix}encoder.layer.{layer}.intermediate.dense.{wb}"),
-    ("encoder.layers.{layer}.ffn.down.{wb}", "{prefix}encoder.layer.{layer}.output.dense.{wb}"),
-    ("encoder.final_norm.{wb}", "{prefix}layernorm.{wb}"),
+    *LAYERS,
 ]
 # {pooled}: the pentad target holding the pooler (sp, or regression for the retrieval head).
 POOLER: list[RuleSpec] = [("targets.{pooled}.pooler.{wb}", "{prefix}pooler.dense.{wb}")]
@@ -138,12 +128,7 @@ class ViltFamily(HFFamily):
     # -- import -----------------------------------------------------------------------------------
     def plan_import(self, config: dict[str, Any], keys: dict[str, tuple[int, ...]], label: str,
                     max_length: int | None) -> ImportPlan:
-        c = {**DEFAULTS, **config}
-        problems = hinted_problems(config, SUPPORTED)
-        act = activation(c["hidden_act"], problems)
-        if not c.get("qkv_bias", True):
-            problems.append("qkv_bias false (query/key/value without biases while the other layers have them) "
-                            "is not supported")
+        c, problems, act = read_config(config, DEFAULTS, SUPPORTED)
         image, patch = c["image_size"], c["patch_size"]
         if not isinstance(image, int) or not isinstance(patch, int):
             problems.append(f"image_size {image!r} / patch_size {patch!r} (ViLT's visual_embed reads one integer "

@@ -41,11 +41,22 @@ from pentad.interop.hf import (
 )
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
 
-# {prefix}: "vit." inside ViTForImageClassification, "" for a bare ViTModel checkpoint.
-BODY: list[RuleSpec] = [
-    ("embedding.patch.cls", "{prefix}embeddings.cls_token", "leading_ones:2"),
-    ("embedding.pos.weight", "{prefix}embeddings.position_embeddings", "leading_ones:1"),
-    ("embedding.patch.proj.{pb}", "{prefix}embeddings.patch_embeddings.projection.{pb}"),
+
+def read_config(config: dict[str, Any], defaults: dict[str, Any], supported: Any
+                ) -> tuple[dict[str, Any], list[str], str]:
+    """A timm-style vision config (ViT, ViLT) with its defaults filled in, the problems found so far (keys
+    pentad cannot honour, the activation, query/key/value without biases) and the pentad activation."""
+    c = {**defaults, **config}
+    problems = hinted_problems(config, supported)
+    act = activation(c["hidden_act"], problems)
+    if not c.get("qkv_bias", True):
+        problems.append("qkv_bias false (query/key/value without biases while the other layers have them) "
+                        "is not supported")
+    return c, problems, act
+
+
+# The pre-norm layers and final norm of HF's timm-style vision encoders (ViT, ViLT); {prefix} as below.
+LAYERS: list[RuleSpec] = [
     ("encoder.layers.{layer}.attention_norm.{wb}", "{prefix}encoder.layer.{layer}.layernorm_before.{wb}"),
     ("encoder.layers.{layer}.attention.qkv.{wb}",
      ("{prefix}encoder.layer.{layer}.attention.attention.query.{wb}",
@@ -56,6 +67,13 @@ BODY: list[RuleSpec] = [
     ("encoder.layers.{layer}.ffn.up.{wb}", "{prefix}encoder.layer.{layer}.intermediate.dense.{wb}"),
     ("encoder.layers.{layer}.ffn.down.{wb}", "{prefix}encoder.layer.{layer}.output.dense.{wb}"),
     ("encoder.final_norm.{wb}", "{prefix}layernorm.{wb}"),
+]
+# {prefix}: "vit." inside ViTForImageClassification, "" for a bare ViTModel checkpoint.
+BODY: list[RuleSpec] = [
+    ("embedding.patch.cls", "{prefix}embeddings.cls_token", "leading_ones:2"),
+    ("embedding.pos.weight", "{prefix}embeddings.position_embeddings", "leading_ones:1"),
+    ("embedding.patch.proj.{pb}", "{prefix}embeddings.patch_embeddings.projection.{pb}"),
+    *LAYERS,
 ]
 POOLER: list[RuleSpec] = [("targets.{cls}.pooler.{wb}", "{prefix}pooler.dense.{wb}")]
 CLASSIFIER: list[RuleSpec] = [("targets.{cls}.classifier.{wb}", "classifier.{wb}")]
@@ -112,12 +130,7 @@ class ViTFamily(HFFamily):
     # -- import -----------------------------------------------------------------------------------
     def plan_import(self, config: dict[str, Any], keys: dict[str, tuple[int, ...]], label: str,
                     max_length: int | None) -> ImportPlan:
-        c = {**DEFAULTS, **config}
-        problems = hinted_problems(config, SUPPORTED)
-        act = activation(c["hidden_act"], problems)
-        if not c.get("qkv_bias", True):
-            problems.append("qkv_bias false (query/key/value without biases while the other layers have them) "
-                            "is not supported")
+        c, problems, act = read_config(config, DEFAULTS, SUPPORTED)
         hidden = int(c["hidden_size"])
         if c.get("pooler_output_size") not in (None, hidden) or c.get("pooler_act", "tanh") != "tanh":
             problems.append(f"a pooler of width {c.get('pooler_output_size')} or activation "
