@@ -18,7 +18,7 @@ import json
 
 import pytest
 import torch
-from tests.unit.interop.helpers import load_pentad_run, make_run, relative, save_perturbed
+from tests.unit.interop.helpers import assert_hf_round_trip, load_pentad_run, make_run, relative, save_perturbed
 
 from pentad.components.base import Batch
 from pentad.errors import UserError
@@ -134,19 +134,7 @@ def test_hf_to_pentad_outputs_match(tmp_path, case):
 def test_hf_to_pentad_to_hf_is_bitwise(tmp_path, case):
     _, class_name, make_config, kwargs = case
     save_hf(tmp_path / "hf", class_name, make_config(), **kwargs)
-    convert("hf-to-pentad", tmp_path / "hf", tmp_path / "pentad")
-    report = convert("pentad-to-hf", tmp_path / "pentad", tmp_path / "back", verify=True)
-    assert report.ok, report.render()
-    assert report.architecture == class_name
-    before = safetensors_torch.load_file(str(tmp_path / "hf" / "model.safetensors"))
-    after = safetensors_torch.load_file(str(tmp_path / "back" / "model.safetensors"))
-    assert sorted(before) == sorted(after)
-    for key, tensor in before.items():
-        assert after[key].dtype == tensor.dtype and torch.equal(after[key], tensor), key
-    original = json.loads((tmp_path / "hf" / "config.json").read_text())
-    written = json.loads((tmp_path / "back" / "config.json").read_text())
-    skip = {"transformers_version", "dtype"}
-    assert {k: v for k, v in written.items() if k not in skip} == {k: v for k, v in original.items() if k not in skip}
+    assert_hf_round_trip(tmp_path, class_name)
 
 
 HF_LAYOUT = {

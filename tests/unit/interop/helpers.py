@@ -283,3 +283,31 @@ def write_tencentpretrain_dir(directory: Path, state: dict[str, torch.Tensor], c
     directory.mkdir(parents=True)
     torch.save(state, directory / "model.bin")
     (directory / "config.json").write_text(json.dumps(config))
+
+
+def assert_same_hf_checkpoint(original: Path, written: Path) -> dict[str, torch.Tensor]:
+    """``written`` (an exported HF folder) holds ``original``'s weights bit for bit, with the same names
+    and dtypes, and the same ``config.json`` apart from the version stamp and dtype; returns the weights."""
+    from safetensors import torch as safetensors_torch
+
+    before = safetensors_torch.load_file(str(original / "model.safetensors"))
+    after = safetensors_torch.load_file(str(written / "model.safetensors"))
+    assert sorted(before) == sorted(after)
+    for key, tensor in before.items():
+        assert after[key].dtype == tensor.dtype and torch.equal(after[key], tensor), key
+    skip = {"transformers_version", "dtype"}
+    first, second = (json.loads((d / "config.json").read_text()) for d in (original, written))
+    assert {k: v for k, v in second.items() if k not in skip} == {k: v for k, v in first.items() if k not in skip}
+    return after
+
+
+def assert_hf_round_trip(tmp_path: Path, architecture: str) -> None:
+    """``tmp_path/hf`` (a saved HF model) converted to pentad and back, both verified: the same
+    architecture, and the same checkpoint bit for bit (:func:`assert_same_hf_checkpoint`)."""
+    from pentad.interop import convert
+
+    convert("hf-to-pentad", tmp_path / "hf", tmp_path / "pentad")
+    report = convert("pentad-to-hf", tmp_path / "pentad", tmp_path / "back", verify=True)
+    assert report.ok, report.render()
+    assert report.architecture == architecture
+    assert_same_hf_checkpoint(tmp_path / "hf", tmp_path / "back")

@@ -46,7 +46,7 @@ from pentad.interop.hf import (
     seq_length,
     stack_problems,
 )
-from pentad.interop.hf.vit import LAYERS, read_config
+from pentad.interop.hf.vit import LAYERS, encoder_config, read_config
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
 
 # {prefix}: "vilt." inside a model with a head, "" for a bare ViltModel checkpoint.
@@ -193,11 +193,7 @@ class ViltFamily(HFFamily):
                                      "text_norm": True, "image_positions": True, "layer_norm_eps": eps},
                                     {"type": "seg", "num_segments": int(c["modality_type_vocab_size"])}],
                           "norm": False, "dropout": dropout},
-            "encoder": {"type": "transformer", "num_layers": int(c["num_hidden_layers"]),
-                        "num_heads": int(c["num_attention_heads"]), "ffn_size": int(c["intermediate_size"]),
-                        "activation": act, "norm_position": "pre", "final_norm": True, "mask": "bidirectional",
-                        "dropout": dropout, "attention_dropout": float(c["attention_probs_dropout_prob"]),
-                        "bias": True, "layer_norm_eps": eps},
+            "encoder": encoder_config(c, act, dropout, eps),
             "targets": targets,
         }
         names = {t["type"]: t["type"] for t in targets}

@@ -55,6 +55,15 @@ def read_config(config: dict[str, Any], defaults: dict[str, Any], supported: Any
     return c, problems, act
 
 
+def encoder_config(c: dict[str, Any], act: str, dropout: float, eps: float) -> dict[str, Any]:
+    """pentad's encoder section for a timm-style vision config ``c`` (ViT, ViLT): pre-norm layers with
+    a final norm, bidirectional, biases everywhere."""
+    return {"type": "transformer", "num_layers": int(c["num_hidden_layers"]),
+            "num_heads": int(c["num_attention_heads"]), "ffn_size": int(c["intermediate_size"]), "activation": act,
+            "norm_position": "pre", "final_norm": True, "mask": "bidirectional", "dropout": dropout,
+            "attention_dropout": float(c["attention_probs_dropout_prob"]), "bias": True, "layer_norm_eps": eps}
+
+
 # The pre-norm layers and final norm of HF's timm-style vision encoders (ViT, ViLT); {prefix} as below.
 LAYERS: list[RuleSpec] = [
     ("encoder.layers.{layer}.attention_norm.{wb}", "{prefix}encoder.layer.{layer}.layernorm_before.{wb}"),
@@ -185,11 +194,7 @@ class ViTFamily(HFFamily):
             "embedding": {"parts": [{"type": "patch", "image_size": image, "patch_size": patch,
                                      "channels": int(c["num_channels"]), "bias": proj_bias}, {"type": "pos"}],
                           "norm": False, "dropout": dropout},
-            "encoder": {"type": "transformer", "num_layers": int(c["num_hidden_layers"]),
-                        "num_heads": int(c["num_attention_heads"]), "ffn_size": int(c["intermediate_size"]),
-                        "activation": act, "norm_position": "pre", "final_norm": True, "mask": "bidirectional",
-                        "dropout": dropout, "attention_dropout": float(c["attention_probs_dropout_prob"]),
-                        "bias": True, "layer_norm_eps": eps},
+            "encoder": encoder_config(c, act, dropout, eps),
             "targets": [target],
         }
         if not proj_bias:
