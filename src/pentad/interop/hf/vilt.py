@@ -44,9 +44,8 @@ from pentad.interop.hf import (
     activation_name,
     merge_config,
     seq_length,
-    stack_problems,
 )
-from pentad.interop.hf.vit import LAYERS, encoder_config, read_config
+from pentad.interop.hf.vit import LAYERS, encoder_config, encoder_problems, read_config
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
 
 # {prefix}: "vilt." inside a model with a head, "" for a bare ViltModel checkpoint.
@@ -233,19 +232,10 @@ class ViltFamily(HFFamily):
             problems.append("model.embedding.norm is on; Hugging Face's ViLT normalises the caption only "
                             "(word_patch text_norm) and not the sum")
         enc = model.encoder
-        final_norm = enc.final_norm if enc.final_norm is not None else enc.norm_position == "pre"
-        if enc.type != "transformer" or enc.norm_position != "pre" or not final_norm or enc.mask != "bidirectional":
-            problems.append(f"model.encoder must be a pre-norm bidirectional transformer with a final norm (found "
-                            f"{enc.type}, norm_position {enc.norm_position}, final_norm {final_norm}, mask {enc.mask})")
-        if not enc.bias:
-            problems.append("model.encoder.bias is off; HF ViLT layers have biases")
-        problems += stack_problems(enc, "model.encoder", "vilt", model.hidden_size)
+        act = encoder_problems(model, "ViLT", problems)
         if model.decoder is not None or model.embedding_size not in (None, model.hidden_size) \
                 or getattr(model, "streams", None):
             problems.append("ViLT is one stream without a decoder or a factorised embedding")
-        act = activation_name(None, enc.activation)
-        if act is None:
-            problems.append(f"activation '{enc.activation}' has no HF name")
         by_type = {t.type: t for t in model.targets}
         types = sorted(by_type)
         names = {t.type: t.target_name for t in model.targets}

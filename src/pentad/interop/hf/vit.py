@@ -64,6 +64,24 @@ def encoder_config(c: dict[str, Any], act: str, dropout: float, eps: float) -> d
             "attention_dropout": float(c["attention_probs_dropout_prob"]), "bias": True, "layer_norm_eps": eps}
 
 
+def encoder_problems(model: Any, name: str, problems: list[str]) -> str | None:
+    """Add to ``problems`` what keeps ``model``'s encoder from HF's timm-style vision encoder (``name``:
+    ViT or ViLT): pre-norm, bidirectional, a final norm, biases, a stack HF can hold; returns the HF
+    name of its activation (None, with a problem, when there is none)."""
+    enc = model.encoder
+    final_norm = enc.final_norm if enc.final_norm is not None else enc.norm_position == "pre"
+    if enc.type != "transformer" or enc.norm_position != "pre" or not final_norm or enc.mask != "bidirectional":
+        problems.append(f"model.encoder must be a pre-norm bidirectional transformer with a final norm (found "
+                        f"{enc.type}, norm_position {enc.norm_position}, final_norm {final_norm}, mask {enc.mask})")
+    if not enc.bias:
+        problems.append(f"model.encoder.bias is off; HF {name} layers have biases")
+    problems += stack_problems(enc, "model.encoder", name.lower(), model.hidden_size)
+    act = activation_name(None, enc.activation)
+    if act is None:
+        problems.append(f"activation '{enc.activation}' has no HF name")
+    return act
+
+
 # The pre-norm layers and final norm of HF's timm-style vision encoders (ViT, ViLT); {prefix} as below.
 LAYERS: list[RuleSpec] = [
     ("encoder.layers.{layer}.attention_norm.{wb}", "{prefix}encoder.layer.{layer}.layernorm_before.{wb}"),
@@ -227,18 +245,9 @@ class ViTFamily(HFFamily):
         if model.embedding.norm:
             problems.append("model.embedding.norm is on; ViT does not normalise its embeddings")
         enc = model.encoder
-        final_norm = enc.final_norm if enc.final_norm is not None else enc.norm_position == "pre"
-        if enc.type != "transformer" or enc.norm_position != "pre" or not final_norm or enc.mask != "bidirectional":
-            problems.append(f"model.encoder must be a pre-norm bidirectional transformer with a final norm (found "
-                            f"{enc.type}, norm_position {enc.norm_position}, final_norm {final_norm}, mask {enc.mask})")
-        if not enc.bias:
-            problems.append("model.encoder.bias is off; HF ViT layers have biases")
-        problems += stack_problems(enc, "model.encoder", "vit", model.hidden_size)
+        act = encoder_problems(model, "ViT", problems)
         if model.decoder is not None or model.embedding_size not in (None, model.hidden_size):
             problems.append("ViT is one encoder without a decoder or a factorised embedding")
-        act = activation_name(None, enc.activation)
-        if act is None:
-            problems.append(f"activation '{enc.activation}' has no HF name")
         targets = list(model.targets)
         target = targets[0] if len(targets) == 1 and targets[0].type == "cls" else None
         name = target.target_name if target is not None else "cls"
