@@ -12,7 +12,8 @@ user of either would run them:
   step's time is the difference of two runs' wall times over the difference of their step counts
   (``--steps A B``), so start-up (imports, model building, dataset loading) cancels; samples/s =
   batch / step time. Runs alternate between the two programs (``--repeats`` pairs; the median step
-  time is reported) so that a background load hits both alike. Every row records the 1-minute load
+  time is reported) so that a background load hits both alike. ``--pentad-set KEY=VALUE`` adds an
+  override to pentad's training runs (``train.precision=bf16`` on a CPU with bf16 matrix units). Every row records the 1-minute load
   average before and after its runs (``load_1min``): on a shared machine, read ratios with it.
 
 Ratios are pentad / TencentPretrain for throughput (higher is better for pentad). TencentPretrain
@@ -135,7 +136,8 @@ class Programs:
                           "data.objective.seq_length=128",
                           f"train.steps={steps}", f"train.batch_size={self.args.batch_size}",
                           f"train.threads={self.args.threads}", "train.progress=false",
-                          f"train.log_every={max(1, steps // 2)}", "train.tensorboard=false"],
+                          f"train.log_every={max(1, steps // 2)}", "train.tensorboard=false",
+                          *self.args.pentad_set],
                          self.work / f"pentad_{workload}_{steps}.log", self.pentad_env)
         return seconds
 
@@ -201,7 +203,7 @@ def bench_pretrain(p: Programs, args: argparse.Namespace) -> list[dict]:
                     pentad_steps.append((t[1] - t[0]) / (high - low))
         tp_step, pentad_step = statistics.median(tp_steps), statistics.median(pentad_steps)
         row = {"workload": workload, "batch": args.batch_size, "seq": 128, "threads": args.threads,
-               "steps": [low, high], "repeats": args.repeats,
+               "steps": [low, high], "repeats": args.repeats, "pentad_set": args.pentad_set,
                "tp_step_s": round(tp_step, 4), "pentad_step_s": round(pentad_step, 4),
                "tp_samples_per_s": round(args.batch_size / tp_step, 1),
                "pentad_samples_per_s": round(args.batch_size / pentad_step, 1),
@@ -227,6 +229,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2, help="pairs of runs per program (median reported)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--pentad-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an extra override of pentad's training runs (repeatable), e.g. "
+                        "train.precision=bf16 on a CPU with AMX; recorded in every row")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     if not (args.tencentpretrain / "pretrain.py").is_file():
@@ -244,7 +249,8 @@ def main() -> int:
     if args.only in (None, "preprocess"):
         results["preprocess"] = bench_preprocess(programs, args)
     for row in results.get("pretrain", []):
-        print(f"pretrain {row['workload']}: TencentPretrain {row['tp_samples_per_s']} samples/s, pentad "
+        extra = f" [{' '.join(row['pentad_set'])}]" if row["pentad_set"] else ""
+        print(f"pretrain {row['workload']}: TencentPretrain {row['tp_samples_per_s']} samples/s, pentad{extra} "
               f"{row['pentad_samples_per_s']} samples/s: {row['ratio']}x (load {row['load_1min'][0]}-"
               f"{row['load_1min'][1]})")
     for row in results.get("preprocess", []):

@@ -56,3 +56,55 @@ def test_no_grad_and_empty() -> None:
     assert torch.isnan(loss) and int(count) == 0 and int(correct) == 0
     (g_weight,) = torch.autograd.grad(loss, [weight], allow_unused=True)
     assert g_weight is not None and not bool(g_weight.any())
+
+
+def _relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    return float((ours.float() - theirs.float()).norm() / theirs.float().norm().clamp(min=1e-12))
+
+
+@pytest.mark.parametrize("mode", ["bf16-weights", "bf16-autocast"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_matches_reference(monkeypatch, mode: str, bias: bool) -> None:
+    """bf16 products (bf16 weights, or fp32 weights under bf16 autocast), float32 statistics: the
+    reference computes the same products in one piece and ``F.cross_entropy`` in float32."""
+    monkeypatch.setattr(ce, "MIN_CHUNK_ROWS", 8)
+    monkeypatch.setattr(ce, "CHUNK_BYTES", 1)  # several chunks, so the float32 sum over chunks is exercised
+    monkeypatch.setattr(ce, "BF16_ROWS", 8)  # 45 rows padded to 48: unscored padding rows in the last chunk
+    hidden, weight, b, labels = inputs(45, 211, bias, seed=3)
+    if mode == "bf16-weights":
+        hidden, weight, b = (t.detach().bfloat16().requires_grad_() if t is not None else None
+                             for t in (hidden, weight, b))
+        context = torch.autocast("cpu", enabled=False)
+    else:
+        context = torch.autocast("cpu", dtype=torch.bfloat16)
+    with context:
+        assert ce.fused_dtype(hidden, weight, b) == torch.bfloat16
+        loss, correct, count = linear_cross_entropy(hidden, weight, b, labels, 0.1)
+        ref, ref_correct, ref_count = ce._reference(hidden, weight, b, labels, 0.1)
+    assert loss.dtype == torch.float32 and ref.dtype == torch.float32
+    torch.testing.assert_close(loss, ref, atol=2e-3, rtol=2e-3)
+    assert int(count) == int(ref_count)
+    assert abs(int(correct) - int(ref_correct)) <= 1  # a bf16 tie may fall either way
+    ours, theirs = grads(3.0 * loss, hidden, weight, b), grads(3.0 * ref, hidden, weight, b)
+    for o, t in zip(ours, theirs):
+        assert o.dtype == t.dtype
+        assert _relative_error(o, t) < 2e-2
+
+
+def test_bf16_close_to_float32() -> None:
+    """What bf16 costs in accuracy: the loss of bf16 products against exact float32 ones."""
+    hidden, weight, b, labels = inputs(64, 301, True, seed=5)
+    exact, _, _ = linear_cross_entropy(hidden, weight, b, labels)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        approx, _, _ = linear_cross_entropy(hidden, weight, b, labels)
+    torch.testing.assert_close(approx, exact, atol=2e-2, rtol=1e-2)
+
+
+def test_reference_where_not_fused() -> None:
+    """float16 and mixed dtypes outside autocast take the reference path (the same result)."""
+    hidden, weight, b, labels = inputs(12, 37, True)
+    assert ce.fused_dtype(hidden, weight, b) == torch.float32
+    assert ce.fused_dtype(hidden.half(), weight.half(), b.half()) is None
+    assert ce.fused_dtype(hidden.bfloat16(), weight, b) is None
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert ce.fused_dtype(hidden, weight, b) is None
