@@ -13,8 +13,9 @@ user of either would run them:
   (``--steps A B``), so start-up (imports, model building, dataset loading) cancels; samples/s =
   batch / step time. Runs alternate between the two programs (``--repeats`` pairs; the median step
   time is reported) so that a background load hits both alike. ``--pentad-set KEY=VALUE`` adds an
-  override to pentad's training runs (``train.precision=bf16`` on a CPU with bf16 matrix units). Every row records the 1-minute load
-  average before and after its runs (``load_1min``): on a shared machine, read ratios with it.
+  override to pentad's training runs (``train.precision=bf16`` on a CPU with bf16 matrix units).
+  Every row records the 1-minute load average before and after its runs (``load_1min``): on a shared
+  machine, read ratios with it.
 
 Ratios are pentad / TencentPretrain for throughput (higher is better for pentad). TencentPretrain
 runs from the checkout given by ``--tencentpretrain`` (nothing of it is part of pentad; it needs
