@@ -19,6 +19,7 @@ from pentad.components.base import (
 from pentad.components.stream import Stream, StreamPlan, run_stream, stacked
 from pentad.layers.block import Block
 from pentad.layers.cache import KVCache
+from pentad.layers.dropout import Dropout
 from pentad.layers.moe import MoE
 from pentad.layers.norms import make_norm
 from pentad.layers.pooling import pool
@@ -45,7 +46,7 @@ class EmbeddingSlot(nn.Module):
         self.norm = make_norm(norm_kind, width, layer_norm_eps) if norm else None
         # LN after LN (TencentPretrain's DualEmbedding stream norm), for converted checkpoints.
         self.second_norm = make_norm(norm_kind, width, layer_norm_eps) if norm and second_norm else None
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         # Recurrent/convolutional encoders read the embedding width directly (TencentPretrain layout).
         self.project = nn.Linear(width, hidden_size) if project and width != hidden_size else None
 

@@ -41,7 +41,9 @@ def test_multi_task_learns_both_datasets(tp, tmp_path):
 
     baselines = {d["name"]: common.majority_accuracy(d["train"], d["dev"]) for d in (sentiment, person)}
     assert baselines["person"] == 0.5  # balanced by construction
-    assert dev["person/accuracy"] > baselines["person"] + 0.15, (dev, baselines)  # measured 0.66 against 0.50
+    # measured over train.seed 1-6: 0.57-0.69 against 0.50 (mean 0.64; 120 dev rows: one standard error is
+    # 0.045), with torch's dropout masks and with pentad's alike
+    assert dev["person/accuracy"] > baselines["person"] + 0.05, (dev, baselines)
     # measured: mean 0.70 against 0.48 (sentiment 0.73 against 0.46)
     assert dev["mean_accuracy"] > sum(baselines.values()) / 2 + 0.05, (dev, baselines)
 

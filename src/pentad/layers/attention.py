@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from pentad.layers.block import Block, InitScheme, init_linear
 from pentad.layers.cache import LayerCache
+from pentad.layers.dropout import dropout as dropout_fn
 from pentad.layers.positions import apply_rotary
 
 
@@ -180,6 +181,10 @@ class Attention(Block):
         elif want_probs:
             context, _, scores = _attention_with_scores(q, k, v, inputs.mask, inputs.is_causal, self.scale,
                                                         None, dropout)
+        elif dropout and q.device.type == "cpu":
+            # SDPA's CPU path draws attention dropout with bernoulli_ (slow): the explicit computation
+            # uses pentad's dropout (layers/dropout.py)
+            context = _attention_with_scores(q, k, v, inputs.mask, inputs.is_causal, self.scale, None, dropout)[0]
         else:
             gqa = self.num_kv_heads != self.num_heads
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=inputs.mask_for(q.dtype),
@@ -212,9 +217,14 @@ class Attention(Block):
             mask = mask[..., :n, :]
         # is_causal with fewer queries than keys is aligned to the top left (query i sees keys 0..i):
         # right for the first n positions
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=inputs.is_causal,
-                                                 dropout_p=self.dropout if self.training else 0.0, scale=self.scale,
-                                                 enable_gqa=self.num_kv_heads != self.num_heads)
+        dropout = self.dropout if self.training else 0.0
+        # as in forward (not when causal: _attention_with_scores aligns a causal mask to the bottom right)
+        if dropout and q.device.type == "cpu" and not inputs.is_causal:
+            context = _attention_with_scores(q, k, v, mask, inputs.is_causal, self.scale, None, dropout)[0]
+        else:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=inputs.is_causal,
+                                                     dropout_p=dropout, scale=self.scale,
+                                                     enable_gqa=self.num_kv_heads != self.num_heads)
         return self.out(context.transpose(1, 2).reshape(b, n, self.q_dim))
 
     def _values(self, x: Tensor) -> Tensor:
@@ -244,7 +254,7 @@ class Attention(Block):
         if self.num_kv_heads != self.num_heads:
             v = v.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
         dropout = self.dropout if self.training else 0.0
-        context = torch.matmul(F.dropout(probs, dropout).to(v.dtype), v)
+        context = torch.matmul(dropout_fn(probs, dropout).to(v.dtype), v)
         return self.out(context.transpose(1, 2).reshape(b, q_len, self.q_dim)), probs if want_probs else None
 
 
@@ -268,7 +278,7 @@ def _attention_with_scores(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     probs = scores.softmax(dim=-1)
-    return torch.matmul(F.dropout(probs, dropout).to(v.dtype), v), raw, probs
+    return torch.matmul(dropout_fn(probs, dropout).to(v.dtype), v), raw, probs
 
 
 @dataclass

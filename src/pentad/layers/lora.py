@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pentad.layers.dropout import Dropout
+
 
 class LoraLinear(nn.Module):
     """``y = x W^T + b``, plus ``scaling * (dropout(x) A_p^T) B_p^T`` on the rows of each part p.
@@ -42,7 +44,7 @@ class LoraLinear(nn.Module):
         self.rank = rank
         self.alpha = alpha
         self.scaling = alpha / rank
-        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.dropout = Dropout(dropout) if dropout > 0 else nn.Identity()
         device, dtype = base.weight.device, base.weight.dtype
         self.lora_A = nn.ParameterDict({name: nn.Parameter(torch.empty(rank, self.in_features, device=device,
                                                                        dtype=dtype)) for name in self.parts})

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from pentad.layers.attention import AttentionInputs, AttentionReuse
 from pentad.layers.cache import KVCache, LayerCache
+from pentad.layers.dropout import Dropout
 from pentad.layers.masks import additive, attention_mask
 from pentad.layers.norms import make_norm
 from pentad.layers.positions import RelativePositionBias, alibi_bias, rotary_cos_sin
@@ -59,7 +60,7 @@ class TransformerLayer(nn.Module):
             self.cross_attention = None
         self.ffn = ffn
         self.ffn_norm = make_norm(norm, hidden_size, layer_norm_eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def _sublayer(self, x: Tensor, norm: nn.Module, fn, keep: int | None = None) -> tuple[Tensor, Tensor | None]:
         """``keep``: ``fn`` returns the first ``keep`` positions alone; so does the sub-layer."""

@@ -38,6 +38,17 @@ def test_auto_is_tf32_on_gpus_with_tensor_core_tf32_else_fp32(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
     assert precision.resolve("auto", CUDA) == "fp32"
     assert "no TF32" in precision.describe("tf32", "tf32", CUDA)
+
+
+def test_cpu_with_bf16_units_hinted(monkeypatch) -> None:
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(precision, "cpu_has_bf16_units", lambda: True)
+    assert "bf16 matrix units" in precision.describe("auto", "fp32", cpu)
+    assert "bf16 matrix units" not in precision.describe("fp32", "fp32", cpu)  # asked for: no advice
+    monkeypatch.setattr(precision, "cpu_has_bf16_units", lambda: False)
+    assert "bf16 matrix units" not in precision.describe("auto", "fp32", cpu)
+    monkeypatch.undo()
+    assert isinstance(precision.cpu_has_bf16_units(), bool)
     for mode in ("fp32", "tf32", "bf16", "bf16-true"):
         assert precision.resolve(mode, CPU) == mode
 

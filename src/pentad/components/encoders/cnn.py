@@ -34,6 +34,7 @@ from pentad.components.base import Encoder
 from pentad.components.encoders.rnn import input_width
 from pentad.config.base import StrictModel
 from pentad.layers.activations import ACTIVATION_NAMES, get_activation
+from pentad.layers.dropout import Dropout
 from pentad.registry import ENCODERS
 
 Activation = Literal[ACTIVATION_NAMES]  # type: ignore[valid-type]
@@ -106,7 +107,7 @@ class GatedCnnEncoder(Encoder):
         self.block_size = block_size
         self.layers = nn.ModuleList(
             GatedConv(input_size if i == 0 else hidden_size, hidden_size, kernel_size) for i in range(num_layers))
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     @classmethod
     def from_config(cls, cfg: GatedCnnEncoderConfig, model: Any) -> GatedCnnEncoder:
@@ -175,7 +176,7 @@ class CnnEncoder(Encoder):
         self.residual = residual
         self.layers = nn.ModuleList(
             nn.Conv1d(input_size if i == 0 else hidden_size, hidden_size, kernel_size) for i in range(num_layers))
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.reset_parameters()
 
     @classmethod

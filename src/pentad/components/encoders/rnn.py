@@ -30,6 +30,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from pentad.components.base import Encoder
 from pentad.config.base import StrictModel
+from pentad.layers.dropout import Dropout
 from pentad.registry import ENCODERS
 
 # The recurrent cell of each registered name (and of its ``bi`` twin).
@@ -148,7 +149,7 @@ class RecurrentEncoder(Encoder):
         self.rnn = CELLS[self.cell](input_size, hidden_size // 2 if bidirectional else hidden_size,
                                     num_layers, batch_first=True,
                                     dropout=dropout if num_layers > 1 else 0.0, bidirectional=bidirectional)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     @classmethod
     def from_config(cls, cfg: RecurrentConfigBase, model: Any) -> RecurrentEncoder:
@@ -230,7 +231,7 @@ class BiRecurrentEncoder(Encoder):
         inner_dropout = dropout if num_layers > 1 else 0.0
         self.rnn_forward = cell(input_size, hidden_size // 2, num_layers, batch_first=True, dropout=inner_dropout)
         self.rnn_backward = cell(input_size, hidden_size // 2, num_layers, batch_first=True, dropout=inner_dropout)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     @classmethod
     def from_config(cls, cfg: BiRecurrentConfigBase, model: Any) -> BiRecurrentEncoder:

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from pentad.components.base import Batch, Target, TargetOutput
 from pentad.components.targets.common import TargetConfigBase, classification_loss
+from pentad.layers.dropout import Dropout
 from pentad.layers.pooling import PoolingKind, pool
 from pentad.layers.soft_labels import SoftLoss, soft_label_loss
 from pentad.registry import TARGETS
@@ -41,7 +42,7 @@ class ChoiceTarget(Target):
         super().__init__(name)
         self.pooling = pooling
         self.pooler = nn.Linear(hidden_size, hidden_size) if pooler else None
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.scorer = nn.Linear(hidden_size, 1)
 
     @classmethod

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from pentad.components.base import Batch, Target, TargetOutput
 from pentad.components.targets.common import TargetConfigBase, classification_loss
+from pentad.layers.dropout import Dropout
 from pentad.layers.pooling import PoolingKind, pool
 from pentad.registry import TARGETS
 
@@ -42,7 +43,7 @@ class ClsTarget(Target):
         self.label_smoothing = label_smoothing
         self.pooling = pooling
         self.pooler = nn.Linear(hidden_size, hidden_size) if pooler else None
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(hidden_size, num_labels)
 
     @classmethod

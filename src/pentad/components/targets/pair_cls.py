@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from pentad.components.base import Batch, PooledPair, Target, TargetOutput
 from pentad.components.targets.common import TargetConfigBase, classification_loss
 from pentad.config.streams import pair_widths
+from pentad.layers.dropout import Dropout
 from pentad.registry import TARGETS
 
 PairFeature = Literal["u", "v", "abs_diff", "product"]
@@ -62,7 +63,7 @@ class PairClsTarget(Target):
         self.features = tuple(features)
         size = {"u": widths[0], "v": widths[1], "abs_diff": widths[0], "product": widths[0]}
         width = sum(size[f] for f in self.features)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.hidden = nn.Linear(width, mlp_size) if mlp_size else None
         self.classifier = nn.Linear(mlp_size or width, num_labels)
 

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from pentad.components.base import IGNORE_INDEX, Batch, Target, TargetOutput
 from pentad.components.targets.common import TargetConfigBase
 from pentad.layers.crf import LinearChainCRF, compact
+from pentad.layers.dropout import Dropout
 from pentad.registry import TARGETS
 
 
@@ -46,7 +47,7 @@ class TaggerTarget(Target):
 
     def __init__(self, name: str, hidden_size: int, num_labels: int, dropout: float = 0.1, crf: bool = False):
         super().__init__(name)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(hidden_size, num_labels)
         self.crf = LinearChainCRF(num_labels) if crf else None
 
