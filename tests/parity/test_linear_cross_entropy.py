@@ -108,3 +108,24 @@ def test_reference_where_not_fused() -> None:
     assert ce.fused_dtype(hidden.bfloat16(), weight, b) is None
     with torch.autocast("cpu", dtype=torch.float16):
         assert ce.fused_dtype(hidden, weight, b) is None
+
+
+def test_scored_rows_padded_only_for_bf16_products() -> None:
+    """An MLM head's rows: exactly the scored ones in float32; under bf16 on a CPU padded to a multiple of
+    BF16_ROWS with unscored rows, which change neither the loss nor any gradient."""
+    g = torch.Generator().manual_seed(7)
+    hidden = torch.randn(3, 10, 16, generator=g).requires_grad_()
+    labels = torch.full((3, 10), IGNORE_INDEX)
+    labels[0, 2], labels[1, 5], labels[2, 9] = 4, 11, 0
+    rows, scored = ce.scored_rows(hidden, labels)
+    assert rows.shape == (3, 16) and scored.tolist() == [4, 11, 0]
+    weight = torch.randn(37, 16, generator=g).requires_grad_()
+    plain = linear_cross_entropy(rows.bfloat16(), weight.bfloat16(), None, scored)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        padded_rows, padded = ce.scored_rows(hidden, labels)
+        assert padded_rows.shape == (ce.BF16_ROWS, 16) and padded[3:].eq(IGNORE_INDEX).all()
+        torch.testing.assert_close(padded_rows[:3], rows)
+        loss = linear_cross_entropy(padded_rows, weight, None, padded)[0]
+    torch.testing.assert_close(loss, plain, atol=1e-2, rtol=1e-2)
+    (g_hidden,) = torch.autograd.grad(loss, hidden)
+    assert int((g_hidden.abs().sum(-1) > 0).sum()) == 3  # only the scored positions get a gradient

@@ -94,6 +94,34 @@ def fused_dtype(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> torch.dt
     return dtypes.pop() if len(dtypes) == 1 and dtypes <= set(FUSED_DTYPES) else None
 
 
+def bf16_on_cpu(hidden: Tensor) -> bool:
+    """Whether products on ``hidden`` run in oneDNN's bf16 kernels: a CPU under bf16 autocast, or bf16 states."""
+    if hidden.device.type != "cpu":
+        return False
+    if torch.is_autocast_enabled("cpu"):
+        return torch.get_autocast_dtype("cpu") == torch.bfloat16
+    return hidden.dtype == torch.bfloat16
+
+
+def scored_rows(hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """hidden [..., H] and labels [...] -> the rows whose label is scored [N, H] and their labels [N].
+
+    Where the products run in oneDNN's bf16 kernels (:func:`bf16_on_cpu`), which build a kernel for every
+    new row count, N is padded to a multiple of ``BF16_ROWS`` with unscored copies of the first row, so
+    a head on masked positions (MLM: a different count every step) meets a few shapes, not one per step.
+    Elsewhere the rows are exactly the scored ones."""
+    selected = labels != IGNORE_INDEX
+    if not bf16_on_cpu(hidden):
+        return hidden[selected], labels[selected]
+    index = selected.reshape(-1).nonzero().squeeze(1)
+    kept = labels.reshape(-1)[index]
+    extra = -index.numel() % BF16_ROWS
+    if extra:
+        index = torch.cat([index, index.new_zeros(extra)])
+        kept = torch.cat([kept, kept.new_full((extra,), IGNORE_INDEX)])
+    return hidden.reshape(-1, hidden.shape[-1])[index], kept
+
+
 def _reference(hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor,
                label_smoothing: float) -> tuple[Tensor, Tensor, Tensor]:
     """The unfused computation: full [N, V] logits, then ``F.cross_entropy`` in float32."""

@@ -7,10 +7,10 @@ from typing import Literal
 from pydantic import Field
 from torch import Tensor, nn
 
-from pentad.components.base import IGNORE_INDEX, Batch, Target, TargetOutput
+from pentad.components.base import Batch, Target, TargetOutput
 from pentad.components.targets.common import TargetConfigBase
 from pentad.layers.activations import ACTIVATION_NAMES, get_activation
-from pentad.layers.cross_entropy import linear_cross_entropy
+from pentad.layers.cross_entropy import linear_cross_entropy, scored_rows
 from pentad.layers.norms import NORM_DESCRIPTION, NORM_KINDS, make_norm
 from pentad.registry import TARGETS
 
@@ -58,9 +58,8 @@ class MlmTarget(Target):
         labels = batch.labels.get(self.name)
         if labels is None:
             return TargetOutput(loss=None, logits=self._logits(hidden))
-        selected = labels != IGNORE_INDEX
-        transformed = self.norm(self.act(self.dense(hidden[selected])))  # [N, H], N = masked tokens
+        rows, scored = scored_rows(hidden, labels)  # [N, H], N = masked tokens (padded under bf16 on a CPU)
+        transformed = self.norm(self.act(self.dense(rows)))
         # Vocabulary projection fused with the loss: no [N, V] logits are kept.
-        loss, correct, count = linear_cross_entropy(transformed, self.output.weight, self.output.bias,
-                                                    labels[selected])
+        loss, correct, count = linear_cross_entropy(transformed, self.output.weight, self.output.bias, scored)
         return TargetOutput(loss=loss, metrics={"correct": correct, "count": count})
