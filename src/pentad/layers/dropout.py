@@ -7,9 +7,9 @@ random 16-bit integers instead: one 64-bit draw of torch's generator gives three
 element is dropped when its integer is below ``round(p * 2**16)``. Kept elements are scaled by
 ``1 / (1 - p')``, where ``p' = round(p * 2**16) / 2**16`` is the probability actually drawn (within
 ``2**-17`` of ``p``: 0.1 becomes 0.100006), so the output's expectation is the input, as torch's.
-A forward and backward runs about twice as fast as ``F.dropout`` (``bench/RESULTS.md``, "Precision on
-a CPU with bf16 matrix units"); the mask kept for backward is one byte per element instead of a
-float.
+A forward and backward runs 1.4-1.6x as fast as ``F.dropout`` (``bench/cpu_kernels.py``; ``bench/RESULTS.md``,
+"Precision on a CPU with bf16 matrix units"); the mask kept for backward is one byte per element instead
+of a float.
 
 Randomness comes from torch's default CPU generator, so ``torch.manual_seed`` makes runs
 reproducible and activation checkpointing (which saves and restores that generator's state)
