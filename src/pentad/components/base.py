@@ -278,7 +278,8 @@ class Encoder(nn.Module):
 
     Declared capabilities (read directly, never probed): ``mask_kind`` (``bidirectional``,
     ``causal`` or ``prefix``: which positions attend to which), ``supports_cache`` (incremental
-    decoding with a KV cache), ``trims_positions`` (``forward`` also takes ``output_positions=n``:
+    decoding with a KV cache), ``supports_static_cache`` (also with a pre-allocated
+    :class:`~pentad.layers.cache.StaticKVCache`), ``trims_positions`` (``forward`` also takes ``output_positions=n``:
     the caller reads only the first n positions, [B,n,H] comes back, and the encoder may skip work
     for the others; :func:`pentad.components.stream.run_stream` cuts the output of the others).
     """
@@ -287,6 +288,7 @@ class Encoder(nn.Module):
     requires: ClassVar[tuple[str, ...]] = ()
     mask_kind: str = "bidirectional"
     supports_cache: ClassVar[bool] = False
+    supports_static_cache: bool = False
     trims_positions: ClassVar[bool] = False
 
     def forward(self, hidden: Tensor, padding_mask: Tensor | None, prefix_lengths: Tensor | None = None,
@@ -297,11 +299,13 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """``forward(hidden [B,T,H], padding_mask [B,T] | None, memory [B,S,H], memory_padding_mask [B,S]
     | None, positions [B,T] | None, cache | None) -> [B,T,H]``: the target side of an
-    encoder-decoder model, attending to the encoder output ``memory``. ``supports_cache`` as for
+    encoder-decoder model, attending to the encoder output ``memory``. ``supports_cache`` and
+    ``supports_static_cache`` as for
     :class:`Encoder`."""
 
     registry_name: ClassVar[str]
     supports_cache: ClassVar[bool] = False
+    supports_static_cache: bool = False
 
     def forward(self, hidden: Tensor, padding_mask: Tensor | None, memory: Tensor | None,
                 memory_padding_mask: Tensor | None, positions: Tensor | None = None,

@@ -57,6 +57,14 @@ class GenerationConfig(StrictModel):
                                              "first new token (Whisper: a space, the end token)")
     use_cache: bool = Field(True, description="keep keys/values of past positions; False re-runs the whole "
                             "sequence at every step (slow; for tests and benchmarks)")
+    cache: Literal["dynamic", "static"] = Field("dynamic", description="key/value cache: 'dynamic' grows its "
+                                                "buffers as decoding goes; 'static' allocates buffers of the final "
+                                                "length (prompt + max_new_tokens) once and writes each step in place "
+                                                "at a position tensor, so a step can be compiled or captured as a "
+                                                "CUDA graph")
+    compile: bool = Field(False, description="compile the one-token decoding step with torch.compile (mode "
+                          "'reduce-overhead', i.e. CUDA graphs, on CUDA; the default mode elsewhere); needs "
+                          "cache='static'")
     seed: int | None = Field(None, description="seed of the sampling generator (reproducible samples)")
 
     @model_validator(mode="after")
@@ -70,6 +78,13 @@ class GenerationConfig(StrictModel):
         if self.num_beams == 1 and not self.do_sample and self.num_return_sequences > 1:
             raise ValueError("greedy decoding returns one sequence per prompt: use do_sample or num_beams > 1 "
                              "for num_return_sequences > 1")
+        if self.cache == "static" and not self.use_cache:
+            raise ValueError("cache='static' needs use_cache=true: without a cache every step re-runs the whole "
+                             "sequence and there is no key/value buffer to pre-allocate")
+        if self.compile and self.cache != "static":
+            raise ValueError(f"compile=true needs cache='static' (found cache={self.cache!r}): a compiled step "
+                             "needs buffers of a fixed size written at a position tensor, or it recompiles as "
+                             "the cache grows")
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError(f"min_new_tokens {self.min_new_tokens} exceeds max_new_tokens {self.max_new_tokens}")
         return self

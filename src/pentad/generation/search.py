@@ -101,8 +101,10 @@ def start_session(model: Model, prompts: Prompts, config: GenerationConfig,
         if config.decoder_start_token_id is None:
             raise GenerationInputError("encoder-decoder generation needs decoder_start_token_id")
         use_cache = config.use_cache and model.decoder.supports_cache
+        static = _static_cache(model, config, use_cache)
         return EncoderDecoderSession(model, None, None, config.decoder_start_token_id, new, use_cache,
-                                     source_batch=prompts.to(device), prompt=config.decoder_prompt_ids)
+                                     source_batch=prompts.to(device), prompt=config.decoder_prompt_ids,
+                                     static=static, compile=config.compile)
     if isinstance(prompts, Tensor):
         if prompts.dim() != 2:
             raise GenerationInputError(f"prompts must be [batch, length] token ids, got shape {tuple(prompts.shape)}")
@@ -131,6 +133,7 @@ def start_session(model: Model, prompts: Prompts, config: GenerationConfig,
     new = config.max_new_tokens
     # Recurrent and convolutional stacks keep no key/value cache: they re-run the sequence.
     use_cache = config.use_cache and (model.decoder if encoder_decoder else model.encoder).supports_cache
+    static = _static_cache(model, config, use_cache)
     if encoder_decoder:
         limit, need = position_limit(model.embedding), tokens.shape[1]
         if limit is not None and need > limit:
@@ -140,7 +143,7 @@ def start_session(model: Model, prompts: Prompts, config: GenerationConfig,
             raise GenerationInputError("encoder-decoder generation needs decoder_start_token_id (T5: the pad id, "
                              "BART: the eos id)")
         return EncoderDecoderSession(model, tokens, padding, config.decoder_start_token_id, new, use_cache,
-                                     prompt=config.decoder_prompt_ids)
+                                     prompt=config.decoder_prompt_ids, static=static, compile=config.compile)
     if config.decoder_prompt_ids:
         raise GenerationInputError("decoder_prompt_ids are read by an encoder-decoder's decoder; this model has "
                                    "none: put them in the prompt")
@@ -148,7 +151,24 @@ def start_session(model: Model, prompts: Prompts, config: GenerationConfig,
     if limit is not None and need > limit:
         raise GenerationInputError(f"a prompt of {tokens.shape[1]} tokens plus max_new_tokens {new} needs {need} "
                          f"positions; the model has {limit}")
-    return DecoderOnlySession(model, tokens, padding, new, use_cache, fill)
+    return DecoderOnlySession(model, tokens, padding, new, use_cache, fill, static=static, compile=config.compile)
+
+
+def _static_cache(model: Model, config: GenerationConfig, use_cache: bool) -> bool:
+    """Whether to decode with a static cache; refuses (rather than falling back to a dynamic
+    cache) a stack that cannot keep one."""
+    if config.cache != "static":
+        return False
+    stack = model.decoder if model.decoder is not None else model.encoder
+    slot = "decoder" if model.decoder is not None else "encoder"
+    if not use_cache:
+        raise GenerationInputError(f"cache='static' needs a key/value cache, but the model's {slot} "
+                                   f"({stack.registry_name}) keeps none; use cache='dynamic' (and compile=false)")
+    if not stack.supports_static_cache:
+        raise GenerationInputError(f"cache='static' is not supported by the model's {slot} ({stack.registry_name}: "
+                                   "attention-weight reuse caches values alone, and a static cache serves causal "
+                                   "or prefix attention only); use cache='dynamic' (and compile=false)")
+    return True
 
 
 def _check_decoder_positions(model: Model, config: GenerationConfig) -> None:

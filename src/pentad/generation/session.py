@@ -16,18 +16,24 @@ are the next-token scores of the last position, [rows, V].
 
 Without a cache (``use_cache=False``) every step re-runs the whole sequence so far, as
 TencentPretrain's generation scripts do: the reference the cached path is tested against.
+
+With ``static=True`` the cache is a :class:`~pentad.layers.cache.StaticKVCache` of the final length,
+allocated on the prefill and written in place; a step's inputs are then tensors of fixed shapes and
+addresses (the new tokens, their positions, the padding of the whole buffer, the cache's position
+tensor), so ``compile=True`` can run the step through ``torch.compile`` (CUDA graphs on CUDA)
+without recompiling as decoding advances. Prefill, ``expand`` and the search stay eager.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from pentad.components.base import BATCH_INPUT_FIELDS, Batch, Target
 from pentad.generation.config import GenerationInputError
-from pentad.layers.cache import KVCache
+from pentad.layers.cache import KVCache, StaticKVCache
 from pentad.model import EmbeddingSlot, Model
 
 
@@ -48,6 +54,28 @@ def position_limit(slot: EmbeddingSlot | None) -> int | None:
         return None
     limits = [part.max_positions for part in slot.parts() if part.max_positions is not None]
     return min(limits) if limits else None
+
+
+def make_cache(use_cache: bool, static: bool, capacity: int, device: torch.device) -> KVCache | None:
+    """No cache, a growing one, or a static one of ``capacity`` positions."""
+    if not use_cache:
+        return None
+    return StaticKVCache(capacity, device) if static else KVCache()
+
+
+def compile_step(step: Callable[..., Tensor], device: torch.device) -> Callable[..., Tensor]:
+    """``torch.compile`` of a one-token step: CUDA graphs (``reduce-overhead``) on CUDA, the default
+    mode elsewhere. Shapes are static (``dynamic=False``): the step's inputs never change shape, and
+    a shape that did would rather show as a recompilation than silently run a slower graph."""
+    mode = "reduce-overhead" if device.type == "cuda" else None
+    compiled = torch.compile(step, mode=mode, dynamic=False)
+    if device.type != "cuda":
+        return compiled
+
+    def run(*args: Tensor) -> Tensor:
+        # A CUDA graph's outputs are overwritten by its next replay: hand the search a copy.
+        return compiled(*args).clone()
+    return run
 
 
 def _reads(slot: EmbeddingSlot | None, field: str) -> bool:
@@ -86,7 +114,7 @@ class DecoderOnlySession:
     """
 
     def __init__(self, model: Model, tokens: Tensor, padding: Tensor | None, max_new_tokens: int,
-                 use_cache: bool = True, fill_id: int = 0):
+                 use_cache: bool = True, fill_id: int = 0, static: bool = False, compile: bool = False):
         self.model, self.head = model, lm_head(model)
         rows, prompt_len = tokens.shape
         total = prompt_len + max_new_tokens
@@ -111,7 +139,10 @@ class DecoderOnlySession:
             self.segments = torch.zeros((rows, total), dtype=torch.long, device=device)
             self.segments[:, prompt_len:] = 1 if prefix else 0
         self.length = prompt_len
-        self.cache = KVCache() if use_cache else None
+        self.static = static and use_cache
+        self.cache = make_cache(use_cache, static, total, device)
+        self.step_segment = 1 if prefix else 0
+        self._step = compile_step(self._forward, device) if compile and self.static else self._forward
 
     @property
     def rows(self) -> int:
@@ -122,12 +153,20 @@ class DecoderOnlySession:
         pad = self.padding[:, :self.length] if self.padding is not None else None
         return self.tokens[:, :self.length], pad
 
-    def _run(self, start: int, end: int) -> Tensor:
-        batch = Batch(tokens=self.tokens[:, start:end], positions=self.positions[:, start:end],
-                      padding_mask=self.padding[:, :end] if self.padding is not None else None,
-                      segments=self.segments[:, start:end] if self.segments is not None else None)
-        hidden, _ = self.model.encode(batch, self.cache)
+    def _forward(self, tokens: Tensor, positions: Tensor, padding: Tensor | None, segments: Tensor | None
+                 ) -> Tensor:
+        """Logits [rows, V] after the new positions tokens [rows, q] (positions, segments alike;
+        padding: of the cached and new positions, or of the whole buffer with a static cache)."""
+        hidden, _ = self.model.encode(Batch(tokens=tokens, positions=positions, padding_mask=padding,
+                                            segments=segments), self.cache)
         return self.head.logits(hidden[:, -1])
+
+    def _run(self, start: int, end: int) -> Tensor:
+        padding = None
+        if self.padding is not None:
+            padding = self.padding if self.static else self.padding[:, :end]
+        return self._forward(self.tokens[:, start:end], self.positions[:, start:end], padding,
+                             self.segments[:, start:end] if self.segments is not None else None)
 
     def prefill(self) -> Tensor:
         """Run the prompts; logits [rows, V] of the first new token."""
@@ -138,8 +177,14 @@ class DecoderOnlySession:
         col = self.length
         self.tokens[:, col] = new
         self.positions[:, col] = self.next_position
+        positions = self.next_position[:, None]
         self.next_position = self.next_position + 1
         self.length += 1
+        if self.static:
+            # Fresh [rows, 1] tensors rather than column views of the buffers, whose storage offsets
+            # change every step (a compiled step would guard on them).
+            segments = (torch.full_like(positions, self.step_segment) if self.segments is not None else None)
+            return self._step(new[:, None].long(), positions, self.padding, segments)
         return self._run(col, col + 1) if self.cache is not None else self._run(0, col + 1)
 
     def reorder(self, index: Tensor) -> None:
@@ -175,7 +220,7 @@ class EncoderDecoderSession:
 
     def __init__(self, model: Model, sources: Tensor | None, padding: Tensor | None, start_id: int,
                  max_new_tokens: int, use_cache: bool = True, source_batch: Batch | None = None,
-                 prompt: Sequence[int] = ()):
+                 prompt: Sequence[int] = (), static: bool = False, compile: bool = False):
         if model.decoder is None:
             raise ValueError("EncoderDecoderSession needs a model with a decoder")
         if (sources is None) == (source_batch is None):
@@ -198,7 +243,9 @@ class EncoderDecoderSession:
         self.target_segments = _reads(model.target_embedding, "segments")
         self.memory: Tensor | None = None
         self.length = self.prompt_length
-        self.cache = KVCache() if use_cache else None
+        self.static = static and use_cache
+        self.cache = make_cache(use_cache, static, width, device)
+        self._step = compile_step(self._forward, device) if compile and self.static else self._forward
 
     @property
     def rows(self) -> int:
@@ -207,12 +254,17 @@ class EncoderDecoderSession:
     def history(self) -> tuple[Tensor, Tensor | None]:
         return self.tokens[:, :self.length], None
 
-    def _run(self, start: int, end: int) -> Tensor:
-        tokens = self.tokens[:, start:end]
-        batch = Batch(decoder_tokens=tokens, decoder_positions=self.position_table[:, start:end],
+    def _forward(self, tokens: Tensor, positions: Tensor, memory: Tensor | None, memory_padding: Tensor | None
+                 ) -> Tensor:
+        """Logits [rows, V] after the new decoder tokens [rows, q] at positions [1, q]."""
+        batch = Batch(decoder_tokens=tokens, decoder_positions=positions,
                       decoder_segments=torch.zeros_like(tokens) if self.target_segments else None)
-        hidden = self.model.decode(batch, self.memory, self.source_padding, self.cache)
+        hidden = self.model.decode(batch, memory, memory_padding, self.cache)
         return self.head.logits(hidden[:, -1])
+
+    def _run(self, start: int, end: int) -> Tensor:
+        return self._forward(self.tokens[:, start:end], self.position_table[:, start:end], self.memory,
+                             self.source_padding)
 
     def prefill(self) -> Tensor:
         """Encode the sources once and run the start token (and the decoder prompt); logits [rows, V]."""
@@ -228,6 +280,10 @@ class EncoderDecoderSession:
         col = self.length
         self.tokens[:, col] = new
         self.length += 1
+        if self.static:
+            # The new token's position is the cache's position tensor: no changing Python int (or
+            # storage offset of a column view) reaches a compiled step.
+            return self._step(new[:, None].long(), self.cache.offset.view(1, 1), self.memory, self.source_padding)
         return self._run(col, col + 1) if self.cache is not None else self._run(0, col + 1)
 
     def reorder(self, index: Tensor) -> None:

@@ -2,13 +2,16 @@
 
 A cache holds, per layer, the keys and values of the positions already processed, so a decoding
 step runs the layers on the new tokens only. Buffers grow by doubling (amortised O(1) appends,
-no re-allocation every step). Cross-attention keys/values of an encoder-decoder model are computed
+no re-allocation every step); a static cache (:class:`StaticKVCache`) allocates buffers of the
+final length once and writes them in place at a position tensor, for compiled and CUDA-graph
+decoding. Cross-attention keys/values of an encoder-decoder model are computed
 once from the encoder output and kept beside them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -77,6 +80,9 @@ class KVCache:
     """Caches of every layer of one stack (the decoder-only encoder, or a decoder)."""
 
     layers: list[LayerCache] = field(default_factory=list)
+    # Declared kind: a static cache (StaticKVCache) has fixed-size buffers read whole by attention.
+    static: ClassVar[bool] = False
+    capacity: ClassVar[int | None] = None
 
     def layer(self, index: int) -> LayerCache:
         while len(self.layers) <= index:
@@ -87,6 +93,15 @@ class KVCache:
     def length(self) -> int:
         """Positions already processed (0 before the first step)."""
         return self.layers[0].length if self.layers else 0
+
+    @property
+    def offset(self) -> int | Tensor:
+        """Position of the first new query: an int here, the position tensor in a static cache."""
+        return self.length
+
+    def advance(self, count: int) -> None:
+        """Called by the stack after a forward of ``count`` new positions (a dynamic cache counts
+        them as it appends)."""
 
     def reorder(self, index: Tensor) -> None:
         for layer in self.layers:
@@ -99,3 +114,85 @@ class KVCache:
                 if isinstance(t, torch.Tensor):
                     total += t.numel() * t.element_size()
         return total
+
+
+class StaticLayerCache(LayerCache):
+    """One layer's static cache: k/v buffers [B, kv_heads, capacity, D] allocated once, on the first
+    write, and written in place at the stack's position tensor (``index_copy_``), so a compiled or
+    CUDA-graph-captured step sees fixed addresses and no changing Python int. Attention reads the
+    whole buffer; the stack's mask hides the positions not yet written."""
+
+    def __init__(self, capacity: int, position: Tensor):
+        super().__init__()
+        self.capacity, self.position = capacity, position
+
+    def append_values(self, v: Tensor) -> Tensor:
+        raise ValueError("a static key/value cache cannot serve attention-weight reuse (a layer that caches "
+                         "values alone); generate with cache='dynamic'")
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the new positions' k/v [B, h, q, D] at ``position``..``position + q - 1``; return the
+        whole buffers [B, h, capacity, D]."""
+        if self.keys is None:
+            self.keys = k.new_zeros(k.shape[0], k.shape[1], self.capacity, k.shape[3])
+            self.values = v.new_zeros(v.shape[0], v.shape[1], self.capacity, v.shape[3])
+            _mark_static(self.keys)
+            _mark_static(self.values)
+        index = self.position + torch.arange(k.shape[2], device=k.device)
+        self.keys.index_copy_(2, index, k)
+        self.values.index_copy_(2, index, v)
+        return self.keys, self.values
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index``. The same number of rows (beam search re-ranking) is copied in
+        place: the buffers keep their addresses (a compiled or captured step reads them). Another
+        number (``expand``: copies of each prompt, before the first step) allocates new buffers."""
+        for name in ("keys", "values", "cross_keys", "cross_values"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if value.shape[0] == index.shape[0]:
+                value.copy_(value.index_select(0, index))
+            else:
+                value = value.index_select(0, index)
+                _mark_static(value)
+                setattr(self, name, value)
+
+
+def _mark_static(tensor: Tensor) -> None:
+    """Tell torch.compile the buffer's address never changes (CUDA graphs then capture writes to it)."""
+    torch._dynamo.mark_static_address(tensor)
+
+
+class StaticKVCache(KVCache):
+    """Caches of every layer with buffers of a fixed ``capacity`` (prompt + new tokens) and one
+    position tensor (0-dim long, the next position to write) shared by the layers. The stack runs
+    attention over all ``capacity`` keys with a mask from ``position`` (:attr:`offset`) and advances
+    it in place after each forward (:meth:`advance`). ``length`` reads the tensor (a host sync):
+    for bookkeeping outside a decoding step only."""
+
+    static = True
+
+    def __init__(self, capacity: int, device: torch.device | str | None = None):
+        super().__init__()
+        if capacity < 1:
+            raise ValueError(f"a static cache needs a capacity of at least 1 position, got {capacity}")
+        self.capacity = capacity
+        self.position = torch.zeros((), dtype=torch.long, device=device)
+        _mark_static(self.position)
+
+    def layer(self, index: int) -> LayerCache:
+        while len(self.layers) <= index:
+            self.layers.append(StaticLayerCache(self.capacity, self.position))
+        return self.layers[index]
+
+    @property
+    def length(self) -> int:
+        return int(self.position)
+
+    @property
+    def offset(self) -> Tensor:
+        return self.position
+
+    def advance(self, count: int) -> None:
+        self.position.add_(count)

@@ -67,3 +67,30 @@ def additive(mask: Tensor | None, is_causal: bool, q_len: int, k_len: int, bias:
     if mask is None:
         return bias
     return bias.masked_fill(~mask, float("-inf"))
+
+
+def static_attention_mask(kind: MaskKind, q_len: int, capacity: int, offset: Tensor,
+                          padding_mask: Tensor | None, prefix_lengths: Tensor | None = None) -> Tensor:
+    """Bool mask [B|1, 1, q_len, capacity] for queries at positions ``offset`` + 0..q_len-1 over a
+    static key/value buffer of ``capacity`` positions: keys after a query (not yet written) are
+    hidden, as are padding keys. ``offset`` is a 0-dim long tensor, so the mask of a compiled step
+    does not depend on a Python int. Otherwise as :func:`attention_mask` (``causal`` or ``prefix``).
+    padding_mask: [B, capacity] bool, True at padding."""
+    if kind not in ("causal", "prefix"):
+        raise ValueError(f"a static key/value cache serves causal or prefix attention, not {kind!r}")
+    device = offset.device
+    query = offset + torch.arange(q_len, device=device)
+    key = torch.arange(capacity, device=device)
+    allowed = (key[None, :] <= query[:, None])[None, None]  # [1,1,q,k]
+    if kind == "prefix":
+        if prefix_lengths is None:
+            raise ValueError("a prefix mask needs prefix_lengths")
+        in_prefix = key[None, :] < prefix_lengths[:, None]
+        query_in_prefix = query[None, :] < prefix_lengths[:, None]
+        allowed = allowed | (in_prefix[:, None, None, :] & query_in_prefix[:, None, :, None])
+    if padding_mask is not None:
+        allowed = allowed & (~padding_mask)[:, None, None, :]
+        # A query whose every key is padding would give NaN in softmax; let it see itself.
+        own = (key[None, :] == query[:, None])[None, None]
+        allowed = allowed | (own & padding_mask.index_select(1, query)[:, None, :, None])
+    return allowed

@@ -71,7 +71,8 @@ class RelativePositionBias(Block):
     """Learned scalar bias per (bucket, head): ``weight`` [num_buckets, num_heads].
 
     forward(q_len, k_len, offset) -> [1, heads, q_len, k_len]; query i sits at position offset + i
-    (``offset`` = positions already in a key/value cache) and key j at position j.
+    (``offset`` = positions already in a key/value cache: an int, or a 0-dim tensor for a static
+    cache) and key j at position j.
     """
 
     def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128,
@@ -83,9 +84,9 @@ class RelativePositionBias(Block):
         self.weight = nn.Parameter(torch.empty(num_buckets, num_heads))
         nn.init.normal_(self.weight, std=0.02)
 
-    def forward(self, q_len: int, k_len: int, offset: int = 0) -> Tensor:
+    def forward(self, q_len: int, k_len: int, offset: int | Tensor = 0) -> Tensor:
         device = self.weight.device
-        query = torch.arange(offset, offset + q_len, device=device)[:, None]
+        query = (torch.arange(q_len, device=device) + offset)[:, None]
         key = torch.arange(k_len, device=device)[None, :]
         buckets = relative_buckets(key - query, self.bidirectional, self.num_buckets, self.max_distance)
         return nn.functional.embedding(buckets, self.weight).permute(2, 0, 1).unsqueeze(0)
@@ -111,7 +112,7 @@ def alibi_slopes(num_heads: int) -> Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
-def alibi_bias(num_heads: int, q_len: int, k_len: int, offset: int = 0, causal: bool = True,
+def alibi_bias(num_heads: int, q_len: int, k_len: int, offset: int | Tensor = 0, causal: bool = True,
                device: torch.device | None = None) -> Tensor:
     """[1, heads, q_len, k_len] additive bias ``-slope * distance(query, key)``.
 
@@ -119,7 +120,7 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int, offset: int = 0, causal: 
     |query - key|. Adding a per-query constant does not change a softmax, so this equals BLOOM's
     ``slope * key_position`` form.
     """
-    query = torch.arange(offset, offset + q_len, device=device)[:, None]
+    query = (torch.arange(q_len, device=device) + offset)[:, None]
     key = torch.arange(k_len, device=device)[None, :]
     distance = (query - key).float()
     distance = distance.clamp(min=0) if causal else distance.abs()

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from pentad.layers.attention import AttentionInputs, AttentionReuse
 from pentad.layers.cache import KVCache, LayerCache
 from pentad.layers.dropout import Dropout
-from pentad.layers.masks import additive, attention_mask
+from pentad.layers.masks import additive, attention_mask, static_attention_mask
 from pentad.layers.norms import make_norm
 from pentad.layers.positions import RelativePositionBias, alibi_bias, rotary_cos_sin
 
@@ -140,10 +140,15 @@ class TransformerStack(nn.Module):
     layer's own hidden states.
 
     Declared capabilities: ``mask_kind``, ``supports_cache`` (True: a ``KVCache`` runs only the
-    new positions).
+    new positions), ``supports_static_cache`` (a ``StaticKVCache`` too: not with attention-weight
+    reuse, whose reusing layers cache values alone, nor with a bidirectional mask).
     """
 
     supports_cache = True
+
+    @property
+    def supports_static_cache(self) -> bool:
+        return self.attention_reuse is None and self.mask_kind in ("causal", "prefix")
 
     def __init__(self, hidden_size: int, num_layers: int, num_heads: int, *, attention: BlockFactory,
                  ffn: BlockFactory, cross_attention: BlockFactory | None = None, head_size: int | None = None,
@@ -190,17 +195,33 @@ class TransformerStack(nn.Module):
                            if final_norm else None)
 
     def attention_inputs(self, q_len: int, padding_mask: Tensor | None, prefix_lengths: Tensor | None,
-                         positions: Tensor | None, offset: int, device: torch.device,
-                         dtype: torch.dtype = torch.float32) -> AttentionInputs:
+                         positions: Tensor | None, offset: int | Tensor, device: torch.device,
+                         dtype: torch.dtype = torch.float32, capacity: int | None = None) -> AttentionInputs:
         """Mask, position bias and rotary tables for queries at positions offset..offset+q_len-1.
         ``dtype``: the hidden states' (rotary tables are computed in fp32 and stored in it, so that
-        bf16 weights give bf16 queries and keys; under autocast the hidden states stay fp32)."""
-        k_len = offset + q_len
-        if padding_mask is not None and padding_mask.shape[1] != k_len:
-            raise ValueError(f"padding_mask covers {padding_mask.shape[1]} positions but the attention sees "
-                             f"{k_len} keys ({offset} cached + {q_len} new); with a cache pass the mask of "
-                             "every key position")
-        mask, is_causal = attention_mask(self.mask_kind, q_len, padding_mask, prefix_lengths, device, key_len=k_len)
+        bf16 weights give bf16 queries and keys; under autocast the hidden states stay fp32).
+        ``capacity`` (a static cache): the keys are a buffer of that many positions, ``offset`` a
+        0-dim tensor, and the mask hides the positions after each query (not yet written)."""
+        if capacity is not None:
+            if not isinstance(offset, Tensor):
+                raise ValueError("a static cache's offset is a position tensor")
+            k_len = capacity
+            if padding_mask is not None and padding_mask.shape[1] != capacity:
+                raise ValueError(f"padding_mask covers {padding_mask.shape[1]} positions but the static cache "
+                                 f"holds {capacity}; pass the padding of every position of the buffer")
+            mask: Tensor | None = static_attention_mask(self.mask_kind, q_len, capacity, offset, padding_mask,
+                                                        prefix_lengths)
+            is_causal = False
+        else:
+            if isinstance(offset, Tensor):
+                raise ValueError("a tensor offset needs the static cache's capacity")
+            k_len = offset + q_len
+            if padding_mask is not None and padding_mask.shape[1] != k_len:
+                raise ValueError(f"padding_mask covers {padding_mask.shape[1]} positions but the attention sees "
+                                 f"{k_len} keys ({offset} cached + {q_len} new); with a cache pass the mask of "
+                                 "every key position")
+            mask, is_causal = attention_mask(self.mask_kind, q_len, padding_mask, prefix_lengths, device,
+                                             key_len=k_len)
         if self.position_kind in ("relative", "alibi"):
             if self.relative_bias is not None:
                 bias = self.relative_bias(q_len, k_len, offset)
@@ -211,7 +232,7 @@ class TransformerStack(nn.Module):
         rotary = None
         if self.position_kind == "rotary":
             if positions is None:
-                positions = torch.arange(offset, k_len, device=device)[None]
+                positions = (torch.arange(q_len, device=device) + offset)[None]
             rotary = rotary_cos_sin(positions, self.rotary_dim, self.rotary_base, dtype=dtype)
         return AttentionInputs(mask, is_causal, rotary)
 
@@ -235,14 +256,20 @@ class TransformerStack(nn.Module):
             elif not self._can_keep(cache, memory):
                 return self.run(hidden, padding_mask, prefix_lengths, positions, cache, memory,
                                 memory_padding_mask)[:, :output_positions]
-        offset = cache.length if cache is not None else 0
-        inputs = self.attention_inputs(hidden.shape[1], padding_mask, prefix_lengths, positions, offset,
-                                       hidden.device, hidden.dtype)
+        static = cache is not None and cache.static
+        if static and self.attention_reuse is not None:
+            raise ValueError("a static key/value cache cannot serve attention-weight reuse (its reusing layers "
+                             "cache values alone); generate with cache='dynamic'")
+        offset = cache.offset if cache is not None else 0
+        q_len = hidden.shape[1]
+        inputs = self.attention_inputs(q_len, padding_mask, prefix_lengths, positions, offset,
+                                       hidden.device, hidden.dtype, cache.capacity if static else None)
         memory_inputs = None
         if memory is not None or (cache is not None and cache.layers and cache.layers[0].cross_keys is not None):
             memory_mask = None
-            # Decoding steps after the first (offset > 0) skip the check: a host sync per step.
-            if memory_padding_mask is not None and (offset > 0 or bool(memory_padding_mask.any())):
+            # Decoding steps after the first (and every step of a static cache) skip the check: a host
+            # sync per step.
+            if memory_padding_mask is not None and (static or offset > 0 or bool(memory_padding_mask.any())):
                 memory_mask = (~memory_padding_mask)[:, None, None, :]
             memory_inputs = AttentionInputs(memory_mask, False, None)
         if self.attention_reuse is not None:
@@ -250,8 +277,7 @@ class TransformerStack(nn.Module):
         scores = None
         routing: dict[str, Tensor | None] = {}
         if self.routed:  # the padding of these positions, and the token embeddings for word-vector routing
-            routing = {"padding_mask": padding_mask[:, -hidden.shape[1]:] if padding_mask is not None else None,
-                       "router_input": hidden}
+            routing = {"padding_mask": _new_padding(padding_mask, offset, q_len, static), "router_input": hidden}
         last = self.num_layers - 1 if output_positions is not None else self.num_layers
         for i in range(last):
             layer = self.layers[i % len(self.layers)]
@@ -259,6 +285,8 @@ class TransformerStack(nn.Module):
                                    memory_inputs, scores if self.residual_attention else None, **routing)
         if output_positions is not None:
             hidden, _ = self.layers[last % len(self.layers)](hidden, inputs, keep=output_positions)
+        if cache is not None:
+            cache.advance(q_len)
         if self.final_norm is not None:
             hidden = self.final_norm(hidden)
         return hidden
@@ -291,3 +319,13 @@ class TransformerStack(nn.Module):
         if self.final_norm is not None:
             hidden = self.final_norm(hidden)
         return hidden
+
+
+def _new_padding(padding_mask: Tensor | None, offset: int | Tensor, q_len: int, static: bool) -> Tensor | None:
+    """The padding [B, q_len] of the new positions: the last q_len columns, or (a static cache, whose
+    mask covers the whole buffer) the columns at offset..offset+q_len-1."""
+    if padding_mask is None:
+        return None
+    if static:
+        return padding_mask.index_select(1, offset + torch.arange(q_len, device=padding_mask.device))
+    return padding_mask[:, -q_len:]
