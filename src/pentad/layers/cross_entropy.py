@@ -96,11 +96,7 @@ def fused_dtype(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> torch.dt
 
 def bf16_on_cpu(hidden: Tensor) -> bool:
     """Whether products on ``hidden`` run in oneDNN's bf16 kernels: a CPU under bf16 autocast, or bf16 states."""
-    if hidden.device.type != "cpu":
-        return False
-    if torch.is_autocast_enabled("cpu"):
-        return torch.get_autocast_dtype("cpu") == torch.bfloat16
-    return hidden.dtype == torch.bfloat16
+    return fused_dtype(hidden, hidden, None) == torch.bfloat16
 
 
 def scored_rows(hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
