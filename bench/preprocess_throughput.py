@@ -14,14 +14,17 @@ count once per process, so the sum is an upper bound) beside the main process's 
 mark (``ru_maxrss``). The same objective at two corpus sizes shows that memory does not grow
 with the corpus.
 
-The reference in the same run is the tokenizer alone: ``tokenizers.Tokenizer.encode_batch_fast``
+The reference in the same run is the Rust tokenizer alone: ``tokenizers.Tokenizer.encode_batch_fast``
 (what pentad's WordPiece tokenizer calls) over the lines of the same corpus in batches of the
 same 1 MiB, in a fresh process, once with the library's own thread pool (all cores, as in a
 ``workers=1`` preprocess) and once on one thread (``TOKENIZERS_PARALLELISM=false``, the cost per
 core). That is the ceiling: preprocess tokenizes every byte once, and everything else it does
 (reading, building instances, writing shards) comes on top. A ``startup`` row times a run on a
 few lines cut into chunks of one line each, so that the worker pool starts: the fixed cost that
-dominates small corpora.
+dominates small corpora. Two ``pieces`` rows time pentad's ``WordPieceTokenizer.encode_batch``
+(the Rust tokenizer behind a cache of pieces, ``docs/data.md``) from a cold cache, on one copy of
+the source corpus (text it has not seen: the honest first pass) and on the reference's share of the
+repeated corpus (where later copies hit the cache).
 
 Columns: MB/s and Ktok/s (stored tokens, special tokens included) over the wall time of the
 ``preprocess`` call; CPU s of the work (main process inside the call plus its workers) and
@@ -66,7 +69,7 @@ QUIET_PERCENT = 10.0  # --wait-quiet: machine-wide CPU use below which no one el
 class Run:
     """One measurement (a preprocess run or a tokenizer reference), as printed and saved."""
 
-    kind: str  # "preprocess", "startup" or "tokenizer"
+    kind: str  # "preprocess", "startup", "tokenizer" or "pieces"
     corpus: str  # "en" / "zh"
     objective: str  # mlm / bert (for the reference: the corpus layout it read)
     megabytes: float
@@ -141,7 +144,8 @@ def _batches(path: Path, limit: int) -> Iterator[list[str]]:
 
 
 def child_tokenizer(spec: dict[str, Any]) -> dict[str, Any]:
-    """The reference: the Rust tokenizer's batch encode over the corpus, nothing else."""
+    """The reference: the Rust tokenizer's batch encode over the corpus, nothing else; with
+    ``pieces``, pentad's ``encode_batch`` (the Rust tokenizer behind a cache of pieces) instead."""
     from pentad.data.tokenizers import WordPieceTokenizer
 
     tokenizer = WordPieceTokenizer.from_config(_tokenizer_config(Path(spec["vocab"])))
@@ -152,8 +156,10 @@ def child_tokenizer(spec: dict[str, Any]) -> dict[str, Any]:
     cpu_before = _own_cpu_seconds()
     start = time.perf_counter()
     for batch in batches:
-        encodings = backend.encode_batch_fast(batch, add_special_tokens=False)
-        tokens += sum(len(e.ids) for e in encodings)
+        if spec.get("pieces"):  # pentad's encode_batch: the piece cache, cold at the start
+            tokens += sum(len(ids) for ids in tokenizer.encode_batch(batch))
+        else:
+            tokens += sum(len(e.ids) for e in backend.encode_batch_fast(batch, add_special_tokens=False))
         lines += len(batch)
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "tokens": tokens, "instances": lines, "bytes": num_bytes,
@@ -362,6 +368,12 @@ def main() -> None:
                                         {**base, "corpus": str(corpora[args.size_mb]),
                                          "limit": int(args.reference_mb * MB)}, 1, args.wait_quiet,
                                         env))
+                # pentad's piece cache, cold at the start: over one copy of the corpus (text it has
+                # not seen) and over the reference's share of the repeated corpus.
+                for limit in (source.stat().st_size, int(args.reference_mb * MB)):
+                    runs.append(measure("pieces", lang, objective, 1,
+                                        {**base, "corpus": str(corpora[args.size_mb]), "limit": limit,
+                                         "pieces": True}, 1, args.wait_quiet))
                 # The fixed cost of a worker pool: a few lines, one chunk each, with the most workers.
                 tiny = workdir / f"{lang}-{objective}-tiny.txt"
                 with open(source, "rb") as f:
@@ -424,6 +436,12 @@ def summarise(runs: list[Run], workers: list[int]) -> dict[str, Any]:
             lines.append(f"{key}: preprocess (workers={best.workers}) at {wall:.0%} of the raw "
                          f"tokenizer's all-core speed ({ref[0].mb_per_s:.2f} MB/s) and {cpu:.0%} of "
                          f"its work per CPU-second ({ref[1].mb_per_cpu_s:.2f} MB/CPU-s, one thread)")
+        for r in (r for r in mine if r.kind == "pieces" and 0 in ref):
+            gain = r.mb_per_cpu_s / ref[0].mb_per_cpu_s
+            values[f"{key}/pieces_{r.megabytes:.1f}MB_cpu_gain"] = gain
+            lines.append(f"{key}: piece cache over {r.megabytes:.1f} MB (cold at the start): {r.mb_per_cpu_s:.2f} "
+                         f"MB/CPU-s, {gain:.1f}x the Rust tokenizer's {ref[0].mb_per_cpu_s:.2f} (all cores); "
+                         f"{r.mb_per_s:.2f} MB/s on one thread")
         if startup:
             values[f"{key}/startup_seconds"] = startup[0].seconds
             lines.append(f"{key}: fixed cost of a run with workers={startup[0].workers}: "

@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -129,8 +130,6 @@ class Programs:
     def pentad_pretrain(self, workload: str, dataset: Path, steps: int) -> float:
         out = self.work / f"pentad_{workload}_{steps}"
         if out.exists():
-            import shutil
-
             shutil.rmtree(out)
         seconds, _ = run([sys.executable, "-m", "pentad", "pretrain", "--config", str(self.tp_config(workload)),
                           f"vocab_path={VOCAB}", f"data.dataset={dataset}", f"output={out}",
@@ -163,6 +162,8 @@ def bench_preprocess(p: Programs, args: argparse.Namespace) -> list[dict]:
         size = corpus.stat().st_size
         load_before = os.getloadavg()[0]
         tp_out, pentad_out = p.work / f"tp_{processor}.pt", p.work / f"pentad_{processor}"
+        if pentad_out.exists():  # an earlier run with the same --work (pentad never overwrites a dataset)
+            shutil.rmtree(pentad_out)
         tp_s, tp_mem = p.tp_preprocess(processor, corpus, tp_out)
         pentad_s, pentad_mem = p.pentad_preprocess(workload, corpus, pentad_out)
         row = {"processor": processor, "corpus_mb": round(size / 1e6, 1), "workers": args.workers,

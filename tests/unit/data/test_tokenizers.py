@@ -607,3 +607,98 @@ def test_unknown_text_per_tokenizer_kind(tmp_path: Path):
     sp = load_tokenizer({"type": "sentencepiece", "model": str(tmp_path / "m.model")})
     assert sp.unknown_text("one twø") == ["ø"] and sp.unknown_text("two one") == []
     assert sp.unk_id in sp.encode("<unk>") and "<" in sp.unknown_text("<unk>")  # no literal unk in SentencePiece
+
+
+# --------------------------------------------------------------------------------------------
+# WordPiece's piece cache (encode_batch) against the Rust tokenizer run on whole texts
+
+# Characters that stress the cut points: spaces of every kind, controls, combining marks (also right
+# after an ideograph), CJK ideographs of every block (compatibility ones decompose under NFD),
+# punctuation, case changes that lengthen (İ) or depend on context in other libraries (Σ), emoji.
+_FUZZ_POOL = (
+    list("ab Zé") + [" ", " ", "  ", "\t", "\n", "\r", "\x0b", "\x0c", "\x1c", "\x85", "\u00a0", "\u2028",
+                     "\u3000", "\u200b", "\x00", "\ufffd", "\u0301", "\u0308", "\u0327"]
+    + list("中文北京是ㄅ𠀀𪚥豈更\uf900\ufa6d\U0002f800\u3400\u4dbf\u9fff\u9fa5")
+    + list("，。！？《》…「」-'.,;:$#[]") + ["İ", "Σ", "ς", "ß", "Ǆ", "ﬁ", "Ａ", "１", "😀", "ı", "ά"]
+    + ["[MASK]", "[CLS]", "[mask]", "[UNK]", "x" * 30, "naïve", "unaffable", "2024"]
+)
+
+
+def _fuzz_texts(count: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return ["".join(_FUZZ_POOL[i] for i in rng.integers(0, len(_FUZZ_POOL), rng.integers(0, 24)))
+            for _ in range(count)]
+
+
+def _rust_whole(tokenizer: WordPieceTokenizer, texts: list[str]) -> list[list[int]]:
+    return [e.ids for e in tokenizer._backend.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"lowercase": False}, {"strip_accents": False}, {"split_cjk": False},
+    {"special_tokens_in_text": "split"}, {"lowercase": False, "split_cjk": False, "max_input_chars_per_word": 8},
+])
+def test_wordpiece_piece_cache_gives_the_ids_of_whole_texts(models: Path, options):
+    tokenizer = load_tokenizer({"type": "wordpiece", "vocab": "google_zh_vocab.txt", **options}, base_dir=models)
+    texts = _fuzz_texts(3000, seed=len(str(options))) + EN_TEXTS + ZH_TEXTS
+    expected = _rust_whole(tokenizer, texts)
+    assert tokenizer.encode_batch(texts) == expected  # cold: every piece new
+    assert tokenizer.encode_batch(texts) == expected  # warm: every piece cached
+    assert [ids for i in range(0, len(texts), 7) for ids in tokenizer.encode_batch(texts[i:i + 7])] == expected
+    assert tokenizer._piece_ids, "the cache was not used"
+
+
+def test_wordpiece_piece_cache_on_corpora_and_when_full(models: Path, monkeypatch: pytest.MonkeyPatch):
+    import pentad.data.tokenizers as module
+
+    lines = [line for name in ("CLUECorpusSmall_sampled.txt", "news-commentary-v13-en-zh_sampled.txt",
+                               "book_review_cls.txt") for line in _corpus_lines(name, 400)]
+    tokenizer = WordPieceTokenizer(models / "google_zh_vocab.txt")
+    expected = _rust_whole(tokenizer, lines)
+    assert tokenizer.encode_batch(lines) == expected
+    monkeypatch.setattr(module, "PIECE_CACHE_SIZE", 500)  # fills after the first batch or so
+    small = WordPieceTokenizer(models / "google_zh_vocab.txt")
+    assert [ids for i in range(0, len(lines), 50) for ids in small.encode_batch(lines[i:i + 50])] == expected
+    assert 0 < len(small._piece_ids) <= 500
+
+
+def test_wordpiece_every_cut_ideograph_is_a_word_of_its_own(models: Path):
+    """The cut points the cache relies on: each ideograph of the blocks it cuts at is tokenized
+    alone by the Rust tokenizer, whatever surrounds it, in every option that cuts there."""
+    import pentad.data.tokenizers as module
+
+    ranges = [(0x3400, 0x4DBF), (0x4E00, 0x9FFF)]
+    assert module._CJK == "".join(f"\\u{a:04x}-\\u{b:04x}" for a, b in ranges).encode().decode("unicode_escape")
+    chars = [chr(c) for a, b in ranges for c in range(a, b + 1)]
+    for options in ({}, {"lowercase": False}):
+        tokenizer = load_tokenizer({"type": "wordpiece", "vocab": "google_zh_vocab.txt", **options}, base_dir=models)
+        alone = _rust_whole(tokenizer, chars)
+        around = _rust_whole(tokenizer, [f"ab{c}\u0301cd" for c in chars])
+        ab, cd = tokenizer._backend.encode("ab").ids, tokenizer._backend.encode("\u0301cd").ids
+        assert all(len(ids) == 1 for ids in alone)
+        assert around == [ab + ids + cd for ids in alone]
+
+
+def test_wordpiece_pickle_leaves_the_piece_cache_behind(models: Path):
+    tokenizer = WordPieceTokenizer(models / "google_zh_vocab.txt")
+    tokenizer.encode_batch(ZH_TEXTS)
+    assert tokenizer._piece_ids
+    copy = pickle.loads(pickle.dumps(tokenizer))
+    assert copy._piece_ids == {}
+    assert copy.encode_batch(ZH_TEXTS) == tokenizer.encode_batch(ZH_TEXTS)
+    del copy.__dict__["_piece_ids"]  # a tokenizer pickled before the cache existed
+    assert copy.encode_batch(ZH_TEXTS) == tokenizer.encode_batch(ZH_TEXTS)
+
+
+def test_wordpiece_piece_cache_with_special_tokens_across_cuts(tmp_path: Path):
+    """A special token with a space or an ideograph inside is matched in raw text before any cut:
+    texts holding one go to the Rust tokenizer whole, the others through the cache."""
+    vocab = _write(tmp_path / "vocab.txt", ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "<m 1>", "遮x", "a", "b", "遮", "x",
+                                            "<", ">", "m", "1"])
+    tokenizer = load_tokenizer({"type": "wordpiece", "vocab": str(vocab),
+                                "special_tokens": {"mask": "<m 1>", "bos": "遮x"}})
+    texts = ["a <m 1> b", "a<m 1>b 遮x", "遮 x <m1>", "a b", "<m 1>", "x遮xa", ""] + _fuzz_texts(300, seed=3)
+    expected = _rust_whole(tokenizer, texts)
+    assert expected[0] == [6, 4, 7] and expected[1] == [6, 4, 7, 5]
+    assert tokenizer.encode_batch(texts) == expected
+    assert tokenizer.encode_batch(texts) == expected
