@@ -4,18 +4,24 @@
         [--greedy | --sample [--temperature T] [--top-k K] [--top-p P]]
         [--num-beams N [--length-penalty X] [--early-stopping [true|false|never]]]
         [--num-return-sequences N] [--repetition-penalty X] [--seed S] [--stop TEXT ...]
-        [--output FILE.jsonl] [--stream] [--device DEV]
+        [--output FILE.jsonl] [--stream] [--device DEV] [--no-cache | --cache {dynamic,static} [--compile]]
 
 Completions go to stdout as text, or with ``--output`` to a JSONL file (one record per completion,
 with token ids, score and finish reason; ``--output -`` writes the JSONL to stdout). ``--stream``
 prints the tokens of a single prompt as they are produced. Mistakes (a missing run directory, an
 empty prompt file, a malformed JSONL line, contradictory options) raise ``UserError`` (exit 2).
+
+``--cache static`` pre-allocates the key/value cache at its final length (prompt + new tokens) and
+writes each step in place; ``--compile`` (with ``--cache static``) runs the one-token decoding step
+through ``torch.compile``, as CUDA graphs on a GPU. Both give the tokens of the default dynamic
+cache; the first step of a compiled run pays for the compilation.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,6 +72,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.add_argument("--batch-size", type=int, default=8, metavar="N", help="prompts decoded together")
     p.add_argument("--no-cache", action="store_true", help="re-run the whole sequence each step (slow; testing)")
+    p.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
+                   help="key/value cache: dynamic (grows as decoding goes, default) or static (allocated once "
+                        "at prompt + --max-new-tokens positions, written in place; needed by --compile)")
+    p.add_argument("--compile", action="store_true",
+                   help="compile the one-token decoding step with torch.compile (CUDA graphs on a GPU); "
+                        "needs --cache static. The first step pays for the compilation")
     p.add_argument("--decoder-start", metavar="TOKEN",
                    help="encoder-decoder models: first decoder token, a role (bos, cls, pad, eos) or a token")
     return p
@@ -134,14 +146,43 @@ def generation_options(args: argparse.Namespace) -> dict[str, Any]:
         raise UserError(f"{flags} only apply to sampling, not to beam search (--num-beams {args.num_beams})")
     if args.sample and args.num_beams > 1:
         raise UserError("--sample and --num-beams > 1 cannot be combined: sampling or beam search, not both")
+    if args.no_cache and args.cache == "static":
+        raise UserError("--no-cache and --cache static contradict each other: --no-cache re-runs the whole "
+                        "sequence every step and keeps no key/value cache to pre-allocate; drop one of them")
+    if args.compile and (args.no_cache or args.cache != "static"):
+        given = "--no-cache" if args.no_cache else f"--cache {args.cache}"
+        raise UserError(f"--compile needs --cache static (found {given}): a compiled step reads key/value "
+                        "buffers of a fixed size; add --cache static (without --no-cache), or drop --compile")
     early: bool | str = {"true": True, "false": False}.get(args.early_stopping, args.early_stopping)
     options: dict[str, Any] = dict(
         max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
         do_sample=bool(args.sample or given), num_beams=args.num_beams, length_penalty=args.length_penalty,
         early_stopping=early, num_return_sequences=args.num_return_sequences,
-        repetition_penalty=args.repetition_penalty, seed=args.seed, use_cache=not args.no_cache)
+        repetition_penalty=args.repetition_penalty, seed=args.seed, use_cache=not args.no_cache,
+        cache=args.cache, compile=args.compile)
     options.update({name: getattr(args, name) for name in given})
     return options
+
+
+# How a root-level (cross-field) validator message of GenerationConfig spells the options on the command
+# line: settings first (``name=value``), then bare field names (not ``cache`` or ``compile``, words of
+# plain prose as well).
+_CLI_SPELLINGS = (
+    ("use_cache=true", "a key/value cache (no --no-cache)"), ("use_cache=false", "--no-cache"),
+    ("cache='static'", "--cache static"), ("cache='dynamic'", "--cache dynamic"),
+    ("compile=true", "--compile"), ("compile=false", "no --compile"),
+    ("do_sample=false", "no --sample"), ("num_beams=1", "--num-beams 1"),
+    ("do_sample", "--sample"),
+    ("num_return_sequences", "--num-return-sequences"), ("num_beams", "--num-beams"),
+    ("min_new_tokens", "--min-new-tokens"), ("max_new_tokens", "--max-new-tokens"),
+)
+_SPELLING = re.compile("|".join(r"(?<![\w\-'])" + re.escape(config) + r"(?![\w=])" for config, _ in _CLI_SPELLINGS))
+
+
+def _cli_terms(message: str) -> str:
+    """A GenerationConfig cross-field message with the fields named as command-line options."""
+    table = dict(_CLI_SPELLINGS)
+    return _SPELLING.sub(lambda m: table[m.group(0)], message)
 
 
 def build_config(options: dict[str, Any]) -> Any:
@@ -158,7 +199,7 @@ def build_config(options: dict[str, Any]) -> Any:
             field = ".".join(str(x) for x in error["loc"])
             flag = f"--{field.replace('_', '-')}: " if field else ""
             message = error["msg"].removeprefix("Value error, ")
-            problems.append(f"{flag}{message} (received {error.get('input')!r})" if field else message)
+            problems.append(f"{flag}{message} (received {error.get('input')!r})" if field else _cli_terms(message))
         raise UserError("invalid generation options: " + "; ".join(problems)) from None
 
 

@@ -186,8 +186,10 @@ def test_cli_bad_run_dir_and_options(runs, tmp_path) -> None:
         cli(str(runs["gpt2"]), "--prompt", "w1", "--top-p", "1.5")
     with pytest.raises(UserError, match="drop --greedy"):
         cli(str(runs["gpt2"]), "--prompt", "w1", "--greedy", "--temperature", "0.5")
-    with pytest.raises(UserError, match="num_return_sequences"):
+    with pytest.raises(UserError, match="--num-return-sequences 3 exceeds --num-beams 2"):
         cli(str(runs["gpt2"]), "--prompt", "w1", "--num-beams", "2", "--num-return-sequences", "3")
+    with pytest.raises(UserError, match="--min-new-tokens 5 exceeds --max-new-tokens 3"):
+        cli(str(runs["gpt2"]), "--prompt", "w1", "--min-new-tokens", "5", "--max-new-tokens", "3")
     with pytest.raises(UserError, match="--stream"):
         cli(str(runs["gpt2"]), "--prompt", "w1", "--stream", "--num-beams", "2")
     with pytest.raises(UserError, match="positions"):
@@ -207,3 +209,40 @@ def test_cli_output_is_checked_before_generating(runs, tmp_path) -> None:
     assert json.loads(out.read_text(encoding="utf-8").splitlines()[0])["prompt"] == "w1"
     with pytest.raises(UserError, match="is a directory"):
         cli(str(runs["gpt2"]), "--prompt", "w1", "--output", str(tmp_path))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "t5"])
+def test_cli_static_cache_equals_dynamic(runs, family, capsys) -> None:
+    base = (str(runs[family]), "--prompt", "w1 w2 w3", "--max-new-tokens", "6", "--output", "-")
+    assert cli(*base) == 0
+    dynamic = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert cli(*base, "--cache", "static") == 0
+    static = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["tokens"] for r in static] == [r["tokens"] for r in dynamic]
+    assert [r["text"] for r in static] == [r["text"] for r in dynamic]
+    assert cli(*base, "--cache", "static", "--num-beams", "2") == 0  # beams re-rank the static cache in place
+    assert cli(*base, "--num-beams", "2") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert json.loads(out[0])["tokens"] == json.loads(out[1])["tokens"]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (("--compile",), "--compile needs --cache static \\(found --cache dynamic\\)"),
+    (("--compile", "--cache", "dynamic"), "--compile needs --cache static \\(found --cache dynamic\\)"),
+    (("--compile", "--no-cache"), "--compile needs --cache static \\(found --no-cache\\)"),
+    (("--no-cache", "--cache", "static"), "--no-cache and --cache static contradict"),
+    (("--no-cache", "--cache", "static", "--compile"), "--no-cache and --cache static contradict"),
+])
+def test_cli_cache_option_contradictions(runs, argv, needle) -> None:
+    with pytest.raises(UserError, match=needle) as info:
+        cli(str(runs["gpt2"]), "--prompt", "w1", *argv)
+    assert "compile=" not in str(info.value) and "cache='" not in str(info.value)
+
+
+def test_cli_root_validator_messages_name_options() -> None:
+    """Should a cross-field check reach GenerationConfig, its message names the options."""
+    with pytest.raises(UserError, match=r"--compile needs --cache static \(found --cache dynamic\)"):
+        generate_cli.build_config({"compile": True})
+    with pytest.raises(UserError, match=r"--cache static needs a key/value cache \(no --no-cache\)"):
+        generate_cli.build_config({"cache": "static", "use_cache": False})
+    assert generate_cli.build_config({"cache": "static", "compile": True}).compile
