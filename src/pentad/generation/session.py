@@ -21,7 +21,10 @@ With ``static=True`` the cache is a :class:`~pentad.layers.cache.StaticKVCache` 
 allocated on the prefill and written in place; a step's inputs are then tensors of fixed shapes and
 addresses (the new tokens, their positions, the padding of the whole buffer, the cache's position
 tensor), so ``compile=True`` can run the step through ``torch.compile`` (CUDA graphs on CUDA)
-without recompiling as decoding advances. Prefill, ``expand`` and the search stay eager.
+without recompiling as decoding advances. Prefill, ``expand`` and the search stay eager. The tensors
+every step reads unchanged (cache buffers, cross-attention keys/values, the encoder memory and the
+padding masks) are marked as static addresses, so CUDA graphs read them in place instead of copying
+them on each replay.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from torch import Tensor
 
 from pentad.components.base import BATCH_INPUT_FIELDS, Batch, Target
 from pentad.generation.config import GenerationInputError
-from pentad.layers.cache import KVCache, StaticKVCache
+from pentad.layers.cache import KVCache, StaticKVCache, _mark_static
 from pentad.model import EmbeddingSlot, Model
 
 
@@ -76,6 +79,15 @@ def compile_step(step: Callable[..., Tensor], device: torch.device) -> Callable[
         # A CUDA graph's outputs are overwritten by its next replay: hand the search a copy.
         return compiled(*args).clone()
     return run
+
+
+def mark_step_inputs(*tensors: Tensor | None) -> None:
+    """Mark tensors that every compiled step of a static session reads unchanged (the encoder memory,
+    padding masks) as static addresses, so CUDA graphs read them in place rather than copying them
+    into the graph on each replay. Call again on the new tensors whenever they are replaced."""
+    for tensor in tensors:
+        if tensor is not None:
+            _mark_static(tensor)
 
 
 def _reads(slot: EmbeddingSlot | None, field: str) -> bool:
@@ -141,6 +153,8 @@ class DecoderOnlySession:
         self.length = prompt_len
         self.static = static and use_cache
         self.cache = make_cache(use_cache, static, total, device)
+        if self.static:
+            mark_step_inputs(self.padding)  # the whole buffer, read by every step
         self.step_segment = 1 if prefix else 0
         self._step = compile_step(self._forward, device) if compile and self.static else self._forward
 
@@ -209,6 +223,8 @@ class DecoderOnlySession:
             self.segments = self.segments.index_select(0, index)
         if self.cache is not None:
             self.cache.reorder(index)
+        if self.static:
+            mark_step_inputs(self.padding)
 
 
 class EncoderDecoderSession:
@@ -274,6 +290,8 @@ class EncoderDecoderSession:
         else:
             batch = Batch(tokens=self.sources, padding_mask=self.source_padding, segments=self.source_segments)
             self.memory, _ = self.model.encode(batch)
+        if self.static:
+            mark_step_inputs(self.memory, self.source_padding)
         return self._run(0, self.prompt_length)
 
     def step(self, new: Tensor) -> Tensor:
@@ -305,6 +323,8 @@ class EncoderDecoderSession:
             self.source_padding = self.source_padding.index_select(0, index)
         if self.cache is not None:
             self.cache.reorder(index)
+        if self.static:
+            mark_step_inputs(self.memory, self.source_padding)
 
 
 Session = DecoderOnlySession | EncoderDecoderSession

@@ -163,7 +163,7 @@ class Attention(Block):
                 k, v = self.kv(memory).split(self.kv_dim, dim=-1)
                 k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
                 if cache is not None:
-                    cache.cross_keys, cache.cross_values = k, v
+                    cache.store_cross(k, v)
         else:
             q, k, v = self.qkv(x).split((self.q_dim, self.kv_dim, self.kv_dim), dim=-1)
             q, k, v = self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads), self._heads(

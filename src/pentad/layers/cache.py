@@ -61,6 +61,11 @@ class LayerCache:
         self.length += new
         return self.keys[:, :, :self.length], self.values[:, :, :self.length]
 
+    def store_cross(self, k: Tensor, v: Tensor) -> None:
+        """Keep the cross-attention keys/values [B, kv_heads, m, D] computed from the encoder memory
+        on the first decoder step; later steps read them instead of projecting the memory again."""
+        self.cross_keys, self.cross_values = k, v
+
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (beam search re-ranks hypotheses every step)."""
         for name in ("keys", "values", "cross_keys", "cross_values"):
@@ -143,6 +148,13 @@ class StaticLayerCache(LayerCache):
         self.values.index_copy_(2, index, v)
         return self.keys, self.values
 
+    def store_cross(self, k: Tensor, v: Tensor) -> None:
+        """Keep the cross-attention keys/values, marked as static addresses: every later (compiled)
+        step reads these very tensors, so CUDA graphs need not copy them into the graph on each replay."""
+        _mark_static(k)
+        _mark_static(v)
+        super().store_cross(k, v)
+
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index``. The same number of rows (beam search re-ranking) is copied in
         place: the buffers keep their addresses (a compiled or captured step reads them). Another
@@ -160,7 +172,9 @@ class StaticLayerCache(LayerCache):
 
 
 def _mark_static(tensor: Tensor) -> None:
-    """Tell torch.compile the buffer's address never changes (CUDA graphs then capture writes to it)."""
+    """Tell torch.compile the tensor's address never changes: CUDA graphs then read it (or capture
+    writes to it) in place instead of copying it into the graph's own input buffer on every replay.
+    (``mark_static_address`` records this as a ``_dynamo_static_input_type`` attribute on the tensor.)"""
     torch._dynamo.mark_static_address(tensor)
 
 

@@ -109,3 +109,58 @@ def test_compiled_step_equals_eager_without_recompiling() -> None:
     assert again.sequences() == eager.sequences()
     assert counters["stats"]["unique_graphs"] == first
     assert counters["recompiles"] == {} or sum(counters["recompiles"].values()) == 0
+
+
+def _static_address(tensor) -> bool:
+    # torch._dynamo.mark_static_address records its mark as this attribute of the tensor
+    return getattr(tensor, "_dynamo_static_input_type", None) is not None
+
+
+def _encoder_decoder_step_inputs(session) -> list:
+    layers = session.cache.layers
+    assert layers and all(layer.cross_keys is not None for layer in layers)
+    cross = [t for layer in layers for t in (layer.cross_keys, layer.cross_values)]
+    assert session.source_padding is not None  # PROMPTS differ in length: the sources are padded
+    return [session.memory, session.source_padding, *cross]
+
+
+def test_encoder_decoder_step_inputs_are_static_addresses() -> None:
+    """Cross-attention keys/values, the encoder memory and the source padding, read by every step,
+    are marked as static addresses (CUDA graphs then do not copy them on each replay), also after
+    ``expand`` makes new ones; a dynamic cache marks nothing."""
+    model = tiny_model("t5")
+    session = start_session(model, PROMPTS, GenerationConfig(cache="static", **BASE))
+    session.prefill()
+    inputs = _encoder_decoder_step_inputs(session)
+    assert all(map(_static_address, inputs))
+    session.step(torch.full((session.rows,), 5))
+    session.expand(2)
+    expanded = _encoder_decoder_step_inputs(session)
+    assert expanded[0].shape[0] == 2 * len(PROMPTS)
+    assert all(map(_static_address, expanded))
+    assert not any(new is old for new, old in zip(expanded, inputs))
+    dynamic = start_session(model, PROMPTS, GenerationConfig(**BASE))
+    dynamic.prefill()
+    assert not any(map(_static_address, _encoder_decoder_step_inputs(dynamic)))
+
+
+def test_decoder_only_padding_is_a_static_address() -> None:
+    session = start_session(tiny_model("gpt2"), PROMPTS, GenerationConfig(cache="static", **BASE))
+    assert session.padding is not None and _static_address(session.padding)
+    session.prefill()
+    session.expand(2)
+    assert session.padding.shape[0] == 2 * len(PROMPTS) and _static_address(session.padding)
+
+
+@pytest.mark.parametrize("family,options", [
+    ("t5", {}),
+    ("bart", {}),
+    ("bart", {"num_beams": 2}),
+], ids=["t5-greedy", "bart-greedy", "bart-beam"])
+def test_compiled_encoder_decoder_equals_eager(family, options) -> None:
+    model = tiny_model(family)
+    eager = generate(model, PROMPTS, cache="static", **BASE, **options)
+    assert eager.sequences() == generate(model, PROMPTS, **BASE, **options).sequences()
+    compiled = generate(model, PROMPTS, cache="static", compile=True, **BASE, **options)
+    assert compiled.sequences() == eager.sequences()
+    torch.testing.assert_close(compiled.scores, eager.scores, atol=1e-4, rtol=0)
