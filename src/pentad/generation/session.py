@@ -196,7 +196,11 @@ class DecoderOnlySession:
         self.length += 1
         if self.static:
             # Fresh [rows, 1] tensors rather than column views of the buffers, whose storage offsets
-            # change every step (a compiled step would guard on them).
+            # change every step (a compiled step would guard on them). The positions are copied too:
+            # the first step's would otherwise be a view of the tensor made when the session was
+            # (outside the search's inference mode) and the next ones inference tensors, a change of
+            # dispatch keys that recompiles the step once.
+            positions = positions.clone()
             segments = (torch.full_like(positions, self.step_segment) if self.segments is not None else None)
             return self._step(new[:, None].long(), positions, self.padding, segments)
         return self._run(col, col + 1) if self.cache is not None else self._run(0, col + 1)

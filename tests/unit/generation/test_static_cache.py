@@ -103,8 +103,9 @@ def test_compiled_step_equals_eager_without_recompiling() -> None:
     assert compiled.sequences() == eager.sequences()
     first = counters["stats"]["unique_graphs"]
     assert first >= 1
-    # A second generation of the same shapes reuses the compiled step; within one, steps after
-    # the first add no compilation (unique_graphs counts every (re)compiled frame).
+    # A second generation of the same shapes reuses the compiled step (unique_graphs counts every
+    # (re)compiled frame); test_compiled_steps_after_the_first_compile_nothing checks the steps
+    # within one generation.
     again = generate(model, PROMPTS, cache="static", compile=True, **BASE)
     assert again.sequences() == eager.sequences()
     assert counters["stats"]["unique_graphs"] == first
@@ -164,3 +165,33 @@ def test_compiled_encoder_decoder_equals_eager(family, options) -> None:
     compiled = generate(model, PROMPTS, cache="static", compile=True, **BASE, **options)
     assert compiled.sequences() == eager.sequences()
     torch.testing.assert_close(compiled.scores, eager.scores, atol=1e-4, rtol=0)
+
+
+
+def _compilations() -> tuple[int, int]:
+    """(graphs compiled, frames compiled) since the counters were last cleared."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"], counters["frames"]["total"]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "t5"])
+def test_compiled_steps_after_the_first_compile_nothing(family) -> None:
+    """A generation of 12 tokens compiles exactly what one of 2 tokens (the prefill's and one
+    compiled step) compiles: the steps after the first add no graph and no frame. (A step whose
+    inputs changed kind after the first, say a position tensor that became an inference tensor,
+    recompiled once at the second step: the count of one whole generation did not show it.)"""
+    from torch._dynamo.utils import counters
+
+    counts = {}
+    model = tiny_model(family)
+    for new in (2, 12):
+        torch._dynamo.reset()
+        counters.clear()
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            result = generate(model, PROMPTS, cache="static", compile=True,
+                              **dict(BASE, max_new_tokens=new, min_new_tokens=new))
+        assert result.lengths.tolist() == [new] * len(PROMPTS)
+        counts[new] = _compilations()
+    assert counts[2][0] >= 1 and counts[2][1] >= 1
+    assert counts[12] == counts[2]
