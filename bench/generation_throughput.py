@@ -1,5 +1,5 @@
-"""Generation throughput: pentad with a key/value cache, pentad without one, and Hugging Face
-``generate``, on the same weights, in one process.
+"""Generation throughput: pentad with a dynamic key/value cache, a static one, a static one with a
+compiled decoding step, without a cache, and Hugging Face ``generate``, on the same weights, in one process.
 
 Two workloads, built from Hugging Face configs with random weights and converted to pentad with
 ``pentad.interop.convert`` (so both libraries run exactly the same model):
@@ -9,23 +9,33 @@ Two workloads, built from Hugging Face configs with random weights and converted
 * ``t5``: T5-small (L6+6 H512 A8, FF 2048, vocab 32128), encoder-decoder; sources of
   ``--prompt-length`` tokens, the decoder starts from the pad id.
 
-Greedy decoding of exactly ``--new-tokens`` tokens per row (no stop token), fp32, eval mode,
-``torch.inference_mode``. Three paths:
+Greedy decoding of exactly ``--new-tokens`` tokens per row (no stop token), eval mode,
+``torch.inference_mode``, on ``--device`` (cpu or cuda) in ``--dtype`` (fp32 or bf16). Five paths
+(``--paths`` picks some; all by default):
 
-* ``cache``: ``pentad.generation.generate`` (key/value cache, one new position per step);
-* ``no-cache``: the same with ``use_cache=False``: the whole sequence re-run at every step, as
-  TencentPretrain's generation scripts do (the encoder of T5 still runs once);
+* ``cache``: ``pentad.generation.generate`` (dynamic key/value cache, one new position per step);
+* ``static``: the same with ``cache="static"`` (buffers of the final length allocated once);
+* ``compiled``: ``cache="static", compile=True``: the one-token step through ``torch.compile``
+  (mode ``reduce-overhead``, i.e. CUDA graphs, on CUDA). Its first call, which compiles, is a
+  warm-up outside the timing, reported as ``first_call_s`` and ``compile_s`` (first call minus the
+  median timed call);
+* ``no-cache``: ``use_cache=False``: the whole sequence re-run at every step, as TencentPretrain's
+  generation scripts do (the encoder of T5 still runs once);
 * ``hf``: ``model.generate(..., do_sample=False, num_beams=1)`` of transformers (its dynamic cache).
 
 Repetitions interleave the paths and rotate which goes first, so a background load that comes and
-goes hits all of them; the median is reported. new tokens/s = batch x new tokens / seconds. The
-no-cache path is slow (quadratic in length), so by default it runs once per batch size listed in
-``--no-cache-batch-sizes``. The greedy tokens of pentad (cache) and HF are compared as a check.
+goes hits all of them; the median is reported. new tokens/s = batch x new tokens / seconds (on CUDA
+the clock is read after ``torch.cuda.synchronize()``). The no-cache path is slow (quadratic in
+length), so by default it runs once per batch size listed in ``--no-cache-batch-sizes``. Checks:
+the greedy tokens of pentad (cache) and HF (``same_tokens_as_hf``), of the static and compiled paths
+and the dynamic cache (``same_tokens_static``, ``same_tokens_compiled``), of the cache and no-cache
+paths. In bf16 rounding differs between paths, so a mismatch there is not necessarily an error.
 
 Run from the repository root::
 
     PYTHONPATH=src .venv/bin/python bench/generation_throughput.py                 # full, ~15 min on 2 cores
     PYTHONPATH=src .venv/bin/python bench/generation_throughput.py --preset tiny   # smoke test, seconds
+    PYTHONPATH=src .venv/bin/python bench/generation_throughput.py --device cuda   # on a GPU
 """
 
 from __future__ import annotations
@@ -58,7 +68,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "t5": dict(vocab_size=512, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4),
     },
 }
-PATHS = ("cache", "no-cache", "hf")
+PATHS = ("cache", "static", "compiled", "no-cache", "hf")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def build_pair(family: str, sizes: dict[str, Any], root: Path) -> tuple[Any, Any, dict[str, Any]]:
@@ -85,10 +96,18 @@ def build_pair(family: str, sizes: dict[str, Any], root: Path) -> tuple[Any, Any
     return hf, ours, {"pad_token_id": 0}
 
 
-def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
-    """(wall seconds, process CPU seconds, result) of one call."""
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], Any], device: torch.device = torch.device("cpu")) -> tuple[float, float, Any]:
+    """(wall seconds, process CPU seconds, result) of one call; on CUDA the queued work is waited
+    for before the clock is read, at both ends."""
+    synchronize(device)
     wall, cpu = time.perf_counter(), time.process_time()
     result = fn()
+    synchronize(device)
     return time.perf_counter() - wall, time.process_time() - cpu, result
 
 
@@ -96,16 +115,19 @@ def run_workload(family: str, hf: Any, ours: Any, hf_kwargs: dict[str, Any], bat
                  ) -> dict[str, Any]:
     from pentad.generation import generate
 
+    device = torch.device(args.device)
     g = torch.Generator().manual_seed(batch)
     vocab = ours.embedding.word.weight.shape[0]
-    prompts = torch.randint(2, vocab, (batch, args.prompt_length), generator=g)
+    prompts = torch.randint(2, vocab, (batch, args.prompt_length), generator=g).to(device)
     new = args.new_tokens
     seq2seq = ours.decoder is not None
     start = 0 if seq2seq else None
+    options = {"cache": {}, "static": {"cache": "static"}, "compiled": {"cache": "static", "compile": True},
+               "no-cache": {"use_cache": False}}
 
-    def pentad(use_cache: bool, tokens: int = new) -> Callable[[], torch.Tensor]:
+    def pentad(path: str, tokens: int = new) -> Callable[[], torch.Tensor]:
         return lambda: generate(ours, prompts, max_new_tokens=tokens, stop_token_ids=[], pad_token_id=0,
-                                decoder_start_token_id=start, use_cache=use_cache).tokens
+                                decoder_start_token_id=start, **options[path]).tokens
 
     def huggingface(tokens: int = new) -> Callable[[], torch.Tensor]:
         def call() -> torch.Tensor:
@@ -115,49 +137,87 @@ def run_workload(family: str, hf: Any, ours: Any, hf_kwargs: dict[str, Any], bat
             return out[:, 1:] if seq2seq else out[:, prompts.shape[1]:]
         return call
 
-    paths = ["cache", "hf"] + (["no-cache"] if batch in args.no_cache_batch_sizes else [])
-    calls = {"cache": pentad(True), "no-cache": pentad(False), "hf": huggingface()}
-    warm = {"cache": pentad(True, 4), "no-cache": pentad(False, 4), "hf": huggingface(4)}
+    paths = [p for p in args.paths if p != "no-cache" or batch in args.no_cache_batch_sizes]
+    calls = {path: pentad(path) for path in options} | {"hf": huggingface()}
+    # Warm-up: a short run of each path; the compiled one runs at the timed shapes (the static cache's
+    # length is prompt + new tokens, and another length would compile another step), so this first
+    # call compiles what the timed ones reuse.
+    warm = {path: pentad(path, 4) for path in options} | {"hf": huggingface(4), "compiled": calls["compiled"]}
+    outputs: dict[str, torch.Tensor] = {}
+    first_call: dict[str, float] = {}
     for name in paths:
-        warm[name]()
+        wall, _, out = timed(warm[name], device)
+        if name == "compiled":
+            first_call[name] = wall
+            outputs[name] = out.cpu()
+            print(f"  {family} b{batch} compiled: first call (compiles) {wall:7.2f} s", flush=True)
     times: dict[str, list[float]] = {p: [] for p in paths}
     cpu: dict[str, list[float]] = {p: [] for p in paths}
-    outputs: dict[str, torch.Tensor] = {}
     for rep in range(args.repeats):
         order = paths[rep % len(paths):] + paths[:rep % len(paths)]
         for name in order:
             if name == "no-cache" and len(times[name]) >= args.no_cache_repeats:
                 continue
-            wall, used, out = timed(calls[name])
+            wall, used, out = timed(calls[name], device)
             assert out.shape == (batch, new), f"{name} produced {tuple(out.shape)}, expected {(batch, new)}"
             times[name].append(wall)
             cpu[name].append(used)
-            outputs[name] = out
+            outputs[name] = out.cpu()
             print(f"  {family} b{batch} rep {rep + 1} {name:8s} {wall:7.2f} s  ({batch * new / wall:7.1f} tok/s)",
                   flush=True)
-    result: dict[str, Any] = {"model": family, "batch": batch, "new_tokens": new, "prompt_length": args.prompt_length}
+    result: dict[str, Any] = {"model": family, "batch": batch, "new_tokens": new, "prompt_length": args.prompt_length,
+                              "device": args.device, "dtype": args.dtype}
     for name in paths:
         seconds = statistics.median(times[name])
         result[name] = {"seconds": seconds, "tokens_per_s": batch * new / seconds,
                         "cpu_s": statistics.median(cpu[name]), "repeats": len(times[name])}
-    result["same_tokens_as_hf"] = bool(torch.equal(outputs["cache"], outputs["hf"]))
-    if "no-cache" in outputs:
-        result["same_tokens_cache_vs_no_cache"] = bool(torch.equal(outputs["cache"], outputs["no-cache"]))
+        if name in first_call:
+            result[name]["first_call_s"] = first_call[name]
+            result[name]["compile_s"] = max(0.0, first_call[name] - seconds)
+
+    def same(a: str, b: str) -> bool | None:
+        return bool(torch.equal(outputs[a], outputs[b])) if a in outputs and b in outputs else None
+
+    checks = {"same_tokens_as_hf": ("cache", "hf"), "same_tokens_static": ("static", "cache"),
+              "same_tokens_compiled": ("compiled", "cache"), "same_tokens_cache_vs_no_cache": ("cache", "no-cache")}
+    for key, (a, b) in checks.items():
+        if (check := same(a, b)) is not None:
+            result[key] = check
     return result
 
 
+def _speed(r: dict[str, Any], path: str) -> float | None:
+    return r[path]["tokens_per_s"] if path in r else None
+
+
 def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| model | batch | new tokens | pentad cache tok/s | pentad no-cache tok/s | HF tok/s | cache / no-cache "
-             "| pentad / HF | CPU-time HF / pentad | same tokens as HF |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    def number(value: float | None, digits: int) -> str:
+        return "not run" if value is None else f"{value:.{digits}f}"
+
+    def ratio(a: float | None, b: float | None, digits: int = 1, bold: bool = True) -> str:
+        if a is None or b is None:
+            return "—"
+        text = f"{a / b:.{digits}f}" + ("x" if digits == 1 else "")
+        return f"**{text}**" if bold else text
+
+    def yes(r: dict[str, Any], key: str) -> str:
+        return "—" if key not in r else ("yes" if r[key] else "no")
+
+    lines = ["| model | batch | new tokens | pentad cache tok/s | static tok/s | compiled tok/s | compile s "
+             "| pentad no-cache tok/s | HF tok/s | cache / no-cache | static / no-cache | compiled / no-cache "
+             "| pentad / HF | CPU-time HF / pentad | same tokens as HF | static, compiled = cache |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in results:
-        nc = r.get("no-cache")
+        cache, static, compiled = _speed(r, "cache"), _speed(r, "static"), _speed(r, "compiled")
+        no_cache, hf = _speed(r, "no-cache"), _speed(r, "hf")
+        compile_s = r["compiled"]["compile_s"] if "compiled" in r else None
+        cpu = (r["hf"]["cpu_s"] / r["cache"]["cpu_s"]) if "hf" in r and "cache" in r else None
         lines.append(
-            f"| {r['model']} | {r['batch']} | {r['new_tokens']} | {r['cache']['tokens_per_s']:.1f} | "
-            + (f"{nc['tokens_per_s']:.2f}" if nc else "not run") + f" | {r['hf']['tokens_per_s']:.1f} | "
-            + (f"**{r['cache']['tokens_per_s'] / nc['tokens_per_s']:.1f}x**" if nc else "—") + " | "
-            + f"**{r['cache']['tokens_per_s'] / r['hf']['tokens_per_s']:.2f}** | "
-            + f"{r['hf']['cpu_s'] / r['cache']['cpu_s']:.2f} | {'yes' if r['same_tokens_as_hf'] else 'no'} |")
+            f"| {r['model']} | {r['batch']} | {r['new_tokens']} | {number(cache, 1)} | {number(static, 1)} | "
+            f"{number(compiled, 1)} | {number(compile_s, 1)} | {number(no_cache, 2)} | {number(hf, 1)} | "
+            f"{ratio(cache, no_cache)} | {ratio(static, no_cache)} | {ratio(compiled, no_cache)} | "
+            f"{ratio(cache, hf, 2)} | {number(cpu, 2) if cpu is not None else '—'} | {yes(r, 'same_tokens_as_hf')} | "
+            f"{yes(r, 'same_tokens_static')}, {yes(r, 'same_tokens_compiled')} |")
     return "\n".join(lines)
 
 
@@ -168,13 +228,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--prompt-length", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3, help="timed repetitions of the cache and HF paths")
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS),
+                        help="paths to run (default: all); the token checks compare paths that ran")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]: models and prompts move there")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="fp32", help="weights and activations")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repetitions of every path but no-cache")
     parser.add_argument("--no-cache-repeats", type=int, default=1, help="timed repetitions of the no-cache path")
     parser.add_argument("--no-cache-batch-sizes", nargs="*", type=int, default=[1],
                         help="batch sizes at which the (slow) no-cache path runs")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--json", type=Path, help="write the results as JSON")
     args = parser.parse_args(argv)
+    args.paths = [p for p in PATHS if p in args.paths]  # one order, no duplicates
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available here")
     if args.threads:
         torch.set_num_threads(args.threads)
     import transformers
@@ -184,12 +252,16 @@ def main(argv: list[str] | None = None) -> int:
         load = os.getloadavg()
     except OSError:
         load = None
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}, transformers {transformers.__version__}, load average {load}", flush=True)
+    accelerator = f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
+          f"{accelerator}, {args.dtype}, torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"load average {load}", flush=True)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for family in args.models:
             hf, ours, hf_kwargs = build_pair(family, PRESETS[args.preset][family], Path(tmp))
+            hf.to(device=device, dtype=DTYPES[args.dtype])
+            ours.to(device=device, dtype=DTYPES[args.dtype])
             for batch in args.batch_sizes:
                 results.append(run_workload(family, hf, ours, hf_kwargs, batch, args))
     try:
