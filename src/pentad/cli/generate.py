@@ -180,7 +180,8 @@ _SPELLING = re.compile("|".join(r"(?<![\w\-'])" + re.escape(config) + r"(?![\w=]
 
 
 def _cli_terms(message: str) -> str:
-    """A GenerationConfig cross-field message with the fields named as command-line options."""
+    """A GenerationConfig cross-field message (or a generation input error) with the fields named as
+    command-line options."""
     table = dict(_CLI_SPELLINGS)
     return _SPELLING.sub(lambda m: table[m.group(0)], message)
 
@@ -240,6 +241,7 @@ def _write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``pentad generate``; returns the exit status (UserError propagates to the entry point)."""
     from pentad.generation import TextGenerator
+    from pentad.generation.config import GenerationInputError
 
     prompts, extras, origins = read_prompts(args)
     config = build_config(generation_options(args))
@@ -256,17 +258,20 @@ def run(args: argparse.Namespace) -> int:
         if not generator.encode(prompt):
             raise UserError(f"{origin}: the prompt encodes to no tokens, and this model needs at least one "
                             "(it adds no start token); give a non-empty prompt")
-    if args.stream:
-        def show(piece: str) -> None:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
+    try:
+        if args.stream:
+            def show(piece: str) -> None:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
 
-        completion = generator.generate_streaming(prompts[0], show, config, stop_strings=args.stop)
-        sys.stdout.write("\n")
-        sys.stdout.flush()
-        results = [[completion]]
-    else:
-        results = generator.generate(prompts, config, stop_strings=args.stop, batch_size=args.batch_size)
+            completion = generator.generate_streaming(prompts[0], show, config, stop_strings=args.stop)
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            results = [[completion]]
+        else:
+            results = generator.generate(prompts, config, stop_strings=args.stop, batch_size=args.batch_size)
+    except GenerationInputError as e:  # options the model cannot serve, named as on the command line
+        raise UserError(_cli_terms(str(e))) from None
     if args.output is not None:
         records = [_record(i, prompts[i], j, c, extras[i]) for i, group in enumerate(results)
                    for j, c in enumerate(group)]
