@@ -41,7 +41,10 @@ The peak is measured in the same run by a large matrix product in the precision'
 or fp32 with TF32 on); ``mfu_datasheet`` divides by pentad's table of data-sheet peaks instead (GPUs
 it knows). Peak memory is the side's own: the CUDA allocator's peak during its repetitions, less what
 the other sides' resident weights and optimizer states held (None on a CPU). A side that runs out of
-memory or fails is recorded with its error and the others go on.
+memory or fails is recorded with its error, its memory is given back, and the others go on (the three
+1.2B models and their optimizer states stay resident together: about 45 GB before activations, which
+an H200 holds; on an 80 GB H100, TencentPretrain's LLaMA, which materialises the attention scores,
+may run out of memory in ``tf32`` and ``bf16``).
 
 ``--cli``: ``pentad pretrain`` itself (a subprocess) on a dataset that ``pentad preprocess`` makes from a
 real corpus (``--corpus``, ``--vocab``: a WordPiece vocabulary), with the same model and batch as the
@@ -273,6 +276,10 @@ class Side:
             size += sum(v.numel() * v.element_size() for v in state.values() if isinstance(v, Tensor))
         return size
 
+    def release(self) -> None:
+        """Drop the model and optimizer (a side that failed), so that the others have its memory."""
+        self.model = self.opt = None  # type: ignore[assignment]
+
     def run(self, feed: Feed, steps: int) -> float:
         """Seconds for ``steps`` training steps (synchronised); tracks the side's own peak memory."""
         cuda = self.device.type == "cuda"
@@ -404,6 +411,7 @@ def bench_pair(wname: str, precision: str, args: argparse.Namespace, peaks: dict
         if name == "tencentpretrain" and args.tencentpretrain is None:
             base["error"] = "skipped: no --tencentpretrain checkout"
             continue
+        side = None
         try:
             side = build_side(name, w, cfg, resolved, device, args.seed, args.tencentpretrain)
             base["parameters"] = sum(p.numel() for p in side.model.parameters())
@@ -412,6 +420,7 @@ def bench_pair(wname: str, precision: str, args: argparse.Namespace, peaks: dict
         except Exception as error:  # noqa: BLE001 - an OOM or a failing side is recorded, the others go on
             base["error"] = failure(error)
             print(f"  {name}: {base['error']}", flush=True)
+            side = None  # its memory goes back before the next side is built
             free(device)
     for rep in range(args.reps):
         for side in sides if rep % 2 == 0 else sides[::-1]:
@@ -421,7 +430,7 @@ def bench_pair(wname: str, precision: str, args: argparse.Namespace, peaks: dict
                 side.seconds.append(side.run(feed, args.steps))
             except Exception as error:  # noqa: BLE001
                 side.error = failure(error)
-                side.opt.zero_grad(set_to_none=True)
+                side.release()
                 free(device)
     peak = peaks[matmul_kind(resolved)]
     sheet = peak_tflops(resolved, device, None)
@@ -435,7 +444,8 @@ def bench_pair(wname: str, precision: str, args: argparse.Namespace, peaks: dict
                        mfu_datasheet=tps * fpt / (sheet * 1e12) if sheet else None)
         print(f"  {side.name:<16} " + (f"{row['tokens_per_s']:10.0f} tok/s  MFU {row['mfu']:.3f}  peak "
                                         f"{row['peak_memory_gib']} GiB  first loss {row['first_loss']:.3f}"
-                                        if side.seconds else f"failed: {side.error}"), flush=True)
+                                        if side.seconds else "") + (f"  failed: {side.error}" if side.error else ""),
+              flush=True)
     del sides, feed
     free(device)
     return [rows[name] for name in args.sides]

@@ -91,3 +91,23 @@ def test_cli_against_raw_loop(tmp_path):
     assert len(row["cli_intervals_tokens_per_s"]) == 2  # 3 logged intervals, the first left out
     assert row["cli_tokens_per_s"] > 0 and row["raw_tokens_per_s"] > 0 and row["ratio"] > 0
     assert row["raw_mfu"] > 0 and row["cli_mfu"] > 0
+
+
+def test_failing_side_is_recorded_and_the_others_go_on():
+    bench = load_bench()
+    calls = {"n": 0}
+
+    def flaky(model, feed):  # the warm-up step works, the timed ones fail (as an out-of-memory would)
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return bench.hf_loss(model, feed)
+
+    bench.LOSSES["hf"] = flaky
+    result = bench.main(["--preset", "tiny", "--device", "cpu", "--workloads", "gpt2", "--precisions", "bf16",
+                         "--sides", "pentad,hf", "--steps", "1", "--reps", "2", "--warmup", "1",
+                         "--matmul-size", "64"])
+    rows = {r["side"]: r for r in result["results"]}
+    assert rows["hf"]["error"].startswith("RuntimeError: CUDA out of memory") and rows["hf"]["tokens_per_s"] is None
+    assert rows["pentad"]["error"] is None and len(rows["pentad"]["seconds"]) == 2
+    assert result["ratios"][0]["pentad_over_hf"] is None
