@@ -708,7 +708,7 @@ class WordPieceTokenizer(_RustTokenizer):
     # an ideograph). So the ids of a text are the ids of its pieces, cut at those characters, one
     # after the other. Real text repeats its pieces (every Chinese character is one), so
     # ``encode_batch`` looks pieces up in a dictionary filled by the Rust tokenizer, which then
-    # sees each distinct piece once: about 4x less CPU time on Chinese text, the same ids (tested
+    # sees each distinct piece once: 2-6x less CPU time on Chinese text, the same ids (tested
     # against the Rust tokenizer on corpora and on random Unicode). A special token is matched in
     # raw text within its piece; texts that contain one with a space or an ideograph inside go to
     # the Rust tokenizer whole.
