@@ -36,7 +36,7 @@ from torch import Tensor
 
 from pentad.components.base import BATCH_INPUT_FIELDS, Batch, Target
 from pentad.generation.config import GenerationInputError
-from pentad.layers.cache import KVCache, StaticKVCache, _mark_static
+from pentad.layers.cache import KVCache, StaticKVCache, mark_static_address
 from pentad.model import EmbeddingSlot, Model
 
 
@@ -87,7 +87,7 @@ def mark_step_inputs(*tensors: Tensor | None) -> None:
     into the graph on each replay. Call again on the new tensors whenever they are replaced."""
     for tensor in tensors:
         if tensor is not None:
-            _mark_static(tensor)
+            mark_static_address(tensor)
 
 
 def _reads(slot: EmbeddingSlot | None, field: str) -> bool:

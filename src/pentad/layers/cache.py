@@ -141,8 +141,8 @@ class StaticLayerCache(LayerCache):
         if self.keys is None:
             self.keys = k.new_zeros(k.shape[0], k.shape[1], self.capacity, k.shape[3])
             self.values = v.new_zeros(v.shape[0], v.shape[1], self.capacity, v.shape[3])
-            _mark_static(self.keys)
-            _mark_static(self.values)
+            mark_static_address(self.keys)
+            mark_static_address(self.values)
         index = self.position + torch.arange(k.shape[2], device=k.device)
         self.keys.index_copy_(2, index, k)
         self.values.index_copy_(2, index, v)
@@ -151,8 +151,8 @@ class StaticLayerCache(LayerCache):
     def store_cross(self, k: Tensor, v: Tensor) -> None:
         """Keep the cross-attention keys/values, marked as static addresses: every later (compiled)
         step reads these very tensors, so CUDA graphs need not copy them into the graph on each replay."""
-        _mark_static(k)
-        _mark_static(v)
+        mark_static_address(k)
+        mark_static_address(v)
         super().store_cross(k, v)
 
     def reorder(self, index: Tensor) -> None:
@@ -167,11 +167,11 @@ class StaticLayerCache(LayerCache):
                 value.copy_(value.index_select(0, index))
             else:
                 value = value.index_select(0, index)
-                _mark_static(value)
+                mark_static_address(value)
                 setattr(self, name, value)
 
 
-def _mark_static(tensor: Tensor) -> None:
+def mark_static_address(tensor: Tensor) -> None:
     """Tell torch.compile the tensor's address never changes: CUDA graphs then read it (or capture
     writes to it) in place instead of copying it into the graph's own input buffer on every replay.
     (``mark_static_address`` records this as a ``_dynamo_static_input_type`` attribute on the tensor.)"""
@@ -193,7 +193,7 @@ class StaticKVCache(KVCache):
             raise ValueError(f"a static cache needs a capacity of at least 1 position, got {capacity}")
         self.capacity = capacity
         self.position = torch.zeros((), dtype=torch.long, device=device)
-        _mark_static(self.position)
+        mark_static_address(self.position)
 
     def layer(self, index: int) -> LayerCache:
         while len(self.layers) <= index:
