@@ -321,6 +321,7 @@ def load_target_tokenizer(run_dir: Path) -> Any:
 def preprocess_from_config(cfg: Any) -> dict[str, Any]:
     """``pentad preprocess``: the config's objective and tokenizer turn ``data.corpus`` into a
     token-shard dataset at ``data.output``."""
+    from pentad.data.objectives.vision import ImageObjective
     from pentad.data.preprocess import preprocess
     from pentad.registry import OBJECTIVES
 
@@ -332,6 +333,8 @@ def preprocess_from_config(cfg: Any) -> dict[str, Any]:
         raise UserError(f"preprocess needs {', '.join(missing)} (set them in the config or as key=value overrides)")
     tokenizer = load_tokenizer(cfg) if cfg.tokenizer is not None else None
     objective = OBJECTIVES.get(cfg.data.objective.type)(cfg.data.objective, tokenizer)
+    if isinstance(objective, ImageObjective):
+        objective.max_pixels = cfg.data.max_image_pixels
     tok_config = cfg.tokenizer.model_dump(mode="json") if cfg.tokenizer is not None else None
     manifest = preprocess(objective, tokenizer, tok_config, cfg.data.corpus,
                           cfg.data.output, workers=cfg.data.workers, on_bad_line=cfg.data.on_bad_line,

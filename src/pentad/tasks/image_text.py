@@ -25,6 +25,7 @@ from pydantic import Field
 
 from pentad.components.base import Batch
 from pentad.config.streams import shares, stream_embedding, stream_names
+from pentad.data.config import DEFAULT_MAX_IMAGE_PIXELS
 from pentad.data.images import NORMALISE, AugmentConfig, augment, load_images, to_pixels
 from pentad.data.tsv import LabelMap, read_path_tsv
 from pentad.errors import UserError
@@ -140,6 +141,7 @@ class ImageTextTask(Task):
 
     def __init__(self, cfg: ImageTextTaskConfig, tokenizer, seq_length: int, state=None):
         self.image_size: tuple[int, int] | None = None
+        self.max_pixels = DEFAULT_MAX_IMAGE_PIXELS
         self.channels = 3
         self.clr: dict[str, Any] | None = None
         super().__init__(cfg, tokenizer, seq_length, state)
@@ -148,6 +150,7 @@ class ImageTextTask(Task):
 
     def bind(self, run_cfg: Any) -> None:
         self.image_size, self.channels = _streams(run_cfg, self.cfg.type)
+        self.max_pixels = run_cfg.data.max_image_pixels
         self.clr = _clr_head(run_cfg)
 
     def head_configs(self) -> list[dict[str, Any]]:
@@ -163,7 +166,7 @@ class ImageTextTask(Task):
         path = Path(path)
         rows = _read_pairs(path)
         images = load_images([path.parent / p for _, p, _ in rows], [n for _, _, n in rows], path,
-                             self.image_size, self.channels)
+                             self.image_size, self.channels, self.max_pixels)
         texts = encode_sentences([t for t, _, _ in rows], self.tokenizer, self.seq_length)
         return ImageTextInstances(texts, images, [p for _, p, _ in rows], [n for _, _, n in rows],
                                   [t for t, _, _ in rows])
@@ -231,6 +234,7 @@ class ZeroShotTask(Task):
 
     def __init__(self, cfg: ZeroShotTaskConfig, tokenizer, seq_length: int, state=None):
         self.image_size: tuple[int, int] | None = None
+        self.max_pixels = DEFAULT_MAX_IMAGE_PIXELS
         self.channels = 3
         self.clr: dict[str, Any] | None = None
         self.label_map: LabelMap | None = None
@@ -251,6 +255,7 @@ class ZeroShotTask(Task):
 
     def bind(self, run_cfg: Any) -> None:
         self.image_size, self.channels = _streams(run_cfg, self.cfg.type)
+        self.max_pixels = run_cfg.data.max_image_pixels
         self.clr = _clr_head(run_cfg)
         if self.clr is None:
             raise UserError("zero_shot compares images with class texts through the model's clr head, which "
@@ -288,7 +293,7 @@ class ZeroShotTask(Task):
         path = Path(path)
         rows = read_image_tsv(path, with_labels)
         images = load_images([path.parent / r.text_a for r in rows], [r.line for r in rows], path, self.image_size,
-                             self.channels)
+                             self.channels, self.max_pixels)
         labels = None
         if with_labels and all(r.label is not None for r in rows):
             labels = np.asarray([self.label_map.encode(r.label, path, r.line) for r in rows], dtype=np.int64)

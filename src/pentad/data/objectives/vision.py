@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, field_validator
 
+from pentad.data.config import DEFAULT_MAX_IMAGE_PIXELS
 from pentad.data.corpus import BadLine
 from pentad.data.images import NORMALISE, AugmentConfig, augment, decode_image, to_pixels
 from pentad.data.objectives.base import Objective, ObjectiveConfig, new_batch, to_batch_tensor
@@ -79,6 +80,8 @@ class ImageObjective(Objective):
         self.cfg: ImageObjectiveConfig = cfg
         self.size = (int(cfg.image_size[0]), int(cfg.image_size[1]))
         self.mean, self.std = NORMALISE[cfg.normalise]
+        # data.max_image_pixels, which preprocess_from_config sets (a data-section setting, not the objective's)
+        self.max_pixels = DEFAULT_MAX_IMAGE_PIXELS
 
     def array_specs(self) -> dict[str, dict[str, Any]]:
         return {"image": {"dtype": "|u1", "shape": [self.size[1], self.cfg.channels]}}
@@ -129,7 +132,8 @@ class ImageObjective(Objective):
             raise BadLine("has an empty image path")
         path = Path(image_path) if Path(image_path).is_absolute() else folder / image_path
         try:
-            image, _ = decode_image(path, f"names the image {path}, which", self.size, self.cfg.channels)
+            image, _ = decode_image(path, f"names the image {path}, which", self.size, self.cfg.channels,
+                                    self.max_pixels)
         except UserError as error:
             raise BadLine(str(error)) from None
         return value, image
