@@ -68,6 +68,9 @@ class Objective:
     truncation_refused: ClassVar[str | None] = "it does not declare that its batches may be cut"
     # False for objectives whose instances hold no text (vit: an image and a label): no tokenizer needed
     needs_tokenizer: ClassVar[bool] = True
+    # Lines per preprocessing chunk where each line names a file to decode (an image, audio): the work
+    # splits by items, not only by corpus bytes; None: chunks of chunk_bytes only (lines of text).
+    chunk_lines: ClassVar[int | None] = None
 
     def __init__(self, cfg: ObjectiveConfig, tokenizer: Any):
         self.cfg = cfg

@@ -74,6 +74,7 @@ class ImageObjective(Objective):
     column: ClassVar[str | None] = "label"  # the column beside ``path`` (None: ``path`` alone, beit)
     collate_options: ClassVar[frozenset[str]] = frozenset({"normalise", "augment"})
     truncation_refused: ClassVar[str | None] = "its input is an image, which a sequence length does not cut"
+    chunk_lines: ClassVar[int | None] = 256  # a line is an image to decode (about 38 MB a chunk at 224x224 RGB)
 
     def __init__(self, cfg: ImageObjectiveConfig, tokenizer: Any):
         super().__init__(cfg, tokenizer)
