@@ -27,7 +27,8 @@ from pentad.components.base import Batch
 from pentad.config.streams import shares, stream_embedding, stream_names
 from pentad.data.config import DEFAULT_MAX_IMAGE_PIXELS
 from pentad.data.images import NORMALISE, AugmentConfig, augment, load_images, to_pixels
-from pentad.data.tsv import LabelMap, read_path_tsv
+from pentad.data.shards import Instances
+from pentad.data.tsv import LabelMap, assemble_pairs, read_path_tsv, text_problem
 from pentad.errors import UserError
 from pentad.registry import TASKS
 from pentad.tasks.base import EpochBatches, Task, TaskConfig, classification_metrics, in_order
@@ -165,9 +166,9 @@ class ImageTextTask(Task):
     def read(self, path: Path, with_labels: bool = True) -> ImageTextInstances:
         path = Path(path)
         rows = _read_pairs(path)
+        texts = encode_captions(rows, path, self.tokenizer, self.seq_length)  # before decoding any image
         images = load_images([path.parent / p for _, p, _ in rows], [n for _, _, n in rows], path,
                              self.image_size, self.channels, self.max_pixels)
-        texts = encode_sentences([t for t, _, _ in rows], self.tokenizer, self.seq_length)
         return ImageTextInstances(texts, images, [p for _, p, _ in rows], [n for _, _, n in rows],
                                   [t for t, _, _ in rows])
 
@@ -220,6 +221,23 @@ class ImageTextTask(Task):
 def _read_pairs(path: Path) -> list[tuple[str, str, int]]:
     """(text, image path, line) of a ``text<TAB>path`` file with a header."""
     return [(text, image, line) for line, image, text in read_path_tsv(path, "text", True, "captioned image")]
+
+
+def encode_captions(rows: list[tuple[str, str, int]], path: Path, tokenizer: Any, seq_length: int) -> Instances:
+    """``[CLS] caption [SEP]`` per row of :func:`_read_pairs`; a caption with text outside the vocabulary
+    or longer than ``seq_length`` is refused naming ``path`` and its line (as the asr task refuses
+    transcripts, and the clip and vilt objectives such captions), never cut or turned into [UNK]."""
+    if tokenizer.cls_id is None or tokenizer.sep_id is None:
+        return encode_sentences([t for t, _, _ in rows], tokenizer, seq_length)  # its error names what is missing
+    encoded = tokenizer.encode_batch([t for t, _, _ in rows])
+    for ids, (text, _, line) in zip(encoded, rows):
+        problem = text_problem(tokenizer, text, ids, seq_length - 2, "caption",
+                               "the sequence length (data.objective.seq_length, at most model.max_seq_length)")
+        if problem is not None:
+            raise UserError(f"{path}, line {line}: the line {problem}. Fix the caption, or use a longer sequence "
+                            "length or a tokenizer whose vocabulary covers it")
+    sequences, _ = assemble_pairs(encoded, None, int(tokenizer.cls_id), int(tokenizer.sep_id), seq_length)
+    return Instances.from_sequences(sequences)
 
 
 @TASKS.register("zero_shot")

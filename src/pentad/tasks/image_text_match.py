@@ -28,8 +28,7 @@ from pentad.data.images import NORMALISE, AugmentConfig, augment, load_images, t
 from pentad.errors import UserError
 from pentad.registry import TASKS
 from pentad.tasks.base import EpochBatches, Task, TaskConfig, in_order, predict_logits
-from pentad.tasks.image_text import _read_pairs
-from pentad.tasks.simcse import encode_sentences
+from pentad.tasks.image_text import _read_pairs, encode_captions
 
 
 class ImageTextMatchTaskConfig(TaskConfig):
@@ -110,9 +109,9 @@ class ImageTextMatchTask(Task):
     def read(self, path: Path, with_labels: bool = True) -> MatchInstances:
         path = Path(path)
         rows = _read_pairs(path)
+        texts = encode_captions(rows, path, self.tokenizer, self.seq_length)  # before decoding any image
         images = load_images([path.parent / p for _, p, _ in rows], [n for _, _, n in rows], path,
                              self.image_size, self.channels, self.max_pixels)
-        texts = encode_sentences([t for t, _, _ in rows], self.tokenizer, self.seq_length)
         paths = [p for _, p, _ in rows]
         pairing = None
         if with_labels:

@@ -11,7 +11,9 @@ manifest's label map; ``clip``: ``[CLS] text [SEP]``), ``image_size[0]`` rows of
 per image. Training batches are memory-mapped images, seeded augmentation (``augment``: random resized
 crop, random affine and flip, from the batch's generator, so a resumed run sees the same crops) and normalisation
 (``normalise``) to ``pixels [B, C, H, W]``. A missing or undecodable image is a bad line
-(``data.on_bad_line``).
+(``data.on_bad_line``), and so is a caption with text outside the vocabulary or longer than
+``seq_length`` (checked before its image is decoded): captions are never silently cut or [UNK], as
+``s2t`` transcripts are not.
 
 Batches: ``vit``: ``pixels`` and ``labels["cls"]``; ``clip``: the text's ``tokens``, ``segments`` and
 ``padding_mask`` with the image in ``pair.pixels`` (the two-tower model's second stream); ``vilt``:
@@ -35,7 +37,7 @@ from pentad.data.corpus import BadLine
 from pentad.data.images import NORMALISE, AugmentConfig, augment, decode_image, to_pixels
 from pentad.data.objectives.base import Objective, ObjectiveConfig, new_batch, to_batch_tensor
 from pentad.data.shards import Instances, Ragged
-from pentad.data.tsv import assemble_pairs
+from pentad.data.tsv import assemble_pairs, text_problem
 from pentad.errors import UserError
 from pentad.registry import OBJECTIVES
 
@@ -65,6 +67,16 @@ class ImageObjectiveConfig(ObjectiveConfig):
         if len(value) != 2 or min(value) < 1:
             raise ValueError(f"expected [height, width] of positive sizes, found {value}")
         return value
+
+
+def caption_ids(tokenizer: Any, caption: str, budget: int, length_key: str) -> list[int]:
+    """A caption's token ids; BadLine for text outside the vocabulary or more than ``budget`` tokens
+    (:func:`~pentad.data.tsv.text_problem`: refused as s2t refuses transcripts, never cut or [UNK])."""
+    ids = tokenizer.encode(caption)
+    problem = text_problem(tokenizer, caption, ids, budget, "caption", length_key)
+    if problem is not None:
+        raise BadLine(problem)
+    return ids
 
 
 class ImageObjective(Objective):
@@ -100,7 +112,8 @@ class ImageObjective(Objective):
         return (path.resolve().parent, names.index(self.column) if self.column is not None else -1), True
 
     def parse_line(self, text: str, context: Any) -> tuple[str | None, np.ndarray] | None:
-        """(the other column's value (None without one), the decoded image), None for a blank line."""
+        """(the other column's value (None without one; see :meth:`check_value`), the decoded image),
+        None for a blank line."""
         if not text.strip():
             return None
         folder, column = context
@@ -131,6 +144,8 @@ class ImageObjective(Objective):
             raise BadLine(f"has an empty {self.column}")
         if not image_path:
             raise BadLine("has an empty image path")
+        if value is not None:
+            value = self.check_value(value)  # before the image is decoded: a bad caption costs no decoding
         path = Path(image_path) if Path(image_path).is_absolute() else folder / image_path
         try:
             image, _ = decode_image(path, f"names the image {path}, which", self.size, self.cfg.channels,
@@ -138,6 +153,11 @@ class ImageObjective(Objective):
         except UserError as error:
             raise BadLine(str(error)) from None
         return value, image
+
+    def check_value(self, value: str) -> Any:
+        """The other column's value as the instance keeps it (default: as read; captions: their token
+        ids, checked); raises BadLine when it cannot be used."""
+        return value
 
     def images(self, items: list[tuple[str, np.ndarray]]) -> Ragged:
         return Ragged.from_arrays([image.reshape(self.size[0], self.size[1], self.cfg.channels) for _, image in items],
@@ -199,10 +219,12 @@ class ClipObjective(ImageObjective):
         self.require_ids(**{"[CLS] (start of text)": tokenizer.cls_id, "[SEP] (end of text)": tokenizer.sep_id})
         self.cls_id, self.sep_id = int(tokenizer.cls_id), int(tokenizer.sep_id)
 
+    def check_value(self, value: str) -> list[int]:
+        return caption_ids(self.tokenizer, value, self.seq_length - 2, "data.objective.seq_length")
+
     def build(self, items: list[Any], rng: np.random.Generator) -> Instances:
         kept = [item for item in items if item is not None]
-        sequences, _ = assemble_pairs(self.tokenizer.encode_batch([text for text, _ in kept]), None, self.cls_id,
-                                      self.sep_id, self.seq_length)
+        sequences, _ = assemble_pairs([ids for ids, _ in kept], None, self.cls_id, self.sep_id, self.seq_length)
         out = Instances.from_sequences(sequences)
         out.arrays["image"] = self.images(kept)
         return out
