@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -69,6 +69,7 @@ class _ChunkResult:
     num_bytes: int
     output: Instances | np.ndarray
     skipped: list[tuple[int, str]] = field(default_factory=list)
+    notes: dict[str, int] = field(default_factory=dict)  # Objective.take_notes
 
 
 def _run_chunk(job: _Job, chunk: Chunk) -> _ChunkResult:
@@ -88,7 +89,7 @@ def _run_chunk(job: _Job, chunk: Chunk) -> _ChunkResult:
                     f"to skip such lines.") from None
             skipped.append((line_no, str(bad)))
     rng = np.random.default_rng([job.seed, chunk.index])
-    return _ChunkResult(chunk.index, chunk.num_bytes, objective.build(items, rng), skipped)
+    return _ChunkResult(chunk.index, chunk.num_bytes, objective.build(items, rng), skipped, objective.take_notes())
 
 
 # The job of a worker process, set once by the pool initializer: sending the objective (with its
@@ -328,6 +329,7 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
     has_labels = False
     skipped: list[tuple[int, str]] = []
     num_skipped = 0
+    notes: Counter[str] = Counter()
     boundary = is_blank if objective.documents_end_at_blank_lines else None
     chunk_lines = objective.chunk_lines
     chunks = read_chunks(corpus, chunk_bytes, boundary, skip_lines=skip, chunk_lines=chunk_lines)
@@ -342,6 +344,7 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
         workers = min(workers, num_chunks)
         for result in _results(job, chunks, workers):
             num_skipped += len(result.skipped)
+            notes.update(result.notes)
             skipped.extend(result.skipped[:MAX_REPORTED_SKIPS - len(skipped)])
             out = result.output
             if objective.packs:
@@ -354,6 +357,9 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
     if objective.packs:
         writer.write(windows(carry, window, stride, final=True)[0])
     shards = writer.close()
+    if notes:
+        print(f"preprocess: {corpus}: " + ", ".join(f"{n} {what}" for what, n in sorted(notes.items())),
+              file=sys.stderr)
     if num_skipped:
         first = ", ".join(f"line {n}: {why}" for n, why in skipped[:3])
         print(f"preprocess: skipped {num_skipped} bad line(s) of {corpus} ({first}"

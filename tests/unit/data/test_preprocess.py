@@ -225,3 +225,20 @@ def test_an_image_list_far_under_a_chunk_of_bytes_still_splits_across_the_worker
     assert used[1] == (1, 1)
     a, b = (ShardDataset(tmp_path / n).take(np.arange(5)).arrays["image"].data for n in ("one", "bytes"))
     np.testing.assert_array_equal(a, b)
+
+
+def test_image_preprocess_scales_sixteen_bit_images_and_says_it_converted_them(tmp_path, capsys):
+    from PIL import Image
+
+    from pentad.data.objectives.vision import VitObjective, VitObjectiveConfig
+
+    deep = (np.arange(64, dtype=np.uint16).reshape(8, 8) * 1000)  # 16-bit gray, mostly above 255
+    Image.fromarray(deep).save(tmp_path / "deep.png")
+    Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(tmp_path / "rgb.png")
+    corpus = tmp_path / "list.tsv"
+    corpus.write_text("label\tpath\n0\tdeep.png\n1\trgb.png\n")
+    run(VitObjective(VitObjectiveConfig(image_size=[8, 8]), None), None, None, corpus, tmp_path / "out")
+    stored = ShardDataset(tmp_path / "out").take(np.arange(1)).arrays["image"].data.reshape(8, 8, 3)
+    expected = np.rint(deep * (255 / 65535)).astype(np.uint8)
+    assert all(np.array_equal(stored[..., c], expected) for c in range(3))
+    assert "1 I;16 (16-bit samples scaled by 255/65535) image(s) converted to RGB" in capsys.readouterr().err

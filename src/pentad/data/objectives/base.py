@@ -126,6 +126,11 @@ class Objective:
         [row shape]}`` (speech features: float16 rows of ``feature_size``); none by default."""
         return {}
 
+    def take_notes(self) -> dict[str, int]:
+        """What ``parse_line`` changed in the lines it accepted since the last call, counted by kind
+        (images converted to the model's mode, by how); ``preprocess`` reports the totals. None by default."""
+        return {}
+
     def manifest_extra(self) -> dict[str, Any]:
         """Objective-specific entries for the dataset manifest."""
         return {}

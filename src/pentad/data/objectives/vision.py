@@ -26,6 +26,7 @@ a mismatch, 0 for the caption's own image), segments 0 over the caption and 1 ov
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -95,6 +96,7 @@ class ImageObjective(Objective):
         self.mean, self.std = NORMALISE[cfg.normalise]
         # data.max_image_pixels, which preprocess_from_config sets (a data-section setting, not the objective's)
         self.max_pixels = DEFAULT_MAX_IMAGE_PIXELS
+        self.converted: Counter[str] = Counter()  # since the last take_notes: mode converted from -> images
 
     def array_specs(self) -> dict[str, dict[str, Any]]:
         return {"image": {"dtype": "|u1", "shape": [self.size[1], self.cfg.channels]}}
@@ -148,11 +150,19 @@ class ImageObjective(Objective):
             value = self.check_value(value)  # before the image is decoded: a bad caption costs no decoding
         path = Path(image_path) if Path(image_path).is_absolute() else folder / image_path
         try:
-            image, _ = decode_image(path, f"names the image {path}, which", self.size, self.cfg.channels,
-                                    self.max_pixels)
+            image, converted = decode_image(path, f"names the image {path}, which", self.size, self.cfg.channels,
+                                            self.max_pixels)
         except UserError as error:
             raise BadLine(str(error)) from None
+        if converted is not None:
+            self.converted[converted] += 1
         return value, image
+
+    def take_notes(self) -> dict[str, int]:
+        mode = "RGB" if self.cfg.channels == 3 else "L"
+        notes = {f"{mode_from} image(s) converted to {mode}": n for mode_from, n in sorted(self.converted.items())}
+        self.converted.clear()
+        return notes
 
     def check_value(self, value: str) -> Any:
         """The other column's value as the instance keeps it (default: as read; captions: their token
