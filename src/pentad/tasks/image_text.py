@@ -299,6 +299,18 @@ class ZeroShotTask(Task):
     def prompts(self) -> list[str]:
         return [self.cfg.template.format(self.cfg.names.get(name, name)) for name in self.label_map.names]
 
+    def encoded_prompts(self) -> Instances:
+        """``[CLS] prompt [SEP]`` per class; a class text outside the vocabulary or longer than the sequence
+        is refused, naming the class (as captions are: :func:`encode_captions`)."""
+        prompts = self.prompts()
+        for name, prompt, ids in zip(self.label_map.names, prompts, self.tokenizer.encode_batch(prompts)):
+            problem = text_problem(self.tokenizer, prompt, ids, self.seq_length - 2, "class text",
+                                   "the sequence length")
+            if problem is not None:
+                raise UserError(f"zero_shot: the class {name!r}, whose text is {prompt!r} (task.template and "
+                                f"task.names), {problem}; name the class with words of the vocabulary in task.names")
+        return encode_sentences(prompts, self.tokenizer, self.seq_length)
+
     def head_configs(self) -> list[dict[str, Any]]:
         return [{**self.clr, "name": self.head}]
 
@@ -323,7 +335,7 @@ class ZeroShotTask(Task):
     def predict(self, model, instances, batch_size: int, device, progress: str | None = None) -> torch.Tensor:
         """Similarities [images, classes] (scaled as the head scales them)."""
         features = _Features(model, device, self.head)
-        prompts = encode_sentences(self.prompts(), self.tokenizer, self.seq_length)
+        prompts = self.encoded_prompts()
         texts = features.texts(sentence_batch(prompts[idx], self.pad_id)
                                for idx in in_order(len(prompts), batch_size))
         images = features.images(self.collate(instances, idx, None)

@@ -54,3 +54,17 @@ def test_image_text_tasks_refuse_unknown_or_over_long_captions_by_file_and_line(
         encode_captions([("a red square", "x.png", 2), ("a blue square", "x.png", 3)], path, tokenizer, 5)
     with pytest.raises(UserError, match=rf"{path}, line 2: the line has a caption of 4 tokens; the sequence length"):
         encode_captions([("a red red square", "x.png", 2)], path, tokenizer, 5)
+
+
+def test_zero_shot_refuses_a_class_text_outside_the_vocabulary(captioned):
+    from pentad.tasks.image_text import ZeroShotTask, ZeroShotTaskConfig
+
+    tokenizer, folder = captioned
+    task = ZeroShotTask(ZeroShotTaskConfig(labels=["r", "b"], template="a {} square", names={"r": "red"}),
+                        tokenizer, 8)
+    task.fit(folder / "unused.tsv")
+    with pytest.raises(UserError, match=r"zero_shot: the class 'b', whose text is 'a b square' .* has a class text "
+                                        r"with text outside the vocabulary \('b'\)"):
+        task.encoded_prompts()
+    task.cfg.names["b"] = "red"
+    assert len(task.encoded_prompts()) == 2
