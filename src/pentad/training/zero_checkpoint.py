@@ -62,9 +62,15 @@ def _record_classes() -> list[Any]:
 
 
 def _unexpected(root: Path, path: Path) -> UserError:
-    """The refusal of an entry of ``root`` the strategy does not write (of a folder: its first file)."""
-    inside = sorted(p for p in path.rglob("*") if not p.is_dir()) if path.is_dir() else []
-    kind, path = ("file", inside[0]) if inside else ("folder" if path.is_dir() else "file", path)
+    """The refusal of an entry of ``root`` the strategy does not write (of a folder: its first file;
+    a link is named as it is, not followed)."""
+    kind = "folder" if path.is_dir() else "file"
+    if kind == "folder" and not path.is_symlink():
+        for folder, names, files in os.walk(path):  # stops at the first file
+            names.sort()
+            if files:
+                kind, path = "file", Path(folder) / min(files)
+                break
     return UserError(
         f"DeepSpeed checkpoint {root} holds the {kind} {path}, which the deepspeed strategy does not write: "
         "DeepSpeed's loaders search this whole folder (sub-folders and any suffix) and unpickle what they "

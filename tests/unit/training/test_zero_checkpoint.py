@@ -130,3 +130,10 @@ def test_parameter_names_that_lead_outside_deepspeeds_folder_are_refused(tmp_pat
     with pytest.raises(UserError, match=r"optim_states\.pt is not loaded: it names a parameter '[^']*', which is "
                                         r"not a plain name"):
         zero.check_files(checkpoint)
+
+
+def test_a_link_to_a_folder_is_refused_without_following_it(tmp_path):
+    checkpoint = _files(tmp_path, {"flat": torch.zeros(3)})
+    (checkpoint / zero.DIRECTORY / zero.TAG / "elsewhere").symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(UserError, match=r"holds the folder \S+/zero/elsewhere, which the deepspeed strategy"):
+        zero.check_files(checkpoint)
