@@ -78,6 +78,8 @@ def test_a_pickle_anywhere_in_the_tree_is_refused_before_deepspeed_reads_it(tmp_
     with pytest.raises(UserError, match=r"holds the file \S+/zero/nested/mp_rank_00_model_states\.bin, which the "
                                         r"deepspeed strategy does not write"):
         zero.read_adam_states(checkpoint, [])
+    with pytest.raises(UserError, match=r"holds the file \S+/nested/mp_rank_00_model_states\.bin"):
+        zero.read_weights(checkpoint)  # pentad export, init=, convert, generate
     assert not marker.exists()
     with pytest.raises(UserError, match="holds the folder .*/zero/nested, which"):  # the folder itself, too
         (directory / "nested" / "mp_rank_00_model_states.bin").unlink()
