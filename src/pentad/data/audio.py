@@ -13,7 +13,7 @@ another sample rate is resampled (soxr, high quality) and a file with several ch
 downmixed to their mean; both are reported once per examples file. Bad input (a missing path, a
 file soundfile cannot decode) is a :class:`~pentad.errors.UserError` naming the examples file, its
 line and the audio path; empty and over-long utterances, and audio that decodes but cannot be used
-(:class:`BadAudio`: NaN or infinite samples or features, a WAV whose data chunk is cut short, a sample
+(:class:`BadAudio`: NaN or infinite samples or features, a WAV or AIFF file cut short, a sample
 rate outside 1-384 kHz), are skipped or refused (``on_bad``), and counted.
 
 ``features: whisper`` computes Whisper's input instead (Radford et al. 2022, as Hugging Face's
@@ -109,42 +109,61 @@ class BadAudio(UserError):
         self.kind = kind
 
 
-def wav_data_shortfall(path: Path) -> tuple[int, int, int] | None:
-    """(bytes of samples the header declares, bytes present, bytes per frame) of a RIFF/RIFX/RF64
-    WAV file whose data chunk is cut short, else None (complete, not a WAV, or a size left unknown).
+def data_shortfall(path: Path) -> tuple[str, int, int, int] | None:
+    """(container, bytes of samples its header declares, bytes present, bytes per frame) of an
+    uncompressed WAV (RIFF, RIFX, RF64) or AIFF file whose sample data is cut short; None when it is
+    complete, another format, or its size was left unknown.
 
     libsndfile reads such a file without complaint, returning the frames that are there; only the
-    header says how many there should be."""
+    header says how many there should be. (FLAC and Ogg streams that end early fail to decode.)"""
     with open(path, "rb") as f:
         head = f.read(12)
-        if len(head) < 12 or head[8:12] != b"WAVE" or head[:4] not in (b"RIFF", b"RIFX", b"RF64", b"BW64"):
+        if len(head) < 12:
             return None
-        order = ">" if head[:4] == b"RIFX" else "<"
-        size = path.stat().st_size
-        frame_bytes, long_size = 0, None
-        while True:
-            header = f.read(8)
-            if len(header) < 8:
+        if head[8:12] == b"WAVE" and head[:4] in (b"RIFF", b"RIFX", b"RF64", b"BW64"):
+            return _chunk_shortfall(f, path.stat().st_size, ">" if head[:4] == b"RIFX" else "<", aiff=False)
+        if head[:4] == b"FORM" and head[8:12] in (b"AIFF", b"AIFC"):
+            return _chunk_shortfall(f, path.stat().st_size, ">", aiff=True)
+    return None
+
+
+def _chunk_shortfall(f, size: int, order: str, aiff: bool) -> tuple[str, int, int, int] | None:
+    """Walk the chunks after a WAV's or AIFF's 12-byte file header (see :func:`data_shortfall`)."""
+    frame_bytes, long_size = 0, None
+    while True:
+        header = f.read(8)
+        if len(header) < 8:
+            return None
+        kind, (length,) = header[:4], struct.unpack(order + "I", header[4:])
+        body = f.tell()
+        if kind == b"ds64" and length >= 16:  # RF64: the data size, when the 32-bit field says 0xFFFFFFFF
+            long_size = struct.unpack("<QQ", f.read(16))[1]
+        elif kind == b"fmt " and length >= 14:  # ... channels, rate, bytes/s, block align
+            frame_bytes = struct.unpack(order + "HHIIH", f.read(14))[4]
+        elif kind == b"COMM" and length >= 18:  # channels, frames, bits per sample, rate, [compression]
+            channels, _, bits = struct.unpack(">HIH", f.read(8))
+            f.seek(body + 18)
+            compression = f.read(4) if length >= 22 else b"NONE"
+            if compression not in (b"NONE", b"sowt", b"twos", b"fl32", b"FL32", b"fl64", b"FL64"):
+                return None  # compressed AIFC: bytes do not count frames
+            frame_bytes = channels * -(-bits // 8)
+        elif kind in (b"data", b"SSND"):
+            declared = long_size if length == 0xFFFFFFFF and long_size else length
+            if declared in _UNKNOWN_SIZES:
                 return None
-            kind, (length,) = header[:4], struct.unpack(order + "I", header[4:])
-            body = f.tell()
-            if kind == b"ds64":  # RF64: the real data size, when the 32-bit field says 0xFFFFFFFF
-                long_size = struct.unpack("<QQ", f.read(16))[1] if length >= 16 else None
-            elif kind == b"fmt " and length >= 14:
-                frame_bytes = struct.unpack(order + "HHIIH", f.read(14))[4]
-            elif kind == b"data":
-                declared = long_size if length == 0xFFFFFFFF and long_size else length
-                present = size - body
-                if declared in _UNKNOWN_SIZES or declared <= present:
-                    return None
-                return declared, present, max(frame_bytes, 1)
-            f.seek(body + length + (length & 1))  # chunks are padded to an even size
+            present = size - body
+            if aiff:  # SSND starts with an offset and a block size
+                declared, present = declared - 8, present - 8
+            if declared <= present:
+                return None
+            return ("AIFF" if aiff else "WAV"), declared, present, max(frame_bytes, 1)
+        f.seek(body + length + (length & 1))  # chunks are padded to an even size
 
 
 def read_audio(path: Path, where: str, sample_rate: int, notes: Counter[str] | None = None) -> np.ndarray:
     """``path`` -> float32 mono samples in [-1, 1] at ``sample_rate``; ``where`` names it in errors;
     resampling and downmixing are counted in ``notes``. :class:`BadAudio` for a sample rate outside
-    ``MIN_SAMPLE_RATE``..``MAX_SAMPLE_RATE``, a truncated WAV data chunk or a NaN or infinite sample."""
+    ``MIN_SAMPLE_RATE``..``MAX_SAMPLE_RATE``, truncated WAV or AIFF sample data or a NaN or infinite sample."""
     import soundfile
 
     if not path.is_file():
@@ -161,10 +180,10 @@ def read_audio(path: Path, where: str, sample_rate: int, notes: Counter[str] | N
     except (soundfile.LibsndfileError, RuntimeError, ValueError) as error:
         raise UserError(f"{where} could not be decoded ({error}); expected WAV, FLAC or another format "
                         "libsndfile reads") from None
-    short = wav_data_shortfall(path)
+    short = data_shortfall(path)
     if short is not None:
-        declared, present, frame_bytes = short
-        raise BadAudio(f"{where} is truncated: its WAV header declares {declared // frame_bytes} frames "
+        container, declared, present, frame_bytes = short
+        raise BadAudio(f"{where} is truncated: its {container} header declares {declared // frame_bytes} frames "
                        f"({declared // frame_bytes / rate:.2f} s) but the file holds {present // frame_bytes} "
                        f"({present // frame_bytes / rate:.2f} s), {declared - present} bytes are missing "
                        "(an interrupted copy or recording?)", "truncated")

@@ -17,12 +17,12 @@ from pentad.data.audio import (  # noqa: E402
     AudioConfig,
     SpecAugmentConfig,
     collate,
+    data_shortfall,
     fbank,
     load_features,
     read_audio,
     spec_augment,
     utterance_cmvn,
-    wav_data_shortfall,
 )
 from pentad.errors import UserError  # noqa: E402
 
@@ -206,22 +206,23 @@ def test_finite_samples_that_overflow_the_features_are_refused(tmp_path: Path, f
     assert out.features == [] and dict(out.skipped) == {"non-finite": 1}
 
 
-@pytest.mark.parametrize("subtype", ["PCM_16", "FLOAT"])
-def test_a_truncated_wav_is_refused_or_skipped(tmp_path: Path, subtype: str):
-    path = tmp_path / "cut.wav"
-    soundfile.write(path, _tone(1.0, 16000), 16000, subtype=subtype)
-    assert wav_data_shortfall(path) is None
+@pytest.mark.parametrize("container, subtype, width", [("WAV", "PCM_16", 2), ("WAV", "FLOAT", 4), ("RF64", "PCM_24", 3),
+                                                      ("AIFF", "PCM_16", 2), ("AIFF", "FLOAT", 4)])
+def test_truncated_sample_data_is_refused_or_skipped(tmp_path: Path, container: str, subtype: str, width: int):
+    path = tmp_path / f"cut.{container.lower()}"
+    soundfile.write(path, np.stack([_tone(1.0, 16000)] * 2, axis=1), 16000, format=container, subtype=subtype)
+    assert data_shortfall(path) is None
     _truncate(path, 0.5)
     assert len(soundfile.read(path)[0]) < 9000  # what libsndfile returns without a word
-    width = 2 if subtype == "PCM_16" else 4
-    with pytest.raises(UserError, match=r"t.tsv, line 7: audio .*cut.wav is truncated: its WAV header declares "
-                                        r"16000 frames \(1.00 s\) but the file holds \d+ \(0.\d\d s\), \d+ bytes "
-                                        r"are missing"):
+    header = "AIFF" if container == "AIFF" else "WAV"
+    with pytest.raises(UserError, match=rf"t.tsv, line 7: audio .*{path.name} is truncated: its {header} header "
+                                        r"declares 16000 frames \(1.00 s\) but the file holds \d+ \(0.\d\d s\), "
+                                        r"\d+ bytes are missing"):
         load_features([path], [7], tmp_path / "t.tsv", AudioConfig())
     out = load_features([path], [7], tmp_path / "t.tsv", AudioConfig(on_bad="skip"))
     assert out.features == [] and dict(out.skipped) == {"truncated": 1}
-    declared, present, frame_bytes = wav_data_shortfall(path)
-    assert (declared, frame_bytes) == (16000 * width, width) and present < declared // 2
+    _, declared, present, frame_bytes = data_shortfall(path)
+    assert (declared, frame_bytes) == (16000 * 2 * width, 2 * width) and present < declared // 2
 
 
 def test_streamed_and_complete_wavs_are_not_truncated(tmp_path: Path):
@@ -231,11 +232,11 @@ def test_streamed_and_complete_wavs_are_not_truncated(tmp_path: Path):
     at = data.index(b"data") + 4
     data[at:at + 4] = b"\xff\xff\xff\xff"  # size unknown, as a writer to a pipe leaves it
     path.write_bytes(bytes(data))
-    assert wav_data_shortfall(path) is None
+    assert data_shortfall(path) is None
     assert len(load_features([path], [2], tmp_path / "t.tsv", AudioConfig()).features) == 1
     flac = tmp_path / "x.flac"
     soundfile.write(flac, _tone(0.2, 16000), 16000)
-    assert wav_data_shortfall(flac) is None
+    assert data_shortfall(flac) is None
 
 
 @pytest.mark.parametrize("rate", [1, 500_000])
