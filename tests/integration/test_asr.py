@@ -58,9 +58,11 @@ def unusable_wavs(folder) -> dict[str, str]:
     data = (folder / "cut.wav").read_bytes()
     (folder / "cut.wav").write_bytes(data[:len(data) // 2])
     soundfile.write(folder / "slow.wav", wave, 1)
+    soundfile.write(folder / "loud.wav", wave * np.float32(1e30), 16000, subtype="FLOAT")
     return {"nan.wav": "holds 1 NaN or infinite sample(s), the first at 0.250 s",
             "cut.wav": "is truncated: its WAV header declares 8000 frames (0.50 s)",
-            "slow.wav": "declares a sample rate of 1 Hz; audio is read from 1000 to 384000 Hz"}
+            "slow.wav": "declares a sample rate of 1 Hz; audio is read from 1000 to 384000 Hz",
+            "loud.wav": "gives NaN or infinite features: its samples reach 3e+29"}
 
 
 @pytest.fixture(scope="module")
@@ -168,14 +170,14 @@ def test_bad_audio_is_named_by_file_and_line(data, tmp_path, capsys):
     skip.write_text("text\tpath\none\twav/empty.wav\n" + "".join(f"one\twav/{name}\n" for name in unusable) + good)
     assert main(["finetune", "--task", "asr", *S2T, *_tok(data), f"data.train={skip}", "task.audio.on_bad=skip",
                  f"output={tmp_path / 'skip'}", "train.epochs=1"]) == 0
-    assert "skipped 1 bad-rate, 1 empty, 1 non-finite, 1 truncated utterance(s)" in capsys.readouterr().err
+    assert "skipped 1 bad-rate, 1 empty, 2 non-finite, 1 truncated utterance(s)" in capsys.readouterr().err
     # pentad infer reads its input the same way, under the run's task.audio.on_bad (here: skip), and says so
     test = tmp_path / "test.tsv"
     test.write_text("path\n" + "".join(f"wav/{name}\n" for name in unusable) + f"{good.split(chr(9))[1]}")
     assert main(["infer", "--model", str(tmp_path / "skip"), f"data.test={test}", "--output",
                  str(tmp_path / "pred.tsv")]) == 0
-    assert f"{test}: skipped 1 bad-rate, 1 non-finite, 1 truncated utterance(s)" in capsys.readouterr().err
-    assert [row.split("\t")[0] for row in (tmp_path / "pred.tsv").read_text().splitlines()] == ["line", "5"]
+    assert f"{test}: skipped 1 bad-rate, 2 non-finite, 1 truncated utterance(s)" in capsys.readouterr().err
+    assert [row.split("\t")[0] for row in (tmp_path / "pred.tsv").read_text().splitlines()] == ["line", "6"]
 
 
 def test_a_text_model_is_refused_with_the_reason(data, tmp_path, capsys):
