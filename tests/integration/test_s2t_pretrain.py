@@ -156,3 +156,16 @@ def test_unusable_audio_is_named_by_line_or_skipped_and_counted(corpus, tmp_path
     reasons = {e["line"]: e["reason"] for e in manifest["skipped_lines"]["examples"]}
     assert list(reasons) == [5, 6, 7, 8]
     assert all(text in reason for reason, text in zip(reasons.values(), expected.values())), reasons
+
+
+def test_resampling_and_downmixing_are_reported_as_the_asr_task_does(corpus, tmp_path, capsys):
+    root, vocab, _ = corpus
+    stereo = tones(tmp_path, "stereo", 3, 2, rate=22050, channels=2)
+    assert main(["preprocess", *_config(vocab), *OBJECTIVE, f"data.corpus={stereo}",
+                 f"data.output={tmp_path / 'd'}"]) == 0
+    err = capsys.readouterr().err
+    for note in ("downmixed to mono", "resampled from 22050 Hz"):
+        assert f"preprocess: {stereo}: {note} (the model takes mono 16000 Hz): 3 line(s)" in err, err
+    manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    assert manifest["notes"] == {"downmixed to mono (the model takes mono 16000 Hz)": 3,
+                                 "resampled from 22050 Hz (the model takes mono 16000 Hz)": 3}

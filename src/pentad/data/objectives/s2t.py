@@ -21,6 +21,7 @@ transcript are bad lines (``data.on_bad_line``: fail, naming file and line, or s
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -113,6 +114,7 @@ class S2tObjective(Objective):
             self.prompt_ids.append(int(value))
         self.whisper = cfg.audio.features == "whisper"
         self.field_names = ("fill",) if self.whisper else ()
+        self.notes: Counter[str] = Counter()  # resampled / downmixed files, as the asr task reports them
 
     def array_specs(self) -> dict[str, dict[str, Any]]:
         return {"audio": {"dtype": "<f4" if self.whisper else "<f2", "shape": [self.cfg.audio.feature_size]}}
@@ -163,7 +165,7 @@ class S2tObjective(Objective):
         cfg = self.cfg.audio
         where = f"names the audio file {path}, which"
         try:
-            samples = read_audio(path, where, cfg.sample_rate)
+            samples = read_audio(path, where, cfg.sample_rate, self.notes)
         except UserError as error:  # BadAudio too: data.on_bad_line=skip leaves it out, counted
             raise BadLine(str(error)) from None
         fill = 0.0
@@ -184,6 +186,11 @@ class S2tObjective(Objective):
         if not self.whisper and cfg.cmvn:
             features = utterance_cmvn(features)
         return list(ids), features, fill
+
+    def take_notes(self) -> dict[str, int]:
+        notes = {f"{note} (the model takes mono {self.cfg.audio.sample_rate} Hz)": n for note, n in self.notes.items()}
+        self.notes.clear()
+        return notes
 
     def build(self, items: list[Any], rng: np.random.Generator) -> Instances:
         kept = [item for item in items if item is not None]
