@@ -154,9 +154,10 @@ def _chunk_shortfall(f, size: int, order: str, aiff: bool) -> tuple[str, int, in
             present = size - body
             if aiff:  # SSND starts with an offset and a block size
                 declared, present = declared - 8, present - 8
-            if declared <= present:
+            frame_bytes = max(frame_bytes, 1)
+            if declared // frame_bytes <= present // frame_bytes:  # every frame is there (a stray byte may not be)
                 return None
-            return ("AIFF" if aiff else "WAV"), declared, present, max(frame_bytes, 1)
+            return ("AIFF" if aiff else "WAV"), declared, present, frame_bytes
         f.seek(body + length + (length & 1))  # chunks are padded to an even size
 
 

@@ -234,6 +234,9 @@ def test_streamed_and_complete_wavs_are_not_truncated(tmp_path: Path):
     path.write_bytes(bytes(data))
     assert data_shortfall(path) is None
     assert len(load_features([path], [2], tmp_path / "t.tsv", AudioConfig()).features) == 1
+    data[at:at + 4] = (len(data) - at - 4 + 1).to_bytes(4, "little")  # one byte more than there is: no frame missing
+    path.write_bytes(bytes(data))
+    assert data_shortfall(path) is None
     flac = tmp_path / "x.flac"
     soundfile.write(flac, _tone(0.2, 16000), 16000)
     assert data_shortfall(flac) is None
