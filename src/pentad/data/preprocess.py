@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -69,6 +69,7 @@ class _ChunkResult:
     num_bytes: int
     output: Instances | np.ndarray
     skipped: list[tuple[int, str]] = field(default_factory=list)
+    notes: dict[str, int] = field(default_factory=dict)
 
 
 def _run_chunk(job: _Job, chunk: Chunk) -> _ChunkResult:
@@ -88,7 +89,7 @@ def _run_chunk(job: _Job, chunk: Chunk) -> _ChunkResult:
                     f"to skip such lines.") from None
             skipped.append((line_no, str(bad)))
     rng = np.random.default_rng([job.seed, chunk.index])
-    return _ChunkResult(chunk.index, chunk.num_bytes, objective.build(items, rng), skipped)
+    return _ChunkResult(chunk.index, chunk.num_bytes, objective.build(items, rng), skipped, objective.take_notes())
 
 
 # The job of a worker process, set once by the pool initializer: sending the objective (with its
@@ -327,6 +328,7 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
     has_labels = False
     skipped: list[tuple[int, str]] = []
     num_skipped = 0
+    notes: Counter[str] = Counter()
     boundary = is_blank if objective.documents_end_at_blank_lines else None
     chunks = read_chunks(corpus, chunk_bytes, boundary, skip_lines=skip)
     with tqdm(total=size, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
@@ -336,6 +338,7 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
         # in-process); the output does not depend on the number of workers.
         workers = min(workers, -(-size // chunk_bytes))
         for result in _results(job, chunks, workers):
+            notes.update(result.notes)
             num_skipped += len(result.skipped)
             skipped.extend(result.skipped[:MAX_REPORTED_SKIPS - len(skipped)])
             out = result.output
@@ -349,6 +352,8 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
     if objective.packs:
         writer.write(windows(carry, window, stride, final=True)[0])
     shards = writer.close()
+    for note, count in sorted(notes.items()):
+        print(f"preprocess: {corpus}: {note}: {count} line(s)", file=sys.stderr)
     if num_skipped:
         first = ", ".join(f"line {n}: {why}" for n, why in skipped[:3])
         print(f"preprocess: skipped {num_skipped} bad line(s) of {corpus} ({first}"
@@ -371,5 +376,6 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
         "shards": shards,
         "skipped_lines": {"count": num_skipped,
                           "examples": [{"line": n, "reason": why} for n, why in skipped]},
+        **({"notes": dict(sorted(notes.items()))} if notes else {}),
         **extra,
     }
