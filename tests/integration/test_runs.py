@@ -332,3 +332,46 @@ def test_tensorboard_reads_the_event_files(english, dataset, tmp_path):
     records = MetricsLog(out / "metrics.jsonl").read()
     assert [e.step for e in events.Scalars("train/loss")] == [r["step"] for r in records]
     assert [e.value for e in events.Scalars("train/loss")] == pytest.approx([r["loss"] for r in records])
+
+
+def test_a_finished_run_without_its_latest_pointer_is_resumed_never_restarted(english, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run(*finetune_args(english, out, "train.epochs=1", "train.save_every=2")) == 0
+    def results() -> dict:
+        found = json.loads((out / "results.json").read_text())
+        found.pop("seconds")
+        return found
+
+    first = results()
+    best = (out / "best" / "model.safetensors").read_bytes()
+    metrics = (out / "metrics.jsonl").read_text()
+    steps = checkpoint_steps(out)
+    pointer = out / "checkpoints" / "latest"
+    for damage in ("missing", "dangling"):
+        if damage == "missing":
+            pointer.unlink()
+        else:
+            pointer.write_text("step-00000099\n")
+        capsys.readouterr()
+        # a changed setting is still caught: the run is resumable, so its settings are checked
+        assert run(*finetune_args(english, out, "train.epochs=1", "train.save_every=2", "train.lr=0.5")) == 2
+        assert "train.lr 0.001 -> 0.5" in capsys.readouterr().err
+        assert run(*finetune_args(english, out, "train.epochs=1", "train.save_every=2")) == 0
+        err = capsys.readouterr().err
+        assert "resuming from the newest complete checkpoint" in err and f"(step {steps[-1]})" in err
+        assert (out / "best" / "model.safetensors").read_bytes() == best
+        assert (out / "metrics.jsonl").read_text() == metrics
+        assert results() == first
+        assert pointer.read_text().strip() == f"step-{steps[-1]:08d}"  # repaired
+    # no complete checkpoint left: refused, naming what is there and how to start afresh
+    for step in steps:
+        (out / "checkpoints" / f"step-{step:08d}" / "state.pt").unlink()
+    pointer.write_text("step-00000099\n")
+    assert run(*finetune_args(english, out, "train.epochs=1", "train.save_every=2")) == 2
+    err = capsys.readouterr().err
+    assert "holds an earlier run" in err and "best/" in err and "results.json" in err and "--overwrite" in err
+    assert (out / "best" / "model.safetensors").read_bytes() == best and results() == first
+    assert run(*finetune_args(english, out, "train.epochs=1", "train.save_every=2", "--overwrite")) == 0
+    assert "removed the earlier run's checkpoints, best, results.json" in capsys.readouterr().err
+    assert checkpoint_steps(out) == steps and (out / "results.json").is_file()
+    assert yaml.safe_load((out / "config.yaml").read_text())["train"]["overwrite"] is False  # a one-off instruction

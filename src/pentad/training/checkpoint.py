@@ -321,8 +321,10 @@ def publish_checkpoint(run_dir: Path, step: int, staged: Path, keep: int = 2) ->
         shutil.rmtree(final)
     os.replace(staged, final)
     atomic_write_text(run_dir / CHECKPOINTS / LATEST, final.name + "\n")
-    existing = sorted(p for p in (run_dir / CHECKPOINTS).glob("step-*") if p.is_dir())
-    for old in existing[:-keep]:
+    # oldest first by step, not by name (step-9 sorts after step-10 as text); the checkpoint just
+    # written is never removed, whatever the steps of the others (latest must not dangle)
+    others = [path for _, path in _step_dirs(run_dir) if path != final]
+    for old in others[:max(0, len(others) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -340,14 +342,19 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, state: dict[str,
         raise
 
 
-def checkpoint_steps(run_dir: Path) -> list[int]:
-    """Steps of the complete checkpoints kept in a run directory, oldest first."""
-    steps = []
+def _step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    """``(step, directory)`` of every ``checkpoints/step-N`` directory, complete or not, oldest step first."""
+    found = []
     for path in (run_dir / CHECKPOINTS).glob("step-*"):
         suffix = path.name[len("step-"):]
-        if path.is_dir() and suffix.isdigit() and (path / STATE).is_file():
-            steps.append(int(suffix))
-    return sorted(steps)
+        if path.is_dir() and suffix.isdigit():
+            found.append((int(suffix), path))
+    return sorted(found)
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """Steps of the complete checkpoints kept in a run directory, oldest first."""
+    return [step for step, path in _step_dirs(run_dir) if (path / STATE).is_file()]
 
 
 def remove_temporaries(run_dir: Path, keep: tuple[str, ...] = ()) -> list[Path]:
@@ -376,11 +383,42 @@ def remove_temporaries(run_dir: Path, keep: tuple[str, ...] = ()) -> list[Path]:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint a run resumes from: the one ``checkpoints/latest`` names, or, when that pointer
+    is missing or names no directory (:func:`latest_problem` says which), the newest complete
+    checkpoint by step (state and weights present); None when there is none."""
+    pointed = _pointed(run_dir)
+    if pointed is not None:
+        return pointed
+    complete = [path for _, path in _step_dirs(run_dir)
+                if (path / STATE).is_file() and checkpoint_format(path) is not None]
+    return complete[-1] if complete else None
+
+
+def _pointed(run_dir: Path) -> Path | None:
     pointer = run_dir / CHECKPOINTS / LATEST
     if not pointer.is_file():
         return None
-    path = run_dir / CHECKPOINTS / pointer.read_text().strip()
-    return path if path.is_dir() else None
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    path = run_dir / CHECKPOINTS / name
+    return path if name and "/" not in name and path.is_dir() else None
+
+
+def latest_problem(run_dir: Path) -> str | None:
+    """What is wrong with the ``checkpoints/latest`` pointer of a run directory with checkpoints
+    (missing, or naming a checkpoint that is not there), or None when it is fine."""
+    if not _step_dirs(run_dir) or _pointed(run_dir) is not None:
+        return None
+    pointer = run_dir / CHECKPOINTS / LATEST
+    if not pointer.is_file():
+        return f"{pointer} is missing"
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return f"{pointer} cannot be read"
+    return f"{pointer} names {name!r}, which is not a checkpoint directory there"
 
 
 def load_state(checkpoint: Path) -> dict[str, Any]:

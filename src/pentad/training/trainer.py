@@ -249,6 +249,7 @@ class Trainer:
         self.step = 0
         self.micro_batches = 0  # the data position: (global) micro-batches consumed
         self.stopped_early = False  # on_eval asked to stop (fine-tuning's early stopping)
+        self._pointer_problem: str | None = None  # what was wrong with checkpoints/latest (resume)
 
     @property
     def model(self) -> nn.Module:
@@ -310,9 +311,11 @@ class Trainer:
             else:
                 latest = ckpt.latest_checkpoint(self.run_dir)
                 choice["path"] = str(latest) if latest is not None else None
+                choice["pointer"] = ckpt.latest_problem(self.run_dir) if latest is not None else None
         choice = self.dist.broadcast_object(choice)
         if "error" in choice:
             raise self.dist.error(choice["error"])
+        self._pointer_problem = choice.get("pointer")
         return (Path(choice["path"]) if choice["path"] else None), choice["available"]
 
     def resume(self, config_changes: dict[str, tuple[Any, Any]] | None = None) -> bool:
@@ -345,6 +348,9 @@ class Trainer:
                 if later > wanted:
                     shutil.rmtree(ckpt.checkpoint_dir(self.run_dir, later))
                     print(f"train.resume_from={wanted}: removed the later checkpoint of step {later}", file=sys.stderr)
+            ckpt.atomic_write_text(self.run_dir / ckpt.CHECKPOINTS / ckpt.LATEST, path.name + "\n")
+        elif self._pointer_problem and self.dist.is_main:  # repaired, and said
+            print(f"{self._pointer_problem}: resuming from the newest complete checkpoint instead", file=sys.stderr)
             ckpt.atomic_write_text(self.run_dir / ckpt.CHECKPOINTS / ckpt.LATEST, path.name + "\n")
         self.step = int(state["step"])
         micro = int(state.get("micro_batches", self.step * self.cfg.grad_accum))

@@ -1,3 +1,5 @@
+import shutil
+
 import pytest
 import torch
 from tests.conftest import tiny_model_dict
@@ -70,6 +72,38 @@ def test_checkpoints_rotate_and_latest_points_at_the_newest(tmp_path):
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*")) == ["step-00000002", "step-00000003"]
     assert ckpt.find_weights(tmp_path) == tmp_path / "checkpoints" / "step-00000003" / ckpt.WEIGHTS
     assert not list((tmp_path / "checkpoints").glob(".*"))  # no temp leftovers
+
+
+def test_rotation_orders_by_step_and_keeps_the_checkpoint_just_written(tmp_path):
+    model = make()
+    written = ckpt.save_checkpoint(tmp_path, 9, model, {"step": 9}, keep=3)
+    # checkpoints named without padding (as other tools and older runs name them): step-9 sorts after step-10 as text
+    for step in (9, 10):
+        shutil.copytree(written, tmp_path / "checkpoints" / f"step-{step}")
+    shutil.rmtree(written)
+    ckpt.save_checkpoint(tmp_path, 100, model, {"step": 100}, keep=2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*")) == ["step-00000100", "step-10"]
+    assert ckpt.latest_checkpoint(tmp_path).name == "step-00000100" and ckpt.checkpoint_steps(tmp_path) == [10, 100]
+    # a later checkpoint left from another course never makes rotation delete the one just written
+    ckpt.save_checkpoint(tmp_path, 50, model, {"step": 50}, keep=1)
+    assert [p.name for p in (tmp_path / "checkpoints").glob("step-*")] == ["step-00000050"]
+    assert ckpt.latest_checkpoint(tmp_path).name == "step-00000050"
+
+
+def test_missing_or_dangling_latest_falls_back_to_the_newest_complete_checkpoint(tmp_path):
+    model = make()
+    for step in (2, 4):
+        ckpt.save_checkpoint(tmp_path, step, model, {"step": step}, keep=3)
+    (tmp_path / "checkpoints" / "step-00000006").mkdir()  # not complete (no state, no weights): never chosen
+    pointer = tmp_path / "checkpoints" / ckpt.LATEST
+    assert ckpt.latest_problem(tmp_path) is None
+    pointer.unlink()
+    assert ckpt.latest_checkpoint(tmp_path).name == "step-00000004"
+    assert "latest is missing" in ckpt.latest_problem(tmp_path)
+    pointer.write_text("step-00000008\n")
+    assert ckpt.latest_checkpoint(tmp_path).name == "step-00000004"
+    assert "names 'step-00000008', which is not a checkpoint directory" in ckpt.latest_problem(tmp_path)
+    assert ckpt.find_weights(tmp_path) == tmp_path / "checkpoints" / "step-00000004" / ckpt.WEIGHTS
 
 
 class Evil:
