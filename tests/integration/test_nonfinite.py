@@ -88,7 +88,8 @@ def test_skip_goes_on_without_the_step_and_a_long_run_of_them_stops(english, dat
     assert "3 steps in a row had a non-finite loss or gradient norm, more than train.max_skipped_steps=2" in err
     assert "first non-finite step was 3" in err
     # step 4's checkpoint holds step 2's weights (3 and 4 left out), finite; nothing after step 5's third skip
-    assert checkpoint_steps(limited) == [2, 4] and finite(limited / "checkpoints" / "step-00000004" / "model.safetensors")
+    assert checkpoint_steps(limited) == [2, 4]
+    assert finite(limited / "checkpoints" / "step-00000004" / "model.safetensors")
 
 
 def test_a_fine_tune_with_an_absurd_learning_rate_stops_and_never_keeps_a_non_finite_best(english, tmp_path, capsys):
