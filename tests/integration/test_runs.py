@@ -241,6 +241,21 @@ def test_resumed_finetune_keeps_its_best_model(english, tmp_path, capsys):
     assert results["best_step"] == 2 and results["dev"] == record["metrics"]
 
 
+def test_a_resumed_finetune_whose_best_model_is_missing_is_refused(english, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run(*finetune_args(english, out, "train.epochs=1", "train.stop_at=2")) == 0
+    (out / "best").rename(tmp_path / "kept")
+    capsys.readouterr()
+    assert run(*finetune_args(english, out, "train.epochs=1")) == 2
+    err = capsys.readouterr().err
+    assert "best/model.safetensors is missing, but this run evaluated at step(s) 1, 2 before the checkpoint it " \
+           "resumes from (step 2)" in err and "--overwrite" in err
+    assert not (out / "results.json").exists() and not (out / "best").exists()
+    (tmp_path / "kept").rename(out / "best")
+    assert run(*finetune_args(english, out, "train.epochs=1", "train.stop_at=3")) == 0
+    assert "best model so far: step" in capsys.readouterr().err
+
+
 def test_run_config_works_from_another_directory(english, tmp_path, monkeypatch, capsys):
     work = tmp_path / "work"
     work.mkdir()

@@ -43,6 +43,8 @@ DCP = "dcp"                    # subdirectory of a torch.distributed.checkpoint 
 FORMAT_KEY = "checkpoint_format"  # in state.pt of a sharded checkpoint: {"format": ..., "aliases": [...], ...}
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
+BEST = "best"               # a fine-tuned run's best model on dev (pentad.tasks.runner.BestModel)
+RESULTS = "results.json"    # a finished fine-tuned run's scores, with its best step
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -441,17 +443,41 @@ def find_weights(path: Path) -> Path:
         return path
     if not path.exists():
         raise UserError(f"{path} does not exist (expected a run directory, checkpoint or .safetensors file)")
-    for candidate in (path / WEIGHTS, path / "best" / WEIGHTS):
+    for candidate in (path / WEIGHTS, path / BEST / WEIGHTS):
         if candidate.is_file():
             return candidate
     if sharded_format(path) is not None:
         return path
     latest = latest_checkpoint(path)
     if latest is not None:
+        _check_missing_best(path, latest)
         return latest if sharded_format(latest) is not None and not (latest / WEIGHTS).is_file() \
             else latest / WEIGHTS
     raise UserError(f"{path} holds no weights: expected {WEIGHTS}, best/{WEIGHTS}, checkpoints/{LATEST} or a "
                     f"sharded checkpoint ({', '.join(f'{d}/' for d in SHARDED_FORMATS)})")
+
+
+def _check_missing_best(run_dir: Path, latest: Path) -> None:
+    """A finished fine-tuned run (``results.json``) whose best model is missing is not silently read from
+    its latest checkpoint, which is another model unless it is of the best step (then a note says so)."""
+    results = run_dir / RESULTS
+    if not results.is_file():
+        return
+    try:
+        best_step = json.loads(results.read_text(encoding="utf-8")).get("best_step")
+    except (OSError, ValueError, AttributeError):
+        best_step = None
+    step = int(latest.name[len("step-"):]) if latest.name[len("step-"):].isdigit() else None
+    if best_step is not None and best_step == step:
+        from pentad.log import info
+
+        info(f"note: {run_dir / BEST} is missing; reading the latest checkpoint, {latest.name}, which is of the "
+             f"best step ({best_step}) in {results}")
+        return
+    raise UserError(f"{run_dir} is a fine-tuned run whose best model, {run_dir / BEST / WEIGHTS} (step {best_step} "
+                    f"in {results}), is missing; its latest checkpoint, {latest.name}, is another model, and reading "
+                    f"it instead would not be the model the run's results describe. Put {BEST}/ back, or name the "
+                    f"checkpoint to use it as it is: {latest}")
 
 
 # ------------------------------------------------------------------------------- sharded checkpoints

@@ -622,25 +622,28 @@ class Trainer:
         if self._nonfinite:
             first, longest = (int(v) for v in torch.stack([self._nonfinite["first"], self._nonfinite["longest"]]
                                                           ).tolist())
+        stop = cfg.on_nonfinite == "stop" and first >= 0
+        too_many = cfg.on_nonfinite == "skip" and longest > cfg.max_skipped_steps
+        if not (stop or too_many or (weights and not self._weights_finite())):
+            return
         latest = ckpt.latest_checkpoint(self.run_dir) if self.dist.is_main else None
         kept = (f"the last checkpoint, {latest.name}, is intact and resumes from before it" if latest is not None
                 else "no checkpoint was saved")
         advice = "Lower train.lr" + (" or set train.clip_grad_norm" if cfg.clip_grad_norm is None else "") + \
             ", check the data"
-        if cfg.on_nonfinite == "stop" and first >= 0:
+        if stop:
             raise Diverged(f"training diverged: the loss or gradient norm of step {first} was not finite (NaN or "
                            f"infinite); the step was left out and the run stopped (train.on_nonfinite=stop) at step "
                            f"{self.step}; nothing non-finite was saved: {kept}. {advice}, or train.on_nonfinite=skip "
                            f"to go on past such steps (at most train.max_skipped_steps in a row)")
-        if cfg.on_nonfinite == "skip" and longest > cfg.max_skipped_steps:
+        if too_many:
             raise Diverged(f"training diverged: {longest} steps in a row had a non-finite loss or gradient norm, "
                            f"more than train.max_skipped_steps={cfg.max_skipped_steps} (train.on_nonfinite=skip; the "
                            f"first non-finite step was {first}); the run stopped at step {self.step} and nothing "
                            f"non-finite was saved: {kept}. {advice}")
-        if weights and not self._weights_finite():
-            raise Diverged(f"training diverged: after step {self.step} the model's weights are not finite (NaN or "
-                           f"infinite: an update too large for them, train.lr={cfg.lr}); they were not saved "
-                           f"(train.on_nonfinite={cfg.on_nonfinite}): {kept}. {advice}")
+        raise Diverged(f"training diverged: after step {self.step} the model's weights are not finite (NaN or "
+                       f"infinite: an update too large for them, train.lr={cfg.lr}); they were not saved "
+                       f"(train.on_nonfinite={cfg.on_nonfinite}): {kept}. {advice}")
 
     def _weights_finite(self) -> bool:
         """Whether every weight of the model (this rank's shards) is finite, on every rank."""

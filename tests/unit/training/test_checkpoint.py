@@ -1,3 +1,4 @@
+import json
 import shutil
 
 import pytest
@@ -114,3 +115,22 @@ def test_state_refuses_arbitrary_objects(tmp_path):
     torch.save({"x": Evil()}, tmp_path / ckpt.STATE)
     with pytest.raises(UserError):
         ckpt.load_state(tmp_path)
+
+
+def test_a_finished_fine_tune_without_its_best_model_is_not_read_from_another_checkpoint(tmp_path, capsys):
+    model = make()
+    for step in (2, 4):
+        ckpt.save_checkpoint(tmp_path, step, model, {"step": step}, keep=3)
+    latest = tmp_path / "checkpoints" / "step-00000004" / ckpt.WEIGHTS
+    assert ckpt.find_weights(tmp_path) == latest  # no results: a pre-training run, its latest checkpoint
+    (tmp_path / ckpt.RESULTS).write_text(json.dumps({"best_step": 2}))
+    with pytest.raises(UserError, match=r"best model, .*best/model.safetensors \(step 2 in .*results.json\), is "
+                                        r"missing; its latest checkpoint, step-00000004, is another model"):
+        ckpt.find_weights(tmp_path)
+    assert ckpt.find_weights(tmp_path / "checkpoints" / "step-00000004") == latest  # named: used as it is
+    (tmp_path / ckpt.RESULTS).write_text(json.dumps({"best_step": 4}))
+    assert ckpt.find_weights(tmp_path) == latest
+    assert "best is missing; reading the latest checkpoint, step-00000004, which is of the best step" in \
+        capsys.readouterr().err
+    ckpt.save_weights(model, tmp_path / ckpt.BEST / ckpt.WEIGHTS)
+    assert ckpt.find_weights(tmp_path) == tmp_path / ckpt.BEST / ckpt.WEIGHTS
