@@ -390,3 +390,13 @@ def test_a_finished_run_without_its_latest_pointer_is_resumed_never_restarted(en
     assert "removed the earlier run's checkpoints, best, results.json" in capsys.readouterr().err
     assert checkpoint_steps(out) == steps and (out / "results.json").is_file()
     assert yaml.safe_load((out / "config.yaml").read_text())["train"]["overwrite"] is False  # a one-off instruction
+
+
+def test_overwrite_reruns_the_finished_trials_of_a_grid_search(english, tmp_path, capsys):
+    out = tmp_path / "grid"
+    args = finetune_args(english, out, "train.epochs=1", "train.eval_every=5", "--grid", "train.lr=1e-3")
+    assert run(*args) == 0
+    capsys.readouterr()
+    assert run(*args, "--overwrite") == 0
+    err = capsys.readouterr().err
+    assert "trial 1 of 1" in err and "removed the earlier run's checkpoints, best, results.json" in err
