@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from pentad import __version__
-from pentad.cli.paths import check_output_file, check_run_dir
+from pentad.cli.paths import check_run_dir, claim_output_file
 from pentad.errors import Interrupted, UserError, write_error_message
+from pentad.outputs import check_apart
 
 KINDS = ("embeddings", "encoders", "decoders", "targets", "objectives", "tasks", "tokenizers", "zoo")
 
@@ -264,9 +265,10 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("infer needs the input file: data.test=FILE")
         from pentad.tasks.runner import default_predictions
 
-        check_output_file(args.output or default_predictions(args.model), args.overwrite)
-        infer(args.model, test, args.output, args.probabilities or None, args.batch_size, task=args.task,
-              task_options=task_options)
+        with claim_output_file(args.output or default_predictions(args.model), args.overwrite, "--output",
+                               [("run directory", args.model), ("data.test", test)], "pentad infer"):
+            infer(args.model, test, args.output, args.probabilities or None, args.batch_size, task=args.task,
+                  task_options=task_options)
         return 0
     extra = [f"task.type={args.task}"] if getattr(args, "task", None) else []
     if getattr(args, "teacher", None):
@@ -283,7 +285,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     args.loaded_config = cfg
     if cmd in ("pretrain", "finetune") and cfg.output is not None:
-        check_run_dir(Path(cfg.output))
+        check_run_dir(Path(cfg.output), inputs=[("init", cfg.init), ("data.dataset", cfg.data.dataset),
+                                                ("train.distill.teacher", cfg.train.distill.teacher)])
+    if cmd == "preprocess" and cfg.data.output is not None:
+        check_apart(cfg.data.output, "data.output=", [("data.corpus", cfg.data.corpus)])
     if cmd == "preprocess":
         from pentad.runs import preprocess_from_config
 
