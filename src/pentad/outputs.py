@@ -37,6 +37,11 @@ def _shown(path: Path | str, real: Path) -> str:
     return f"{path}" if Path(os.path.abspath(os.path.expanduser(path))) == real else f"{path} (that is {real})"
 
 
+def _named(option: str, shown: object) -> str:
+    """``OUT path``, ``--output path``, ``output=path``."""
+    return f"{option}{shown}" if option.endswith("=") else f"{option} {shown}"
+
+
 def check_apart(output: Path | str, option: str, inputs: Iterable[tuple[str, Path | str | None]],
                 file_output: bool = False, may_contain: bool = False) -> None:
     """Refuse an ``output`` (named on the command line as ``option``: ``OUT``, ``--output``, ``output=``)
@@ -49,7 +54,7 @@ def check_apart(output: Path | str, option: str, inputs: Iterable[tuple[str, Pat
         if path is None:
             continue
         source = resolved(path)
-        where = f"{option}{_shown(output, out)}" if option.endswith("=") else f"{option} {_shown(output, out)}"
+        where = _named(option, _shown(output, out))
         if out == source:
             raise UserError(f"{where} is the {what} {_shown(path, source)} itself: writing it would destroy the "
                             "input it is made from. Choose an output apart from the inputs.")
@@ -129,9 +134,10 @@ class OutputLock:
             except BlockingIOError:
                 holder = _holder(os.pread(fd, 4096, 0))
                 os.close(fd)
-                raise UserError(f"{self.option} {self.output} is being written by another pentad process ({holder}); "
-                                "two writers of one output would mix or destroy each other's files. Wait for it to "
-                                f"finish or stop it, or choose another output (the lock is {self.path}).") from None
+                raise UserError(f"{_named(self.option, self.output)} is being written by another pentad process "
+                                f"({holder}); two writers of one output would mix or destroy each other's files. Wait "
+                                f"for it to finish or stop it, or choose another output (the lock is {self.path})."
+                                ) from None
             except OSError as e:  # a file system without locks (some network mounts): go on, unprotected
                 os.close(fd)
                 info(f"note: {self.output} cannot be locked ({e.strerror}); make sure no other process writes it")

@@ -130,6 +130,8 @@ AROUND_THE_INPUT = [
     (("compress", "{run}", "--out", "{box}", "--quantize", "int8", "--overwrite"), "--out {box} contains the run"),
     (("merge-lora", "{run}", "--output", "{link}", "--overwrite"), "contains the run directory"),
     (("grow", "{run}", "--config", "{run}/config.yaml", "--output", "{box}", "--overwrite"),
+     "--output {box} contains the --config"),
+    (("grow", "{run}", "--config", "bert/tiny", "--output", "{box}", "--overwrite"),
      "--output {box} contains the small run"),
     (("convert", "pentad-to-hf", "{run}", "{run}/hf"), "lies inside the input"),
     (("infer", "--model", "{run}", "data.test={test}", "--output", "{run}/config.yaml", "--overwrite"),
@@ -187,6 +189,17 @@ def test_two_inferences_to_one_new_file(capsys, english, boxed, tmp_path, monkey
     assert out.read_text().startswith("label\n")
 
 
+def test_two_conversions_to_one_new_directory(capsys, boxed, tmp_path, monkeypatch):
+    from pentad.interop import hf
+
+    out, results = tmp_path / "hf", []
+    monkeypatch.setattr(hf, "write_json", _nested(("convert", "pentad-to-hf", boxed, out),
+                                                  results)(hf.write_json))
+    assert main(["convert", "pentad-to-hf", str(boxed), str(out)]) == 0
+    assert results == [2] and f"OUT {out} is being written by another pentad process" in capsys.readouterr().err
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+
+
 def test_two_compressions_to_one_output(capsys, boxed, tmp_path, monkeypatch):
     """They shared one staging folder (``.OUT.steps``), which the second deleted under the first."""
     from pentad.compression import pipeline
@@ -198,3 +211,16 @@ def test_two_compressions_to_one_output(capsys, boxed, tmp_path, monkeypatch):
     assert results == [2] and "--out" in capsys.readouterr().err
     assert (out / "compress.json").is_file() and (out / "steps").is_dir()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_preprocess_waits_for_no_one_and_mixes_nothing(capsys, english, tmp_path):
+    """A dataset another process is writing (its output lock held) is refused, not written a second time."""
+    from pentad.outputs import OutputLock
+
+    out = tmp_path / "ds"
+    argv = ("preprocess", "--config", "bert/tiny", *tiny(english["vocab"]), f"data.corpus={english['bert']}",
+            f"data.output={out}")
+    with OutputLock(out, "data.output=", "pentad preprocess"):
+        fails(capsys, *argv, match=f"data.output={out} is being written by another pentad process (pid {os.getpid()}")
+        assert not out.exists()
+    assert main([str(a) for a in argv]) == 0 and (out / "manifest.json").is_file()

@@ -15,7 +15,6 @@ from typing import Any
 from pentad import __version__
 from pentad.cli.paths import check_run_dir, claim_output_file
 from pentad.errors import Interrupted, UserError, write_error_message
-from pentad.outputs import check_apart
 
 KINDS = ("embeddings", "encoders", "decoders", "targets", "objectives", "tasks", "tokenizers", "zoo")
 
@@ -287,8 +286,6 @@ def run(args: argparse.Namespace) -> int:
     if cmd in ("pretrain", "finetune") and cfg.output is not None:
         check_run_dir(Path(cfg.output), inputs=[("init", cfg.init), ("data.dataset", cfg.data.dataset),
                                                 ("train.distill.teacher", cfg.train.distill.teacher)])
-    if cmd == "preprocess" and cfg.data.output is not None:
-        check_apart(cfg.data.output, "data.output=", [("data.corpus", cfg.data.corpus)])
     if cmd == "preprocess":
         from pentad.runs import preprocess_from_config
 
