@@ -56,8 +56,8 @@ def check_apart(output: Path | str, option: str, inputs: Iterable[tuple[str, Pat
         source = resolved(path)
         where = _named(option, _shown(output, out))
         if out == source:
-            raise UserError(f"{where} is the {what} {_shown(path, source)} itself: writing it would destroy the "
-                            "input it is made from. Choose an output apart from the inputs.")
+            raise UserError(f"{where} is the {what} {_shown(path, source)} itself: writing it would change or "
+                            "destroy the input it is made from. Choose an output apart from the inputs.")
         if out in source.parents and not may_contain:
             raise UserError(f"{where} contains the {what} {_shown(path, source)}: writing (or replacing, with "
                             "--overwrite) the output would delete the input it is made from. Choose an output "
@@ -73,6 +73,9 @@ def check_apart(output: Path | str, option: str, inputs: Iterable[tuple[str, Pat
 
 def check_replaceable(output: Path, option: str, overwrite: bool, command: str) -> None:
     """A directory output ``pentad command`` writes whole: new, or (``overwrite``) an existing directory."""
+    if output.is_symlink() and overwrite:  # replacing would need the link's target, or the link, gone
+        raise UserError(f"{option} {output} is a symbolic link (to {resolved(output)}); name the directory itself "
+                        "to replace it, or choose another output")
     if output.exists() and not overwrite:
         raise UserError(f"{option} {output} already exists; pass --overwrite to replace it, or choose another "
                         "directory (outputs are never replaced silently)")

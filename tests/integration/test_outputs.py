@@ -155,6 +155,12 @@ def test_no_writer_replaces_or_writes_into_its_input(capsys, english, boxed, tmp
     assert test.read_bytes() == english["nolabel"].read_bytes()
 
 
+def test_a_training_run_is_not_written_into_its_init(capsys, english, boxed):
+    fails(capsys, "finetune", "--task", "classification", "--config", "bert/tiny", *tiny(english["vocab"]),
+          f"data.train={english['train']}", f"init={boxed}", f"output={boxed}/../run",
+          match=f"is the init {boxed} itself")
+
+
 def _nested(argv, results):
     """A stand-in for a write that first runs ``pentad argv`` to completion (a second writer of the same
     output, started after the first has checked it), recording its exit status and messages."""

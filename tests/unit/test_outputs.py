@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from pentad.errors import UserError
-from pentad.outputs import OutputLock, check_apart, lock_path
+from pentad.outputs import OutputLock, check_apart, check_replaceable, lock_path
 
 
 @pytest.fixture
@@ -59,6 +59,21 @@ def test_a_training_run_may_hold_its_inputs_but_not_be_one(run):
         check_apart(run, "output=", [("init", run)], may_contain=True)
     with pytest.raises(UserError, match="lies inside the init"):
         check_apart(run / "again", "output=", [("init", run)], may_contain=True)
+
+
+def test_a_directory_output_is_new_or_replaced_on_request(tmp_path):
+    out = tmp_path / "out"
+    check_replaceable(out, "OUT", False, "export")
+    out.mkdir()
+    with pytest.raises(UserError, match=f"OUT {out} already exists; pass --overwrite"):
+        check_replaceable(out, "OUT", False, "export")
+    check_replaceable(out, "OUT", True, "export")
+    (tmp_path / "link").symlink_to(out)
+    with pytest.raises(UserError, match=f"OUT {tmp_path / 'link'} is a symbolic link \\(to {out}\\)"):
+        check_replaceable(tmp_path / "link", "OUT", True, "export")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match="is a file; pentad export writes a directory"):
+        check_replaceable(tmp_path / "file", "OUT", True, "export")
 
 
 def test_a_second_writer_of_one_output_is_refused_and_the_lock_goes_with_the_first(tmp_path):
