@@ -1,4 +1,4 @@
-"""The rules every command that writes an output follows (ground floor: stdlib and errors only).
+"""The rules every command that writes an output follows (ground floor: stdlib, errors and log only).
 
 1. An output is apart from the command's inputs: it neither is one, nor contains one (``--overwrite``
    would delete it), nor lies inside one (a directory output would be written into, or deleted

@@ -19,6 +19,7 @@ import yaml
 from pentad.config.loader import dump_config, validate_raw
 from pentad.errors import UserError
 from pentad.log import info, set_quiet  # noqa: F401  (re-exported: callers use runs.info)
+from pentad.outputs import OutputLock, check_apart
 
 CONFIG = "config.yaml"
 TOKENIZER_DIR = "tokenizer"
@@ -333,8 +334,6 @@ def preprocess_from_config(cfg: Any) -> dict[str, Any]:
     tokenizer = load_tokenizer(cfg) if cfg.tokenizer is not None else None
     objective = OBJECTIVES.get(cfg.data.objective.type)(cfg.data.objective, tokenizer)
     tok_config = cfg.tokenizer.model_dump(mode="json") if cfg.tokenizer is not None else None
-    from pentad.outputs import OutputLock, check_apart
-
     check_apart(cfg.data.output, "data.output=", [("data.corpus", cfg.data.corpus)])
     with OutputLock(cfg.data.output, "data.output=", "pentad preprocess"):  # its checks and its writes
         manifest = preprocess(objective, tokenizer, tok_config, cfg.data.corpus,
