@@ -19,6 +19,7 @@ import yaml
 from pentad.config.loader import dump_config, validate_raw
 from pentad.errors import UserError
 from pentad.log import info, set_quiet  # noqa: F401  (re-exported: callers use runs.info)
+from pentad.outputs import OutputLock, check_apart
 
 CONFIG = "config.yaml"
 TOKENIZER_DIR = "tokenizer"
@@ -399,9 +400,11 @@ def preprocess_from_config(cfg: Any) -> dict[str, Any]:
     tokenizer = load_tokenizer(cfg) if cfg.tokenizer is not None else None
     objective = OBJECTIVES.get(cfg.data.objective.type)(cfg.data.objective, tokenizer)
     tok_config = cfg.tokenizer.model_dump(mode="json") if cfg.tokenizer is not None else None
-    manifest = preprocess(objective, tokenizer, tok_config, cfg.data.corpus,
-                          cfg.data.output, workers=cfg.data.workers, on_bad_line=cfg.data.on_bad_line,
-                          progress=cfg.train.progress, seed=cfg.train.seed)
+    check_apart(cfg.data.output, "data.output=", [("data.corpus", cfg.data.corpus)])
+    with OutputLock(cfg.data.output, "data.output=", "pentad preprocess"):  # its checks and its writes
+        manifest = preprocess(objective, tokenizer, tok_config, cfg.data.corpus,
+                              cfg.data.output, workers=cfg.data.workers, on_bad_line=cfg.data.on_bad_line,
+                              progress=cfg.train.progress, seed=cfg.train.seed)
     info(f"wrote {cfg.data.output}: {manifest.get('num_instances', '?'):,} instances, "
          f"{manifest.get('num_tokens', '?'):,} tokens")
     return manifest

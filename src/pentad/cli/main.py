@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pentad import __version__
-from pentad.cli.paths import check_output_file, check_run_dir
+from pentad.cli.paths import check_run_dir, claim_output_file
 from pentad.errors import Interrupted, UserError, write_error_message
 
 KINDS = ("embeddings", "encoders", "decoders", "targets", "objectives", "tasks", "tokenizers", "zoo")
@@ -272,9 +272,10 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("infer needs the input file: data.test=FILE")
         from pentad.tasks.runner import default_predictions
 
-        check_output_file(args.output or default_predictions(args.model), args.overwrite)
-        infer(args.model, test, args.output, args.probabilities or None, args.batch_size, task=args.task,
-              task_options=task_options)
+        with claim_output_file(args.output or default_predictions(args.model), args.overwrite, "--output",
+                               [("run directory", args.model), ("data.test", test)], "pentad infer"):
+            infer(args.model, test, args.output, args.probabilities or None, args.batch_size, task=args.task,
+                  task_options=task_options)
         return 0
     extra = [f"task.type={args.task}"] if getattr(args, "task", None) else []
     if getattr(args, "overwrite", False):
@@ -293,7 +294,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     args.loaded_config = cfg
     if cmd in ("pretrain", "finetune") and cfg.output is not None:
-        check_run_dir(Path(cfg.output))
+        check_run_dir(Path(cfg.output), inputs=[("init", cfg.init), ("data.dataset", cfg.data.dataset),
+                                                ("train.distill.teacher", cfg.train.distill.teacher)])
     if cmd == "preprocess":
         from pentad.runs import preprocess_from_config
 

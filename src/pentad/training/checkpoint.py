@@ -374,8 +374,8 @@ def remove_temporaries(run_dir: Path, keep: tuple[str, ...] = ()) -> list[Path]:
             continue
         for entry in directory.iterdir():
             name = entry.name
-            if not name.startswith(".") or "." not in name[1:] or name in keep:
-                continue
+            if not name.startswith(".") or "." not in name[1:] or name in keep or name.endswith(".lock"):
+                continue  # (.NAME.lock: the lock of an output being written, pentad.outputs)
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
             else:

@@ -49,6 +49,7 @@ from pentad.errors import UserError
 from pentad.layers.attention import Attention
 from pentad.layers.feed_forward import FeedForward
 from pentad.layers.norms import RMSNorm, UnbiasedLayerNorm
+from pentad.outputs import OutputLock, check_apart, check_replaceable
 from pentad.runs import complete_vocab, load_run
 from pentad.training import checkpoint as ckpt
 from pentad.training.export import write_derived_run
@@ -453,6 +454,12 @@ def grow_run(run: Path, big_cfg: Any, out: Path, depth: DepthMode = "stack", noi
     """Write OUT, the big model of config ``big_cfg`` grown from the run ``run`` (module docstring); ``noise``:
     relative noise on the copies' incoming weights (:meth:`_Widener.hidden_in`), 0 for an exact copy."""
     run, out = Path(run), Path(out)
+    check_apart(out, "--output", [("small run", run)])
+    with OutputLock(out, "--output", "pentad grow"):  # from the checks to the last write
+        return _grow_run(run, big_cfg, out, depth, noise, overwrite)
+
+
+def _grow_run(run: Path, big_cfg: Any, out: Path, depth: DepthMode, noise: float, overwrite: bool) -> Grown:
     if depth not in DEPTH_MODES:
         raise UserError(f"--depth {depth!r}: expected one of {', '.join(DEPTH_MODES)}")
     if not 0.0 <= noise < 1.0:
@@ -462,12 +469,7 @@ def grow_run(run: Path, big_cfg: Any, out: Path, depth: DepthMode = "stack", noi
         if cfg.model.compression is not None:
             raise UserError(f"{name} has model.compression set (pruned or quantized by pentad compress): grow from "
                             "and into uncompressed models (grow the run it was compressed from)")
-    if out.exists() and out.resolve() == run.resolve():
-        raise UserError(f"--output {out} is the small run itself; grow into a new directory")
-    if out.exists() and not overwrite:
-        raise UserError(f"--output {out} already exists; pass --overwrite to replace it, or choose another directory")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--output {out} is a file; grow writes a directory")
+    check_replaceable(out, "--output", overwrite, "grow")
     if big_cfg.tokenizer is None:
         big_cfg.tokenizer = small_cfg.tokenizer
     complete_vocab(big_cfg, tokenizer)
