@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from pentad import runs
+from pentad import memory, runs
 from pentad.builder import build_model, summarize
 from pentad.errors import UserError
 from pentad.training import checkpoint as ckpt
@@ -45,6 +45,32 @@ def default_threads(dist: Dist, environ: dict[str, str] | None = None) -> int | 
     local = int(environ.get("LOCAL_WORLD_SIZE", dist.world_size) or 1)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores // max(1, local))
+
+
+def training_memory(model: nn.Module, train: Any, world: int) -> tuple[int, int, str]:
+    """(bytes one rank needs, bytes of the whole model's weights as built, what the first counts) to train
+    ``model`` (built on the meta device, LoRA adapters applied) as ``train`` (the TrainConfig) says
+    over ``world`` ranks: the weights, a gradient and AdamW's two moments for each trainable weight;
+    divided among the ranks for what the strategy shards (fsdp: all of it; deepspeed: ZeRO's stage).
+    Activations are not counted: the estimate is a lower bound."""
+    weights, trainable = memory.tensor_bytes(model)
+    built = weights  # fp32 as built, before a precision converts it
+    if train.precision == "bf16-true":  # bf16 weights, gradients and optimizer state
+        weights, trainable = weights // 2, trainable // 2
+    grads, states = trainable, 2 * trainable
+    shards = max(1, world)
+    moments = "AdamW's two moments"
+    if train.strategy == "fsdp":
+        sharded = {"weights", "gradients", moments}
+    elif train.strategy == "deepspeed":  # ZeRO 1 shards the optimizer state, 2 the gradients too, 3 everything
+        sharded = {1: {moments}, 2: {"gradients", moments}, 3: {"weights", "gradients", moments}}[train.deepspeed.stage]
+    else:
+        sharded = set()
+    parts = {"weights": weights, "gradients": grads, moments: states}
+    need = sum(v // shards if k in sharded else v for k, v in parts.items())
+    shown = " + ".join(f"{k} {memory.format_bytes(v)}" + (f" / {shards} ranks" if k in sharded and shards > 1 else "")
+                       for k, v in parts.items())
+    return need, built, shown + "; activations come on top"
 
 
 class Session:
@@ -155,6 +181,7 @@ class Session:
         adapters = self.cfg.train.lora
         if adapters is not None:
             lora.check_usable(self.cfg.train, init)
+        self.check_memory(model_cfg, provided, tuple(load_options.get("new_heads", ())))
         on_meta = self.strategy.sharded and not self.dist.is_main
         model = build_model(model_cfg, provided=provided, device="meta" if on_meta else None)
         runs.info(summarize(model))
@@ -180,6 +207,32 @@ class Session:
         if self.dist.world_size > 1:  # dropout: each rank its own random stream
             torch.manual_seed(self.cfg.train.seed + 1_000_003 * self.dist.rank)
         return model
+
+    def check_memory(self, model_cfg: Any, provided: Any, task_heads: tuple[str, ...] = ()) -> None:
+        """Refuse (UserError, on every rank) a model that cannot fit before any of it is allocated:
+        built on the meta device (with the LoRA adapters, whose rank is checked), its training memory
+        (:func:`training_memory`) is compared with what the main rank's device has available, and the
+        whole model's weights with the machine's memory (the main rank materialises them there).
+        ``PENTAD_SKIP_MEMORY_CHECK=1`` skips the comparison (:mod:`pentad.memory`)."""
+        model = build_model(model_cfg, provided=provided, device="meta")
+        if self.cfg.train.lora is not None:
+            lora.apply_lora(model, self.cfg.train.lora, base="", base_fingerprint="", task_heads=task_heads)
+        need, weights, shown = training_memory(model, self.cfg.train, self.dist.world_size)
+        device = self.dist.device
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.dist.world_size) or 1)
+        hint = ("Make the model smaller (model.hidden_size, num_layers, ffn_size, vocab_size, the number of "
+                "experts), train LoRA adapters (train.lora), or shard it over more ranks (train.strategy=fsdp)")
+
+        def check() -> None:
+            if device.type == "cpu":  # the ranks on this machine share its memory
+                total = max(weights, need * local)
+                memory.require(total, "training this model" + (f" on {local} ranks of this machine" if local > 1
+                                                               else ""),
+                               shown + (f"; x {local} ranks" if local > 1 else ""), "cpu", hint)
+            else:
+                memory.require(weights, "building this model on the CPU", "its weights", "cpu", hint)
+                memory.require(need, "training this model on each rank's device", shown, device, hint)
+        self.on_main(check)
 
     def prepare_run_dir(self, tokenizer: Any, **options: Any) -> dict[str, tuple[Any, Any]]:
         """``pentad.runs.prepare_run_dir`` on the main rank; the accepted changes on every rank."""
