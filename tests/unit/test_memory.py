@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pentad import memory
-from pentad.builder import build_model
+from pentad.builder import build_model, check_memory
 from pentad.config.loader import load_config
 from pentad.errors import UserError
 from pentad.training.config import TrainConfig
@@ -78,6 +78,15 @@ def test_the_estimate_counts_gradients_and_moments_and_divides_what_the_strategy
     assert zero1[0] == weights + trainable + 2 * trainable // 4
     bf16 = training_memory(model, TrainConfig(precision="bf16-true"), 1)
     assert bf16[0] == weights // 2 + 3 * (trainable // 2) and bf16[1] == weights
+
+
+def test_inference_and_generation_check_the_weights_before_building(monkeypatch):
+    monkeypatch.delenv(memory.SKIP_ENV, raising=False)
+    absurd = load_config("bert/tiny", ["model.hidden_size=10000000", "model.encoder.num_heads=2"]).model
+    with pytest.raises(UserError, match=r"not enough memory for generating with this model: it needs at least "
+                                        r"[\d.]+ PiB \(its weights\)"):
+        check_memory(absurd, "generating")
+    check_memory(load_config("bert/tiny", TINY_BERT).model, "inference", "cpu")
 
 
 def test_require_compares_with_the_device_and_names_both_sizes(monkeypatch):

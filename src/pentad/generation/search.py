@@ -26,6 +26,7 @@ from pentad.generation.session import (
     position_limit,
     repad,
 )
+from pentad.layers.attention import Attention
 from pentad.model import Model
 
 Prompts = Sequence[Sequence[int]] | Tensor | Batch
@@ -105,8 +106,6 @@ def decoding_memory(model: Model, prompts: int, length: int, config: GenerationC
     row (prompts x num_beams, or x num_return_sequences) over prompt + max_new_tokens positions (a
     cross-attention layer over the source), an encoder's memory, and the fp32 next-token scores of
     each row over the vocabulary (twice: scores and log-probabilities)."""
-    from pentad.layers.attention import Attention
-
     copies = config.num_beams if config.strategy == "beam" else config.num_return_sequences
     rows = prompts * copies
     positions = length + config.max_new_tokens + (1 + len(config.decoder_prompt_ids) if model.decoder else 0)
