@@ -63,14 +63,30 @@ def _read_int(path: Path) -> int | None:
 
 
 def _cgroup_room() -> int | None:
-    """What the process's cgroup (a container's memory limit) still allows, or None without a limit."""
-    for limit_file, usage_file in (("memory.max", "memory.current"),  # cgroup v2
-                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):  # v1
-        root = Path("/sys/fs/cgroup")
-        limit, usage = _read_int(root / limit_file), _read_int(root / usage_file)
-        if limit is not None and usage is not None and limit < 1 << 60:  # v1 says "no limit" with a huge number
-            return max(0, limit - usage)
-    return None
+    """What the process's cgroups (a container's or a job's memory limit, on its own group or one above)
+    still allow, or None without a limit. cgroup v2 (``memory.max``) and v1 (``memory.limit_in_bytes``)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    root = Path("/sys/fs/cgroup")
+    rooms = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":  # v2: one unified hierarchy
+            base, limit_name, usage_name = root, "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):
+            base, limit_name, usage_name = root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes"
+        else:
+            continue
+        group = base / path.strip("/")
+        for directory in (group, *group.parents):
+            limit, usage = _read_int(directory / limit_name), _read_int(directory / usage_name)
+            if limit is not None and usage is not None and limit < 1 << 60:  # v1 writes "no limit" as ~2^63
+                rooms.append(max(0, limit - usage))
+            if directory == base:
+                break
+    return min(rooms) if rooms else None
 
 
 def _host_available() -> int | None:

@@ -69,15 +69,45 @@ def test_the_estimate_counts_gradients_and_moments_and_divides_what_the_strategy
     model = build_model(load_config("bert/tiny", TINY_BERT).model, device="meta")
     weights, trainable = memory.tensor_bytes(model)
     assert weights >= trainable == 4 * sum(p.numel() for p in model.parameters())  # tied weights once
-    single, built, shown = training_memory(model, TrainConfig(), 1)
-    assert built == weights and single == weights + 3 * trainable and "gradients" in shown
-    assert training_memory(model, TrainConfig(strategy="ddp"), 4)[0] == single  # every rank holds it all
-    fsdp, _, shown = training_memory(model, TrainConfig(strategy="fsdp"), 4)
-    assert fsdp == weights // 4 + trainable // 4 + 2 * trainable // 4 and "/ 4 ranks" in shown
-    zero1 = training_memory(model, TrainConfig.model_validate({"strategy": "deepspeed", "deepspeed": {"stage": 1}}), 4)
-    assert zero1[0] == weights + trainable + 2 * trainable // 4
+    single = training_memory(model, TrainConfig(), 1)
+    assert (single.device, single.host, single.built) == (weights + 3 * trainable, 0, weights)
+    assert "gradients" in single.shown
+    assert training_memory(model, TrainConfig(strategy="ddp"), 4).device == single.device  # every rank: all of it
+    fsdp = training_memory(model, TrainConfig(strategy="fsdp"), 4)
+    assert fsdp.device == weights // 4 + trainable // 4 + 2 * trainable // 4 and "/ 4 ranks" in fsdp.shown
+
+    def zero(**options):
+        return training_memory(model, TrainConfig.model_validate({"strategy": "deepspeed", "deepspeed": options}), 4)
+    assert zero(stage=1).device == weights + trainable + 2 * trainable // 4
+    assert zero(stage=2).device == weights + trainable // 4 + 2 * trainable // 4
+    offloaded = zero(stage=3, offload_optimizer=True, offload_parameters=True)
+    assert offloaded.device == 0 and offloaded.host == fsdp.device and "(in CPU memory)" in offloaded.shown
     bf16 = training_memory(model, TrainConfig(precision="bf16-true"), 1)
-    assert bf16[0] == weights // 2 + 3 * (trainable // 2) and bf16[1] == weights
+    assert bf16.device == weights // 2 + 3 * (trainable // 2) and bf16.built == weights
+
+
+def test_an_offloaded_run_is_checked_against_the_cpu_not_the_gpu(tmp_path, monkeypatch):
+    """ZeRO-3 with everything offloaded keeps nothing on the GPU: a GPU with 1 KiB free does not refuse
+    it, the machine's memory does, when it is too small."""
+    from pentad.training.distributed import Dist
+
+    monkeypatch.delenv(memory.SKIP_ENV, raising=False)
+    free = {"cpu": 1 << 40, "cuda:0": 1024}
+    monkeypatch.setattr(memory, "available_memory",
+                        lambda device=None: (free[str(device)], f"device {device}"))
+    cfg = load_config("bert/tiny", [*TINY_BERT, f"output={tmp_path / 'run'}", "train.strategy=deepspeed",
+                                    "train.deepspeed.stage=3", "train.deepspeed.offload_optimizer=true",
+                                    "train.deepspeed.offload_parameters=true"])
+    session = Session(cfg, "pretrain")
+    session.dist = Dist(device=torch.device("cuda:0"))
+    session.check_memory(cfg.model, None)
+    free["cpu"] = 1024
+    with pytest.raises(UserError, match=r"building this model on the CPU.*\(in CPU memory\).*device cpu has 1.0 KiB"):
+        session.check_memory(cfg.model, None)
+    cfg.train.deepspeed.offload_optimizer = cfg.train.deepspeed.offload_parameters = False
+    free["cpu"] = 1 << 40
+    with pytest.raises(UserError, match=r"training this model on each rank's device.*device cuda:0 has 1.0 KiB"):
+        session.check_memory(cfg.model, None)
 
 
 def test_inference_and_generation_check_the_weights_before_building(monkeypatch):

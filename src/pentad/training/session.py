@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -47,30 +48,48 @@ def default_threads(dist: Dist, environ: dict[str, str] | None = None) -> int | 
     return max(1, cores // max(1, local))
 
 
-def training_memory(model: nn.Module, train: Any, world: int) -> tuple[int, int, str]:
-    """(bytes one rank needs, bytes of the whole model's weights as built, what the first counts) to train
-    ``model`` (built on the meta device, LoRA adapters applied) as ``train`` (the TrainConfig) says
-    over ``world`` ranks: the weights, a gradient and AdamW's two moments for each trainable weight;
-    divided among the ranks for what the strategy shards (fsdp: all of it; deepspeed: ZeRO's stage).
-    Activations are not counted: the estimate is a lower bound."""
+@dataclass(frozen=True)
+class TrainingMemory:
+    """What one rank needs to train a model, at least (activations come on top): ``device`` bytes on
+    its device, ``host`` bytes it keeps in CPU memory instead (DeepSpeed's offloading), ``built``: the
+    whole model's weights as built on the CPU before a strategy moves or shards them; ``shown``: what
+    the first two count."""
+
+    device: int
+    host: int
+    built: int
+    shown: str
+
+
+def training_memory(model: nn.Module, train: Any, world: int) -> TrainingMemory:
+    """The memory one of ``world`` ranks needs to train ``model`` (built on the meta device, LoRA
+    adapters applied) as ``train`` (the TrainConfig) says: the weights, a gradient and AdamW's two
+    moments for each trainable weight, divided among the ranks for what the strategy shards (fsdp: all
+    of it; deepspeed: by ZeRO stage), in CPU memory for what DeepSpeed offloads."""
     weights, trainable = memory.tensor_bytes(model)
     built = weights  # fp32 as built, before a precision converts it
     if train.precision == "bf16-true":  # bf16 weights, gradients and optimizer state
         weights, trainable = weights // 2, trainable // 2
-    grads, states = trainable, 2 * trainable
-    shards = max(1, world)
     moments = "AdamW's two moments"
+    parts = {"weights": weights, "gradients": trainable, moments: 2 * trainable}
+    sharded: set[str] = set()
+    offloaded: set[str] = set()
     if train.strategy == "fsdp":
-        sharded = {"weights", "gradients", moments}
+        sharded = set(parts)
     elif train.strategy == "deepspeed":  # ZeRO 1 shards the optimizer state, 2 the gradients too, 3 everything
-        sharded = {1: {moments}, 2: {"gradients", moments}, 3: {"weights", "gradients", moments}}[train.deepspeed.stage]
-    else:
-        sharded = set()
-    parts = {"weights": weights, "gradients": grads, moments: states}
-    need = sum(v // shards if k in sharded else v for k, v in parts.items())
+        options = train.deepspeed
+        sharded = {1: {moments}, 2: {"gradients", moments}, 3: set(parts)}[options.stage]
+        if options.offload_optimizer:  # the optimizer steps on the CPU, with the gradients there
+            offloaded |= {"gradients", moments}
+        if options.offload_parameters and options.stage == 3:
+            offloaded.add("weights")
+    shards = max(1, world)
+    per_rank = {k: v // shards if k in sharded else v for k, v in parts.items()}
     shown = " + ".join(f"{k} {memory.format_bytes(v)}" + (f" / {shards} ranks" if k in sharded and shards > 1 else "")
-                       for k, v in parts.items())
-    return need, built, shown + "; activations come on top"
+                       + (" (in CPU memory)" if k in offloaded else "") for k, v in parts.items())
+    return TrainingMemory(sum(v for k, v in per_rank.items() if k not in offloaded),
+                          sum(v for k, v in per_rank.items() if k in offloaded), built,
+                          shown + "; activations come on top")
 
 
 class Session:
@@ -217,21 +236,24 @@ class Session:
         model = build_model(model_cfg, provided=provided, device="meta")
         if self.cfg.train.lora is not None:
             lora.apply_lora(model, self.cfg.train.lora, base="", base_fingerprint="", task_heads=task_heads)
-        need, weights, shown = training_memory(model, self.cfg.train, self.dist.world_size)
+        need = training_memory(model, self.cfg.train, self.dist.world_size)
         device = self.dist.device
         local = int(os.environ.get("LOCAL_WORLD_SIZE", self.dist.world_size) or 1)
         hint = ("Make the model smaller (model.hidden_size, num_layers, ffn_size, vocab_size, the number of "
                 "experts), train LoRA adapters (train.lora), or shard it over more ranks (train.strategy=fsdp)")
+        ranks = f" on {local} ranks of this machine" if local > 1 else ""
+        times = f"; x {local} ranks" if local > 1 else ""
 
         def check() -> None:
-            if device.type == "cpu":  # the ranks on this machine share its memory
-                total = max(weights, need * local)
-                memory.require(total, "training this model" + (f" on {local} ranks of this machine" if local > 1
-                                                               else ""),
-                               shown + (f"; x {local} ranks" if local > 1 else ""), "cpu", hint)
+            # the ranks on one machine share its memory; the main rank first builds the whole model there
+            if device.type == "cpu":
+                memory.require(max(need.built, (need.device + need.host) * local), "training this model" + ranks,
+                               need.shown + times, "cpu", hint)
             else:
-                memory.require(weights, "building this model on the CPU", "its weights", "cpu", hint)
-                memory.require(need, "training this model on each rank's device", shown, device, hint)
+                memory.require(max(need.built, need.host * local), "building this model on the CPU" + ranks,
+                               f"its weights {memory.format_bytes(need.built)}, or what each rank keeps in CPU "
+                               f"memory{times}: {need.shown}", "cpu", hint)
+                memory.require(need.device, "training this model on each rank's device", need.shown, device, hint)
         self.on_main(check)
 
     def prepare_run_dir(self, tokenizer: Any, **options: Any) -> dict[str, tuple[Any, Any]]:
