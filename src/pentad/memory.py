@@ -7,9 +7,10 @@ meta device (no memory, milliseconds), count what it will need with :func:`tenso
 gradients and optimizer state when training, the key/value cache when generating) and call
 :func:`require`, which compares the estimate with the memory the device has available now
 (:func:`available_memory`) and raises a :class:`~pentad.errors.UserError` stating both when it does
-not fit. The estimate is a lower bound (activations are not counted), so a run it refuses cannot
-run; one it lets through may still need more. ``PENTAD_SKIP_MEMORY_CHECK=1`` turns the check off
-for users who know better (memory that frees up later, swap, offloading the check does not model).
+not fit. The estimate is a lower bound (activations are not counted), so a run it refuses would not
+have fit in the memory there is now; one it lets through may still need more.
+``PENTAD_SKIP_MEMORY_CHECK=1`` turns the check off for users who know better (memory that frees up
+later, swap, offloading the check does not model).
 """
 
 from __future__ import annotations
