@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pentad.builder import build_model
+from pentad.builder import build_model, check_memory
 from pentad.errors import UserError
 from pentad.registry import TASKS
 from pentad.runs import absolute_paths, complete_vocab, info, load_run, load_tokenizer
@@ -306,9 +306,10 @@ def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: 
     task = TASKS.get(cfg.task.type)(cfg.task, tokenizer, min(seq_length, cfg.model.max_seq_length),
                                     read_task_state(model_dir))
     task.bind(cfg)
+    device = pick_device(device_choice)
+    check_memory(cfg.model, "inference", device)
     model = build_model(cfg.model, provided=task.provides, training=False)
     ckpt.load_weights(model, ckpt.read_weights(ckpt.find_weights(model_dir)), str(model_dir))
-    device = pick_device(device_choice)
     model.to(device)
     instances = task.read(test_path, with_labels=False)
     predictions = task.predict(model, instances, batch_size, device, "infer" if cfg.train.progress else None)

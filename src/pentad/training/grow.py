@@ -43,6 +43,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from pentad import memory
 from pentad.builder import build_model
 from pentad.components.base import Batch
 from pentad.errors import UserError
@@ -449,6 +450,18 @@ def grow_model(small: nn.Module, big: nn.Module, small_cfg: Any, big_cfg: Any, d
     return tensors
 
 
+def check_memory(small_cfg: Any, big_cfg: Any) -> None:
+    """Refuse (UserError) a big model whose growing cannot fit in this machine's memory, before either
+    model is allocated: its weights twice (the model, then the grown tensors written from it) and the
+    small model's twice (the model and the tensors read into it), counted on the meta device."""
+    big, _ = memory.tensor_bytes(build_model(big_cfg, training=False, device="meta"))
+    small, _ = memory.tensor_bytes(build_model(small_cfg, training=False, device="meta"))
+    memory.require(2 * big + 2 * small, "growing into this model",
+                   f"the big model's weights {memory.format_bytes(big)} twice and the small run's "
+                   f"{memory.format_bytes(small)} twice", "cpu",
+                   "Grow to smaller sizes (model.hidden_size, num_layers, num_heads, ffn_size of --config)")
+
+
 def grow_run(run: Path, big_cfg: Any, out: Path, depth: DepthMode = "stack", noise: float = 0.0,
              overwrite: bool = False) -> Grown:
     """Write OUT, the big model of config ``big_cfg`` grown from the run ``run`` (module docstring); ``noise``:
@@ -475,6 +488,7 @@ def _grow_run(run: Path, big_cfg: Any, out: Path, depth: DepthMode, noise: float
     complete_vocab(big_cfg, tokenizer)
     small_sizes, big_sizes = check_configs(small_cfg.model, big_cfg.model)
     source = ckpt.find_weights(run)
+    check_memory(small_cfg.model, big_cfg.model)
     torch.manual_seed(small_cfg.train.seed)
     small = build_model(small_cfg.model, training=False)
     ckpt.load_weights(small, ckpt.read_weights(source), str(source))
