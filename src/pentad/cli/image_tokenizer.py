@@ -56,11 +56,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pentad.cli.paths import claim_output_file
+
+    source = ("--images", args.images) if args.image_tokenizer_command == "fit" else ("--codebook", args.codebook)
+    with claim_output_file(args.output, args.overwrite, "--output", [source],
+                           f"pentad image-tokenizer {args.image_tokenizer_command}"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from pentad.data.image_tokenizer import fit_on_files, import_codebook
     from pentad.errors import UserError
 
-    if args.output.exists() and not args.overwrite:
-        raise UserError(f"--output {args.output} exists; give --overwrite to replace it")
     if args.image_tokenizer_command == "import":
         if args.patch_size < 1:
             raise UserError(f"--patch-size must be positive, found {args.patch_size}")

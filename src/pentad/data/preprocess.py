@@ -69,7 +69,7 @@ class _ChunkResult:
     num_bytes: int
     output: Instances | np.ndarray
     skipped: list[tuple[int, str]] = field(default_factory=list)
-    notes: dict[str, int] = field(default_factory=dict)  # Objective.take_notes
+    notes: dict[str, int] = field(default_factory=dict)
 
 
 def _run_chunk(job: _Job, chunk: Chunk) -> _ChunkResult:
@@ -343,8 +343,8 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
             num_chunks = max(num_chunks, -(-(count_lines(corpus) - skip) // chunk_lines))
         workers = min(workers, num_chunks)
         for result in _results(job, chunks, workers):
-            num_skipped += len(result.skipped)
             notes.update(result.notes)
+            num_skipped += len(result.skipped)
             skipped.extend(result.skipped[:MAX_REPORTED_SKIPS - len(skipped)])
             out = result.output
             if objective.packs:
@@ -357,9 +357,8 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
     if objective.packs:
         writer.write(windows(carry, window, stride, final=True)[0])
     shards = writer.close()
-    if notes:
-        print(f"preprocess: {corpus}: " + ", ".join(f"{n} {what}" for what, n in sorted(notes.items())),
-              file=sys.stderr)
+    for note, count in sorted(notes.items()):
+        print(f"preprocess: {corpus}: {note}: {count} line(s)", file=sys.stderr)
     if num_skipped:
         first = ", ".join(f"line {n}: {why}" for n, why in skipped[:3])
         print(f"preprocess: skipped {num_skipped} bad line(s) of {corpus} ({first}"
@@ -382,5 +381,6 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
         "shards": shards,
         "skipped_lines": {"count": num_skipped,
                           "examples": [{"line": n, "reason": why} for n, why in skipped]},
+        **({"notes": dict(sorted(notes.items()))} if notes else {}),
         **extra,
     }

@@ -241,4 +241,5 @@ def test_image_preprocess_scales_sixteen_bit_images_and_says_it_converted_them(t
     stored = ShardDataset(tmp_path / "out").take(np.arange(1)).arrays["image"].data.reshape(8, 8, 3)
     expected = np.rint(deep * (255 / 65535)).astype(np.uint8)
     assert all(np.array_equal(stored[..., c], expected) for c in range(3))
-    assert "1 I;16 (16-bit samples scaled by 255/65535) image(s) converted to RGB" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "images converted from I;16 (16-bit samples scaled by 255/65535) to RGB: 1 line(s)" in err, err

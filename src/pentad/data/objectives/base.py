@@ -121,14 +121,15 @@ class Objective:
         """A chunk's parsed lines -> Instances (or a 1-D token stream when ``packs``)."""
         raise NotImplementedError
 
+    def take_notes(self) -> dict[str, int]:
+        """What parsing changed in the input since the last call, counted by kind (s2t: files resampled
+        or downmixed; images: converted to the model's mode, and how), then forgotten; preprocess reports
+        the corpus's totals. None by default."""
+        return {}
+
     def array_specs(self) -> dict[str, dict[str, Any]]:
         """Typed per-instance arrays stored beside the tokens: name -> ``{"dtype": ..., "shape":
         [row shape]}`` (speech features: float16 rows of ``feature_size``); none by default."""
-        return {}
-
-    def take_notes(self) -> dict[str, int]:
-        """What ``parse_line`` changed in the lines it accepted since the last call, counted by kind
-        (images converted to the model's mode, by how); ``preprocess`` reports the totals. None by default."""
         return {}
 
     def manifest_extra(self) -> dict[str, Any]:

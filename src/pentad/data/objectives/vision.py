@@ -160,7 +160,7 @@ class ImageObjective(Objective):
 
     def take_notes(self) -> dict[str, int]:
         mode = "RGB" if self.cfg.channels == 3 else "L"
-        notes = {f"{mode_from} image(s) converted to {mode}": n for mode_from, n in sorted(self.converted.items())}
+        notes = {f"images converted from {mode_from} to {mode}": n for mode_from, n in sorted(self.converted.items())}
         self.converted.clear()
         return notes
 
