@@ -388,6 +388,7 @@ def load_target_tokenizer(run_dir: Path) -> Any:
 def preprocess_from_config(cfg: Any) -> dict[str, Any]:
     """``pentad preprocess``: the config's objective and tokenizer turn ``data.corpus`` into a
     token-shard dataset at ``data.output``."""
+    from pentad.data.objectives.vision import ImageObjective
     from pentad.data.preprocess import preprocess
     from pentad.registry import OBJECTIVES
 
@@ -399,6 +400,8 @@ def preprocess_from_config(cfg: Any) -> dict[str, Any]:
         raise UserError(f"preprocess needs {', '.join(missing)} (set them in the config or as key=value overrides)")
     tokenizer = load_tokenizer(cfg) if cfg.tokenizer is not None else None
     objective = OBJECTIVES.get(cfg.data.objective.type)(cfg.data.objective, tokenizer)
+    if isinstance(objective, ImageObjective):
+        objective.max_pixels = cfg.data.max_image_pixels
     tok_config = cfg.tokenizer.model_dump(mode="json") if cfg.tokenizer is not None else None
     check_apart(cfg.data.output, "data.output=", [("data.corpus", cfg.data.corpus)])
     with OutputLock(cfg.data.output, "data.output=", "pentad preprocess"):  # its checks and its writes

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from pentad.data.corpus import BadLine, Chunk, check_corpus, decode_line, first_line, is_blank, read_chunks
+from pentad.data.corpus import BadLine, Chunk, check_corpus, count_lines, decode_line, first_line, is_blank, read_chunks
 from pentad.data.objectives.base import Objective, windows
 from pentad.data.shards import (
     FIELD_DTYPE,
@@ -262,7 +262,8 @@ def preprocess(objective: Objective, tokenizer: Any, tokenizer_config: dict[str,
         on_bad_line: "fail" stops at the first bad line; "skip" skips and counts bad lines.
         progress: show a progress bar (bytes read) on stderr.
         seed: seeds instance construction (e.g. BERT's random next sentences).
-        chunk_bytes: corpus bytes per work unit; part of what determines the output.
+        chunk_bytes: corpus bytes per work unit; part of what determines the output (as the
+            objective's ``chunk_lines`` is, which ends a work unit of file-naming lines sooner).
         max_shard_tokens: a new shard file starts after this many tokens.
     """
     corpus, output = Path(corpus), Path(output)
@@ -292,7 +293,7 @@ def preprocess(objective: Objective, tokenizer: Any, tokenizer_config: dict[str,
                 "vocab_size": int(tokenizer.vocab_size)},
             corpus={"path": str(corpus.resolve()), "size": size,
                     "format": objective.corpus_format},
-            seed=seed, chunk_bytes=chunk_bytes,
+            seed=seed, chunk_bytes=chunk_bytes, chunk_lines=objective.chunk_lines,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         write_manifest(tmp, manifest)
         if output.is_dir():
@@ -330,13 +331,17 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
     num_skipped = 0
     notes: Counter[str] = Counter()
     boundary = is_blank if objective.documents_end_at_blank_lines else None
-    chunks = read_chunks(corpus, chunk_bytes, boundary, skip_lines=skip)
+    chunk_lines = objective.chunk_lines
+    chunks = read_chunks(corpus, chunk_bytes, boundary, skip_lines=skip, chunk_lines=chunk_lines)
     with tqdm(total=size, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
               desc=f"preprocess {corpus.name}", disable=not progress) as bar:
         bar.update(header_bytes)
         # More processes than chunks would only add start-up time (a corpus of one chunk is done
         # in-process); the output does not depend on the number of workers.
-        workers = min(workers, -(-size // chunk_bytes))
+        num_chunks = -(-size // chunk_bytes)
+        if chunk_lines is not None and workers > num_chunks:  # chunks by lines: count them (a list file is small)
+            num_chunks = max(num_chunks, -(-(count_lines(corpus) - skip) // chunk_lines))
+        workers = min(workers, num_chunks)
         for result in _results(job, chunks, workers):
             notes.update(result.notes)
             num_skipped += len(result.skipped)

@@ -225,6 +225,7 @@ class ImageEmbedder:
         if self.pooling not in POOLINGS:
             raise UserError(f"unknown pooling {self.pooling!r}; expected one of {', '.join(POOLINGS)}")
         self.size, self.channels = (patch.image_size[0], patch.image_size[1]), patch.channels
+        self.max_pixels = cfg.data.max_image_pixels
         objective = cfg.data.objective
         self.normalise = (getattr(cfg.task, "normalise", None) if cfg.task is not None else None) or \
             getattr(objective, "normalise", None) or "half"
@@ -277,7 +278,7 @@ class ImageEmbedder:
         path = Path(path)
         rows = read_path_tsv(path, "label", False, "image")
         images = load_images([path.parent / p for _, p, _ in rows], [n for n, _, _ in rows], path, self.size,
-                             self.channels)
+                             self.channels, self.max_pixels)
         return [p for _, p, _ in rows], images
 
 

@@ -68,6 +68,9 @@ class Objective:
     truncation_refused: ClassVar[str | None] = "it does not declare that its batches may be cut"
     # False for objectives whose instances hold no text (vit: an image and a label): no tokenizer needed
     needs_tokenizer: ClassVar[bool] = True
+    # Lines per preprocessing chunk where each line names a file to decode (an image, audio): the work
+    # splits by items, not only by corpus bytes; None: chunks of chunk_bytes only (lines of text).
+    chunk_lines: ClassVar[int | None] = None
 
     def __init__(self, cfg: ObjectiveConfig, tokenizer: Any):
         self.cfg = cfg
@@ -120,7 +123,8 @@ class Objective:
 
     def take_notes(self) -> dict[str, int]:
         """What parsing changed in the input since the last call, counted by kind (s2t: files resampled
-        or downmixed), then forgotten; preprocess reports the corpus's totals. None by default."""
+        or downmixed; images: converted to the model's mode, and how), then forgotten; preprocess reports
+        the corpus's totals. None by default."""
         return {}
 
     def array_specs(self) -> dict[str, dict[str, Any]]:

@@ -97,6 +97,7 @@ class S2tObjective(Objective):
         "its inputs are speech frames and its targets the decoder's transcript, not one token sequence a "
         "shorter length could cut")
     collate_options: ClassVar[frozenset[str]] = frozenset({"decoder_start"})
+    chunk_lines: ClassVar[int | None] = 64  # a line is an audio file to decode and turn into features
 
     def __init__(self, cfg: S2tObjectiveConfig, tokenizer: Any):
         super().__init__(cfg, tokenizer)
