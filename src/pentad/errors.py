@@ -191,19 +191,26 @@ def _mount_point(path: Path) -> Path:
     return path
 
 
-def _megabytes(n: float) -> str:
-    return f"{n / 1e6:,.1f} MB"
+def byte_size(n: float) -> str:
+    """``n`` bytes in a unit that keeps its digits: '512 bytes', '20.5 kB', '8.2 MB', '1.3 GB' (never
+    '0.0 MB' for a small amount)."""
+    if n < 1000:
+        return f"{int(n):,} bytes"
+    for unit, scale in (("kB", 1e3), ("MB", 1e6), ("GB", 1e9)):
+        if n < scale * 999.95:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 1e12:,.1f} TB"
 
 
 def space_note(path: Path, needed: int | None = None) -> str:
-    """'(/mnt: 0.3 MB free of 1.0 MB, about 8.2 MB needed)' for the device that holds ``path``."""
+    """'(/mnt: 300.0 kB free of 1.0 GB, about 8.2 MB needed)' for the device that holds ``path``."""
     mount = _mount_point(path)
     try:
         usage = shutil.disk_usage(mount)
     except OSError:
         return ""
-    need = f", about {_megabytes(needed)} needed" if needed else ""
-    return f" ({mount}: {_megabytes(usage.free)} free of {_megabytes(usage.total)}{need})"
+    need = f", about {byte_size(needed)} needed" if needed else ""
+    return f" ({mount}: {byte_size(usage.free)} free of {byte_size(usage.total)}{need})"
 
 
 def _named_output(filename: str | None, outputs: Sequence[Path]) -> Path | None:
