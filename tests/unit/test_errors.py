@@ -85,7 +85,7 @@ def test_shown_values_are_bounded_whatever_their_size():
     bomb: object = ["lol"] * 9
     for _ in range(8):  # nine levels of nine: 387 million strings, shared, as an expanded YAML alias bomb
         bomb = [bomb] * 9
-    assert shown(bomb) == "[[[[...], [...], [...], [...], [...], [...], ...], [[...], [...], [...], [...], [..."
+    assert shown(bomb) == "[[[[...], [...], [...], [...], [...], [...], ...], [[...], [...], [...], [......"
     assert len(shown({"k": "x" * 10**7})) <= 80 and len(shown(b"\0" * 10**7)) <= 80
     assert shown(10**5000) == "<an integer of 16610 bits>"  # str() of it raises ValueError
     assert shown("short") == "'short'" and shown([1, 2]) == "[1, 2]" and shown(None) == "None"
