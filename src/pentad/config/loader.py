@@ -112,7 +112,7 @@ def _expanded_size(node: yaml.Node, source: str, sizes: dict[int, int], open_: s
         total += _expanded_size(child, source, sizes, open_, level + 1)
         if total > MAX_CONFIG_VALUES:
             raise UserError(f"{source}{_line(node.start_mark)}: this value holds more than {MAX_CONFIG_VALUES:,} "
-                            "values once its aliases (*name) are expanded; a config has far fewer (is it an "
+                            "values, counting each use of an alias (*name) in full; a config has far fewer (an "
                             "alias bomb?)")
     open_.discard(key)
     sizes[key] = total

@@ -100,7 +100,7 @@ def test_an_alias_bomb_is_refused_before_it_expands(tmp_path):
     path = tmp_path / "bomb.yaml"
     path.write_text(_alias_bomb(6))  # a million values from under 400 bytes
     with pytest.raises(UserError, match=r"bomb\.yaml, line \d+ column \d+: this value holds more than 100,000 "
-                                        r"values once its aliases \(\*name\) are expanded") as info:
+                                        r"values, counting each use of an alias \(\*name\) in full") as info:
         load_config(path)
     assert len(str(info.value)) < 400
 
@@ -193,3 +193,12 @@ def test_python_tags_are_refused_with_a_clean_message(tmp_path):
     with pytest.raises(UserError, match=r"tag\.yaml, line 1 column 8: invalid YAML: .*python/object/apply:os.system"
                                         r".*refused, never run"):
         load_config(path)
+
+
+def test_a_block_style_alias_bomb_in_a_grid_value():
+    from pentad.cli.main import grid_option
+
+    text = "a0: &a0\n" + "  - 1\n" * 10 + "".join(f"a{i}: &a{i}\n" + f"  - *a{i - 1}\n" * 10 for i in range(1, 6))
+    with pytest.raises(UserError, match=r"--grid train.lr, line 45 column 5: this value holds more than 100,000"):
+        grid_option([f"train.lr={text}"])
+    assert grid_option(["train.lr=1e-4,3e-5"]) == {"train.lr": [1e-4, 3e-5]}
