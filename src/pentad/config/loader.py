@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from pentad.config.schema import class_at
 from pentad.config.streams import legacy_overrides
-from pentad.errors import ConfigError, ConfigProblem, UserError, closest, shown
+from pentad.errors import ConfigError, ConfigProblem, UserError, clipped, closest, shown
 
 ZOO_PREFIX = "zoo:"
 
@@ -307,7 +307,8 @@ def problems_from_validation(error: ValidationError, raw: dict[str, Any], root: 
         elif kind == "missing":
             problems.append(ConfigProblem(path, "required key is missing", source))
         else:
-            problems.append(ConfigProblem(path, err["msg"][0].lower() + err["msg"][1:], source,
+            message = clipped(err["msg"], 1000)  # a validator's own message may quote the value it refused
+            problems.append(ConfigProblem(path, message[0].lower() + message[1:], source,
                                           received=shown(err.get("input"))))
     return problems
 
