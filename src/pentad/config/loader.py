@@ -36,8 +36,11 @@ def resolve_config_path(spec: str | Path) -> Path:
         path = Path(text)
         if path.is_file():
             return path
-        if path.exists():
+        if path.is_dir():
             raise UserError(f"config '{text}' is a directory, expected a YAML or JSON file")
+        if path.exists():  # reading a FIFO or /dev/zero would block or never end
+            raise UserError(f"config '{text}' is not a regular file (a device, pipe or socket), expected a YAML or "
+                            "JSON file")
     name = text[len(ZOO_PREFIX):] if text.startswith(ZOO_PREFIX) else text
     name = name.removesuffix(".yaml")
     if name.startswith("zoo/"):

@@ -202,3 +202,15 @@ def test_a_block_style_alias_bomb_in_a_grid_value():
     with pytest.raises(UserError, match=r"--grid train.lr, line 45 column 5: this value holds more than 100,000"):
         grid_option([f"train.lr={text}"])
     assert grid_option(["train.lr=1e-4,3e-5"]) == {"train.lr": [1e-4, 3e-5]}
+
+
+def test_a_config_that_is_a_pipe_or_a_device_is_refused_unread(tmp_path):
+    import os
+
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)  # reading it would wait for a writer forever
+    for path in (fifo, "/dev/zero"):
+        with pytest.raises(UserError, match=f"config '{path}' is not a regular file"):
+            load_config(path)
+    with pytest.raises(UserError, match=f"config '{tmp_path}' is a directory"):
+        load_config(tmp_path)
