@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import reprlib
 import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -76,21 +77,75 @@ class ConfigProblem:
 
 
 class ConfigError(UserError):
-    """One or more config problems, all reported at once."""
+    """One or more config problems, all reported at once (the message lists the first
+    :data:`MAX_LISTED_PROBLEMS` and counts the rest; ``problems`` holds them all)."""
 
     def __init__(self, problems: list[ConfigProblem], header: str = "invalid config"):
         self.problems = list(problems)
         lines = [f"{header}: {len(self.problems)} problem(s)"]
-        lines += [f"  - {p.render()}" for p in self.problems]
+        lines += [f"  - {p.render()}" for p in self.problems[:MAX_LISTED_PROBLEMS]]
+        if len(self.problems) > MAX_LISTED_PROBLEMS:
+            lines.append(f"  ... and {len(self.problems) - MAX_LISTED_PROBLEMS} more")
         super().__init__("\n".join(lines))
 
 
+MAX_LISTED_PROBLEMS = 50
+
+
 def closest(name: str, candidates) -> str | None:
-    """The candidate closest to ``name`` (for "did you mean ..."), or None if nothing is close."""
+    """The candidate closest to ``name`` (for "did you mean ..."), or None if nothing is close
+    (or ``name`` is no short name: a list, a mapping, a long text)."""
     import difflib
 
-    found = difflib.get_close_matches(str(name), [str(c) for c in candidates], n=1, cutoff=0.6)
+    if not isinstance(name, (str, int, float)) or isinstance(name, bool) or len(text := str(name)) > 200:
+        return None
+    found = difflib.get_close_matches(text, [str(c) for c in candidates], n=1, cutoff=0.6)
     return found[0] if found else None
+
+
+# ----------------------------------------------------------------------------- showing values
+class _BoundedRepr(reprlib.Repr):
+    """``repr`` that stops early: a few items per list or mapping, a few levels, the ends of long texts
+    and numbers; what it leaves out is written ``...``. Its cost follows its output, not the value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxtuple = self.maxlist = self.maxarray = self.maxset = self.maxfrozenset = self.maxdeque = 6
+        self.maxdict = 4
+        self.maxstring = self.maxother = 60
+        self.maxlong = 40
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 128:  # never write out a huge number (nor hit Python's digit limit)
+            return f"<an integer of {x.bit_length()} bits>"
+        return super().repr_int(x, level)
+
+    def repr_bytes(self, x: bytes, level: int) -> str:
+        text = repr(x[:self.maxstring])
+        return text if len(x) <= self.maxstring else text + f"... ({len(x):,} bytes)"
+
+    def repr_bytearray(self, x: bytearray, level: int) -> str:
+        return self.repr_bytes(bytes(x[:self.maxstring + 1]), level)
+
+
+_BOUNDED_REPR = _BoundedRepr()
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """A user's value (from a config, an override, a data file) as it goes into a message: its ``repr``,
+    at most ``limit`` characters, built without ever writing out the whole value (an expanded YAML
+    alias, a long list, a huge text cost no more to show than a short one)."""
+    try:
+        text = _BOUNDED_REPR.repr(value)
+    except Exception:  # a value whose own __repr__ fails
+        text = f"<{type(value).__name__}>"
+    return clipped(text, limit)
+
+
+def clipped(text: str, limit: int = 80) -> str:
+    """``text`` cut to at most ``limit`` characters, ending ``...`` where it was cut."""
+    return text if len(text) <= limit else text[:max(limit - 3, 0)] + "..."
 
 
 # ----------------------------------------------------------------------------- writing files
@@ -144,19 +199,26 @@ def _mount_point(path: Path) -> Path:
     return path
 
 
-def _megabytes(n: float) -> str:
-    return f"{n / 1e6:,.1f} MB"
+def byte_size(n: float) -> str:
+    """``n`` bytes in a unit that keeps its digits: '512 bytes', '20.5 kB', '8.2 MB', '1.3 GB' (never
+    '0.0 MB' for a small amount)."""
+    if n < 1000:
+        return f"{int(n):,} bytes"
+    for unit, scale in (("kB", 1e3), ("MB", 1e6), ("GB", 1e9)):
+        if n < scale * 999.95:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 1e12:,.1f} TB"
 
 
 def space_note(path: Path, needed: int | None = None) -> str:
-    """'(/mnt: 0.3 MB free of 1.0 MB, about 8.2 MB needed)' for the device that holds ``path``."""
+    """'(/mnt: 300.0 kB free of 1.0 GB, about 8.2 MB needed)' for the device that holds ``path``."""
     mount = _mount_point(path)
     try:
         usage = shutil.disk_usage(mount)
     except OSError:
         return ""
-    need = f", about {_megabytes(needed)} needed" if needed else ""
-    return f" ({mount}: {_megabytes(usage.free)} free of {_megabytes(usage.total)}{need})"
+    need = f", about {byte_size(needed)} needed" if needed else ""
+    return f" ({mount}: {byte_size(usage.free)} free of {byte_size(usage.total)}{need})"
 
 
 def _named_output(filename: str | None, outputs: Sequence[Path]) -> Path | None:

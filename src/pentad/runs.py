@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from pentad.config.loader import dump_config, validate_raw
-from pentad.errors import UserError
+from pentad.config.loader import dump_config, read_config_file, validate_raw
+from pentad.errors import UserError, clipped, shown
 from pentad.log import info, set_quiet  # noqa: F401  (re-exported: callers use runs.info)
 from pentad.outputs import OutputLock, check_apart
 
@@ -319,7 +319,7 @@ def prepare_run_dir(run_dir: Path, cfg: Any, tokenizer, extra: dict[str, Any] | 
                         "resume it, choose another output directory, or pass --overwrite (train.overwrite=true) "
                         "to delete them and start afresh")
     if saved.is_file() and not cfg.train.overwrite:
-        old = yaml.safe_load(saved.read_text(encoding="utf-8")) or {}
+        old = read_config_file(saved, "run config")
         new = yaml.safe_load(text)
         if old.get("model") != new.get("model"):
             raise UserError(f"run directory {run_dir} was made with a different model config; "
@@ -354,7 +354,7 @@ def prepare_run_dir(run_dir: Path, cfg: Any, tokenizer, extra: dict[str, Any] | 
 
 
 def _show(value: Any) -> str:
-    return "(unset)" if value is None else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return "(unset)" if value is None else shown(value) if isinstance(value, (list, dict)) else clipped(str(value))
 
 
 def load_run(run_dir: Path) -> tuple[Any, Any]:
@@ -366,13 +366,31 @@ def load_run(run_dir: Path) -> tuple[Any, Any]:
     saved = run_dir / CONFIG
     if not saved.is_file():
         raise UserError(f"{run_dir} is not a pentad run directory: it has no {CONFIG}")
-    raw = yaml.safe_load(saved.read_text(encoding="utf-8")) or {}
+    raw = read_config_file(saved, "run config")
     cfg = validate_raw(raw, {}, str(saved))
     tokenizer = None
     tok_cfg = run_dir / TOKENIZER_DIR / TOKENIZER_CONFIG
     if tok_cfg.is_file():
-        tokenizer = load(json.loads(tok_cfg.read_text(encoding="utf-8")), base_dir=run_dir / TOKENIZER_DIR)
+        tokenizer = load(_tokenizer_record(tok_cfg), base_dir=run_dir / TOKENIZER_DIR)
+    elif cfg.tokenizer is not None:  # the run saved its tokenizer there: the folder was lost
+        raise UserError(f"run directory {run_dir} has no {TOKENIZER_DIR}/{TOKENIZER_CONFIG}, though its config names "
+                        f"a tokenizer ({cfg.tokenizer.type}): the run's {TOKENIZER_DIR}/ folder was deleted or not "
+                        "copied with it. Copy it back from the original run directory.")
     return cfg, tokenizer
+
+
+def _tokenizer_record(path: Path) -> dict[str, Any]:
+    """The tokenizer description a run saved (``tokenizer/tokenizer.json``); an error for a corrupt one."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise UserError(f"{path} is corrupt ({clipped(str(e), 200)}); copy the run's "
+                        f"{TOKENIZER_DIR}/ folder back from the original run directory") from None
+    if not isinstance(record, dict):
+        raise UserError(f"{path} is corrupt: expected a JSON object describing the tokenizer, found "
+                        f"{type(record).__name__}; copy the run's {TOKENIZER_DIR}/ folder back from the original "
+                        "run directory")
+    return record
 
 
 def load_target_tokenizer(run_dir: Path) -> Any:
@@ -382,7 +400,7 @@ def load_target_tokenizer(run_dir: Path) -> Any:
     tok_cfg = Path(run_dir) / TARGET_TOKENIZER_DIR / TOKENIZER_CONFIG
     if not tok_cfg.is_file():
         return None
-    return load(json.loads(tok_cfg.read_text(encoding="utf-8")), base_dir=Path(run_dir) / TARGET_TOKENIZER_DIR)
+    return load(_tokenizer_record(tok_cfg), base_dir=Path(run_dir) / TARGET_TOKENIZER_DIR)
 
 
 def preprocess_from_config(cfg: Any) -> dict[str, Any]:

@@ -190,3 +190,25 @@ def test_pretrain_says_that_train_epochs_is_not_its_length(capsys, english, pret
                  "train.steps=1", "train.epochs=2", f"output={tmp_path / 'run'}"]) == 0
     assert "train.epochs=2 is not used by pre-training, whose length is train.steps (1 steps)" in \
         capsys.readouterr().err
+
+
+def test_init_from_a_compressed_run_says_so(capsys, english, tmp_path, pretrained):
+    """A quantized run's weights fit only a quantized model: the message says what the init run is and what
+    to do, not "trained with another config?"."""
+    quantized = tmp_path / "int8"
+    assert main(["compress", str(pretrained), "--out", str(quantized), "--quantize", "int8"]) == 0
+    capsys.readouterr()
+    err = fails(capsys, "finetune", "--task", "classification", "--config", "bert/tiny", *tiny(english["vocab"]),
+                f"init={quantized}", f"data.train={english['train']}", f"output={tmp_path / 'ft'}",
+                match=f"init={quantized} is a compressed run (quantized to int8; model.compression in "
+                      f"{quantized / 'config.yaml'})")
+    assert "another config" not in err and "initialise from the run it was quantized from" in err
+
+
+def test_a_hostile_run_config_is_refused_by_every_reader(capsys, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text('model: !!python/object/apply:os.system ["echo run"]\n')
+    for argv in (["generate", run, "--prompt", "x"], ["infer", "--model", run, f"data.test={run}"],
+                 ["export", run, tmp_path / "out"], ["compress", run, "--out", tmp_path / "c", "--quantize", "int8"]):
+        fails(capsys, *argv, match=f"run config {run / 'config.yaml'}, line 1 column 8: invalid YAML")

@@ -22,7 +22,7 @@ def test_disk_full_names_the_file_device_and_space(tmp_path, full_disk):
     target = tmp_path / "run" / "predictions.tsv"
     message = write_error_message(OSError(errno.ENOSPC, "No space left on device", str(target)))
     assert message.startswith(f"cannot write {target}: no space left on the device (")
-    assert "0.0 MB free of 1.0 MB" in message and "write the output elsewhere" in message
+    assert "10.0 kB free of 1.0 MB" in message and "write the output elsewhere" in message
 
 
 def test_temporary_files_are_named_by_the_output_they_become(tmp_path, full_disk):
@@ -66,3 +66,28 @@ def test_other_errors_are_not_described(tmp_path):
     assert write_error_message(OSError(errno.ENOENT, "No such file", str(tmp_path))) is None
     assert write_error_message(RuntimeError("shape mismatch")) is None
     assert write_error_message(ValueError("tokenizer: No such file (os error 2)")) is None
+
+
+def test_small_sizes_keep_their_unit(tmp_path, full_disk):
+    target = tmp_path / "run" / "best.json"
+    with pytest.raises(OSError) as info, writing(target, needed=20_000):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    message = write_error_message(info.value)
+    assert "(" + str(errors._mount_point(target)) + ": 10.0 kB free of 1.0 MB, about 20.0 kB needed)" in message
+    assert "0.0 MB" not in message
+    assert [errors.byte_size(n) for n in (0, 999, 1000, 20_000, 8_200_000, 999_960_000, 3e12)] == [
+        "0 bytes", "999 bytes", "1.0 kB", "20.0 kB", "8.2 MB", "1.0 GB", "3.0 TB"]
+
+
+def test_shown_values_are_bounded_whatever_their_size():
+    from pentad.errors import closest, shown
+
+    bomb: object = ["lol"] * 9
+    for _ in range(8):  # nine levels of nine: 387 million strings, shared, as an expanded YAML alias bomb
+        bomb = [bomb] * 9
+    assert shown(bomb) == "[[[[...], [...], [...], [...], [...], [...], ...], [[...], [...], [...], [......"
+    assert len(shown({"k": "x" * 10**7})) <= 80 and len(shown(b"\0" * 10**7)) <= 80
+    assert shown(10**5000) == "<an integer of 16610 bits>"  # str() of it raises ValueError
+    assert shown("short") == "'short'" and shown([1, 2]) == "[1, 2]" and shown(None) == "None"
+    assert closest(bomb, ["linear"]) is None and closest("x" * 1000, ["linear"]) is None
+    assert closest("linar", ["linear", "cosine"]) == "linear"

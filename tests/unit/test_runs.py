@@ -66,3 +66,56 @@ def test_a_file_system_without_locks_is_a_note_not_an_error(tmp_path, monkeypatc
     with RunLock(tmp_path / "run", "pretrain"):
         pass
     assert "cannot be locked (No locks available)" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ reading a run back
+def _run_dir(tmp_path, config_text: str | None = None):
+    """A run directory as pentad writes it (config.yaml naming a wordpiece tokenizer, tokenizer/), or with
+    ``config_text`` as its config.yaml."""
+    from pentad.config.loader import load_config
+    from pentad.runs import load_tokenizer, prepare_run_dir
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]) + "\n", encoding="utf-8")
+    cfg = load_config("bert/tiny", ["tokenizer.type=wordpiece", f"tokenizer.vocab={vocab}"])
+    run = tmp_path / "run"
+    prepare_run_dir(run, cfg, load_tokenizer(cfg))
+    if config_text is not None:
+        (run / "config.yaml").write_text(config_text, encoding="utf-8")
+    return run
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('model: !!python/object/apply:os.system ["echo run"]\n', "line 1 column 8: invalid YAML: could not determine a "
+                                                             "constructor for the tag"),
+    ("model: [\n", "invalid YAML"),
+    ("- a list\n", "expected a mapping of keys at the top, found list"),
+    ("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcde", "bcdef")), "more than 100,000 values"),
+])
+def test_a_hostile_or_corrupt_run_config_is_a_clean_error(tmp_path, text, needle):
+    from pentad.runs import load_run
+
+    run = _run_dir(tmp_path, text)
+    with pytest.raises(UserError, match=f"run config {run / 'config.yaml'}.*") as info:
+        load_run(run)
+    assert needle in str(info.value)
+
+
+def test_a_lost_or_corrupt_tokenizer_folder_is_named(tmp_path):
+    import shutil
+
+    from pentad.runs import load_run
+
+    run = _run_dir(tmp_path)
+    assert load_run(run)[1] is not None
+    (run / "tokenizer" / "tokenizer.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(UserError, match=r"tokenizer\.json is corrupt \(.*\); copy the run's tokenizer/ folder back"):
+        load_run(run)
+    (run / "tokenizer" / "tokenizer.json").write_text("[1, 2]", encoding="utf-8")
+    with pytest.raises(UserError, match="expected a JSON object describing the tokenizer, found list"):
+        load_run(run)
+    shutil.rmtree(run / "tokenizer")
+    with pytest.raises(UserError, match=f"run directory {run} has no tokenizer/tokenizer.json, though its config names "
+                                        r"a tokenizer \(wordpiece\).*Copy it back"):
+        load_run(run)

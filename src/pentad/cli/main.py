@@ -181,6 +181,8 @@ def grid_option(items: Sequence[str]) -> dict[str, list[Any]]:
     """``--grid KEY=V1,V2`` options as ``train.grid`` (values parsed as YAML, like overrides)."""
     import yaml
 
+    from pentad.config.loader import parse_yaml
+
     grid: dict[str, list[Any]] = {}
     for item in items:
         key, sep, values = item.partition("=")
@@ -189,7 +191,7 @@ def grid_option(items: Sequence[str]) -> dict[str, list[Any]]:
         parsed = []
         for v in values.split(","):
             try:
-                value = yaml.safe_load(v) if v.strip() else v
+                value = parse_yaml(v, f"--grid {key.strip()}") if v.strip() else v
             except yaml.YAMLError:
                 value = v
             if isinstance(value, str) and re.fullmatch(r"\s*[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+\s*", value):

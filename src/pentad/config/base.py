@@ -1,4 +1,5 @@
-"""Base class of every typed config: strict (unknown keys are errors), validated on assignment."""
+"""Base class of every typed config: strict (unknown keys are errors), validated on assignment, finite
+numbers only (``.inf``/``nan`` in a float setting is an error, not a crash deep inside a run)."""
 
 from __future__ import annotations
 
@@ -8,4 +9,4 @@ from pydantic import BaseModel, ConfigDict
 class StrictModel(BaseModel):
     """A pydantic model that forbids unknown keys; the base of every pentad config."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from pentad.config.schema import class_at
 from pentad.config.streams import legacy_overrides
-from pentad.errors import ConfigError, ConfigProblem, UserError, closest
+from pentad.errors import ConfigError, ConfigProblem, UserError, clipped, closest, shown
 
 ZOO_PREFIX = "zoo:"
 
@@ -36,8 +36,11 @@ def resolve_config_path(spec: str | Path) -> Path:
         path = Path(text)
         if path.is_file():
             return path
-        if path.exists():
+        if path.is_dir():
             raise UserError(f"config '{text}' is a directory, expected a YAML or JSON file")
+        if path.exists():  # reading a FIFO or /dev/zero would block or never end
+            raise UserError(f"config '{text}' is not a regular file (a device, pipe or socket), expected a YAML or "
+                            "JSON file")
     name = text[len(ZOO_PREFIX):] if text.startswith(ZOO_PREFIX) else text
     name = name.removesuffix(".yaml")
     if name.startswith("zoo/"):
@@ -51,23 +54,143 @@ def resolve_config_path(spec: str | Path) -> Path:
                     + " (`pentad list zoo` lists the recipes)")
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
+# Bounds on a config file: far above any real config (a zoo recipe has a few hundred values, nested
+# fewer than ten deep), far below what would exhaust memory or the stack. YAML anchors and aliases
+# (``&a`` ... ``*a``) repeat a value wherever it is used, so a few hundred bytes can expand to billions
+# of values: the count is of values after expansion.
+MAX_CONFIG_BYTES = 16 << 20
+MAX_CONFIG_VALUES = 100_000
+MAX_CONFIG_DEPTH = 64
+
+
+class _BoundedYamlLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` (no Python tags: plain data only) that refuses a document nested deeper than
+    :data:`MAX_CONFIG_DEPTH` or holding more than :data:`MAX_CONFIG_VALUES` values once its aliases are
+    expanded, checked on the node graph before any value is built."""
+
+    def __init__(self, stream: str, source: str):
+        super().__init__(stream)
+        self.source, self.depth = source, 0
+
+    def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+        self.depth += 1
+        try:
+            if self.depth > MAX_CONFIG_DEPTH:
+                raise UserError(f"{self.source}{_line(self.peek_event().start_mark)}: values are nested more than "
+                                f"{MAX_CONFIG_DEPTH} levels deep; a config is a few levels of keys and lists")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def compose_document(self):  # type: ignore[no-untyped-def]
+        node = super().compose_document()
+        _expanded_size(node, self.source, {}, set(), 1)
+        return node
+
+
+def _line(mark: Any) -> str:
+    return f", line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+
+
+def _expanded_size(node: yaml.Node, source: str, sizes: dict[int, int], open_: set[int], level: int) -> int:
+    """How many values ``node`` stands for with every alias expanded (each shared node counted once per
+    use, measured once); an error past the bounds, or for an alias inside the value it names."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_:
+        raise UserError(f"{source}{_line(node.start_mark)}: an alias refers to a value that contains it, so the "
+                        "value would be infinite")
+    if level > MAX_CONFIG_DEPTH:
+        raise UserError(f"{source}{_line(node.start_mark)}: with its aliases expanded, values are nested more than "
+                        f"{MAX_CONFIG_DEPTH} levels deep; a config is a few levels of keys and lists")
+    children: list[yaml.Node] = []
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [part for pair in node.value for part in pair]
+    open_.add(key)
+    total = 1
+    for child in children:
+        total += _expanded_size(child, source, sizes, open_, level + 1)
+        if total > MAX_CONFIG_VALUES:
+            raise UserError(f"{source}{_line(node.start_mark)}: this value holds more than {MAX_CONFIG_VALUES:,} "
+                            "values, counting each use of an alias (*name) in full; a config has far fewer (an "
+                            "alias bomb?)")
+    open_.discard(key)
+    sizes[key] = total
+    return total
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """YAML ``text`` as plain data (``yaml.safe_load``), within the bounds on nesting and expanded size
+    (a :class:`UserError` naming ``source`` and the line past them). YAML errors propagate."""
+    loader = _BoundedYamlLoader(text, source)
     try:
+        return loader.get_single_data()
+    except ValueError as e:  # a value YAML accepts and Python cannot build, e.g. an integer of 5,000 digits
+        raise UserError(f"{source}: a value cannot be read: {e}") from None
+    finally:
+        loader.dispose()
+
+
+def _json_depth_ok(data: Any) -> bool:
+    stack = [(data, 1)]
+    while stack:
+        node, level = stack.pop()
+        if level > MAX_CONFIG_DEPTH:
+            return False
+        if isinstance(node, dict):
+            stack += [(v, level + 1) for v in node.values()]
+        elif isinstance(node, list):
+            stack += [(v, level + 1) for v in node]
+    return True
+
+
+def parse_json(text: str, source: str) -> Any:
+    """JSON ``text`` as data, nested at most :data:`MAX_CONFIG_DEPTH` deep. JSON errors propagate."""
+    too_deep = UserError(f"{source}: values are nested more than {MAX_CONFIG_DEPTH} levels deep; a config is a "
+                         "few levels of keys and lists")
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise too_deep from None
+    except ValueError as e:
+        if isinstance(e, json.JSONDecodeError):
+            raise
+        raise UserError(f"{source}: a value cannot be read: {e}") from None
+    if not _json_depth_ok(data):
+        raise too_deep
+    return data
+
+
+def read_config_file(path: Path, what: str = "config file") -> dict[str, Any]:
+    """The mapping a YAML or JSON config file holds; a :class:`UserError` naming ``what`` and ``path`` for a
+    file that is not UTF-8, not valid, not a mapping, or past the bounds on size, nesting and aliases."""
+    label = f"{what} {path}"
+    try:
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise UserError(f"{label} is {size:,} bytes; a config file is at most {MAX_CONFIG_BYTES:,} bytes "
+                            "(is it the right file?)")
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise UserError(f"config file {path} is not UTF-8 text (byte {e.start})") from None
+        raise UserError(f"{label} is not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise UserError(f"{label} cannot be read: {e.strerror or e}") from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = parse_json(text, label) if path.suffix == ".json" else parse_yaml(text, label)
     except json.JSONDecodeError as e:
-        raise UserError(f"config file {path}, line {e.lineno} column {e.colno}: invalid JSON: {e.msg}") from None
+        raise UserError(f"{label}, line {e.lineno} column {e.colno}: invalid JSON: {e.msg}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f", line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
-        raise UserError(f"config file {path}{where}: invalid YAML: {getattr(e, 'problem', e)}") from None
+        plain = (" (only plain data is read: keys, lists, text, numbers; a tag that would build a Python object "
+                 "is refused, never run)" if isinstance(e, yaml.constructor.ConstructorError) else "")
+        raise UserError(f"{label}{_line(mark)}: invalid YAML: {getattr(e, 'problem', None) or e}{plain}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise UserError(f"config file {path}: expected a mapping of keys at the top, found {type(data).__name__}")
+        raise UserError(f"{label}: expected a mapping of keys at the top, found {type(data).__name__}")
     return data
 
 
@@ -80,7 +203,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key:
         raise UserError(f"override '{text}' has an empty key")
     try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
+        parsed = parse_yaml(value, f"override '{key}'") if value.strip() else ""
     except yaml.YAMLError:
         parsed = value
     return key.split("."), parsed
@@ -148,11 +271,6 @@ def _data_path(raw: Any, loc: tuple[Any, ...]) -> str:
     return ".".join(parts)
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def problems_from_validation(error: ValidationError, raw: dict[str, Any], root: type[BaseModel],
                              source_of) -> list[ConfigProblem]:
     from pentad.registry import ALL
@@ -176,7 +294,7 @@ def problems_from_validation(error: ValidationError, raw: dict[str, Any], root: 
             kind_name = next((r.kind.rstrip("s") for r in ALL.values() if set(expected) <= set(r.names())), "component")
             problems.append(ConfigProblem(path + ".type" if path else "type",
                                           f"unknown {kind_name} name; expected one of {', '.join(expected)}",
-                                          source, received=_short(tag), suggestion=closest(tag, expected)))
+                                          source, received=shown(tag), suggestion=closest(tag, expected)))
         elif kind == "union_tag_not_found":
             problems.append(ConfigProblem(path, "a 'type' key is required to choose the component", source))
         elif kind == "literal_error":
@@ -187,13 +305,14 @@ def problems_from_validation(error: ValidationError, raw: dict[str, Any], root: 
                 kind = next((r.kind.rstrip("s") for r in ALL.values() if set(options) == set(r.names())), None)
                 what = f"unknown {kind} name; expected" if kind else what
             problems.append(ConfigProblem(path, f"{what} one of {', '.join(options)}", source,
-                                          received=_short(err.get("input")),
+                                          received=shown(err.get("input")),
                                           suggestion=closest(err.get("input"), options)))
         elif kind == "missing":
             problems.append(ConfigProblem(path, "required key is missing", source))
         else:
-            problems.append(ConfigProblem(path, err["msg"][0].lower() + err["msg"][1:], source,
-                                          received=_short(err.get("input"))))
+            message = clipped(err["msg"], 1000)  # a validator's own message may quote the value it refused
+            problems.append(ConfigProblem(path, message[0].lower() + message[1:], source,
+                                          received=shown(err.get("input"))))
     return problems
 
 

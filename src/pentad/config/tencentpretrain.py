@@ -40,7 +40,7 @@ import sys
 from typing import Any
 
 from pentad.config.streams import default_names
-from pentad.errors import UserError, closest
+from pentad.errors import UserError, closest, shown
 
 # Keys that mark a file as a TencentPretrain config (pentad configs nest everything under model/...).
 _MARKERS = {"layers_num", "heads_num", "emb_size", "feedforward_size", "data_processor", "stream_0"}
@@ -366,7 +366,7 @@ class _Importer:
         if isinstance(value, str) and value in table:
             return table[value]
         hint = closest(str(value), table)
-        self.problems.append(f"'{self.where}{key}': {what} {value!r} is not available in pentad"
+        self.problems.append(f"'{self.where}{key}': {what} {shown(value)} is not available in pentad"
                              + (f"; did you mean '{hint}'?" if hint else "")
                              + f" (available: {', '.join(table)})")
         return None
@@ -502,9 +502,9 @@ class _Importer:
         """A ViLT: the image_text_match task (matching over the first position with sp, masked LM over the
         caption) instead of a data objective; TencentPretrain's vilt processor is its caption + image loader."""
         if sorted(t for t in target_names if t) != ["mlm", "sp"]:
-            self.problems.append(f"'target' {self.flat.get('target')!r}: a ViLT trains the mlm and sp targets")
+            self.problems.append(f"'target' {shown(self.flat.get('target'))}: a ViLT trains the mlm and sp targets")
         if model["embedding"]["parts"][0].get("type") != "word_patch":
-            self.problems.append(f"'embedding' {self.flat.get('embedding')!r}: word_patch comes first (it defines "
+            self.problems.append(f"'embedding' {shown(self.flat.get('embedding'))}: word_patch comes first (it defines "
                                  "the sequence: the caption, then the image)")
         self.notices.append("data_processor vilt: the run's task is image_text_match (caption<TAB>path files, seeded "
                             "negative images); to pre-train from preprocessed shards use data.objective.type=vilt")
@@ -513,7 +513,7 @@ class _Importer:
     def beit_finish(self, model: dict[str, Any], target_names: list[str | None]) -> dict[str, Any]:
         """A BEiT: masked patches, an mlm head over image_tokenizer.image_vocab_size visual tokens."""
         if target_names != ["mlm"]:
-            self.problems.append(f"'target' {self.flat.get('target')!r}: a BEiT predicts its masked patches' "
+            self.problems.append(f"'target' {shown(self.flat.get('target'))}: a BEiT predicts its masked patches' "
                                  "visual tokens with the mlm target alone")
         image = self.flat.get("image_tokenizer", {})
         size = image.get("image_vocab_size") if isinstance(image, dict) else None
@@ -551,10 +551,11 @@ class _Importer:
         """A ViT: image_classification instead of a data objective (data_processor vit is TencentPretrain's
         label + image loader); its cls target keeps TencentPretrain's pooler (linear_1 + tanh)."""
         if target_names != ["cls"]:
-            self.problems.append(f"'target' {self.flat.get('target')!r}: a ViT classifies with the cls target alone")
+            self.problems.append(f"'target' {shown(self.flat.get('target'))}: a ViT classifies with the cls target "
+                                 "alone")
         if model["embedding"]["parts"][0].get("type") != "patch" or \
                 [p.get("type") for p in model["embedding"]["parts"]] not in (["patch", "pos"], ["patch"]):
-            self.problems.append(f"'embedding' {self.flat.get('embedding')!r}: a ViT's embedding is "
+            self.problems.append(f"'embedding' {shown(self.flat.get('embedding'))}: a ViT's embedding is "
                                  "['patch', 'pos'] (patch first: it defines the sequence)")
         model.pop("vocab_size", None)  # no word table: the vocabulary does not matter
         model["tie_word_embeddings"] = False
@@ -579,7 +580,7 @@ class _Importer:
         for key in ("embedding", "encoder"):
             if key in flat and _as_list(flat[key]) != ["dual"]:
                 self.problems.append(f"'{key}': a dual-stream config has {key} 'dual' (the streams name their own), "
-                                     f"found {flat[key]!r}")
+                                     f"found {shown(flat[key])}")
         for key in ("stream_0", "stream_1"):
             if key not in flat:
                 self.problems.append(f"'{key}' is missing: a dual-stream config describes both streams")
@@ -620,7 +621,7 @@ class _Importer:
         if pretraining:
             targets = _as_list(flat["target"])
             if targets != ["clr"]:
-                self.problems.append(f"'target' {flat['target']!r}: a dual-stream model pre-trains with the clr "
+                self.problems.append(f"'target' {shown(flat['target'])}: a dual-stream model pre-trains with the clr "
                                      "target alone")
             clr: dict[str, Any] = {"type": "clr", "projection": self.flag("projection")}
             if self.flag("projection") and "feature_size" in flat:
@@ -711,7 +712,7 @@ class _Importer:
                 continue
             value = self.flat.get(key, default)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                self.problems.append(f"'{self.where}{key}': expected a positive integer, found {value!r}")
+                self.problems.append(f"'{self.where}{key}': expected a positive integer, found {shown(value)}")
                 value = default
             values[key] = value
         absent = [k for k in ("image_height", "image_width", "patch_size", "channels_num") if k not in self.flat]

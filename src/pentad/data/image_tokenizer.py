@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,32 @@ class ImageTokenizer:
 PIXEL_RANGES = {"0-1": (0.0, 1.0), "0-255": (0.0, 255.0), "symmetric": (-1.0, 1.0)}
 
 
+def _read_npy(path: Path) -> np.ndarray:
+    """The array of a ``.npy`` codebook, read without pickle, after checking that the file holds as many bytes
+    as its header's shape and dtype say (a header claiming more would have numpy allocate all of it first)."""
+    from numpy.lib import format as npy
+
+    try:
+        with open(path, "rb") as f:
+            version = npy.read_magic(f)
+            read_header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+            shape, _, dtype = read_header(f)
+            data_bytes = path.stat().st_size - f.tell()
+    except (ValueError, OSError, SyntaxError) as error:
+        raise UserError(f"codebook {path} is not a .npy file ({error})") from None
+    if dtype.hasobject:
+        raise UserError(f"codebook {path} cannot be read without unpickling objects (its dtype is {dtype}); save "
+                        "the centroids as a plain numeric array")
+    claimed = math.prod(shape) * dtype.itemsize
+    if claimed > data_bytes:
+        raise UserError(f"codebook {path}: its header says {dtype} {list(shape)} ({claimed:,} bytes), but the file "
+                        f"holds {data_bytes:,} bytes after the header: it is truncated or corrupt")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as error:
+        raise UserError(f"codebook {path} is not a readable .npy file ({error})") from None
+
+
 def import_codebook(path: Path, patch_size: int, channels: int, layout: str = "hwc",
                     pixel_range: str = "0-1") -> ImageTokenizer:
     """A codebook made elsewhere as a pentad image tokenizer: ``path`` is a ``.npy`` file (read without
@@ -180,13 +207,7 @@ def import_codebook(path: Path, patch_size: int, channels: int, layout: str = "h
     if pixel_range not in PIXEL_RANGES:
         raise UserError(f"--pixel-range {pixel_range!r}: expected one of {', '.join(PIXEL_RANGES)}")
     if path.suffix == ".npy":
-        try:
-            codebook = np.load(path, allow_pickle=False)
-        except ValueError as error:
-            raise UserError(f"codebook {path} cannot be read without unpickling objects ({error}); save the "
-                            "centroids as a plain numeric array") from None
-        except OSError as error:
-            raise UserError(f"codebook {path} is not a .npy file ({error})") from None
+        codebook = _read_npy(path)
     else:
         from safetensors import safe_open
 

@@ -58,6 +58,25 @@ def load_model(run_dir: Path, device: str | torch.device | None = None) -> tuple
     return model.eval(), cfg, tokenizer
 
 
+# Batch fields a text prompt gives the model: its tokens (and, for models with segment embeddings, their
+# segments); a model whose embedding reads anything else (audio, pixels) does not continue text prompts.
+TEXT_INPUTS = frozenset({"tokens", "segments"})
+
+
+def _check_text_input(model: Model, label: str) -> None:
+    """A UserError when ``model``'s embedding reads something other than token ids (speech features, image
+    pixels): text generation has nothing to give it."""
+    reads = {field: name for name in model.embedding.part_names
+             for field in getattr(model.embedding, name).requires}
+    other = sorted(set(reads) - TEXT_INPUTS)
+    if other or "tokens" not in reads:
+        parts = ", ".join(f"{reads[f]} (Batch.{f})" for f in other) or "no token ids"
+        raise UserError(f"{label} does not read text: its embedding takes {parts}, so there are no text prompts to "
+                        "continue. pentad generate is for text models (language models, encoder-decoders on text); "
+                        "run a speech or image model's task with pentad infer --model RUN data.test=FILE (an asr "
+                        "run transcribes the audio files the TSV lists).")
+
+
 def _end_id(tokenizer: Any) -> int | None:
     return tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.sep_id
 
@@ -177,6 +196,7 @@ class TextGenerator:
         from pentad.data.objectives.mt import resolve_decoder_start
 
         hf_config = hf_config or {}
+        _check_text_input(model, label)
         bos = tokenizer.bos_id
         if model.decoder is not None:
             output = tokenizer

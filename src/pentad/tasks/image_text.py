@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from pentad.components.base import Batch
 from pentad.config.streams import shares, stream_embedding, stream_names
@@ -29,7 +29,7 @@ from pentad.data.config import DEFAULT_MAX_IMAGE_PIXELS
 from pentad.data.images import NORMALISE, AugmentConfig, augment, load_images, to_pixels
 from pentad.data.shards import Instances
 from pentad.data.tsv import LabelMap, assemble_pairs, read_path_tsv, text_problem
-from pentad.errors import UserError
+from pentad.errors import UserError, shown
 from pentad.registry import TASKS
 from pentad.tasks.base import EpochBatches, Task, TaskConfig, classification_metrics, in_order
 from pentad.tasks.image_classification import read_image_tsv
@@ -56,6 +56,23 @@ class ZeroShotTaskConfig(TaskConfig):
                                      "of data.train if given, else of data.dev")
     metric: Literal["accuracy", "macro_f1", "top5"] = "accuracy"
     normalise: Literal["half", "imagenet", "clip"] = Field("clip", description="pixel mean and std")
+
+    @field_validator("template")
+    @classmethod
+    def _one_slot(cls, template: str) -> str:
+        """One ``{}`` (or ``{0}``, any number of times) for the class name, literal braces doubled (``{{``);
+        anything else would fail when the texts are made or, with no slot, give every class the same text."""
+        import string
+
+        try:
+            fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+            if fields == [""] or (fields and set(fields) == {"0"}):
+                template.format("name")
+                return template
+        except (ValueError, IndexError, KeyError, AttributeError, TypeError):
+            pass
+        raise ValueError("expected a text with one {} where the class name goes (write a literal brace as {{ or }}), "
+                         f"e.g. 'a photo of {{}}'; found {shown(template)}")
 
 
 def _streams(run_cfg: Any, task: str) -> tuple[tuple[int, int], int]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pentad.builder import build_model, check_memory
-from pentad.errors import UserError
+from pentad.errors import UserError, shown
 from pentad.registry import TASKS
 from pentad.runs import absolute_paths, complete_vocab, info, load_run, load_tokenizer
 from pentad.tasks import search
@@ -260,8 +260,8 @@ class BestModel:
         on the later evaluations only."""
         if not self.weights.is_file():
             if evaluated:
-                shown = ", ".join(map(str, evaluated[:8])) + (", ..." if len(evaluated) > 8 else "")
-                raise UserError(f"{self.weights} is missing, but this run evaluated at step(s) {shown} before the "
+                steps = ", ".join(map(str, evaluated[:8])) + (", ..." if len(evaluated) > 8 else "")
+                raise UserError(f"{self.weights} is missing, but this run evaluated at step(s) {steps} before the "
                                 f"checkpoint it resumes from (step {step}): its best model so far is lost, and going "
                                 "on would pick a best model among the later evaluations only and report it as the "
                                 f"run's. Put {self.directory} back, or start afresh with --overwrite (or another "
@@ -271,8 +271,18 @@ class BestModel:
         if raw is None:  # written before the record was kept in the weights file
             info(f"{self.weights} has no record of its step and score; the next evaluation replaces it")
             return
-        record = json.loads(raw)
-        self.step, self.score, self.metrics = int(record["step"]), float(record["score"]), record["metrics"]
+        try:
+            record = json.loads(raw)
+            step, score, metrics = record["step"], float(record["score"]), record["metrics"]
+            if (not isinstance(step, int) or isinstance(step, bool) or step < 0 or not math.isfinite(score)
+                    or not isinstance(metrics, dict)):
+                raise ValueError
+        except (ValueError, TypeError, KeyError, RecursionError):
+            raise UserError(f"{self.weights}: its record of the best model (metadata '{self.KEY}') is corrupt: "
+                            "expected JSON {\"step\": int, \"score\": number, \"metrics\": {...}}, found "
+                            f"{shown(raw)}. Delete {self.directory} to resume without it (the best model is then "
+                            "chosen among the evaluations still to come).") from None
+        self.step, self.score, self.metrics = step, score, metrics
         info(f"best model so far: step {self.step}, score {self.score:.4f}")
 
     def share(self) -> None:

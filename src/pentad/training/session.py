@@ -209,7 +209,10 @@ class Session:
             def load() -> tuple[list[str], dict[str, Any]]:
                 path = ckpt.find_weights(Path(init))
                 tensors = ckpt.read_weights(path)
-                notes = ckpt.load_weights(model, tensors, str(init), adapt=True, **load_options)
+                try:
+                    notes = ckpt.load_weights(model, tensors, str(init), adapt=True, **load_options)
+                except UserError as mismatch:
+                    raise _compressed_init_error(Path(init), model_cfg) or mismatch from None
                 if adapters is None:
                     return notes, {}
                 # a LoRA run records its base: the weights it starts from, a fingerprint of them, and
@@ -267,3 +270,27 @@ class Session:
         :class:`~pentad.data.curriculum.LengthSchedule` (pre-training), whose length is logged."""
         return Trainer(model, self.cfg.train, Path(self.cfg.output), total_steps, self.strategy,
                        description=description, distiller=distiller, lengths=lengths)
+
+
+def _compressed_init_error(init: Path, model_cfg: Any) -> UserError | None:
+    """Why the weights of ``init`` do not fit when it is a compressed run (``pentad compress``) and the model
+    being built is not compressed the same way, or None when that is not the reason."""
+    try:
+        init_cfg, _ = runs.load_run(init)
+    except UserError:
+        return None
+    theirs = init_cfg.model.compression
+    if theirs is None or theirs == getattr(model_cfg, "compression", None):
+        return None
+    done = [f"quantized to {theirs.quantize}"] if theirs.quantize else []
+    done += [f"attention heads pruned in {len(theirs.heads)} block(s)"] if theirs.heads else []
+    done += [f"feed-forward units pruned in {len(theirs.ffn)} block(s)"] if theirs.ffn else []
+    saved = init / runs.CONFIG
+    if theirs.quantize:
+        advice = ("A quantized model is for inference only and cannot train: initialise from the run it was "
+                  "quantized from (compress.json in it names the source, where there is one)")
+    else:
+        advice = f"Fine-tune it with its own model config, which records the pruned sizes: --config {saved} init={init}"
+    return UserError(f"init={init} is a compressed run ({', '.join(done) or 'model.compression is set'}; "
+                     f"model.compression in {saved}): its weights fit only a model compressed the same way, and "
+                     f"this config's model is not. {advice}.")

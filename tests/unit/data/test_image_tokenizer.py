@@ -151,3 +151,24 @@ def test_fit_refuses_images_past_the_pixel_limit_by_name(tmp_path, capsys):
     assert main([*fit, "--max-image-pixels", "100"]) == 2  # a.png: 16x16 = 256 pixels
     assert "a.png is 16x16 = 256 pixels, more than --max-image-pixels 100 allows" in capsys.readouterr().err
     assert main([*fit, "--max-image-pixels", "256"]) == 0
+
+
+def test_a_npy_header_that_claims_more_data_than_the_file_holds(tmp_path):
+    """numpy would allocate the whole claimed array (here petabytes) before finding the data short."""
+    import io
+
+    from numpy.lib import format as npy
+
+    from pentad.data.image_tokenizer import import_codebook
+
+    header = io.BytesIO()
+    npy.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (10**14, 48)})
+    path = tmp_path / "liar.npy"
+    path.write_bytes(header.getvalue() + np.zeros((4, 48), np.float32).tobytes())
+    with pytest.raises(UserError, match=r"liar\.npy: its header says float32 \[100000000000000, 48\] "
+                                        r"\(19,200,000,000,000,000 bytes\), but the file holds 768 bytes after the "
+                                        "header: it is truncated or corrupt"):
+        import_codebook(path, 4, 3)
+    (tmp_path / "junk.npy").write_bytes(b"not an array")
+    with pytest.raises(UserError, match=r"junk\.npy is not a \.npy file"):
+        import_codebook(tmp_path / "junk.npy", 4, 3)

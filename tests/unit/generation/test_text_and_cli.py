@@ -253,3 +253,25 @@ def test_cli_root_validator_messages_name_options() -> None:
     # a model that cannot keep a static cache: the generation error, as pentad generate reports it
     assert generate_cli._cli_terms("the model's encoder (lstm) keeps none; use cache='dynamic' (and compile=false)"
                                    ).endswith("use --cache dynamic (and no --compile)")
+
+
+def test_cli_refuses_a_model_that_does_not_read_text(runs, tmp_path) -> None:
+    """An asr run (speech embedding) has no text prompts to continue: one clear error, not a ValueError from
+    the speech embedding's forward."""
+    from pentad.builder import build_model
+    from pentad.config.loader import load_config
+    from pentad.data.tokenizers import load_tokenizer
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(SPECIALS + WORDS) + "\n", encoding="utf-8")
+    cfg = load_config("s2t/small", [
+        "model.hidden_size=32", "model.encoder.num_layers=1", "model.decoder.num_layers=1", "model.encoder.num_heads=2",
+        "model.decoder.num_heads=2", "model.encoder.ffn_size=64", "model.decoder.ffn_size=64",
+        "model.embedding.parts.0.conv_channels=[16,64]", "model.embedding.parts.0.feature_size=8",
+        "tokenizer.type=space", f"tokenizer.vocab={vocab}"])
+    run_dir = tmp_path / "asr"
+    prepare_run_dir(run_dir, cfg, load_tokenizer(cfg.tokenizer))
+    save_weights(build_model(cfg.model, training=False), run_dir / WEIGHTS)
+    with pytest.raises(UserError, match=r"asr does not read text: its embedding takes speech \(Batch.audio\).*"
+                                        r"pentad infer --model RUN data.test=FILE"):
+        cli(str(run_dir), "--prompt", "w1")
