@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -187,9 +187,41 @@ class Task(ABC):
         question) counts the examples."""
         return len(instances)
 
-    @abstractmethod
     def write_predictions(self, path: Path, predictions: Any, instances: Any, probabilities: bool) -> None:
-        """Write :meth:`predict`'s output for ``instances`` to ``path`` (atomically)."""
+        """Write :meth:`predict`'s output for ``instances`` to ``path`` (atomically). Default: the
+        :meth:`prediction_header` line, then the :meth:`prediction_lines`; a task whose output is one
+        document (JSON) overrides it."""
+        from pentad.training.checkpoint import atomic_open
+
+        with atomic_open(path) as f:
+            write_lines(f, [self.prediction_header(probabilities)])
+            write_lines(f, self.prediction_lines(predictions, instances, probabilities))
+
+    # ---------------------------------------------------------------- streamed inference
+    def read_windows(self, path: Any, window: int) -> Iterator[Any] | None:
+        """The inference input (as ``read(path, with_labels=False)`` reads it) in consecutive windows of
+        at most ``window`` examples, each what :meth:`read` returns for those lines (with the file's line
+        numbers), read lazily: ``pentad infer`` predicts and writes one window at a time, so its memory
+        does not grow with the input. None (the default): the task reads its input whole, because its
+        output needs every example at once (a ranking's ranks within a question, QA's windows mapped
+        back to questions, a JSON document); it then writes with :meth:`write_predictions`. A task that
+        streams writes its output as :meth:`prediction_header` and :meth:`prediction_lines`."""
+        return None
+
+    def prediction_header(self, probabilities: bool) -> str:
+        """The header line of the predictions file (tasks writing one line per prediction)."""
+        raise NotImplementedError(f"{type(self).__name__} writes its predictions with write_predictions")
+
+    def prediction_lines(self, predictions: Any, instances: Any, probabilities: bool) -> Iterable[str]:
+        """The lines (without line ends) of :meth:`predict`'s output for ``instances``, in order, after
+        :meth:`prediction_header`."""
+        raise NotImplementedError(f"{type(self).__name__} writes its predictions with write_predictions")
+
+
+def write_lines(f: Any, lines: Iterable[str]) -> None:
+    """Each of ``lines`` and a line end, to the text file ``f``."""
+    for line in lines:
+        f.write(line + "\n")
 
 
 def read_tsv_lines(path: Path) -> tuple[str, list[str]]:
