@@ -4,7 +4,6 @@ byte for byte, as reading the input whole, and a bad line part way leaves no out
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from tests.integration.conftest import SENTENCES, tiny
 

@@ -102,8 +102,8 @@ def read_classification_tsv(path: Path, with_labels: bool, known: Sequence[str] 
     """
     rows: list[TsvRow] = []
     columns: tuple[str, ...] = ()
-    for window, columns in iter_classification_tsv(path, with_labels, known, required, empty_label, expected):
-        rows += window
+    for window, found in iter_classification_tsv(path, with_labels, known, required, empty_label, expected):
+        rows, columns = rows + window, found
     return rows, columns
 
 
