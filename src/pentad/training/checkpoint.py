@@ -61,15 +61,16 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_open(path: Path) -> Iterator[Any]:
-    """A text file (UTF-8) to write ``path`` incrementally: written under a temporary name beside it and
-    renamed to ``path`` only when the block ends without an error, so a crash or a bad input line part
-    way leaves no half-written file under the final name (streamed inference writes its rows as the
-    windows are predicted)."""
+def atomic_open(path: Path, binary: bool = False) -> Iterator[Any]:
+    """A file (UTF-8 text, or ``binary``) to write ``path`` incrementally: written under a temporary
+    name beside it and renamed to ``path`` only when the block ends without an error, so a crash or a
+    bad input line part way leaves no half-written file under the final name (streamed inference and
+    embedding write their rows as the windows are done)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:  # as atomic_write_text: the same bytes
+        # text as atomic_write_text writes it: the same bytes
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
