@@ -4,21 +4,18 @@ byte for byte, as reading the input whole, and a bad line part way leaves no out
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-from tests.integration.conftest import SENTENCES, tiny
+from tests.integration.conftest import SENTENCES
 
-from pentad.cli.main import main
 from pentad.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def run(english, tmp_path_factory):
-    out = tmp_path_factory.mktemp("stream") / "ft"
-    assert main(["finetune", "--task", "classification", "--config", "bert/tiny", *tiny(english["vocab"]),
-                 f"data.train={english['train']}", "train.epochs=1", f"output={out}"]) == 0
-    return out
+def run(classification_run):
+    return classification_run
 
 
 def texts(n: int) -> list[str]:
@@ -107,3 +104,68 @@ def test_a_bad_line_part_way_leaves_no_predictions_file(run, tmp_path):
     with pytest.raises(UserError, match=r"bad.tsv, line 22: the line has 2 tab-separated field"):
         infer(run, source, out, batch_size=4, window=4)
     assert not out.exists() and list(tmp_path.iterdir()) == [source]  # nor a temporary file left behind
+
+
+# ------------------------------------------------------------------------- pentad embed
+def test_embed_reads_embeds_and_writes_a_window_at_a_time(run, tmp_path, monkeypatch):
+    from pentad.tasks import embed
+
+    source = tmp_path / "lines.txt"
+    source.write_text("".join(t + "\n" for t in texts(45)), encoding="utf-8")
+    sizes = []
+    call = embed.Embedder.__call__
+
+    def counting(self, batch, *args, **kwargs):
+        sizes.append(len(batch))
+        return call(self, batch, *args, **kwargs)
+
+    monkeypatch.setattr(embed.Embedder, "__call__", counting)
+    monkeypatch.setattr(embed, "EMBED_WINDOW", 8, raising=False)
+    described = embed.embed_file(run, source, tmp_path / "v.npy", batch_size=4, device="cpu")
+    assert sizes == [8, 8, 8, 8, 8, 5]  # never more texts at once than a window
+    assert described["count"] == 45 and np.load(tmp_path / "v.npy").shape == (45, 32)
+
+
+def test_streamed_embeddings_equal_the_whole_input_byte_for_byte(run, tmp_path):
+    """Vectors and pair similarities against embedding the whole input at once and writing it as before."""
+    from pentad.tasks.embed import Embedder, cosine_rows, embed_file
+
+    embedder = Embedder.from_run(run, device="cpu")
+    lines = texts(37)
+    source = tmp_path / "lines.txt"
+    source.write_text("".join(t + "\n" for t in lines), encoding="utf-8")
+    np.save(tmp_path / "whole.npy", embedder(lines, 4).astype(np.float32))
+    embed_file(run, source, tmp_path / "streamed.npy", batch_size=4, device="cpu", window=6)
+    assert (tmp_path / "streamed.npy").read_bytes() == (tmp_path / "whole.npy").read_bytes()
+
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("text_a\ttext_b\tlabel\n" + "".join(f"{a}\t{b}\t{i % 5}\n" for i, (a, b) in
+                                                      enumerate(zip(lines, reversed(lines)))), encoding="utf-8")
+    cosines = cosine_rows(embedder(lines, 4), embedder(lines[::-1], 4))
+    described = embed_file(run, pairs, tmp_path / "sim.tsv", batch_size=4, device="cpu", similarity=True,
+                           window=6)
+    assert (tmp_path / "sim.tsv").read_text() == "similarity\n" + "".join(f"{x:.6f}\n" for x in cosines)
+    from pentad.tasks.correlation import spearman
+
+    assert described["spearman"] == pytest.approx(spearman(cosines, np.arange(37) % 5))
+
+
+def test_streamed_whitening_equals_the_covariance_of_all_vectors(run, tmp_path):
+    """Whitening fitted from running sums over the windows (the raw vectors in a scratch file, removed
+    after) equals the whitening computed from all vectors at once with np.cov, to rounding."""
+    from pentad.tasks.embed import Embedder, embed_file
+
+    lines = texts(60)
+    source = tmp_path / "lines.txt"
+    source.write_text("".join(t + "\n" for t in lines), encoding="utf-8")
+    raw = Embedder.from_run(run, device="cpu")(lines, 4).astype(np.float64)
+    mean = raw.mean(axis=0)
+    u, s, _ = np.linalg.svd(np.cov(raw - mean, rowvar=False))
+    expected = (raw - mean) @ (u[:, :8] / np.sqrt(s[:8]))
+    out = tmp_path / "out" / "white.npy"
+    embed_file(run, source, out, whitening=True, whitening_dim=8, batch_size=4, device="cpu", window=8)
+    white = np.load(out)
+    # a direction's sign is the SVD's choice: compare up to it
+    signs = np.sign((white * expected).sum(axis=0))
+    assert np.allclose(white * signs, expected, atol=1e-4)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["white.json", "white.npy"]  # no scratch left

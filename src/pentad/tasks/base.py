@@ -218,6 +218,12 @@ class Task(ABC):
         raise NotImplementedError(f"{type(self).__name__} writes its predictions with write_predictions")
 
 
+def window_size(batch_size: int, window: int) -> int:
+    """Examples per window of streamed inference and embedding: ``window`` rounded up to whole batches,
+    so that the batches are those of reading the input whole (the same output, byte for byte)."""
+    return batch_size * max(1, math.ceil(window / batch_size))
+
+
 def write_lines(f: Any, lines: Iterable[str]) -> None:
     """Each of ``lines`` and a line end, to the text file ``f``."""
     for line in lines:

@@ -497,7 +497,9 @@ def embed_file(run_dir: Path, input_path: Path, output: Path, pooling: PoolingKi
     if images and similarity:
         raise UserError("--similarity scores text pairs; it does not go with --images")
     label = "embed" if progress else None
-    window = window or EMBED_WINDOW
+    from pentad.tasks.base import window_size
+
+    window = window_size(batch_size, window or EMBED_WINDOW)
     embedder: Any
     if images:
         embedder = ImageEmbedder.from_run(run_dir, pooling, pick_device(device), projected)

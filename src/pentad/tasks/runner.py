@@ -15,7 +15,7 @@ from pentad.errors import UserError
 from pentad.registry import TASKS
 from pentad.runs import absolute_paths, complete_vocab, info, load_run, load_tokenizer
 from pentad.tasks import search
-from pentad.tasks.base import Task, write_lines
+from pentad.tasks.base import Task, window_size, write_lines
 from pentad.training import checkpoint as ckpt
 from pentad.training.distill import make_distiller
 from pentad.training.distributed import pick_device
@@ -318,12 +318,6 @@ def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: 
         count = stream_predictions(task, model, windows, output, want_probs, batch_size, device, progress)
     info(f"wrote {count:,} predictions to {output}")
     return output
-
-
-def window_size(batch_size: int, window: int) -> int:
-    """Examples per window of streamed inference: ``window`` rounded up to whole batches, so that the
-    batches are those of reading the input whole (the same predictions, byte for byte)."""
-    return batch_size * max(1, math.ceil(window / batch_size))
 
 
 def stream_predictions(task: Task, model: Any, windows: Any, output: Path, probabilities: bool, batch_size: int,
