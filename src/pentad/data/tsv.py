@@ -359,6 +359,14 @@ def read_path_tsv(path: Path | str, column: str, required: bool, item: str) -> l
     per line. ``required``: the column must be there and never empty (training data); otherwise it is
     optional (inference input). UserError naming the file and line for a missing file, a bad header, a
     line that is not UTF-8, a wrong field count, an empty field, or no rows."""
+    return [row for window in iter_path_tsv(path, column, required, item) for row in window]
+
+
+def iter_path_tsv(path: Path | str, column: str, required: bool, item: str, window: int | None = None
+                  ) -> Iterator[list[tuple[int, str, str | None]]]:
+    """The rows of :func:`read_path_tsv` in consecutive windows of at most ``window`` rows (None: one
+    window), read lazily (streamed inference decodes one window of media at a time); the same checks,
+    a file without rows failing when the end is reached."""
     path = Path(path)
     expected = f"'{column}<TAB>path'" if required else f"'path' (and optionally '{column}')"
     if not path.is_file():
@@ -366,6 +374,7 @@ def read_path_tsv(path: Path | str, column: str, required: bool, item: str) -> l
                         "paths relative to the file's folder)")
     rows: list[tuple[int, str, str | None]] = []
     columns: list[str] = []
+    seen = False
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             try:
@@ -395,6 +404,11 @@ def read_path_tsv(path: Path | str, column: str, required: bool, item: str) -> l
                     raise UserError(f"{path}, line {number}: the {column} field is empty; give every {item} its "
                                     f"{column}")
             rows.append((number, row["path"].strip(), value))
-    if not rows:
+            seen = True
+            if window is not None and len(rows) >= window:
+                yield rows
+                rows = []
+    if not seen:
         raise UserError(f"TSV file {path} has no examples; expected a header line {expected} and one {item} per line")
-    return rows
+    if rows:
+        yield rows
