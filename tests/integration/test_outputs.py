@@ -88,10 +88,11 @@ def test_run_output_that_is_a_file(capsys, english, tmp_path):
 
 
 def test_disk_full_while_writing_predictions(capsys, english, finetuned, tmp_path, monkeypatch):
-    def no_space(path, text):
+    def no_space(path, text=None, binary=False):
         raise OSError(errno.ENOSPC, "No space left on device", str(path.parent / f".{path.name}.tmp123"))
 
     monkeypatch.setattr(checkpoint, "atomic_write_text", no_space)
+    monkeypatch.setattr(checkpoint, "atomic_open", no_space)  # streamed inference writes through it
     out = tmp_path / "p.tsv"
     fails(capsys, *_infer(english, finetuned, "--output", out),
           match=f"cannot write {out}: no space left on the device ({tmp_path.anchor}")
