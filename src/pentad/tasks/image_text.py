@@ -159,6 +159,7 @@ class ImageTextTask(Task):
     def head_names(self) -> tuple[str, ...]:
         return () if self.clr is not None else (self.head,)
 
+    # inference reads its input whole (no read_windows): retrieval ranks every caption against every image
     def read(self, path: Path, with_labels: bool = True) -> ImageTextInstances:
         path = Path(path)
         rows = _read_pairs(path)
