@@ -1,4 +1,5 @@
-"""Peak memory of ``pentad embed`` and ``pentad infer --task classification`` against the input's length.
+"""Peak memory of ``pentad embed`` (plain and ``--whitening``) and ``pentad infer --task classification``
+against the input's length.
 
 Fine-tunes a tiny classification run (a vocabulary built on the fly, bert/tiny shrunk to width 32), writes
 inputs of several lengths, then runs each command in a fresh process per size and reports its peak
@@ -76,13 +77,16 @@ def main() -> None:
                 row = {"lines": n, "tree": name,
                        "embed_mib": pentad(src, "embed", str(run), "--input", str(lines), "--output",
                                            str(out) + ".npy", "--device", "cpu"),
+                       "whitened_mib": pentad(src, "embed", str(run), "--input", str(lines), "--output",
+                                              str(out) + "w.npy", "--device", "cpu", "--whitening"),
                        "infer_mib": pentad(src, "infer", "--model", str(run), f"data.test={lines}", "--output",
                                            str(out) + ".tsv")}
                 results.append(row)
                 print(json.dumps(row), flush=True)
-        print("\n| lines | tree | embed peak RSS (MiB) | infer peak RSS (MiB) |\n|---:|---|---:|---:|")
+        print("\n| lines | tree | embed | embed --whitening | infer --task classification |\n|---:|---|---:|---:|---:|")
         for row in results:
-            print(f"| {row['lines']:,} | {row['tree']} | {row['embed_mib']} | {row['infer_mib']} |")
+            print(f"| {row['lines']:,} | {row['tree']} | {row['embed_mib']} | {row['whitened_mib']} | "
+                  f"{row['infer_mib']} |")
 
 
 if __name__ == "__main__":

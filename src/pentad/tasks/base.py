@@ -38,7 +38,9 @@ class Task(ABC):
     :meth:`read` each file -> batches from :meth:`collate` train the model -> :meth:`evaluate` (=
     :meth:`predict` then :meth:`score`) picks the best model by :meth:`selection_score`. Inference rebuilds
     the task with the saved state (``Task(cfg, tokenizer, seq_length, state)``), :meth:`bind` to the run's
-    config, then :meth:`read` (``with_labels=False``) -> :meth:`predict` -> :meth:`write_predictions`.
+    config, then :meth:`read` (``with_labels=False``) -> :meth:`predict` -> :meth:`write_predictions`; a task
+    that streams its input gives :meth:`read_windows`, each window then predicted and written as
+    :meth:`prediction_lines` after one :meth:`prediction_header`.
 
     Class attributes: ``provides`` (the Batch fields its batches fill, checked against the model, as for
     objectives; may be a property), ``input_format`` (the file format, one line) and ``metric_names``
