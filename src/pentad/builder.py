@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pentad import memory
 from pentad.components.stream import Stream, StreamPlan
 from pentad.config.sizes import SlotSizes
 from pentad.config.streams import (
@@ -216,6 +217,17 @@ def build_model(cfg: Any, provided: Iterable[str] | None = None, device: str | t
     if provided is not None:
         check_requirements(model, set(provided), training)
     return model
+
+
+def check_memory(cfg: Any, what: str, device: str | torch.device | None = None) -> None:
+    """Refuse (UserError) a model whose weights cannot fit in the memory available on the CPU (where it
+    is built) and on ``device`` (where it will run), before any of it is allocated: the weights are
+    counted on the meta device (``PENTAD_SKIP_MEMORY_CHECK=1`` skips this; :mod:`pentad.memory`).
+    ``what``: what the model is built for (``"generating"``)."""
+    weights, _ = memory.tensor_bytes(build_model(cfg, device="meta", training=False))
+    hint = "Make the model smaller (model.hidden_size, num_layers, ffn_size, vocab_size, the number of experts)"
+    for where in dict.fromkeys(["cpu", str(torch.device(device)) if device is not None else "cpu"]):
+        memory.require(weights, f"{what} with this model", "its weights", where, hint)
 
 
 def apply_compression(model: Model, compression: Any) -> None:

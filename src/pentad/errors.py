@@ -24,6 +24,14 @@ class UserError(Exception):
     exit_code = 2
 
 
+class Diverged(UserError):
+    """Training diverged: a NaN or infinite loss, gradient norm or weights (``train.on_nonfinite``). The
+    message names the step and the policy; nothing non-finite was saved, the last checkpoint is intact.
+    Exit status 1: the run did not finish."""
+
+    exit_code = 1
+
+
 class RankFailure(UserError):
     """Another process of a distributed run failed or died: this rank stops too, with a message
     naming the rank(s) that are gone and the checkpoint to resume from. Exit status 1."""

@@ -19,6 +19,7 @@ import yaml
 from pentad.config.loader import dump_config, validate_raw
 from pentad.errors import UserError
 from pentad.log import info, set_quiet  # noqa: F401  (re-exported: callers use runs.info)
+from pentad.outputs import OutputLock, check_apart
 
 CONFIG = "config.yaml"
 TOKENIZER_DIR = "tokenizer"
@@ -136,7 +137,7 @@ FREE_TRAIN_KEYS = frozenset({"progress", "log_every", "threads", "device", "save
                              "keep_checkpoints", "stop_at", "resume_from", "allow_changes", "eval_every",
                              "tensorboard", "peak_tflops", "strategy", "dist_backend", "dist_timeout",
                              "activation_checkpointing", "compile",
-                             "deepspeed"})
+                             "deepspeed", "overwrite", "on_nonfinite", "max_skipped_steps"})
 # data.* keys that do
 GUARDED_DATA_KEYS = ("dataset", "train", "dev", "objective")
 
@@ -229,6 +230,53 @@ def _resumable(run_dir: Path, cfg: Any) -> bool:
     return cfg.train.resume_from is not None or latest_checkpoint(run_dir) is not None
 
 
+# What a run leaves that is worth keeping: a directory holding one of these has a started or finished
+# run, which is resumed from its checkpoint and never silently started again from step 0.
+RESULTS = "results.json"
+BEST_DIR = "best"
+METRICS = "metrics.jsonl"
+# removed by train.overwrite (--overwrite) before a fresh start, with the TensorBoard event files
+RUN_OUTPUTS = ("checkpoints", BEST_DIR, RESULTS, METRICS, "loss.png", "model.safetensors")
+EVENTS_GLOB = "events.out.tfevents.*"
+
+
+def earlier_results(run_dir: Path) -> list[str]:
+    """The outputs of an earlier run in ``run_dir`` (checkpoints, the best model, results) as short
+    descriptions; [] when there are none (a new directory, or an attempt that never saved)."""
+    found = []
+    checkpoints = run_dir / "checkpoints"
+    if checkpoints.is_dir():
+        names = sorted(p.name for p in checkpoints.iterdir() if not p.name.startswith(".") or p.name == "latest")
+        if names:
+            found.append(f"checkpoints/ ({', '.join(names[:6])}{', ...' if len(names) > 6 else ''})")
+    if (run_dir / BEST_DIR).is_dir() and any((run_dir / BEST_DIR).iterdir()):
+        found.append(f"{BEST_DIR}/")
+    if (run_dir / RESULTS).is_file():
+        found.append(RESULTS)
+    return found
+
+
+def clear_run_outputs(run_dir: Path) -> list[str]:
+    """``train.overwrite``: delete what an earlier run wrote in ``run_dir`` (:data:`RUN_OUTPUTS` and event
+    files; the config and tokenizer are written again); returns the names removed."""
+    import shutil
+
+    removed = []
+    for name in RUN_OUTPUTS:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    for path in run_dir.glob(EVENTS_GLOB):
+        path.unlink(missing_ok=True)
+        removed.append(path.name)
+    return removed
+
+
 def prepare_run_dir(run_dir: Path, cfg: Any, tokenizer, extra: dict[str, Any] | None = None,
                     target_tokenizer: Any = None, unused: tuple[str, ...] = ()) -> dict[str, tuple[Any, Any]]:
     """Create the run directory (or check a resumed one was made by the same config) and write
@@ -245,13 +293,32 @@ def prepare_run_dir(run_dir: Path, cfg: Any, tokenizer, extra: dict[str, Any] | 
 
     absolute_paths(cfg)
     saved = run_dir / CONFIG
-    # resume_from is a one-off instruction, not a setting of the run: a later command reusing this
-    # config.yaml must not go back to that step again (discarding the checkpoints made since)
+    # resume_from and overwrite are one-off instructions, not settings of the run: a later command reusing
+    # this config.yaml must not go back to that step again (discarding the checkpoints made since), nor
+    # delete the run it resumes
     recorded = cfg.model_copy(deep=True)
     recorded.train.resume_from = None
+    recorded.train.overwrite = False
     text = dump_config(recorded)
     changes: dict[str, tuple[Any, Any]] = {}
-    if saved.is_file():
+    if cfg.train.overwrite:
+        if cfg.train.resume_from is not None:
+            raise UserError(f"train.overwrite (--overwrite) starts {run_dir} afresh, deleting its checkpoints, and "
+                            f"train.resume_from={cfg.train.resume_from} resumes one of them: give one or the other")
+        removed = clear_run_outputs(run_dir) if run_dir.is_dir() else []
+        if removed:
+            info(f"--overwrite: removed the earlier run's {', '.join(removed)} from {run_dir}; starting afresh")
+    elif not _resumable(run_dir, cfg) and earlier_results(run_dir):
+        from pentad.training.checkpoint import latest_problem
+
+        problem = latest_problem(run_dir)
+        raise UserError(f"run directory {run_dir} holds an earlier run ({', '.join(earlier_results(run_dir))}) but "
+                        f"no complete checkpoint to resume from"
+                        + (f" ({problem})" if problem else "")
+                        + ": starting again from step 0 would replace its results. Put its checkpoint back to "
+                        "resume it, choose another output directory, or pass --overwrite (train.overwrite=true) "
+                        "to delete them and start afresh")
+    if saved.is_file() and not cfg.train.overwrite:
         old = yaml.safe_load(saved.read_text(encoding="utf-8")) or {}
         new = yaml.safe_load(text)
         if old.get("model") != new.get("model"):
@@ -321,6 +388,7 @@ def load_target_tokenizer(run_dir: Path) -> Any:
 def preprocess_from_config(cfg: Any) -> dict[str, Any]:
     """``pentad preprocess``: the config's objective and tokenizer turn ``data.corpus`` into a
     token-shard dataset at ``data.output``."""
+    from pentad.data.objectives.vision import ImageObjective
     from pentad.data.preprocess import preprocess
     from pentad.registry import OBJECTIVES
 
@@ -332,10 +400,14 @@ def preprocess_from_config(cfg: Any) -> dict[str, Any]:
         raise UserError(f"preprocess needs {', '.join(missing)} (set them in the config or as key=value overrides)")
     tokenizer = load_tokenizer(cfg) if cfg.tokenizer is not None else None
     objective = OBJECTIVES.get(cfg.data.objective.type)(cfg.data.objective, tokenizer)
+    if isinstance(objective, ImageObjective):
+        objective.max_pixels = cfg.data.max_image_pixels
     tok_config = cfg.tokenizer.model_dump(mode="json") if cfg.tokenizer is not None else None
-    manifest = preprocess(objective, tokenizer, tok_config, cfg.data.corpus,
-                          cfg.data.output, workers=cfg.data.workers, on_bad_line=cfg.data.on_bad_line,
-                          progress=cfg.train.progress, seed=cfg.train.seed)
+    check_apart(cfg.data.output, "data.output=", [("data.corpus", cfg.data.corpus)])
+    with OutputLock(cfg.data.output, "data.output=", "pentad preprocess"):  # its checks and its writes
+        manifest = preprocess(objective, tokenizer, tok_config, cfg.data.corpus,
+                              cfg.data.output, workers=cfg.data.workers, on_bad_line=cfg.data.on_bad_line,
+                              progress=cfg.train.progress, seed=cfg.train.seed)
     info(f"wrote {cfg.data.output}: {manifest.get('num_instances', '?'):,} instances, "
          f"{manifest.get('num_tokens', '?'):,} tokens")
     return manifest

@@ -47,6 +47,24 @@ def tones(root: Path, name: str, count: int, seed: int, rate: int = 16000, chann
     return path
 
 
+def unusable_wavs(folder) -> dict[str, str]:
+    """WAV files libsndfile reads without complaint but that cannot be used, by name: what a refusal says."""
+    folder.mkdir(parents=True, exist_ok=True)
+    wave = (0.3 * np.sin(np.arange(8000) / 5.0)).astype(np.float32)
+    with_nan = wave.copy()
+    with_nan[4000] = np.nan
+    soundfile.write(folder / "nan.wav", with_nan, 16000, subtype="FLOAT")
+    soundfile.write(folder / "cut.wav", wave, 16000, subtype="PCM_16")
+    data = (folder / "cut.wav").read_bytes()
+    (folder / "cut.wav").write_bytes(data[:len(data) // 2])
+    soundfile.write(folder / "slow.wav", wave, 1)
+    soundfile.write(folder / "loud.wav", wave * np.float32(1e30), 16000, subtype="FLOAT")
+    return {"nan.wav": "holds 1 NaN or infinite sample(s), the first at 0.250 s",
+            "cut.wav": "is truncated: its WAV header declares 8000 frames (0.50 s)",
+            "slow.wav": "declares a sample rate of 1 Hz; audio is read from 1000 to 384000 Hz",
+            "loud.wav": "gives NaN or infinite features: its samples reach 3e+29"}
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("tones")
@@ -137,6 +155,9 @@ def test_bad_audio_is_named_by_file_and_line(data, tmp_path, capsys):
              "label\tpath\none\tx.wav\n": "expected a header line 'text<TAB>path'",
              "text\tpath\n": "has no examples",
              "text\tpath\none one one one one one one one\twav/x.wav\n": "more than task.target_seq_length 8"}
+    unusable = unusable_wavs(tmp_path / "wav")
+    cases.update({f"text\tpath\none\twav/{name}\n": f"line 2: audio {tmp_path / 'wav' / name} {text}"
+                  for name, text in unusable.items()})
     for i, (text, expected) in enumerate(cases.items()):
         train = tmp_path / f"train{i}.tsv"
         train.write_text(text + (good if text.count("\n") > 1 else ""))
@@ -146,10 +167,17 @@ def test_bad_audio_is_named_by_file_and_line(data, tmp_path, capsys):
         assert code == 2 and expected in err and str(train) in err, err
         assert not (tmp_path / f"run{i}" / "results.json").exists()
     skip = tmp_path / "skip.tsv"
-    skip.write_text("text\tpath\none\twav/empty.wav\n" + good)
+    skip.write_text("text\tpath\none\twav/empty.wav\n" + "".join(f"one\twav/{name}\n" for name in unusable) + good)
     assert main(["finetune", "--task", "asr", *S2T, *_tok(data), f"data.train={skip}", "task.audio.on_bad=skip",
                  f"output={tmp_path / 'skip'}", "train.epochs=1"]) == 0
-    assert "skipped 1 empty utterance(s)" in capsys.readouterr().err
+    assert "skipped 1 bad-rate, 1 empty, 2 non-finite, 1 truncated utterance(s)" in capsys.readouterr().err
+    # pentad infer reads its input the same way, under the run's task.audio.on_bad (here: skip), and says so
+    test = tmp_path / "test.tsv"
+    test.write_text("path\n" + "".join(f"wav/{name}\n" for name in unusable) + f"{good.split(chr(9))[1]}")
+    assert main(["infer", "--model", str(tmp_path / "skip"), f"data.test={test}", "--output",
+                 str(tmp_path / "pred.tsv")]) == 0
+    assert f"{test}: skipped 1 bad-rate, 2 non-finite, 1 truncated utterance(s)" in capsys.readouterr().err
+    assert [row.split("\t")[0] for row in (tmp_path / "pred.tsv").read_text().splitlines()] == ["line", "6"]
 
 
 def test_a_text_model_is_refused_with_the_reason(data, tmp_path, capsys):

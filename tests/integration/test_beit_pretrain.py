@@ -117,7 +117,7 @@ def test_beit_bad_input_is_named(shapes, beit_config, tmp_path, capsys):
                  f"output={tmp_path / 'run'}", "train.steps=1"]) == 2
     assert "has 8-pixel patches, but the model's masked_patch part has patch_size 4" in capsys.readouterr().err
     assert main(["image-tokenizer", "fit", "--images", str(corpus), "--output", str(eight)]) == 2
-    assert "exists; give --overwrite" in capsys.readouterr().err
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
     # the dataset remembers the codebook: another tokenizer file is refused
     assert main(["pretrain", *config, *QUIET, f"data.objective.image_tokenizer={tokenizer_file}",
                  f"data.dataset={data}", f"output={tmp_path / 'run2'}", "train.steps=1"]) == 2

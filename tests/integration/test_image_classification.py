@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tests.unit.data.test_images import _png_header
 
 from pentad.cli.main import main
 
@@ -97,9 +98,12 @@ def test_bad_images_are_named_by_file_and_line(digits, tmp_path, capsys):
     (tmp_path / "img" / "broken.png").write_bytes(b"not an image")
     png = (digits["root"] / "img" / "train0.png").read_bytes()
     (tmp_path / "img" / "cut.png").write_bytes(png[: len(png) // 2])
+    (tmp_path / "img" / "bomb.png").write_bytes(_png_header(30_000, 30_000))
     good = f"0\t{digits['root'] / 'img' / 'train1.png'}\n"
     cases = {"label\tpath\n1\timg/missing.png\n": "line 2: image", "label\tpath\n1\timg/broken.png\n":
              "not an image file", "label\tpath\n1\timg/cut.png\n": "truncated",
+             "label\tpath\n1\timg/bomb.png\n": "is 30000x30000 = 900,000,000 pixels, more than data.max_image_pixels",
+             "label\tpath\n1\timg\n": "img is a directory, not an image file",
              "label\ttext\n1\tx.png\n": "expected a header line 'label<TAB>path'",
              "label\tpath\n": "has no examples"}
     for i, (text, expected) in enumerate(cases.items()):

@@ -15,6 +15,7 @@ pytest.importorskip("PIL")
 
 from tests.integration.test_image_classification import VIT, draw_digits  # noqa: E402
 from tests.integration.test_image_text import CLIP, WORDS, draw  # noqa: E402
+from tests.unit.data.test_images import _png_header  # noqa: E402
 
 from pentad.cli.main import main  # noqa: E402
 from pentad.data.images import load_images  # noqa: E402
@@ -94,14 +95,17 @@ def test_json_lines_bad_lines_and_missing_header(images, tmp_path, capsys):
     np.testing.assert_array_equal(a, b)
     bad = root / "bad.tsv"
     (root / "junk.png").write_bytes(b"not an image")
-    bad.write_text("label\tpath\n" + "\n".join("\t".join(r) for r in rows[:3]) + "\n1\tmissing.png\n2\tjunk.png\n")
+    (root / "bomb.png").write_bytes(_png_header(30_000, 30_000))  # a decompression bomb's header: 900 MP
+    bad.write_text("label\tpath\n" + "\n".join("\t".join(r) for r in rows[:3])
+                   + "\n1\tmissing.png\n2\tjunk.png\n3\tbomb.png\n")
     assert main(["preprocess", *_no_task(VIT), *VIT_OBJECTIVE, f"data.corpus={bad}",
                  f"data.output={tmp_path / 'b'}"]) == 2
     assert "bad.tsv, line 5: the line names the image" in capsys.readouterr().err and not (tmp_path / "b").exists()
     assert main(["preprocess", *_no_task(VIT), *VIT_OBJECTIVE, f"data.corpus={bad}", f"data.output={tmp_path / 'b'}",
                  "data.on_bad_line=skip"]) == 0
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
-    assert manifest["num_instances"] == 3 and manifest["skipped_lines"]["count"] == 2
+    assert manifest["num_instances"] == 3 and manifest["skipped_lines"]["count"] == 3
+    assert "more than data.max_image_pixels" in manifest["skipped_lines"]["examples"][2]["reason"]
     headerless = root / "headerless.tsv"
     headerless.write_text("\n".join("\t".join(r) for r in rows[:3]) + "\n")
     assert main(["preprocess", *_no_task(VIT), *VIT_OBJECTIVE, f"data.corpus={headerless}",

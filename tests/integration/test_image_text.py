@@ -78,6 +78,17 @@ def test_image_text_refuses_a_one_stream_model(data, tmp_path, capsys):
     assert code == 2 and "two-tower model" in capsys.readouterr().err
 
 
+def test_image_text_refuses_captions_outside_the_vocabulary_by_file_and_line(data, tmp_path, capsys):
+    train = tmp_path / "train.tsv"
+    rows = data["train"].read_text().splitlines()
+    image = data["root"] / "img" / "train0.png"
+    train.write_text("\n".join([rows[0], f"the digit one\t{image}", f"the digit five\t{image}"]) + "\n")
+    code = main(["finetune", "--task", "image_text", *CLIP, "tokenizer.type=wordpiece",
+                 f"tokenizer.vocab={data['vocab']}", f"data.train={train}", f"output={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{train}, line 3: the line has a caption with text outside the vocabulary" in err, err
+
+
 VILT = ["--config", "vilt/base", "model.hidden_size=32", "model.max_seq_length=40",
         "model.embedding.parts.0.patch.image_size=16", "model.embedding.parts.0.patch.patch_size=4",
         "model.encoder.num_layers=2", "model.encoder.num_heads=2", "model.encoder.ffn_size=64",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from collections import namedtuple
 
 import pytest
@@ -111,3 +112,122 @@ def test_disk_full_while_checkpointing(capsys, english, tmp_path, monkeypatch):
                 f"data.train={english['train']}", "train.epochs=1", f"output={tmp_path / 'ft'}",
                 match=f"cannot write {tmp_path / 'ft' / 'checkpoints'}")
     assert "no space left on the device" in err and "0.0 MB free of 1,000.0 MB, about" in err
+
+
+@pytest.fixture
+def boxed(finetuned, tmp_path):
+    """A copy of the fine-tuned run at BOX/run (so that a writer that deleted BOX would lose only the copy)."""
+    run = tmp_path / "box" / "run"
+    shutil.copytree(finetuned, run)
+    return run
+
+
+# (command line, message): {run} is the copied run at {box}/run, {link} a symbolic link to {box}
+AROUND_THE_INPUT = [
+    (("export", "{run}", "{box}", "--overwrite"), "OUT {box} contains the run directory {run}"),
+    (("export", "{run}", "{link}", "--overwrite"), "(that is {box}) contains the run directory"),
+    (("export", "{run}", "{run}/../run", "--overwrite"), "is the run directory"),
+    (("export", "{run}", "{run}/exported"), "lies inside the run directory"),
+    (("compress", "{run}", "--out", "{box}", "--quantize", "int8", "--overwrite"), "--out {box} contains the run"),
+    (("merge-lora", "{run}", "--output", "{link}", "--overwrite"), "contains the run directory"),
+    (("grow", "{run}", "--config", "{run}/config.yaml", "--output", "{box}", "--overwrite"),
+     "--output {box} contains the --config"),
+    (("grow", "{run}", "--config", "bert/tiny", "--output", "{box}", "--overwrite"),
+     "--output {box} contains the small run"),
+    (("convert", "pentad-to-hf", "{run}", "{run}/hf"), "lies inside the input"),
+    (("infer", "--model", "{run}", "data.test={test}", "--output", "{run}/config.yaml", "--overwrite"),
+     "lies inside the run directory"),
+    (("infer", "--model", "{run}", "data.test={test}", "--output", "{test}", "--overwrite"), "is the data.test"),
+]
+
+
+@pytest.mark.parametrize("argv, match", AROUND_THE_INPUT, ids=[f"{a[0]}-{i}" for i, (a, _)
+                                                               in enumerate(AROUND_THE_INPUT)])
+def test_no_writer_replaces_or_writes_into_its_input(capsys, english, boxed, tmp_path, argv, match):
+    """``--overwrite`` onto a folder that holds the source run once deleted the run; an output inside the
+    input was written into it. Both are refused, whatever the path's spelling (a symbolic link, ``..``)."""
+    test = tmp_path / "test.tsv"
+    shutil.copy(english["nolabel"], test)
+    names = {"run": boxed, "box": boxed.parent, "link": tmp_path / "link", "test": test}
+    names["link"].symlink_to(boxed.parent)
+    before = {p.relative_to(boxed): p.read_bytes() for p in boxed.rglob("*") if p.is_file()}
+    fails(capsys, *(a.format(**names) for a in argv), match=match.format(**names))
+    assert {p.relative_to(boxed): p.read_bytes() for p in boxed.rglob("*") if p.is_file()} == before
+    assert test.read_bytes() == english["nolabel"].read_bytes()
+
+
+def test_a_training_run_is_not_written_into_its_init(capsys, english, boxed):
+    fails(capsys, "finetune", "--task", "classification", "--config", "bert/tiny", *tiny(english["vocab"]),
+          f"data.train={english['train']}", f"init={boxed}", f"output={boxed}/../run",
+          match=f"is the init {boxed} itself")
+
+
+def _nested(argv, results):
+    """A stand-in for a write that first runs ``pentad argv`` to completion (a second writer of the same
+    output, started after the first has checked it), recording its exit status and messages."""
+    def run_once(real):
+        started = []
+
+        def wrapper(*args, **kwargs):
+            if not started:  # the second writer's own writes go straight through
+                started.append(True)
+                results.append(main([str(a) for a in argv]))
+            return real(*args, **kwargs)
+        return wrapper
+    return run_once
+
+
+def test_two_exports_to_one_new_output(capsys, boxed, tmp_path, monkeypatch):
+    out, results = tmp_path / "exported", []
+    monkeypatch.setattr(checkpoint, "save_tensors", _nested(("export", boxed, out), results)(checkpoint.save_tensors))
+    assert main(["export", str(boxed), str(out)]) == 0
+    err = capsys.readouterr().err
+    assert results == [2] and f"OUT {out} is being written by another pentad process (pid {os.getpid()}" in err
+    assert (out / checkpoint.WEIGHTS).is_file() and (out / "config.yaml").is_file()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no lock, no staging left
+
+
+def test_two_inferences_to_one_new_file(capsys, english, boxed, tmp_path, monkeypatch):
+    out, results = tmp_path / "p.tsv", []
+    monkeypatch.setattr(checkpoint, "atomic_write_text",
+                        _nested(_infer(english, boxed, "--output", out), results)(checkpoint.atomic_write_text))
+    assert main([str(a) for a in _infer(english, boxed, "--output", out)]) == 0
+    assert results == [2] and "is being written by another pentad process" in capsys.readouterr().err
+    assert out.read_text().startswith("label\n")
+
+
+def test_two_conversions_to_one_new_directory(capsys, boxed, tmp_path, monkeypatch):
+    from pentad.interop import hf
+
+    out, results = tmp_path / "hf", []
+    monkeypatch.setattr(hf, "write_json", _nested(("convert", "pentad-to-hf", boxed, out),
+                                                  results)(hf.write_json))
+    assert main(["convert", "pentad-to-hf", str(boxed), str(out)]) == 0
+    assert results == [2] and f"OUT {out} is being written by another pentad process" in capsys.readouterr().err
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+
+
+def test_two_compressions_to_one_output(capsys, boxed, tmp_path, monkeypatch):
+    """They shared one staging folder (``.OUT.steps``), which the second deleted under the first."""
+    from pentad.compression import pipeline
+
+    out, results = tmp_path / "small", []
+    monkeypatch.setattr(pipeline, "_step", _nested(("compress", boxed, "--out", out, "--quantize", "int8"),
+                                                   results)(pipeline._step))
+    assert main(["compress", str(boxed), "--out", str(out), "--quantize", "int8"]) == 0
+    assert results == [2] and "--out" in capsys.readouterr().err
+    assert (out / "compress.json").is_file() and (out / "steps").is_dir()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_preprocess_waits_for_no_one_and_mixes_nothing(capsys, english, tmp_path):
+    """A dataset another process is writing (its output lock held) is refused, not written a second time."""
+    from pentad.outputs import OutputLock
+
+    out = tmp_path / "ds"
+    argv = ("preprocess", "--config", "bert/tiny", *tiny(english["vocab"]), f"data.corpus={english['bert']}",
+            f"data.output={out}")
+    with OutputLock(out, "data.output=", "pentad preprocess"):
+        fails(capsys, *argv, match=f"data.output={out} is being written by another pentad process (pid {os.getpid()}")
+        assert not out.exists()
+    assert main([str(a) for a in argv]) == 0 and (out / "manifest.json").is_file()

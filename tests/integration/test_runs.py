@@ -241,6 +241,21 @@ def test_resumed_finetune_keeps_its_best_model(english, tmp_path, capsys):
     assert results["best_step"] == 2 and results["dev"] == record["metrics"]
 
 
+def test_a_resumed_finetune_whose_best_model_is_missing_is_refused(english, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run(*finetune_args(english, out, "train.epochs=1", "train.stop_at=2")) == 0
+    (out / "best").rename(tmp_path / "kept")
+    capsys.readouterr()
+    assert run(*finetune_args(english, out, "train.epochs=1")) == 2
+    err = capsys.readouterr().err
+    assert "best/model.safetensors is missing, but this run evaluated at step(s) 1, 2 before the checkpoint it " \
+           "resumes from (step 2)" in err and "--overwrite" in err
+    assert not (out / "results.json").exists() and not (out / "best").exists()
+    (tmp_path / "kept").rename(out / "best")
+    assert run(*finetune_args(english, out, "train.epochs=1", "train.stop_at=3")) == 0
+    assert "best model so far: step" in capsys.readouterr().err
+
+
 def test_run_config_works_from_another_directory(english, tmp_path, monkeypatch, capsys):
     work = tmp_path / "work"
     work.mkdir()
@@ -332,3 +347,56 @@ def test_tensorboard_reads_the_event_files(english, dataset, tmp_path):
     records = MetricsLog(out / "metrics.jsonl").read()
     assert [e.step for e in events.Scalars("train/loss")] == [r["step"] for r in records]
     assert [e.value for e in events.Scalars("train/loss")] == pytest.approx([r["loss"] for r in records])
+
+
+def test_a_finished_run_without_its_latest_pointer_is_resumed_never_restarted(english, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run(*finetune_args(english, out, "train.epochs=1", "train.save_every=2")) == 0
+    def results() -> dict:
+        found = json.loads((out / "results.json").read_text())
+        found.pop("seconds")
+        return found
+
+    first = results()
+    best = (out / "best" / "model.safetensors").read_bytes()
+    metrics = (out / "metrics.jsonl").read_text()
+    steps = checkpoint_steps(out)
+    pointer = out / "checkpoints" / "latest"
+    for damage in ("missing", "dangling"):
+        if damage == "missing":
+            pointer.unlink()
+        else:
+            pointer.write_text("step-00000099\n")
+        capsys.readouterr()
+        # a changed setting is still caught: the run is resumable, so its settings are checked
+        assert run(*finetune_args(english, out, "train.epochs=1", "train.save_every=2", "train.lr=0.5")) == 2
+        assert "train.lr 0.001 -> 0.5" in capsys.readouterr().err
+        assert run(*finetune_args(english, out, "train.epochs=1", "train.save_every=2")) == 0
+        err = capsys.readouterr().err
+        assert "resuming from the newest complete checkpoint" in err and f"(step {steps[-1]})" in err
+        assert (out / "best" / "model.safetensors").read_bytes() == best
+        assert (out / "metrics.jsonl").read_text() == metrics
+        assert results() == first
+        assert pointer.read_text().strip() == f"step-{steps[-1]:08d}"  # repaired
+    # no complete checkpoint left: refused, naming what is there and how to start afresh
+    for step in steps:
+        (out / "checkpoints" / f"step-{step:08d}" / "state.pt").unlink()
+    pointer.write_text("step-00000099\n")
+    assert run(*finetune_args(english, out, "train.epochs=1", "train.save_every=2")) == 2
+    err = capsys.readouterr().err
+    assert "holds an earlier run" in err and "best/" in err and "results.json" in err and "--overwrite" in err
+    assert (out / "best" / "model.safetensors").read_bytes() == best and results() == first
+    assert run(*finetune_args(english, out, "train.epochs=1", "train.save_every=2", "--overwrite")) == 0
+    assert "removed the earlier run's checkpoints, best, results.json" in capsys.readouterr().err
+    assert checkpoint_steps(out) == steps and (out / "results.json").is_file()
+    assert yaml.safe_load((out / "config.yaml").read_text())["train"]["overwrite"] is False  # a one-off instruction
+
+
+def test_overwrite_reruns_the_finished_trials_of_a_grid_search(english, tmp_path, capsys):
+    out = tmp_path / "grid"
+    args = finetune_args(english, out, "train.epochs=1", "train.eval_every=5", "--grid", "train.lr=1e-3")
+    assert run(*args) == 0
+    capsys.readouterr()
+    assert run(*args, "--overwrite") == 0
+    err = capsys.readouterr().err
+    assert "trial 1 of 1" in err and "removed the earlier run's checkpoints, best, results.json" in err

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("soundfile")
 pytest.importorskip("kaldi_native_fbank")
 
-from tests.integration.test_asr import S2T, WHISPER, WORDS, tones  # noqa: E402
+from tests.integration.test_asr import S2T, WHISPER, WORDS, tones, unusable_wavs  # noqa: E402
 
 from pentad.cli.main import main  # noqa: E402
 from pentad.data.audio import AudioConfig, load_features  # noqa: E402
@@ -131,3 +131,41 @@ def test_json_lines_corpus_gives_the_same_dataset(corpus, tmp_path):
     bad.write_text(json.dumps({"text": "one", "path": rows[0].split("\t")[1]}) + "\n{\"text\": 3}\n")
     assert main(["preprocess", *_config(vocab), *OBJECTIVE, f"data.corpus={bad}",
                  f"data.output={tmp_path / 'bad'}"]) == 2
+
+
+def test_unusable_audio_is_named_by_line_or_skipped_and_counted(corpus, tmp_path, capsys):
+    root, vocab, train = corpus
+    expected = unusable_wavs(tmp_path / "wav")
+    good = [f"{r.split(chr(9))[0]}\t{root / r.split(chr(9))[1]}" for r in train.read_text().splitlines()[1:4]]
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("\n".join(["text\tpath", *good, *(f"one\twav/{name}" for name in expected)]) + "\n")
+    for line, name in enumerate(expected, start=5):
+        lines = bad.read_text().splitlines()
+        only = tmp_path / f"only{line}.tsv"
+        only.write_text("\n".join(lines[:4] + [lines[line - 1]]) + "\n")
+        code = main(["preprocess", *_config(vocab), *OBJECTIVE, f"data.corpus={only}",
+                     f"data.output={tmp_path / name}"])
+        err = capsys.readouterr().err
+        assert code == 2 and not (tmp_path / name).exists()
+        assert f"only{line}.tsv, line 5: the line names the audio file {tmp_path / 'wav' / name}, which " \
+               f"{expected[name]}" in err, err
+    assert main(["preprocess", *_config(vocab), *OBJECTIVE, f"data.corpus={bad}", f"data.output={tmp_path / 'ok'}",
+                 "data.on_bad_line=skip"]) == 0
+    manifest = json.loads((tmp_path / "ok" / "manifest.json").read_text())
+    assert manifest["num_instances"] == 3 and manifest["skipped_lines"]["count"] == 4
+    reasons = {e["line"]: e["reason"] for e in manifest["skipped_lines"]["examples"]}
+    assert list(reasons) == [5, 6, 7, 8]
+    assert all(text in reason for reason, text in zip(reasons.values(), expected.values())), reasons
+
+
+def test_resampling_and_downmixing_are_reported_as_the_asr_task_does(corpus, tmp_path, capsys):
+    root, vocab, _ = corpus
+    stereo = tones(tmp_path, "stereo", 3, 2, rate=22050, channels=2)
+    assert main(["preprocess", *_config(vocab), *OBJECTIVE, f"data.corpus={stereo}",
+                 f"data.output={tmp_path / 'd'}"]) == 0
+    err = capsys.readouterr().err
+    for note in ("downmixed to mono", "resampled from 22050 Hz"):
+        assert f"preprocess: {stereo}: {note} (the model takes mono 16000 Hz): 3 line(s)" in err, err
+    manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    assert manifest["notes"] == {"downmixed to mono (the model takes mono 16000 Hz)": 3,
+                                 "resampled from 22050 Hz (the model takes mono 16000 Hz)": 3}

@@ -48,7 +48,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``pentad embed``; prints the output's JSON description."""
-    from pentad.cli.paths import check_output_file
+    from pentad.cli.paths import claim_output_file
     from pentad.tasks.embed import check_options, embed_file, sidecar_path
 
     check_options(args.whitening, args.whitening_dim, args.whitening_fit, args.batch_size)
@@ -59,10 +59,11 @@ def run(args: argparse.Namespace) -> int:
                         f"(e.g. {output.with_suffix('.tsv' if args.similarity else '.npy')})")
     if not args.similarity and output.suffix != ".npy":
         raise UserError(f"--output {output}: vectors are written in NumPy's .npy format; give a name ending in .npy")
-    check_output_file(output, args.overwrite)
-    check_output_file(sidecar_path(output), args.overwrite)
-    description = embed_file(args.run, args.input, output, args.pooling, args.whitening, args.whitening_dim,
-                             args.whitening_fit, args.batch_size, args.similarity, args.device,
-                             images=args.images, projected=args.projected)
+    inputs = [("run directory", args.run), ("--input", args.input), ("--whitening-fit", args.whitening_fit)]
+    with claim_output_file(output, args.overwrite, "--output", inputs, "pentad embed"), \
+            claim_output_file(sidecar_path(output), args.overwrite, "--output", inputs, "pentad embed"):
+        description = embed_file(args.run, args.input, output, args.pooling, args.whitening, args.whitening_dim,
+                                 args.whitening_fit, args.batch_size, args.similarity, args.device,
+                                 images=args.images, projected=args.projected)
     print(json.dumps(description, indent=2, ensure_ascii=False), flush=True)
     return 0

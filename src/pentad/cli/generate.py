@@ -20,13 +20,14 @@ cache; the first step of a compiled run pays for the compilation.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from pentad.cli.paths import check_output_file
+from pentad.cli.paths import claim_output_file
 from pentad.errors import UserError
 
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p")
@@ -240,9 +241,6 @@ def _write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``pentad generate``; returns the exit status (UserError propagates to the entry point)."""
-    from pentad.generation import TextGenerator
-    from pentad.generation.config import GenerationInputError
-
     prompts, extras, origins = read_prompts(args)
     config = build_config(generation_options(args))
     if args.batch_size < 1:
@@ -250,8 +248,19 @@ def run(args: argparse.Namespace) -> int:
     if args.stream and (len(prompts) != 1 or config.strategy == "beam" or config.num_return_sequences != 1):
         raise UserError("--stream shows one completion as it grows: give a single prompt, without --num-beams "
                         "or --num-return-sequences")
-    if args.output is not None and str(args.output) != "-":
-        check_output_file(args.output, args.overwrite)  # before the model is loaded and run
+    claim: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if args.output is not None and str(args.output) != "-":  # checked before the model is loaded and run
+        claim = claim_output_file(args.output, args.overwrite, "--output", [
+            ("run directory", args.run_dir), ("--prompts", getattr(args, "prompts", None)),
+            ("--jsonl", getattr(args, "jsonl", None))], "pentad generate")
+    with claim:
+        return _generate(args, prompts, extras, origins, config)
+
+
+def _generate(args: argparse.Namespace, prompts: list[str], extras: list[Any], origins: list[str], config: Any) -> int:
+    from pentad.generation import TextGenerator
+    from pentad.generation.config import GenerationInputError
+
     device = _device(args.device)
     generator = TextGenerator.from_run(args.run_dir, device, decoder_start=args.decoder_start)
     for prompt, origin in zip(prompts, origins):

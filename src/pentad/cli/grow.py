@@ -38,10 +38,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from pentad.cli.paths import check_writable
     from pentad.config.loader import load_config
+    from pentad.outputs import check_apart
     from pentad.training.grow import grow_run
 
     run_dir, overrides = Path(args.items[0]), list(args.items[1:])
     check_writable(args.output, "--output")
+    if Path(args.config).exists():  # (not a zoo recipe's name)
+        check_apart(args.output, "--output", [("--config", args.config)])
     cfg = load_config(args.config, overrides)
     print(grow_run(run_dir, cfg, args.output, depth=args.depth, noise=args.noise,
                    overwrite=args.overwrite).render(), flush=True)

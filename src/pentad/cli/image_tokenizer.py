@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pentad.data.config import DEFAULT_MAX_IMAGE_PIXELS
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``image-tokenizer`` subcommand to ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
@@ -32,6 +34,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     f.add_argument("--max-patches", type=int, default=200_000, help="patches sampled to fit on (bounds memory)")
     f.add_argument("--steps", type=int, default=200, help="mini-batch k-means steps")
     f.add_argument("--batch-size", type=int, default=2048, help="patches per k-means step")
+    f.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_IMAGE_PIXELS, metavar="N",
+                   help="refuse an image that declares more pixels (width x height; a decompression bomb guard; "
+                   f"default {DEFAULT_MAX_IMAGE_PIXELS:,}, as data.max_image_pixels)")
     f.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     i = sub.add_parser("import", help="turn a codebook made elsewhere into a pentad image tokenizer",
                        description="Read centroids [K, P*P*C] from a .npy file (no pickle) or a safetensors file with "
@@ -51,11 +56,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pentad.cli.paths import claim_output_file
+
+    source = ("--images", args.images) if args.image_tokenizer_command == "fit" else ("--codebook", args.codebook)
+    with claim_output_file(args.output, args.overwrite, "--output", [source],
+                           f"pentad image-tokenizer {args.image_tokenizer_command}"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from pentad.data.image_tokenizer import fit_on_files, import_codebook
     from pentad.errors import UserError
 
-    if args.output.exists() and not args.overwrite:
-        raise UserError(f"--output {args.output} exists; give --overwrite to replace it")
     if args.image_tokenizer_command == "import":
         if args.patch_size < 1:
             raise UserError(f"--patch-size must be positive, found {args.patch_size}")
@@ -65,11 +77,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if len(args.image_size) > 2:
         raise UserError(f"--image-size takes one size or height and width, found {len(args.image_size)} numbers")
-    for name in ("patch_size", "codebook_size", "max_patches", "steps", "batch_size"):
+    for name in ("patch_size", "codebook_size", "max_patches", "steps", "batch_size", "max_image_pixels"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be positive, found {getattr(args, name)}")
     size = (args.image_size[0], args.image_size[-1])
     tokenizer = fit_on_files(args.images, args.output, size, args.patch_size, args.codebook_size, args.channels,
-                             args.seed, args.max_patches, args.steps, args.batch_size)
+                             args.seed, args.max_patches, args.steps, args.batch_size,
+                             args.max_image_pixels)
     print(json.dumps({"output": str(args.output), **tokenizer.metadata()}, indent=2))
     return 0

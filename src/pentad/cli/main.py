@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pentad import __version__
-from pentad.cli.paths import check_output_file, check_run_dir
+from pentad.cli.paths import check_run_dir, claim_output_file
 from pentad.errors import Interrupted, UserError, write_error_message
 
 KINDS = ("embeddings", "encoders", "decoders", "targets", "objectives", "tasks", "tokenizers", "zoo")
@@ -77,6 +77,12 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--print-config", action="store_true", help="print the fully resolved config and exit")
 
 
+def _overwrite_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--overwrite", action="store_true", help="start afresh when the output directory holds an "
+                   "earlier run (its checkpoints, best model, metrics and results are deleted); without it, an "
+                   "earlier run is resumed; sets train.overwrite")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pentad", description="Pre-train and fine-tune five-slot models.")
     parser.add_argument("--version", action="version", version=f"pentad {__version__}")
@@ -85,8 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add_run_command(sub, "preprocess", "tokenize a corpus into memory-mapped token shards")
     _config_args(p)
     p = _add_run_command(sub, "pretrain", "pre-train a model on a preprocessed dataset")
+    _overwrite_arg(p)
     _config_args(p)
     p = _add_run_command(sub, "finetune", "fine-tune on a downstream task")
+    _overwrite_arg(p)
     p.add_argument("--task", help="task name (e.g. classification); sets task.type")
     p.add_argument("--teacher", metavar="RUN", help="distil from this fine-tuned run of the same task; sets "
                    "train.distill.teacher (train.distill.alpha, .temperature, .loss: docs/tasks.md)")
@@ -264,11 +272,14 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("infer needs the input file: data.test=FILE")
         from pentad.tasks.runner import default_predictions
 
-        check_output_file(args.output or default_predictions(args.model), args.overwrite)
-        infer(args.model, test, args.output, args.probabilities or None, args.batch_size, task=args.task,
-              task_options=task_options)
+        with claim_output_file(args.output or default_predictions(args.model), args.overwrite, "--output",
+                               [("run directory", args.model), ("data.test", test)], "pentad infer"):
+            infer(args.model, test, args.output, args.probabilities or None, args.batch_size, task=args.task,
+                  task_options=task_options)
         return 0
     extra = [f"task.type={args.task}"] if getattr(args, "task", None) else []
+    if getattr(args, "overwrite", False):
+        extra.append("train.overwrite=true")
     if getattr(args, "teacher", None):
         extra.append(f"train.distill.teacher={args.teacher}")
     if getattr(args, "folds", None) is not None:
@@ -283,7 +294,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     args.loaded_config = cfg
     if cmd in ("pretrain", "finetune") and cfg.output is not None:
-        check_run_dir(Path(cfg.output))
+        check_run_dir(Path(cfg.output), inputs=[("init", cfg.init), ("data.dataset", cfg.data.dataset),
+                                                ("train.distill.teacher", cfg.train.distill.teacher)])
     if cmd == "preprocess":
         from pentad.runs import preprocess_from_config
 

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pentad.errors import UserError
+from pentad.outputs import OutputLock, check_apart
+
+Inputs = Iterable[tuple[str, "Path | str | None"]]
 
 
-def check_output_file(path: Path, overwrite: bool, option: str = "--output") -> None:
-    """``path`` may receive an output file: not a directory, not under a file, and new unless
+def check_output_file(path: Path, overwrite: bool, option: str = "--output", inputs: Inputs = ()) -> None:
+    """``path`` may receive an output file: not a directory, not under a file, apart from the command's
+    ``inputs`` (``(what, path)`` pairs: not one of them, nor a part of an input run), and new unless
     ``overwrite`` (the ``--overwrite`` flag) says to replace it."""
+    check_apart(path, option, inputs, file_output=True)
     if path.is_dir():
         raise UserError(f"{option} {path} is a directory; name a file to write, e.g. {path / 'predictions.tsv'}")
     blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
@@ -22,8 +29,23 @@ def check_output_file(path: Path, overwrite: bool, option: str = "--output") -> 
     check_writable(path, option)
 
 
-def check_run_dir(path: Path, key: str = "output") -> None:
-    """``path`` may be a run directory: new, or an existing directory (to resume)."""
+@contextmanager
+def claim_output_file(path: Path, overwrite: bool, option: str = "--output", inputs: Inputs = (),
+                      command: str = "") -> Iterator[None]:
+    """Hold ``path``'s output lock while the block writes it, checked (:func:`check_output_file`) before
+    the lock is taken (no directory made for a refused output) and again under it (another writer may
+    have written it in between: it is then not replaced without ``overwrite``)."""
+    inputs = list(inputs)
+    check_output_file(path, overwrite, option, inputs)
+    with OutputLock(path, option, command):
+        check_output_file(path, overwrite, option, inputs)
+        yield
+
+
+def check_run_dir(path: Path, key: str = "output", inputs: Inputs = ()) -> None:
+    """``path`` may be a run directory: new, or an existing directory (to resume), not one of the runs or
+    datasets in ``inputs`` nor inside one."""
+    check_apart(path, key + "=", inputs, may_contain=True)
     if path.exists() and not path.is_dir():
         raise UserError(f"{key}={path} is a file; {key} names a run directory (new, or an earlier run to resume)")
     blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)

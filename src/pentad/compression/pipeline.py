@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from pentad.compression.quantize import quantize_run
 from pentad.compression.store import check_output, load_run_model, weights_bytes, write_run
 from pentad.config.loader import load_config
 from pentad.errors import UserError
+from pentad.outputs import OutputLock, check_apart
 from pentad.runs import CONFIG, load_run
 from pentad.tasks.runner import RESULTS, finetune
 
@@ -109,6 +111,12 @@ def _step(done: Compressed, name: str, run: Path, note: str, results: dict[str, 
 def compress(run: Path, out: Path, options: CompressOptions, overwrite: bool = False) -> Compressed:
     """Run the steps ``options`` ask for on ``run``, writing OUT (see the module docstring)."""
     run, out = Path(run), Path(out)
+    check_apart(out, "--out", [("run directory", run), ("--data", options.data)])
+    with OutputLock(out, "--out", "pentad compress"):  # from the checks to the last write
+        return _compress(run, out, options, overwrite)
+
+
+def _compress(run: Path, out: Path, options: CompressOptions, overwrite: bool) -> Compressed:
     cfg, _ = load_run(run)
     if options.distill is None and options.prune is None and options.quantize is None:
         raise UserError("pentad compress: nothing to do; give at least one of --distill, --prune, --quantize")
@@ -118,10 +126,10 @@ def compress(run: Path, out: Path, options: CompressOptions, overwrite: bool = F
     if options.recover_epochs < 0:
         raise UserError(f"--recover-epochs {options.recover_epochs}: expected 0 (no recovery) or more")
     check_output(run, out, overwrite)  # an existing OUT (--overwrite) is replaced only once the steps succeed
-    steps = out.parent / f".{out.name}.steps"
-    if steps.exists():
-        shutil.rmtree(steps)
-    steps.mkdir(parents=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for left in out.parent.glob(f".{out.name}.steps.*"):  # a killed earlier compress's (we hold OUT's lock)
+        shutil.rmtree(left, ignore_errors=True)
+    steps = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.steps."))  # this process's own
     try:
         done = _run_steps(run, out, steps, options)
     except BaseException:

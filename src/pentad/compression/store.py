@@ -17,7 +17,7 @@ from torch import nn
 
 from pentad.builder import build_model
 from pentad.config.model import CompressionConfig
-from pentad.errors import UserError
+from pentad.outputs import check_apart, check_replaceable
 from pentad.runs import load_run
 from pentad.training import checkpoint as ckpt
 from pentad.training.export import write_derived_run
@@ -36,13 +36,10 @@ def load_run_model(run: Path) -> tuple[nn.Module, Any, Any]:
 
 
 def check_output(run: Path, out: Path, overwrite: bool, option: str = "--out") -> None:
-    if out.exists() and out.resolve() == Path(run).resolve():
-        raise UserError(f"{option} {out} is the run directory itself; write the compressed model to a new directory")
-    if out.exists() and not overwrite:
-        raise UserError(f"{option} {out} already exists; pass --overwrite to replace it, or choose another "
-                        "directory (outputs are never replaced silently)")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{option} {out} is a file; pentad compress writes a directory")
+    """``out`` may receive a compressed run of ``run`` (apart from it; new, or ``overwrite``); call it
+    holding ``out``'s :class:`~pentad.outputs.OutputLock`."""
+    check_apart(out, option, [("run directory", run)])
+    check_replaceable(out, option, overwrite, "compress")
 
 
 def write_run(source: Path, out: Path, cfg: Any, model: nn.Module, record: dict[str, Any]) -> Path:

@@ -26,9 +26,9 @@ The mapping, key by key, and the few places where pentad deliberately differs ar
 Dual-stream text configs (SBERT, siamese LSTM) import as ``finetune/run_classifier_siamese.py``
 builds them: a ``dual`` encoder (tied streams) and a ``pair_cls`` head over (u, v, |u-v|, u*v);
 TencentPretrain's second LayerNorm on each stream's embedding (``stream_i_layer_norm``, LN after
-LN) is not reproduced. Vision and speech configs (ViT, BEiT, CLIP, ViLT, S2T, DALL-E, Talk2Face)
-are refused with a message naming the modality, and saying so where TencentPretrain's own file is
-stale (BEiT, DALL-E, Talk2Face).
+LN) is not reproduced for tied streams; untied ones (CLIP) keep it (``second_norm``). Vision and
+speech configs (ViT, BEiT, CLIP, ViLT, S2T, DALL-E, Talk2Face) are refused with a message naming
+the modality, and saying so where TencentPretrain's own file is stale (BEiT, DALL-E, Talk2Face).
 As in TencentPretrain, the vocabulary completes the config: pass ``vocab_size=N`` or
 ``vocab_path=FILE`` (WordPiece, or ``char`` / ``space`` per the config's ``tokenizer``),
 ``spm_model_path=FILE`` or ``vocab_path=FILE merges_path=FILE`` (GPT-2 BPE) as overrides.
@@ -608,6 +608,12 @@ class _Importer:
                                      "embedding but stream 0's encoder for both; make the streams equal or set "
                                      "tie_weights false")
         else:
+            # Untied streams (CLIP) keep DualEmbedding's second LayerNorm (stream_i_layer_norm, LN after LN)
+            # on each stream that has an embedding LayerNorm, as TencentPretrain builds them; tied streams
+            # share one slot, which cannot hold a norm of each stream's own.
+            for body in bodies:
+                if body["norm"]:
+                    body["embedding"]["second_norm"] = True
             second.update(bodies[1]["sizes"], embedding=bodies[1]["embedding"], encoder=bodies[1]["encoder"])
         model["encoder"] = bodies[0]["encoder"]
         model["streams"] = {names[0]: {"pooling": poolings[0]}, names[1]: second}
@@ -628,7 +634,7 @@ class _Importer:
             # run_classifier_siamese.py: Linear(4H, labels) over (u, v, |u-v|, u*v), no dropout.
             model["targets"] = [{"type": "pair_cls", "num_labels": int(labels or 2),
                                  "features": ["u", "v", "abs_diff", "product"], "dropout": 0.0}]
-        if any(b["norm"] for b in bodies):
+        if tie and any(b["norm"] for b in bodies):
             self.notices.append("TencentPretrain's DualEmbedding applies a second LayerNorm (stream_i_layer_norm) "
                                 "and a second dropout on top of each stream's embedding LayerNorm; pentad applies "
                                 "one, so it has 2 x emb_size fewer parameters per such stream")

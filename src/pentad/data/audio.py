@@ -12,8 +12,9 @@ scaled to 16-bit integers, no dither, 25 ms frames every 10 ms, then utterance C
 another sample rate is resampled (soxr, high quality) and a file with several channels is
 downmixed to their mean; both are reported once per examples file. Bad input (a missing path, a
 file soundfile cannot decode) is a :class:`~pentad.errors.UserError` naming the examples file, its
-line and the audio path; empty and over-long utterances are skipped or refused (``on_bad``), and
-counted.
+line and the audio path; empty and over-long utterances, and audio that decodes but cannot be used
+(:class:`BadAudio`: NaN or infinite samples or features, a WAV or AIFF file cut short, a sample
+rate outside 1-384 kHz), are skipped or refused (``on_bad``), and counted.
 
 ``features: whisper`` computes Whisper's input instead (Radford et al. 2022, as Hugging Face's
 ``WhisperFeatureExtractor``): the samples zero-padded to ``chunk_seconds`` (30 s), a centred
@@ -27,6 +28,7 @@ always reads 30 s).
 
 from __future__ import annotations
 
+import struct
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,6 +44,11 @@ from pentad.log import info
 
 WHISPER_FFT = 400  # 25 ms windows at 16 kHz
 WHISPER_HOP = 160  # every 10 ms
+# Sample rates a file (and the model) may have: below 1 kHz nothing of speech is left (telephone
+# audio is 8 kHz), above 384 kHz no recording format goes; a rate outside is a broken header.
+MIN_SAMPLE_RATE = 1000
+MAX_SAMPLE_RATE = 384000
+_UNKNOWN_SIZES = (0, 0xFFFFFFFF)  # a data chunk size streaming writers leave for "until the end"
 
 
 class SpecAugmentConfig(StrictModel):
@@ -59,14 +66,16 @@ class SpecAugmentConfig(StrictModel):
 class AudioConfig(StrictModel):
     """How audio files become filterbank features."""
 
-    sample_rate: int = Field(16000, ge=1000, description="the model's sample rate; other files are resampled")
+    sample_rate: int = Field(16000, ge=MIN_SAMPLE_RATE, le=MAX_SAMPLE_RATE,
+                             description="the model's sample rate; other files are resampled")
     feature_size: int = Field(80, ge=1, description="mel filterbank bins (the speech part's feature_size)")
     cmvn: bool = Field(True, description="normalise each utterance to zero mean, unit variance per bin")
     max_frames: int = Field(3000, ge=1, description="longest utterance in 10 ms frames (TencentPretrain's "
                             "max_audio_frames); longer ones are skipped or refused (on_bad)")
-    on_bad: Literal["fail", "skip"] = Field("fail", description="empty or over-long utterances (and, in the "
-                                            "asr task, over-long transcripts or ones with text outside the "
-                                            "vocabulary): fail (exit 2) or skip them, counted")
+    on_bad: Literal["fail", "skip"] = Field("fail", description="empty or over-long utterances, unusable audio "
+                                            "(NaN or infinite samples, a truncated WAV, a sample rate outside "
+                                            "1-384 kHz) and, in the asr task, over-long transcripts or ones with "
+                                            "text outside the vocabulary: fail (exit 2) or skip them, counted")
     specaugment: SpecAugmentConfig | None = Field(None, description="training-time masks; null: none")
     features: Literal["kaldi", "whisper"] = Field("kaldi", description="kaldi: Kaldi filterbanks (S2T, "
                                                  "TencentPretrain); whisper: Whisper's log-mel spectrogram over "
@@ -90,18 +99,101 @@ class AudioConfig(StrictModel):
         return self.chunk_seconds * self.sample_rate // WHISPER_HOP
 
 
+class BadAudio(UserError):
+    """A file that decodes but cannot be used as it is (``kind``, for the skip counts: "non-finite",
+    "truncated", "bad-rate"); with ``on_bad: skip`` it is left out like an empty utterance. The
+    message names the file (``where``) and what was found, and leaves the remedy to the caller."""
+
+    def __init__(self, message: str, kind: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def data_shortfall(path: Path) -> tuple[str, int, int, int] | None:
+    """(container, bytes of samples its header declares, bytes present, bytes per frame) of an
+    uncompressed WAV (RIFF, RIFX, RF64) or AIFF file whose sample data is cut short; None when it is
+    complete, another format, or its size was left unknown.
+
+    libsndfile reads such a file without complaint, returning the frames that are there; only the
+    header says how many there should be. (FLAC and Ogg streams that end early fail to decode.)"""
+    with open(path, "rb") as f:
+        head = f.read(12)
+        if len(head) < 12:
+            return None
+        if head[8:12] == b"WAVE" and head[:4] in (b"RIFF", b"RIFX", b"RF64", b"BW64"):
+            return _chunk_shortfall(f, path.stat().st_size, ">" if head[:4] == b"RIFX" else "<", aiff=False)
+        if head[:4] == b"FORM" and head[8:12] in (b"AIFF", b"AIFC"):
+            return _chunk_shortfall(f, path.stat().st_size, ">", aiff=True)
+    return None
+
+
+def _chunk_shortfall(f, size: int, order: str, aiff: bool) -> tuple[str, int, int, int] | None:
+    """Walk the chunks after a WAV's or AIFF's 12-byte file header (see :func:`data_shortfall`)."""
+    frame_bytes, long_size = 0, None
+    while True:
+        header = f.read(8)
+        if len(header) < 8:
+            return None
+        kind, (length,) = header[:4], struct.unpack(order + "I", header[4:])
+        body = f.tell()
+        if kind == b"ds64" and length >= 16:  # RF64: the data size, when the 32-bit field says 0xFFFFFFFF
+            long_size = struct.unpack("<QQ", f.read(16))[1]
+        elif kind == b"fmt " and length >= 14:  # ... channels, rate, bytes/s, block align
+            frame_bytes = struct.unpack(order + "HHIIH", f.read(14))[4]
+        elif kind == b"COMM" and length >= 18:  # channels, frames, bits per sample, rate, [compression]
+            channels, _, bits = struct.unpack(">HIH", f.read(8))
+            f.seek(body + 18)
+            compression = f.read(4) if length >= 22 else b"NONE"
+            if compression not in (b"NONE", b"sowt", b"twos", b"fl32", b"FL32", b"fl64", b"FL64"):
+                return None  # compressed AIFC: bytes do not count frames
+            frame_bytes = channels * -(-bits // 8)
+        elif kind in (b"data", b"SSND"):
+            declared = long_size if length == 0xFFFFFFFF and long_size else length
+            if declared in _UNKNOWN_SIZES:
+                return None
+            present = size - body
+            if aiff:  # SSND starts with an offset and a block size
+                declared, present = declared - 8, present - 8
+            frame_bytes = max(frame_bytes, 1)
+            if declared // frame_bytes <= present // frame_bytes:  # every frame is there (a stray byte may not be)
+                return None
+            return ("AIFF" if aiff else "WAV"), declared, present, frame_bytes
+        f.seek(body + length + (length & 1))  # chunks are padded to an even size
+
+
 def read_audio(path: Path, where: str, sample_rate: int, notes: Counter[str] | None = None) -> np.ndarray:
     """``path`` -> float32 mono samples in [-1, 1] at ``sample_rate``; ``where`` names it in errors;
-    resampling and downmixing are counted in ``notes``."""
+    resampling and downmixing are counted in ``notes``. :class:`BadAudio` for a sample rate outside
+    ``MIN_SAMPLE_RATE``..``MAX_SAMPLE_RATE``, truncated WAV or AIFF sample data or a NaN or infinite sample."""
     import soundfile
 
     if not path.is_file():
         raise UserError(f"{where} does not exist (audio paths are relative to the examples file's folder)")
     try:
-        samples, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+        with soundfile.SoundFile(str(path)) as sound:
+            rate = int(sound.samplerate)
+            # checked before reading: resampling 1 Hz audio to 16 kHz would make 16,000 samples of each
+            if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+                raise BadAudio(f"{where} declares a sample rate of {rate} Hz; audio is read from "
+                               f"{MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE} Hz (speech is usually 8-48 kHz), so its "
+                               "header is wrong or it is not audio", "bad-rate")
+            samples = sound.read(dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, ValueError) as error:
         raise UserError(f"{where} could not be decoded ({error}); expected WAV, FLAC or another format "
                         "libsndfile reads") from None
+    short = data_shortfall(path)
+    if short is not None:
+        container, declared, present, frame_bytes = short
+        raise BadAudio(f"{where} is truncated: its {container} header declares {declared // frame_bytes} frames "
+                       f"({declared // frame_bytes / rate:.2f} s) but the file holds {present // frame_bytes} "
+                       f"({present // frame_bytes / rate:.2f} s), {declared - present} bytes are missing "
+                       "(an interrupted copy or recording?)", "truncated")
+    finite = np.isfinite(samples)
+    if not finite.all():
+        bad = np.flatnonzero(~finite.all(axis=1))
+        raise BadAudio(f"{where} holds {int((~finite).sum())} NaN or infinite sample(s), the first at "
+                       f"{bad[0] / rate:.3f} s (frame {int(bad[0])}); audio samples must be finite numbers",
+                       "non-finite")
     if samples.shape[1] > 1:
         samples = samples.mean(axis=1, dtype=np.float32)
         if notes is not None:
@@ -127,7 +219,9 @@ def fbank(samples: np.ndarray, sample_rate: int, bins: int) -> np.ndarray:
     opts.frame_opts.dither = 0.0
     opts.mel_opts.num_bins = bins
     computer = knf.OnlineFbank(opts)
-    computer.accept_waveform(float(sample_rate), (samples * 32768.0).astype(np.float32))
+    with np.errstate(over="ignore"):  # absurd float samples overflow; check_features names the file
+        scaled = (samples * 32768.0).astype(np.float32)
+    computer.accept_waveform(float(sample_rate), scaled)
     computer.input_finished()
     frames = computer.num_frames_ready
     if frames == 0:
@@ -192,6 +286,15 @@ def whisper_log_mel(samples: np.ndarray, sample_rate: int, bins: int, chunk_seco
     return np.ascontiguousarray(features[:seen]), fill
 
 
+def check_features(features: np.ndarray, samples: np.ndarray, where: str) -> np.ndarray:
+    """``features`` as they are when every value is finite; :class:`BadAudio` otherwise (finite
+    samples far outside [-1, 1] overflow the filterbank's power)."""
+    if not np.isfinite(features).all():
+        raise BadAudio(f"{where} gives NaN or infinite features: its samples reach {float(np.abs(samples).max()):.3g}, "
+                       "where audio lies in [-1, 1]", "non-finite")
+    return features
+
+
 def utterance_cmvn(features: np.ndarray) -> np.ndarray:
     """Zero mean, unit variance per bin over one utterance's frames (variance floored at 1e-10)."""
     mean = features.mean(axis=0)
@@ -243,28 +346,34 @@ def load_features(paths: Sequence[Path], lines: Sequence[int], source: Path, cfg
     out = AudioSet([], [], fills=[] if whisper else None, frames=cfg.whisper_frames if whisper else None)
     for i, (path, line) in enumerate(zip(paths, lines)):
         where = f"{source}, line {line}: audio {path}"
-        samples = read_audio(path, where, cfg.sample_rate, notes)
         problem = None
-        if whisper:
-            limit = cfg.chunk_seconds * cfg.sample_rate
-            if len(samples) == 0:
-                problem = ("empty", f"{where} is empty (no samples)")
-            elif len(samples) > limit:
-                problem = ("over-long", f"{where} lasts {len(samples) / cfg.sample_rate:.2f} s, more than "
-                           f"audio.chunk_seconds {cfg.chunk_seconds} (Whisper reads one chunk)")
+        remedy = "split it" if whisper else "raise audio.max_frames"
+        try:
+            samples = read_audio(path, where, cfg.sample_rate, notes)
+            if whisper:
+                limit = cfg.chunk_seconds * cfg.sample_rate
+                if len(samples) == 0:
+                    problem = ("empty", f"{where} is empty (no samples)")
+                elif len(samples) > limit:
+                    problem = ("over-long", f"{where} lasts {len(samples) / cfg.sample_rate:.2f} s, more than "
+                               f"audio.chunk_seconds {cfg.chunk_seconds} (Whisper reads one chunk)")
+                else:
+                    features, fill = whisper_log_mel(samples, cfg.sample_rate, cfg.feature_size, cfg.chunk_seconds)
+                    check_features(features, samples, where)
             else:
-                features, fill = whisper_log_mel(samples, cfg.sample_rate, cfg.feature_size, cfg.chunk_seconds)
-        else:
-            features = fbank(samples, cfg.sample_rate, cfg.feature_size)
-            if len(features) == 0:
-                problem = ("empty", f"{where} is empty or shorter than one 25 ms frame ({len(samples)} samples)")
-            elif len(features) > cfg.max_frames:
-                problem = ("over-long", f"{where} has {len(features)} frames, more than audio.max_frames "
-                           f"{cfg.max_frames} ({cfg.max_frames / 100:.1f} s)")
+                features = fbank(samples, cfg.sample_rate, cfg.feature_size)
+                if len(features) == 0:
+                    problem = ("empty", f"{where} is empty or shorter than one 25 ms frame ({len(samples)} samples)")
+                elif len(features) > cfg.max_frames:
+                    problem = ("over-long", f"{where} has {len(features)} frames, more than audio.max_frames "
+                               f"{cfg.max_frames} ({cfg.max_frames / 100:.1f} s)")
+                else:
+                    check_features(features, samples, where)
+        except BadAudio as bad:
+            problem, remedy = (bad.kind, str(bad)), "replace or repair the file"
         if problem is not None:
             if cfg.on_bad == "fail":
-                raise UserError(problem[1] + f"; {'split it' if whisper else 'raise audio.max_frames'}, or set "
-                                "audio.on_bad: skip to leave such utterances out")
+                raise UserError(problem[1] + f"; {remedy}, or set audio.on_bad: skip to leave such utterances out")
             out.skipped[problem[0]] += 1
             continue
         if whisper:

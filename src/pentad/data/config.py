@@ -14,6 +14,9 @@ from pydantic import Field
 
 from pentad.config.base import StrictModel
 
+#: Pillow's own default (``PIL.Image.MAX_IMAGE_PIXELS``): a 24-bit image of this many pixels takes 256 MiB.
+DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
+
 
 class DataConfigBase(StrictModel):
     """Paths and worker counts of the data pipeline (the objective is added by the run config)."""
@@ -32,6 +35,10 @@ class DataConfigBase(StrictModel):
     on_bad_line: Literal["fail", "skip"] = Field(
         "fail", description="What `preprocess` does with a corpus line that is not UTF-8 or not in "
                             "the objective's format: stop with an error, or skip it and count it.")
+    max_image_pixels: int = Field(
+        DEFAULT_MAX_IMAGE_PIXELS, ge=1, description="The most pixels (width x height) an image file may declare; "
+        "a larger one (a decompression bomb, or a scan far above the model's size) is a bad line in `preprocess` "
+        "and an error in the image tasks, found before it is decoded.")
     train: Path | None = Field(None, description="Training TSV for fine-tuning.")
     dev: Path | None = Field(None, description="Development TSV, evaluated during fine-tuning.")
     test: Path | None = Field(None, description="Test TSV for evaluation or inference.")

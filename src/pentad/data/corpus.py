@@ -1,9 +1,10 @@
 """Reading a raw corpus as a stream of numbered line chunks, without ever holding it whole.
 
 ``read_chunks`` cuts the file into chunks of about ``chunk_bytes`` at line boundaries (at document
-boundaries where the objective needs whole documents). Chunk boundaries depend only on the file
-and ``chunk_bytes``, never on the number of worker processes, so the instances built from them,
-and their order, are the same whatever ``workers`` is.
+boundaries where the objective needs whole documents), or of at most ``chunk_lines`` lines where each
+line is costly (an image or audio file to decode: a list of 30,000 of them is under 1 MB). Chunk
+boundaries depend only on the file and those sizes, never on the number of worker processes, so the
+instances built from them, and their order, are the same whatever ``workers`` is.
 """
 
 from __future__ import annotations
@@ -68,19 +69,31 @@ def first_line(path: Path) -> tuple[bytes, int]:
     return raw, len(raw)
 
 
+def count_lines(path: Path) -> int:
+    """The number of lines of ``path`` (a last line without a line break counts), read in 1 MB blocks."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
 def is_blank(raw: bytes) -> bool:
     """Whether a raw line holds only whitespace (a document separator in sentence corpora)."""
     return not raw.strip()
 
 
 def read_chunks(path: Path, chunk_bytes: int, can_end_after: Callable[[bytes], bool] | None = None,
-                skip_lines: int = 0) -> Iterator[Chunk]:
+                skip_lines: int = 0, chunk_lines: int | None = None) -> Iterator[Chunk]:
     """Chunks of about ``chunk_bytes`` of ``path``, read line by line.
 
     Args:
         chunk_bytes: a chunk ends at the first allowed boundary after this many bytes.
         can_end_after: whether a chunk may end after a given raw line (None: after any line).
         skip_lines: leading lines not to yield (a header already read).
+        chunk_lines: a chunk also ends at the first allowed boundary after this many lines (None: no
+            such limit), so that work splits by items when each line is costly.
     """
     hard_limit = chunk_bytes * HARD_LIMIT_FACTOR
     lines: list[bytes] = []
@@ -96,7 +109,8 @@ def read_chunks(path: Path, chunk_bytes: int, can_end_after: Callable[[bytes], b
             lines.append(raw)
             size += len(raw)
             boundary = can_end_after is None or can_end_after(raw)
-            if (size >= chunk_bytes and boundary) or size >= hard_limit:
+            full = size >= chunk_bytes or (chunk_lines is not None and len(lines) >= chunk_lines)
+            if (full and boundary) or size >= hard_limit:
                 yield Chunk(index, first, lines, size)
                 index, first, lines, size = index + 1, line_no + 1, [], 0
     if lines:

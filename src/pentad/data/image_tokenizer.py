@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from pentad.data.config import DEFAULT_MAX_IMAGE_PIXELS
 from pentad.errors import UserError
 from pentad.log import info
 
@@ -373,7 +374,8 @@ def fit_image_tokenizer(images: Iterable[np.ndarray], patch_size: int, codebook_
 
 def fit_on_files(source: Path, output: Path, image_size: int | tuple[int, int], patch_size: int,
                  codebook_size: int, channels: int = 3, seed: int = 0, max_patches: int = 200_000,
-                 steps: int = 200, batch_size: int = 2048) -> ImageTokenizer:
+                 steps: int = 200, batch_size: int = 2048,
+                 max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> ImageTokenizer:
     """``pentad image-tokenizer fit``: decode the images of ``source`` (a folder or a corpus file; see
     :func:`image_files`) at ``image_size`` (Pillow, bicubic, as preprocessing does), fit and save."""
     from pentad.data.images import decode_image
@@ -385,7 +387,8 @@ def fit_on_files(source: Path, output: Path, image_size: int | tuple[int, int], 
 
     def batches() -> Iterator[np.ndarray]:
         for start in range(0, len(paths), 64):
-            yield np.stack([decode_image(p, f"{source}: image {p}", size, channels)[0]
+            yield np.stack([decode_image(p, f"{source}: image {p}", size, channels, max_pixels,
+                                         "--max-image-pixels")[0]
                             for p in paths[start:start + 64]])
 
     tokenizer = fit_image_tokenizer(batches(), patch_size, codebook_size, seed, max_patches, steps, batch_size)

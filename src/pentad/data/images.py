@@ -7,21 +7,31 @@ normalised to float ``pixels [B, C, H, W]``. Nothing here needs a GPU, and nothi
 image inside the training loop.
 
 Colour: an image whose mode differs from the model's channels (grayscale for an RGB model, RGBA,
-palette) is converted, and the conversion is reported once per file. Bad input (a missing path, a
-file that is not an image or is truncated) is a :class:`~pentad.errors.UserError` naming the
-examples file, its line and the image path.
+palette) is converted, and the conversion is reported once per file. Samples of more than 8 bits are
+brought to 0..255 by their value range, never clipped: 16-bit images (``I;16``) are scaled by
+255/65535; 32-bit integer images (``I``) are kept within 0..255 and read as 16-bit within 0..65535;
+float images (``F``) are scaled by 255 within 0..1 and kept within 0..255. Any other range (negative
+or non-finite samples, integers beyond 16 bits) is refused by name, as is a mode Pillow cannot
+convert. Bad input (a missing path, a directory, FIFO or device, a file that is not an image or is
+truncated, an image of more than ``max_pixels`` pixels: a decompression bomb) is a
+:class:`~pentad.errors.UserError` naming the examples file, its line and the image path.
 """
 
 from __future__ import annotations
 
+import os
+import stat
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 from pydantic import Field, field_validator
 
 from pentad.config.base import StrictModel
+from pentad.data.config import DEFAULT_MAX_IMAGE_PIXELS
 from pentad.errors import UserError
 from pentad.log import info
 
@@ -127,41 +137,122 @@ def _mode(channels: int) -> str:
                     "be 3 (RGB) or 1 (grayscale)")
 
 
-def decode_image(path: Path, where: str, size: tuple[int, int], channels: int) -> tuple[np.ndarray, str | None]:
-    """One image file -> uint8 ``[H, W, C]`` at ``size`` (Pillow, bicubic), and the mode it was
-    converted from (None when it already had the model's); ``where`` names it in errors."""
+def open_regular(path: Path, where: str) -> IO[bytes]:
+    """``path`` opened for reading in binary, after checking on the open descriptor that it is a regular
+    file: a directory, FIFO, device or socket is a UserError saying which (``where`` names it). The
+    file is opened without blocking, so a FIFO with no writer is reported instead of waited on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        raise UserError(f"{where} does not exist (image paths are relative to the examples file's folder)") from None
+    except OSError as error:
+        raise UserError(f"{where} cannot be read ({error.strerror})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else
+                "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode) else
+                "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        raise UserError(f"{where} is {kind}, not an image file")
+    if hasattr(os, "set_blocking"):
+        os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def _to_8bit(image: Any, where: str) -> tuple[Any, str]:
+    """A single-channel image of more than 8 bits (``I;16*``, ``I``, ``F``) -> mode ``L`` by its value
+    range (see the module's docstring), and what was done, for the log; other ranges are refused."""
+    from PIL import Image
+
+    samples = np.asarray(image)
+    mode = image.mode
+    if mode.startswith("I;16"):
+        scaled, how = samples.astype(np.float64) * (255.0 / 65535.0), "16-bit samples scaled by 255/65535"
+    else:
+        kind = "float" if mode == "F" else "32-bit integer"
+        reads = "float images within 0..1 or 0..255" if mode == "F" else "integer images within 0..65535"
+        if not np.isfinite(samples).all():
+            raise UserError(f"{where} has {kind} samples that are not finite (NaN or infinity); pentad reads {reads}")
+        low, high = (float(samples.min()), float(samples.max())) if samples.size else (0.0, 0.0)
+        if mode == "F" and low >= 0 and high <= 1.0:
+            scaled, how = samples.astype(np.float64) * 255.0, "float samples within 0..1 scaled by 255"
+        elif low >= 0 and high <= 255.0:
+            scaled, how = samples.astype(np.float64), f"{kind} samples within 0..255 kept"
+        elif mode != "F" and low >= 0 and high <= 65535.0:
+            scaled, how = samples.astype(np.float64) * (255.0 / 65535.0), \
+                "32-bit integer samples within 0..65535 read as 16-bit and scaled by 255/65535"
+        else:
+            raise UserError(f"{where} has {kind} samples from {low:g} to {high:g}; pentad reads {reads} and does not "
+                            "guess how to map other values: convert the image to 8 or 16 bits first")
+    out = np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
+    return Image.fromarray(out), f"{mode} ({how})"
+
+
+def decode_image(path: Path, where: str, size: tuple[int, int], channels: int,
+                 max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+                 limit_key: str = "data.max_image_pixels") -> tuple[np.ndarray, str | None]:
+    """One image file -> uint8 ``[H, W, C]`` at ``size`` (Pillow, bicubic), and what it was converted
+    from (None when it already had the model's mode); ``where`` names it in errors.
+
+    An image whose header declares more than ``max_pixels`` pixels (``limit_key`` names the setting in
+    the error) is refused before it is decoded; Pillow's own guard (``Image.MAX_IMAGE_PIXELS``, which
+    also checks the frames of GIF, ICO, ... while they load) is set to the same limit for the call."""
     from PIL import Image, UnidentifiedImageError
 
     mode = _mode(channels)
     height, width = size
-    if not path.is_file():
-        raise UserError(f"{where} does not exist (image paths are relative to the examples file's folder)")
     converted = None
-    try:
-        with Image.open(path) as image:
-            image.load()
-            if image.mode != mode:
-                converted = image.mode
-                image = image.convert(mode)
-            if image.size != (width, height):
-                image = image.resize((width, height), Image.Resampling.BICUBIC)
-            array = np.asarray(image, dtype=np.uint8)
-    except UnidentifiedImageError:
-        raise UserError(f"{where} is not an image file Pillow can read") from None
-    except OSError as error:
-        raise UserError(f"{where} could not be decoded ({error}); the file may be truncated") from None
+    with open_regular(path, where) as file:
+        pillow_limit = Image.MAX_IMAGE_PIXELS
+        try:
+            with warnings.catch_warnings():
+                # Pillow's guard is off while the header is read (the size is checked here, and named in the
+                # error), then on at the same limit while frames load, its warning past the limit an error
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                Image.MAX_IMAGE_PIXELS = None
+                with Image.open(file) as image:
+                    pixels = image.size[0] * image.size[1]
+                    if pixels > max_pixels:
+                        raise UserError(f"{where} is {image.size[0]}x{image.size[1]} = {pixels:,} pixels, more than "
+                                        f"{limit_key} {max_pixels:,} allows (a guard against decompression bombs); "
+                                        f"raise {limit_key} if the image is genuine")
+                    Image.MAX_IMAGE_PIXELS = max_pixels
+                    image.load()
+                    if image.mode.startswith("I;16") or image.mode in ("I", "F"):
+                        image, converted = _to_8bit(image, where)
+                        if mode != "L":
+                            image = image.convert(mode)
+                    elif image.mode != mode:
+                        converted = image.mode
+                        try:
+                            image = image.convert(mode)
+                        except ValueError:
+                            raise UserError(f"{where} has the mode {converted}, which Pillow cannot convert to "
+                                            f"{mode}") from None
+                    if image.size != (width, height):
+                        image = image.resize((width, height), Image.Resampling.BICUBIC)
+                    array = np.asarray(image, dtype=np.uint8)
+        except UnidentifiedImageError:
+            raise UserError(f"{where} is not an image file Pillow can read") from None
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
+            raise UserError(f"{where} holds a frame larger than {limit_key} {max_pixels:,} pixels allows ({error}); "
+                            f"raise {limit_key} if the image is genuine") from None
+        except OSError as error:
+            raise UserError(f"{where} could not be decoded ({error}); the file may be truncated") from None
+        finally:
+            Image.MAX_IMAGE_PIXELS = pillow_limit
     return array.reshape(height, width, channels), converted
 
 
 def load_images(paths: Sequence[Path], lines: Sequence[int], source: Path, size: tuple[int, int],
-                channels: int) -> np.ndarray:
+                channels: int, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> np.ndarray:
     """Decode and resize ``paths`` -> uint8 ``[N, H, W, C]``; ``lines``: each path's line in ``source``
-    (the examples file), for errors."""
+    (the examples file), for errors; ``max_pixels``: ``data.max_image_pixels``."""
     height, width = size
     out = np.empty((len(paths), height, width, channels), dtype=np.uint8)
     converted: Counter[str] = Counter()
     for i, (path, line) in enumerate(zip(paths, lines)):
-        out[i], mode = decode_image(path, f"{source}, line {line}: image {path}", size, channels)
+        out[i], mode = decode_image(path, f"{source}, line {line}: image {path}", size, channels, max_pixels)
         if mode is not None:
             converted[mode] += 1
     if converted:

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from pentad.data.corpus import BadLine, Chunk, check_corpus, decode_line, first_line, is_blank, read_chunks
+from pentad.data.corpus import BadLine, Chunk, check_corpus, count_lines, decode_line, first_line, is_blank, read_chunks
 from pentad.data.objectives.base import Objective, windows
 from pentad.data.shards import (
     FIELD_DTYPE,
@@ -69,6 +69,7 @@ class _ChunkResult:
     num_bytes: int
     output: Instances | np.ndarray
     skipped: list[tuple[int, str]] = field(default_factory=list)
+    notes: dict[str, int] = field(default_factory=dict)
 
 
 def _run_chunk(job: _Job, chunk: Chunk) -> _ChunkResult:
@@ -88,7 +89,7 @@ def _run_chunk(job: _Job, chunk: Chunk) -> _ChunkResult:
                     f"to skip such lines.") from None
             skipped.append((line_no, str(bad)))
     rng = np.random.default_rng([job.seed, chunk.index])
-    return _ChunkResult(chunk.index, chunk.num_bytes, objective.build(items, rng), skipped)
+    return _ChunkResult(chunk.index, chunk.num_bytes, objective.build(items, rng), skipped, objective.take_notes())
 
 
 # The job of a worker process, set once by the pool initializer: sending the objective (with its
@@ -261,7 +262,8 @@ def preprocess(objective: Objective, tokenizer: Any, tokenizer_config: dict[str,
         on_bad_line: "fail" stops at the first bad line; "skip" skips and counts bad lines.
         progress: show a progress bar (bytes read) on stderr.
         seed: seeds instance construction (e.g. BERT's random next sentences).
-        chunk_bytes: corpus bytes per work unit; part of what determines the output.
+        chunk_bytes: corpus bytes per work unit; part of what determines the output (as the
+            objective's ``chunk_lines`` is, which ends a work unit of file-naming lines sooner).
         max_shard_tokens: a new shard file starts after this many tokens.
     """
     corpus, output = Path(corpus), Path(output)
@@ -291,7 +293,7 @@ def preprocess(objective: Objective, tokenizer: Any, tokenizer_config: dict[str,
                 "vocab_size": int(tokenizer.vocab_size)},
             corpus={"path": str(corpus.resolve()), "size": size,
                     "format": objective.corpus_format},
-            seed=seed, chunk_bytes=chunk_bytes,
+            seed=seed, chunk_bytes=chunk_bytes, chunk_lines=objective.chunk_lines,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         write_manifest(tmp, manifest)
         if output.is_dir():
@@ -327,15 +329,21 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
     has_labels = False
     skipped: list[tuple[int, str]] = []
     num_skipped = 0
+    notes: Counter[str] = Counter()
     boundary = is_blank if objective.documents_end_at_blank_lines else None
-    chunks = read_chunks(corpus, chunk_bytes, boundary, skip_lines=skip)
+    chunk_lines = objective.chunk_lines
+    chunks = read_chunks(corpus, chunk_bytes, boundary, skip_lines=skip, chunk_lines=chunk_lines)
     with tqdm(total=size, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
               desc=f"preprocess {corpus.name}", disable=not progress) as bar:
         bar.update(header_bytes)
         # More processes than chunks would only add start-up time (a corpus of one chunk is done
         # in-process); the output does not depend on the number of workers.
-        workers = min(workers, -(-size // chunk_bytes))
+        num_chunks = -(-size // chunk_bytes)
+        if chunk_lines is not None and workers > num_chunks:  # chunks by lines: count them (a list file is small)
+            num_chunks = max(num_chunks, -(-(count_lines(corpus) - skip) // chunk_lines))
+        workers = min(workers, num_chunks)
         for result in _results(job, chunks, workers):
+            notes.update(result.notes)
             num_skipped += len(result.skipped)
             skipped.extend(result.skipped[:MAX_REPORTED_SKIPS - len(skipped)])
             out = result.output
@@ -349,6 +357,8 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
     if objective.packs:
         writer.write(windows(carry, window, stride, final=True)[0])
     shards = writer.close()
+    for note, count in sorted(notes.items()):
+        print(f"preprocess: {corpus}: {note}: {count} line(s)", file=sys.stderr)
     if num_skipped:
         first = ", ".join(f"line {n}: {why}" for n, why in skipped[:3])
         print(f"preprocess: skipped {num_skipped} bad line(s) of {corpus} ({first}"
@@ -371,5 +381,6 @@ def _write_dataset(job: _Job, tokenizer: Any, corpus: Path, size: int, directory
         "shards": shards,
         "skipped_lines": {"count": num_skipped,
                           "examples": [{"line": n, "reason": why} for n, why in skipped]},
+        **({"notes": dict(sorted(notes.items()))} if notes else {}),
         **extra,
     }

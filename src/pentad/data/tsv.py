@@ -412,3 +412,22 @@ def iter_path_tsv(path: Path | str, column: str, required: bool, item: str, wind
         raise UserError(f"TSV file {path} has no examples; expected a header line {expected} and one {item} per line")
     if rows:
         yield rows
+
+
+def text_problem(tokenizer: Any, text: str, ids: Sequence[int], budget: int, what: str,
+                 length_key: str) -> str | None:
+    """Why ``text`` (encoded to ``ids``), a sequence of its own between [CLS] and [SEP], is refused;
+    None when it can be used as it is. Refused, as the asr task and the s2t objective refuse
+    transcripts: text outside the vocabulary (what encodes to the unknown token without being it
+    literally), which would silently become the unknown token, and more than ``budget`` tokens, which
+    would silently be cut. ``what`` names the text (a caption); ``length_key`` the setting that sets
+    ``budget``. The phrase continues "the line ..." (or "the caption ...")."""
+    unk = tokenizer.unk_id
+    if unk is not None and unk in ids:
+        pieces = tokenizer.unknown_text(text)
+        if pieces:
+            shown = ", ".join(repr(p) for p in pieces[:10]) + (" ..." if len(pieces) > 10 else "")
+            return f"has a {what} with text outside the vocabulary ({shown}), which would become the unknown token"
+    if len(ids) > budget:
+        return f"has a {what} of {len(ids)} tokens; {length_key} allows {budget} (besides [CLS] and [SEP])"
+    return None

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from pentad.components.base import Batch
+from pentad import memory
+from pentad.components.base import BATCH_INPUT_FIELDS, Batch
 from pentad.generation.config import GenerationConfig, GenerationInputError
 from pentad.generation.processors import NEG_INF, forbid, mark_seen, repetition_penalty, sampling_scores
 from pentad.generation.session import (
@@ -25,6 +26,7 @@ from pentad.generation.session import (
     position_limit,
     repad,
 )
+from pentad.layers.attention import Attention
 from pentad.model import Model
 
 Prompts = Sequence[Sequence[int]] | Tensor | Batch
@@ -84,10 +86,71 @@ def _device(model: Model) -> torch.device:
     return torch.device("cpu")
 
 
+def _prompt_shape(prompts: Prompts) -> tuple[int, int]:
+    """(prompts, longest prompt or source) of ``prompts``; (0, 0) where they are malformed (the
+    session says what is wrong with them)."""
+    if isinstance(prompts, Batch):
+        first = next((getattr(prompts, f) for f in BATCH_INPUT_FIELDS if getattr(prompts, f) is not None), None)
+        return (first.shape[0], first.shape[1]) if first is not None and first.dim() >= 2 else (0, 0)
+    if isinstance(prompts, Tensor):
+        return (prompts.shape[0], prompts.shape[1]) if prompts.dim() == 2 else (0, 0)
+    try:
+        return len(prompts), max((len(p) for p in prompts), default=0)
+    except TypeError:
+        return 0, 0
+
+
+def decoding_memory(model: Model, prompts: int, length: int, config: GenerationConfig) -> tuple[int, str]:
+    """(bytes, what they are) that decoding ``prompts`` prompts of up to ``length`` tokens as ``config``
+    says allocates besides the model, at least: the key/value cache of every attention layer for each
+    row (prompts x num_beams, or x num_return_sequences) over prompt + max_new_tokens positions (a
+    cross-attention layer over the source), an encoder's memory, and the fp32 next-token scores of
+    each row over the vocabulary (twice: scores and log-probabilities)."""
+    copies = config.num_beams if config.strategy == "beam" else config.num_return_sequences
+    rows = prompts * copies
+    positions = length + config.max_new_tokens + (1 + len(config.decoder_prompt_ids) if model.decoder else 0)
+    param = next(model.parameters(), None)
+    size = param.element_size() if param is not None else 4
+    cached = model.decoder if model.decoder is not None else model.encoder
+    per_row = memory_width = 0
+    for module in cached.modules():
+        if isinstance(module, Attention):
+            per_row += 2 * module.kv_dim * size * (length if module.cross else positions)
+            if module.cross and getattr(module, "kv", None) is not None:
+                memory_width = module.kv.in_features
+    per_row += memory_width * length * size  # the encoder's output, copied per row
+    head = lm_head_width(model)
+    cache, scores = rows * per_row, rows * head * 4 * 2
+    return cache + scores, (f"{rows:,} rows ({prompts:,} prompts x {copies:,}): key/value cache "
+                            f"{memory.format_bytes(cache)} over {positions:,} positions, next-token scores "
+                            f"{memory.format_bytes(scores)} over {head:,} tokens")
+
+
+def lm_head_width(model: Model) -> int:
+    """The vocabulary the next-token head scores (the widest output projection of the targets)."""
+    widths = [m.out_features for m in model.targets.modules() if isinstance(m, nn.Linear)]
+    return max(widths, default=0)
+
+
+def check_memory(model: Model, prompts: Prompts, config: GenerationConfig) -> None:
+    """Refuse (UserError) a decoding whose cache and scores cannot fit in what the model's device has
+    available, before any of it is allocated (:func:`decoding_memory`; ``PENTAD_SKIP_MEMORY_CHECK=1``
+    skips it)."""
+    count, length = _prompt_shape(prompts)
+    if not count:
+        return
+    need, shown = decoding_memory(model, count, length, config)
+    memory.require(need, "generating", shown, _device(model),
+                   "Use fewer beams (num_beams) or return sequences, fewer prompts per batch (--batch-size) or "
+                   "fewer new tokens (max_new_tokens)")
+
+
 def start_session(model: Model, prompts: Prompts, config: GenerationConfig,
                   padding_mask: Tensor | None = None) -> Session:
     """The session for ``prompts``: ragged token lists, or a tensor [B, L] with an optional
-    ``padding_mask`` [B, L] (True = padding; any side, rows are re-padded as the model needs)."""
+    ``padding_mask`` [B, L] (True = padding; any side, rows are re-padded as the model needs).
+    A decoding that cannot fit in memory is refused first (:func:`check_memory`)."""
+    check_memory(model, prompts, config)
     device = _device(model)
     encoder_decoder = model.decoder is not None
     side = "right" if encoder_decoder else "left"

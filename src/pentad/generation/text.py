@@ -43,13 +43,14 @@ class Completion:
 def load_model(run_dir: Path, device: str | torch.device | None = None) -> tuple[Model, Any, Any]:
     """(model in eval mode with the run's weights, run config, tokenizer or None) of a run directory
     (a training run: its best or latest checkpoint; a converted run: its model.safetensors)."""
-    from pentad.builder import build_model
+    from pentad.builder import build_model, check_memory
     from pentad.runs import load_run
     from pentad.training.checkpoint import find_weights, load_weights, read_weights
 
     run_dir = Path(run_dir)
     cfg, tokenizer = load_run(run_dir)
     weights = find_weights(run_dir)
+    check_memory(cfg.model, "generating", device)
     model = build_model(cfg.model, training=False)
     load_weights(model, read_weights(weights), str(weights))
     if device is not None:

@@ -54,6 +54,7 @@ from pentad.interop.hf import sbert
 from pentad.interop.hf.families import family_for
 from pentad.layers.norms import norm_kind_of
 from pentad.layers.pooling import pool
+from pentad.outputs import OutputLock, check_apart
 from pentad.runs import load_run, prepare_run_dir
 from pentad.training.checkpoint import find_weights, load_weights, read_weights, weights_to_save
 
@@ -187,6 +188,13 @@ def convert(direction: str, in_dir: str | Path, out_dir: str | Path, family: str
     in_path, out_path = Path(in_dir), Path(out_dir)
     if direction not in DIRECTIONS:
         raise UserError(f"unknown conversion '{direction}'; choose one of {', '.join(DIRECTIONS)}.")
+    check_apart(out_path, "OUT", [("input", in_path)])
+    with OutputLock(out_path, "OUT", f"pentad convert {direction}"):  # from the checks to the last write
+        return _convert(direction, in_path, out_path, family, verify, tolerance, allow_norm_change)
+
+
+def _convert(direction: str, in_path: Path, out_path: Path, family: str | None, verify: bool, tolerance: float,
+             allow_norm_change: bool) -> ConversionReport:
     if not in_path.exists():
         raise UserError(f"{in_path} does not exist.")
     if not math.isfinite(tolerance) or tolerance < 0:

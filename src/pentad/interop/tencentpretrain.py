@@ -731,15 +731,19 @@ def _dual_plan(raw: dict[str, Any], state: dict[str, Tensor], label: str
     slots = [model["embedding"], list(model["streams"].values())[1].get("embedding")]
     doubled = []
     for i, slot in enumerate(slots):
-        if slot is not None and f"{DUAL_PREFIX}stream_{i}_layer_norm.gamma" in state:
+        if slot is None:
+            continue
+        # the import gives second_norm to every stream TencentPretrain builds one for; the checkpoint decides
+        if f"{DUAL_PREFIX}stream_{i}_layer_norm.gamma" in state and slot.get("norm", True):
             slot["second_norm"] = True
             doubled.append(f"stream_{i}_layer_norm")
+        else:
+            slot.pop("second_norm", None)
     notes[:] = [n for n in notes if not n.startswith("TencentPretrain's DualEmbedding applies a second LayerNorm")]
     if doubled:
         notes.append(f"{', '.join(doubled)}: TencentPretrain's DualEmbedding normalises the stream twice (its "
                      "embedding LayerNorm, then this one); the converted slot has second_norm, so the model computes "
-                     "what the checkpoint computes there (TencentPretrain also applies dropout twice, pentad once; "
-                     "a model trained from the imported config alone has one norm)")
+                     "what the checkpoint computes there (TencentPretrain also applies dropout twice, pentad once)")
     scale = state.get("target.clr.logit_scale")
     for target in model.get("targets", []):
         if target.get("type") == "clr" and scale is not None and scale.numel() == 1:

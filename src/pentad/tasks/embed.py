@@ -288,6 +288,7 @@ class ImageEmbedder:
         if self.pooling not in POOLINGS:
             raise UserError(f"unknown pooling {self.pooling!r}; expected one of {', '.join(POOLINGS)}")
         self.size, self.channels = (patch.image_size[0], patch.image_size[1]), patch.channels
+        self.max_pixels = cfg.data.max_image_pixels
         objective = cfg.data.objective
         self.normalise = (getattr(cfg.task, "normalise", None) if cfg.task is not None else None) or \
             getattr(objective, "normalise", None) or "half"
@@ -353,7 +354,7 @@ class ImageEmbedder:
         for begin in range(0, len(rows), window):
             part = rows[begin:begin + window]
             yield load_images([path.parent / p for _, p, _ in part], [n for n, _, _ in part], path, self.size,
-                              self.channels)
+                              self.channels, self.max_pixels)
 
 
 def run_pooling(cfg: Any) -> PoolingKind:

@@ -19,6 +19,7 @@ import torch
 from pydantic import Field
 
 from pentad.components.base import Batch
+from pentad.data.config import DEFAULT_MAX_IMAGE_PIXELS
 from pentad.data.images import NORMALISE, AugmentConfig, MixConfig, augment, load_images, mix_batch, to_pixels
 from pentad.data.tsv import LabelMap, TsvRow, iter_path_tsv, read_path_tsv
 from pentad.errors import UserError
@@ -80,6 +81,7 @@ class ImageClassificationTask(Task):
     def __init__(self, cfg: ImageClassificationTaskConfig, tokenizer, seq_length: int, state=None):
         self.label_map: LabelMap | None = None
         self.image_size: tuple[int, int] | None = None
+        self.max_pixels = DEFAULT_MAX_IMAGE_PIXELS
         self.channels = 3
         super().__init__(cfg, tokenizer, seq_length, state)
         self.mean, self.std = NORMALISE[cfg.normalise]
@@ -93,6 +95,7 @@ class ImageClassificationTask(Task):
             raise UserError(f"task image_classification reads images, but model.embedding.parts is {kinds}: "
                             "it needs a 'patch' part (a ViT recipe, e.g. --config vit/base-16)")
         self.image_size, self.channels = (patch.image_size[0], patch.image_size[1]), patch.channels
+        self.max_pixels = run_cfg.data.max_image_pixels
 
     # ---------------------------------------------------------------- fitting and state
     def fit(self, train_path: Path) -> None:
@@ -130,7 +133,7 @@ class ImageClassificationTask(Task):
 
     def _load(self, path: Path, rows: list[TsvRow], with_labels: bool) -> ImageInstances:
         images = load_images([(path.parent / r.text_a) for r in rows], [r.line for r in rows], path,
-                             self.image_size, self.channels)
+                             self.image_size, self.channels, self.max_pixels)
         labels = None
         if with_labels and all(r.label is not None for r in rows):
             labels = np.asarray([self.label_map.encode(r.label, path, r.line) for r in rows], dtype=np.int64)

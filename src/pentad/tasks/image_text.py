@@ -25,8 +25,10 @@ from pydantic import Field
 
 from pentad.components.base import Batch
 from pentad.config.streams import shares, stream_embedding, stream_names
+from pentad.data.config import DEFAULT_MAX_IMAGE_PIXELS
 from pentad.data.images import NORMALISE, AugmentConfig, augment, load_images, to_pixels
-from pentad.data.tsv import LabelMap, read_path_tsv
+from pentad.data.shards import Instances
+from pentad.data.tsv import LabelMap, assemble_pairs, read_path_tsv, text_problem
 from pentad.errors import UserError
 from pentad.registry import TASKS
 from pentad.tasks.base import EpochBatches, Task, TaskConfig, classification_metrics, in_order
@@ -140,6 +142,7 @@ class ImageTextTask(Task):
 
     def __init__(self, cfg: ImageTextTaskConfig, tokenizer, seq_length: int, state=None):
         self.image_size: tuple[int, int] | None = None
+        self.max_pixels = DEFAULT_MAX_IMAGE_PIXELS
         self.channels = 3
         self.clr: dict[str, Any] | None = None
         super().__init__(cfg, tokenizer, seq_length, state)
@@ -148,6 +151,7 @@ class ImageTextTask(Task):
 
     def bind(self, run_cfg: Any) -> None:
         self.image_size, self.channels = _streams(run_cfg, self.cfg.type)
+        self.max_pixels = run_cfg.data.max_image_pixels
         self.clr = _clr_head(run_cfg)
 
     def head_configs(self) -> list[dict[str, Any]]:
@@ -163,9 +167,9 @@ class ImageTextTask(Task):
     def read(self, path: Path, with_labels: bool = True) -> ImageTextInstances:
         path = Path(path)
         rows = _read_pairs(path)
+        texts = encode_captions(rows, path, self.tokenizer, self.seq_length)  # before decoding any image
         images = load_images([path.parent / p for _, p, _ in rows], [n for _, _, n in rows], path,
-                             self.image_size, self.channels)
-        texts = encode_sentences([t for t, _, _ in rows], self.tokenizer, self.seq_length)
+                             self.image_size, self.channels, self.max_pixels)
         return ImageTextInstances(texts, images, [p for _, p, _ in rows], [n for _, _, n in rows],
                                   [t for t, _, _ in rows])
 
@@ -220,6 +224,23 @@ def _read_pairs(path: Path) -> list[tuple[str, str, int]]:
     return [(text, image, line) for line, image, text in read_path_tsv(path, "text", True, "captioned image")]
 
 
+def encode_captions(rows: list[tuple[str, str, int]], path: Path, tokenizer: Any, seq_length: int) -> Instances:
+    """``[CLS] caption [SEP]`` per row of :func:`_read_pairs`; a caption with text outside the vocabulary
+    or longer than ``seq_length`` is refused naming ``path`` and its line (as the asr task refuses
+    transcripts, and the clip and vilt objectives such captions), never cut or turned into [UNK]."""
+    if tokenizer.cls_id is None or tokenizer.sep_id is None:
+        return encode_sentences([t for t, _, _ in rows], tokenizer, seq_length)  # its error names what is missing
+    encoded = tokenizer.encode_batch([t for t, _, _ in rows])
+    for ids, (text, _, line) in zip(encoded, rows):
+        problem = text_problem(tokenizer, text, ids, seq_length - 2, "caption",
+                               "the sequence length (data.objective.seq_length, at most model.max_seq_length)")
+        if problem is not None:
+            raise UserError(f"{path}, line {line}: the line {problem}. Fix the caption, or use a longer sequence "
+                            "length or a tokenizer whose vocabulary covers it")
+    sequences, _ = assemble_pairs(encoded, None, int(tokenizer.cls_id), int(tokenizer.sep_id), seq_length)
+    return Instances.from_sequences(sequences)
+
+
 @TASKS.register("zero_shot")
 class ZeroShotTask(Task):
     """Zero-shot image classification with a two-tower model: each class is a text prompt (no training)."""
@@ -232,6 +253,7 @@ class ZeroShotTask(Task):
 
     def __init__(self, cfg: ZeroShotTaskConfig, tokenizer, seq_length: int, state=None):
         self.image_size: tuple[int, int] | None = None
+        self.max_pixels = DEFAULT_MAX_IMAGE_PIXELS
         self.channels = 3
         self.clr: dict[str, Any] | None = None
         self.label_map: LabelMap | None = None
@@ -252,6 +274,7 @@ class ZeroShotTask(Task):
 
     def bind(self, run_cfg: Any) -> None:
         self.image_size, self.channels = _streams(run_cfg, self.cfg.type)
+        self.max_pixels = run_cfg.data.max_image_pixels
         self.clr = _clr_head(run_cfg)
         if self.clr is None:
             raise UserError("zero_shot compares images with class texts through the model's clr head, which "
@@ -277,6 +300,18 @@ class ZeroShotTask(Task):
     def prompts(self) -> list[str]:
         return [self.cfg.template.format(self.cfg.names.get(name, name)) for name in self.label_map.names]
 
+    def encoded_prompts(self) -> Instances:
+        """``[CLS] prompt [SEP]`` per class; a class text outside the vocabulary or longer than the sequence
+        is refused, naming the class (as captions are: :func:`encode_captions`)."""
+        prompts = self.prompts()
+        for name, prompt, ids in zip(self.label_map.names, prompts, self.tokenizer.encode_batch(prompts)):
+            problem = text_problem(self.tokenizer, prompt, ids, self.seq_length - 2, "class text",
+                                   "the sequence length")
+            if problem is not None:
+                raise UserError(f"zero_shot: the class {name!r}, whose text is {prompt!r} (task.template and "
+                                f"task.names), {problem}; name the class with words of the vocabulary in task.names")
+        return encode_sentences(prompts, self.tokenizer, self.seq_length)
+
     def head_configs(self) -> list[dict[str, Any]]:
         return [{**self.clr, "name": self.head}]
 
@@ -297,7 +332,7 @@ class ZeroShotTask(Task):
         from pentad.tasks.image_classification import ImageInstances
 
         images = load_images([path.parent / r.text_a for r in rows], [r.line for r in rows], path, self.image_size,
-                             self.channels)
+                             self.channels, self.max_pixels)
         labels = None
         if with_labels and all(r.label is not None for r in rows):
             labels = np.asarray([self.label_map.encode(r.label, path, r.line) for r in rows], dtype=np.int64)
@@ -309,7 +344,7 @@ class ZeroShotTask(Task):
     def predict(self, model, instances, batch_size: int, device, progress: str | None = None) -> torch.Tensor:
         """Similarities [images, classes] (scaled as the head scales them)."""
         features = _Features(model, device, self.head)
-        prompts = encode_sentences(self.prompts(), self.tokenizer, self.seq_length)
+        prompts = self.encoded_prompts()
         texts = features.texts(sentence_batch(prompts[idx], self.pad_id)
                                for idx in in_order(len(prompts), batch_size))
         images = features.images(self.collate(instances, idx, None)

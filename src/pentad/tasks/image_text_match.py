@@ -23,12 +23,12 @@ import torch
 from pydantic import Field
 
 from pentad.components.base import IGNORE_INDEX, Batch
+from pentad.data.config import DEFAULT_MAX_IMAGE_PIXELS
 from pentad.data.images import NORMALISE, AugmentConfig, augment, load_images, to_pixels
 from pentad.errors import UserError
 from pentad.registry import TASKS
 from pentad.tasks.base import EpochBatches, Task, TaskConfig, in_order, predict_logits
-from pentad.tasks.image_text import _read_pairs
-from pentad.tasks.simcse import encode_sentences
+from pentad.tasks.image_text import _read_pairs, encode_captions
 
 
 class ImageTextMatchTaskConfig(TaskConfig):
@@ -67,6 +67,7 @@ class ImageTextMatchTask(Task):
 
     def __init__(self, cfg: ImageTextMatchTaskConfig, tokenizer, seq_length: int, state=None):
         self.image_size: tuple[int, int] | None = None
+        self.max_pixels = DEFAULT_MAX_IMAGE_PIXELS
         self.channels = 3
         self.image_positions = 0
         self.heads: list[dict[str, Any]] = []
@@ -87,6 +88,7 @@ class ImageTextMatchTask(Task):
                             f"model.targets lacks {' and '.join(missing)}")
         self.heads = [{**heads[kind].model_dump(), "name": kind} for kind in ("mlm", "sp")]
         self.image_size, self.channels = (part.patch.image_size[0], part.patch.image_size[1]), part.patch.channels
+        self.max_pixels = run_cfg.data.max_image_pixels
         self.image_positions = part.patch.length
         room = run_cfg.model.max_seq_length - self.image_positions
         if room < 3:
@@ -116,9 +118,9 @@ class ImageTextMatchTask(Task):
                 for rows in iter_path_tsv(path, "text", True, "captioned image", window))
 
     def _load(self, path: Path, rows: list[tuple[str, str, int]], with_labels: bool) -> MatchInstances:
+        texts = encode_captions(rows, path, self.tokenizer, self.seq_length)  # before decoding any image
         images = load_images([path.parent / p for _, p, _ in rows], [n for _, _, n in rows], path,
-                             self.image_size, self.channels)
-        texts = encode_sentences([t for t, _, _ in rows], self.tokenizer, self.seq_length)
+                             self.image_size, self.channels, self.max_pixels)
         paths = [p for _, p, _ in rows]
         pairing = None
         if with_labels:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pentad.builder import build_model
+from pentad.builder import build_model, check_memory
 from pentad.errors import UserError
 from pentad.registry import TASKS
 from pentad.runs import absolute_paths, complete_vocab, info, load_run, load_tokenizer
@@ -25,8 +25,8 @@ from pentad.training.trainer import plot_losses
 # The task's fitted state (Task.state): the label map of classification and tagging runs (the name
 # predates other tasks; converted classifiers and exports read and carry it under this name).
 LABELS = STATE = "labels.json"
-RESULTS = "results.json"
-BEST = "best"
+RESULTS = ckpt.RESULTS
+BEST = ckpt.BEST
 # examples read, predicted and written at a time by streamed inference: large enough that the
 # per-window overhead is nothing next to the model's work, small enough that a window's texts,
 # instances and predictions take a few MB
@@ -159,7 +159,8 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
     info(f"train {len(train):,} examples, {total:,} steps ({cfg.train.epochs} epochs) on {device}")
     trainer = session.trainer(model, total, "finetune", distiller=distiller)
     if trainer.resume(changes):
-        session.on_main(best.restore)
+        evaluated = sorted(s for s in eval_steps if s <= trainer.step)
+        session.on_main(lambda: best.restore(evaluated, trainer.step))
         best.share()
     else:
         session.on_main(best.clear)  # an earlier attempt's best model belongs to a trajectory being redone
@@ -256,9 +257,19 @@ class BestModel:
         self.step, self.score, self.metrics = step, score, dict(metrics)
         return True
 
-    def restore(self) -> None:
-        """Read the record of the best model a resumed run already has (none: keep the defaults)."""
+    def restore(self, evaluated: Sequence[int] = (), step: int = 0) -> None:
+        """Read the record of the best model a resumed run already has (none: keep the defaults).
+        ``evaluated``: the steps at which the run evaluated before its checkpoint (of ``step``), each of
+        which kept a best model: when that model is missing, the run is refused, not silently re-judged
+        on the later evaluations only."""
         if not self.weights.is_file():
+            if evaluated:
+                shown = ", ".join(map(str, evaluated[:8])) + (", ..." if len(evaluated) > 8 else "")
+                raise UserError(f"{self.weights} is missing, but this run evaluated at step(s) {shown} before the "
+                                f"checkpoint it resumes from (step {step}): its best model so far is lost, and going "
+                                "on would pick a best model among the later evaluations only and report it as the "
+                                f"run's. Put {self.directory} back, or start afresh with --overwrite (or another "
+                                "output directory)")
             return
         raw = ckpt.read_metadata(self.weights).get(self.KEY)
         if raw is None:  # written before the record was kept in the weights file
@@ -301,9 +312,10 @@ def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: 
     task = TASKS.get(cfg.task.type)(cfg.task, tokenizer, min(seq_length, cfg.model.max_seq_length),
                                     read_task_state(model_dir))
     task.bind(cfg)
+    device = pick_device(device_choice)
+    check_memory(cfg.model, "inference", device)
     model = build_model(cfg.model, provided=task.provides, training=False)
     ckpt.load_weights(model, ckpt.read_weights(ckpt.find_weights(model_dir)), str(model_dir))
-    device = pick_device(device_choice)
     model.to(device)
     output = output or model_dir / task.predictions_file
     want_probs = cfg.task.probabilities if probabilities is None else probabilities

@@ -113,7 +113,7 @@ def cross_validate(cfg: Any, run_one: RunOne, predict: Predict) -> dict[str, Any
             f"fold-{k}-heldout"))
         fold_cfg = _plain(cfg, **{"train.folds": None, "train.grid": None, "output": str(fold_dir),
                                   "data.train": str(train_file), "data.dev": str(heldout_file)})
-        results = _finished(fold_dir)
+        results = None if cfg.train.overwrite else _finished(fold_dir)  # --overwrite: every fold afresh
         if results is None:
             log.info(f"fold {k} of {folds}: train {len(keep):,} examples, hold out {len(heldout):,} -> {fold_dir}")
             results = run_one(fold_cfg)
@@ -228,7 +228,8 @@ def grid_search(cfg: Any, run_one: RunOne, finetune_or_cv: RunOne) -> dict[str, 
     for i, (values, trial_cfg) in enumerate(zip(trials, configs, strict=True), 1):
         trial_dir = Path(trial_cfg.output)
         start = time.perf_counter()
-        results = _finished_search(trial_dir) if trial_cfg.train.folds else _finished(trial_dir)
+        results = None if cfg.train.overwrite else \
+            _finished_search(trial_dir) if trial_cfg.train.folds else _finished(trial_dir)
         if results is None:
             log.info(f"trial {i} of {len(trials)}: {_describe(values)} -> {trial_dir}")
             results = finetune_or_cv(trial_cfg)

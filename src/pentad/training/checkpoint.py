@@ -44,6 +44,8 @@ DCP = "dcp"                    # subdirectory of a torch.distributed.checkpoint 
 FORMAT_KEY = "checkpoint_format"  # in state.pt of a sharded checkpoint: {"format": ..., "aliases": [...], ...}
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
+BEST = "best"               # a fine-tuned run's best model on dev (pentad.tasks.runner.BestModel)
+RESULTS = "results.json"    # a finished fine-tuned run's scores, with its best step
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -342,8 +344,10 @@ def publish_checkpoint(run_dir: Path, step: int, staged: Path, keep: int = 2) ->
         shutil.rmtree(final)
     os.replace(staged, final)
     atomic_write_text(run_dir / CHECKPOINTS / LATEST, final.name + "\n")
-    existing = sorted(p for p in (run_dir / CHECKPOINTS).glob("step-*") if p.is_dir())
-    for old in existing[:-keep]:
+    # oldest first by step, not by name (step-9 sorts after step-10 as text); the checkpoint just
+    # written is never removed, whatever the steps of the others (latest must not dangle)
+    others = [path for _, path in _step_dirs(run_dir) if path != final]
+    for old in others[:max(0, len(others) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -361,14 +365,19 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, state: dict[str,
         raise
 
 
-def checkpoint_steps(run_dir: Path) -> list[int]:
-    """Steps of the complete checkpoints kept in a run directory, oldest first."""
-    steps = []
+def _step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    """``(step, directory)`` of every ``checkpoints/step-N`` directory, complete or not, oldest step first."""
+    found = []
     for path in (run_dir / CHECKPOINTS).glob("step-*"):
         suffix = path.name[len("step-"):]
-        if path.is_dir() and suffix.isdigit() and (path / STATE).is_file():
-            steps.append(int(suffix))
-    return sorted(steps)
+        if path.is_dir() and suffix.isdigit():
+            found.append((int(suffix), path))
+    return sorted(found)
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """Steps of the complete checkpoints kept in a run directory, oldest first."""
+    return [step for step, path in _step_dirs(run_dir) if (path / STATE).is_file()]
 
 
 def remove_temporaries(run_dir: Path, keep: tuple[str, ...] = ()) -> list[Path]:
@@ -386,8 +395,8 @@ def remove_temporaries(run_dir: Path, keep: tuple[str, ...] = ()) -> list[Path]:
             continue
         for entry in directory.iterdir():
             name = entry.name
-            if not name.startswith(".") or "." not in name[1:] or name in keep:
-                continue
+            if not name.startswith(".") or "." not in name[1:] or name in keep or name.endswith(".lock"):
+                continue  # (.NAME.lock: the lock of an output being written, pentad.outputs)
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
             else:
@@ -397,11 +406,42 @@ def remove_temporaries(run_dir: Path, keep: tuple[str, ...] = ()) -> list[Path]:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint a run resumes from: the one ``checkpoints/latest`` names, or, when that pointer
+    is missing or names no directory (:func:`latest_problem` says which), the newest complete
+    checkpoint by step (state and weights present); None when there is none."""
+    pointed = _pointed(run_dir)
+    if pointed is not None:
+        return pointed
+    complete = [path for _, path in _step_dirs(run_dir)
+                if (path / STATE).is_file() and checkpoint_format(path) is not None]
+    return complete[-1] if complete else None
+
+
+def _pointed(run_dir: Path) -> Path | None:
     pointer = run_dir / CHECKPOINTS / LATEST
     if not pointer.is_file():
         return None
-    path = run_dir / CHECKPOINTS / pointer.read_text().strip()
-    return path if path.is_dir() else None
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    path = run_dir / CHECKPOINTS / name
+    return path if name and "/" not in name and path.is_dir() else None
+
+
+def latest_problem(run_dir: Path) -> str | None:
+    """What is wrong with the ``checkpoints/latest`` pointer of a run directory with checkpoints
+    (missing, or naming a checkpoint that is not there), or None when it is fine."""
+    if not _step_dirs(run_dir) or _pointed(run_dir) is not None:
+        return None
+    pointer = run_dir / CHECKPOINTS / LATEST
+    if not pointer.is_file():
+        return f"{pointer} is missing"
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return f"{pointer} cannot be read"
+    return f"{pointer} names {name!r}, which is not a checkpoint directory there"
 
 
 def load_state(checkpoint: Path) -> dict[str, Any]:
@@ -424,17 +464,41 @@ def find_weights(path: Path) -> Path:
         return path
     if not path.exists():
         raise UserError(f"{path} does not exist (expected a run directory, checkpoint or .safetensors file)")
-    for candidate in (path / WEIGHTS, path / "best" / WEIGHTS):
+    for candidate in (path / WEIGHTS, path / BEST / WEIGHTS):
         if candidate.is_file():
             return candidate
     if sharded_format(path) is not None:
         return path
     latest = latest_checkpoint(path)
     if latest is not None:
+        _check_missing_best(path, latest)
         return latest if sharded_format(latest) is not None and not (latest / WEIGHTS).is_file() \
             else latest / WEIGHTS
     raise UserError(f"{path} holds no weights: expected {WEIGHTS}, best/{WEIGHTS}, checkpoints/{LATEST} or a "
                     f"sharded checkpoint ({', '.join(f'{d}/' for d in SHARDED_FORMATS)})")
+
+
+def _check_missing_best(run_dir: Path, latest: Path) -> None:
+    """A finished fine-tuned run (``results.json``) whose best model is missing is not silently read from
+    its latest checkpoint, which is another model unless it is of the best step (then a note says so)."""
+    results = run_dir / RESULTS
+    if not results.is_file():
+        return
+    try:
+        best_step = json.loads(results.read_text(encoding="utf-8")).get("best_step")
+    except (OSError, ValueError, AttributeError):
+        best_step = None
+    step = int(latest.name[len("step-"):]) if latest.name[len("step-"):].isdigit() else None
+    if best_step is not None and best_step == step:
+        from pentad.log import info
+
+        info(f"note: {run_dir / BEST} is missing; reading the latest checkpoint, {latest.name}, which is of the "
+             f"best step ({best_step}) in {results}")
+        return
+    raise UserError(f"{run_dir} is a fine-tuned run whose best model, {run_dir / BEST / WEIGHTS} (step {best_step} "
+                    f"in {results}), is missing; its latest checkpoint, {latest.name}, is another model, and reading "
+                    f"it instead would not be the model the run's results describe. Put {BEST}/ back, or name the "
+                    f"checkpoint to use it as it is: {latest}")
 
 
 # ------------------------------------------------------------------------------- sharded checkpoints

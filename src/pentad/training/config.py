@@ -188,6 +188,17 @@ class TrainConfig(StrictModel):
                                                             "the latest (later checkpoints are discarded)")
     allow_changes: bool = Field(False, description="resume even though train/data/task settings that "
                                                    "change the course of training differ from the run's")
+    overwrite: bool = Field(False, description="start afresh in a run directory that holds an earlier run: its "
+                            "checkpoints, best model, metrics and results are deleted first (--overwrite); a "
+                            "one-off instruction, not recorded in config.yaml")
+    on_nonfinite: Literal["stop", "skip"] = Field(
+        "stop", description="a step whose loss or gradient norm is NaN or infinite is never applied; stop: the "
+        "run then stops with an error (exit status 1) at the next logging step, evaluation or save; skip: "
+        "training goes on (skipped steps are logged as skipped_steps) unless more than max_skipped_steps "
+        "in a row are skipped. Under fp16 the gradient scaler skips overflowing gradients itself; only a "
+        "non-finite loss counts then (docs/training.md)")
+    max_skipped_steps: int = Field(10, ge=0, description="on_nonfinite=skip: the run stops with an error when more "
+                                   "than this many steps in a row were skipped")
     eval_every: int | None = Field(None, ge=1, description="fine-tuning: evaluate on dev every N steps; "
                                                            "default: once per epoch")
     early_stopping: int | None = Field(None, ge=1, description="fine-tuning: stop when this many dev evaluations "

@@ -23,6 +23,7 @@ from typing import Any
 from pentad.builder import build_model
 from pentad.config.loader import dump_config
 from pentad.errors import UserError, writing
+from pentad.outputs import OutputLock, check_apart, check_replaceable
 from pentad.runs import CONFIG, TARGET_TOKENIZER_DIR, TOKENIZER_DIR, load_run
 from pentad.training import checkpoint as ckpt
 
@@ -98,14 +99,14 @@ def choose_checkpoint(run: Path, step: int | None) -> Path:
 def export_run(run: Path, out: Path, step: int | None = None, overwrite: bool = False) -> Exported:
     """Consolidate a checkpoint of ``run`` into the run-like directory ``out`` (see the module docstring)."""
     run, out = Path(run), Path(out)
+    check_apart(out, "OUT", [("run directory", run)])
+    with OutputLock(out, "OUT", "pentad export"):  # from the checks to the last write
+        return _export_run(run, out, step, overwrite)
+
+
+def _export_run(run: Path, out: Path, step: int | None, overwrite: bool) -> Exported:
     cfg, _ = load_run(run)
-    if out.exists() and out.resolve() == run.resolve():
-        raise UserError(f"OUT {out} is the run directory itself; export into a new directory")
-    if out.exists() and not overwrite:
-        raise UserError(f"OUT {out} already exists; pass --overwrite to replace it, or choose another directory "
-                        "(outputs are never replaced silently)")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"OUT {out} is a file; export writes a directory")
+    check_replaceable(out, "OUT", overwrite, "export")
     source = choose_checkpoint(run, step)
     fmt = ckpt.checkpoint_format(source) or "unknown"
     try:

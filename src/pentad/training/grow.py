@@ -43,12 +43,14 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from pentad import memory
 from pentad.builder import build_model
 from pentad.components.base import Batch
 from pentad.errors import UserError
 from pentad.layers.attention import Attention
 from pentad.layers.feed_forward import FeedForward
 from pentad.layers.norms import RMSNorm, UnbiasedLayerNorm
+from pentad.outputs import OutputLock, check_apart, check_replaceable
 from pentad.runs import complete_vocab, load_run
 from pentad.training import checkpoint as ckpt
 from pentad.training.export import write_derived_run
@@ -448,11 +450,29 @@ def grow_model(small: nn.Module, big: nn.Module, small_cfg: Any, big_cfg: Any, d
     return tensors
 
 
+def check_memory(small_cfg: Any, big_cfg: Any) -> None:
+    """Refuse (UserError) a big model whose growing cannot fit in this machine's memory, before either
+    model is allocated: its weights twice (the model, then the grown tensors written from it) and the
+    small model's twice (the model and the tensors read into it), counted on the meta device."""
+    big, _ = memory.tensor_bytes(build_model(big_cfg, training=False, device="meta"))
+    small, _ = memory.tensor_bytes(build_model(small_cfg, training=False, device="meta"))
+    memory.require(2 * big + 2 * small, "growing into this model",
+                   f"the big model's weights {memory.format_bytes(big)} twice and the small run's "
+                   f"{memory.format_bytes(small)} twice", "cpu",
+                   "Grow to smaller sizes (model.hidden_size, num_layers, num_heads, ffn_size of --config)")
+
+
 def grow_run(run: Path, big_cfg: Any, out: Path, depth: DepthMode = "stack", noise: float = 0.0,
              overwrite: bool = False) -> Grown:
     """Write OUT, the big model of config ``big_cfg`` grown from the run ``run`` (module docstring); ``noise``:
     relative noise on the copies' incoming weights (:meth:`_Widener.hidden_in`), 0 for an exact copy."""
     run, out = Path(run), Path(out)
+    check_apart(out, "--output", [("small run", run)])
+    with OutputLock(out, "--output", "pentad grow"):  # from the checks to the last write
+        return _grow_run(run, big_cfg, out, depth, noise, overwrite)
+
+
+def _grow_run(run: Path, big_cfg: Any, out: Path, depth: DepthMode, noise: float, overwrite: bool) -> Grown:
     if depth not in DEPTH_MODES:
         raise UserError(f"--depth {depth!r}: expected one of {', '.join(DEPTH_MODES)}")
     if not 0.0 <= noise < 1.0:
@@ -462,17 +482,13 @@ def grow_run(run: Path, big_cfg: Any, out: Path, depth: DepthMode = "stack", noi
         if cfg.model.compression is not None:
             raise UserError(f"{name} has model.compression set (pruned or quantized by pentad compress): grow from "
                             "and into uncompressed models (grow the run it was compressed from)")
-    if out.exists() and out.resolve() == run.resolve():
-        raise UserError(f"--output {out} is the small run itself; grow into a new directory")
-    if out.exists() and not overwrite:
-        raise UserError(f"--output {out} already exists; pass --overwrite to replace it, or choose another directory")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--output {out} is a file; grow writes a directory")
+    check_replaceable(out, "--output", overwrite, "grow")
     if big_cfg.tokenizer is None:
         big_cfg.tokenizer = small_cfg.tokenizer
     complete_vocab(big_cfg, tokenizer)
     small_sizes, big_sizes = check_configs(small_cfg.model, big_cfg.model)
     source = ckpt.find_weights(run)
+    check_memory(small_cfg.model, big_cfg.model)
     torch.manual_seed(small_cfg.train.seed)
     small = build_model(small_cfg.model, training=False)
     ckpt.load_weights(small, ckpt.read_weights(source), str(source))

@@ -146,6 +146,21 @@ def check_usable(train: Any, init: Any) -> None:
                         f"{UNSUPPORTED_STRATEGIES[strategy]}; use train.strategy=ddp or fsdp")
 
 
+def check_rank(model: nn.Module, chosen: dict[str, dict[str, tuple[int, int]]], rank: int) -> None:
+    """A UserError when ``rank`` exceeds a chosen part's own rank bound min(rows, input features): B A
+    of a larger rank spans nothing more than a full-rank update, and only costs memory."""
+    bound, where = None, ""
+    for name, parts in chosen.items():
+        features = model.get_submodule(name).in_features
+        for role, (start, end) in parts.items():
+            if bound is None or min(end - start, features) < bound:
+                bound, where = min(end - start, features), f"{name} ({role}: {end - start} rows x {features} inputs)"
+    if bound is not None and rank > bound:
+        raise UserError(f"train.lora.rank={rank} is larger than the projections it adapts allow: {where} has rank "
+                        f"at most {bound}, and an adapter B [rows, r] A [r, inputs] of a larger rank r can express "
+                        f"nothing more, only take memory; use train.lora.rank <= {bound} (commonly 4 to 64)")
+
+
 def apply_lora(model: nn.Module, cfg: LoraConfig, base: str, base_fingerprint: str,
                task_heads: tuple[str, ...] = (), fresh_heads: tuple[str, ...] = ()) -> LoraState:
     """Adapt ``model`` in place as ``cfg`` says (see the module docstring) and record the adapters on
@@ -153,6 +168,7 @@ def apply_lora(model: nn.Module, cfg: LoraConfig, base: str, base_fingerprint: s
     :func:`fingerprint`; ``task_heads``: the fine-tuning task's head names (``heads: task``);
     ``fresh_heads``: heads the base lacks (saved even when frozen). Returns the :class:`LoraState`."""
     chosen = select(model, cfg)
+    check_rank(model, chosen, cfg.rank)
     for name, parts in chosen.items():
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pentad.builder import build_model
 from pentad.errors import UserError
+from pentad.outputs import OutputLock, check_apart, check_replaceable
 from pentad.runs import load_run
 from pentad.training import checkpoint as ckpt
 from pentad.training import lora
@@ -42,21 +43,22 @@ def merge_run(run: Path, out: Path, base: Path | None = None, overwrite: bool = 
     """Write the merged model of the LoRA run ``run`` (its best model, else its latest checkpoint) to
     ``out`` (see the module docstring). ``base``: the base weights, when they moved since training."""
     run, out = Path(run), Path(out)
+    check_apart(out, "--output", [("run directory", run), ("--base", base)])
+    with OutputLock(out, "--output", "pentad merge-lora"):  # from the checks to the last write
+        return _merge_run(run, out, base, overwrite)
+
+
+def _merge_run(run: Path, out: Path, base: Path | None, overwrite: bool) -> Merged:
     cfg, _ = load_run(run)
     if cfg.train.lora is None:
         raise UserError(f"{run} is not a LoRA run (its config has no train.lora): its weights are whole already; "
                         "`pentad export` writes them as one file")
-    if out.exists() and out.resolve() == run.resolve():
-        raise UserError(f"--output {out} is the run directory itself; merge into a new directory")
-    if out.exists() and not overwrite:
-        raise UserError(f"--output {out} already exists; pass --overwrite to replace it, or choose another directory "
-                        "(outputs are never replaced silently)")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--output {out} is a file; merge-lora writes a directory")
+    check_replaceable(out, "--output", overwrite, "merge-lora")
     source = ckpt.find_weights(run)
     record = ckpt.adapter_record(source)
     if record is None:
         raise UserError(f"{source} holds no LoRA adapters (no {lora.METADATA_KEY} record in its metadata)")
+    check_apart(out, "--output", [("base weights", base or record.get("base"))])
     tensors = ckpt.read_weights(source, base=base)
     model = build_model(cfg.model, device="meta")
     ckpt.load_weights(model, tensors, str(source), check_only=True)  # every weight present, the run's shapes

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
-from pentad import runs
+from pentad import memory, runs
 from pentad.builder import build_model, summarize
 from pentad.errors import UserError
 from pentad.training import checkpoint as ckpt
@@ -45,6 +46,50 @@ def default_threads(dist: Dist, environ: dict[str, str] | None = None) -> int | 
     local = int(environ.get("LOCAL_WORLD_SIZE", dist.world_size) or 1)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores // max(1, local))
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    """What one rank needs to train a model, at least (activations come on top): ``device`` bytes on
+    its device, ``host`` bytes it keeps in CPU memory instead (DeepSpeed's offloading), ``built``: the
+    whole model's weights as built on the CPU before a strategy moves or shards them; ``shown``: what
+    the first two count."""
+
+    device: int
+    host: int
+    built: int
+    shown: str
+
+
+def training_memory(model: nn.Module, train: Any, world: int) -> TrainingMemory:
+    """The memory one of ``world`` ranks needs to train ``model`` (built on the meta device, LoRA
+    adapters applied) as ``train`` (the TrainConfig) says: the weights, a gradient and AdamW's two
+    moments for each trainable weight, divided among the ranks for what the strategy shards (fsdp: all
+    of it; deepspeed: by ZeRO stage), in CPU memory for what DeepSpeed offloads."""
+    weights, trainable = memory.tensor_bytes(model)
+    built = weights  # fp32 as built, before a precision converts it
+    if train.precision == "bf16-true":  # bf16 weights, gradients and optimizer state
+        weights, trainable = weights // 2, trainable // 2
+    moments = "AdamW's two moments"
+    parts = {"weights": weights, "gradients": trainable, moments: 2 * trainable}
+    sharded: set[str] = set()
+    offloaded: set[str] = set()
+    if train.strategy == "fsdp":
+        sharded = set(parts)
+    elif train.strategy == "deepspeed":  # ZeRO 1 shards the optimizer state, 2 the gradients too, 3 everything
+        options = train.deepspeed
+        sharded = {1: {moments}, 2: {"gradients", moments}, 3: set(parts)}[options.stage]
+        if options.offload_optimizer:  # the optimizer steps on the CPU, with the gradients there
+            offloaded |= {"gradients", moments}
+        if options.offload_parameters and options.stage == 3:
+            offloaded.add("weights")
+    shards = max(1, world)
+    per_rank = {k: v // shards if k in sharded else v for k, v in parts.items()}
+    shown = " + ".join(f"{k} {memory.format_bytes(v)}" + (f" / {shards} ranks" if k in sharded and shards > 1 else "")
+                       + (" (in CPU memory)" if k in offloaded else "") for k, v in parts.items())
+    return TrainingMemory(sum(v for k, v in per_rank.items() if k not in offloaded),
+                          sum(v for k, v in per_rank.items() if k in offloaded), built,
+                          shown + "; activations come on top")
 
 
 class Session:
@@ -155,6 +200,7 @@ class Session:
         adapters = self.cfg.train.lora
         if adapters is not None:
             lora.check_usable(self.cfg.train, init)
+        self.check_memory(model_cfg, provided, tuple(load_options.get("new_heads", ())))
         on_meta = self.strategy.sharded and not self.dist.is_main
         model = build_model(model_cfg, provided=provided, device="meta" if on_meta else None)
         runs.info(summarize(model))
@@ -180,6 +226,35 @@ class Session:
         if self.dist.world_size > 1:  # dropout: each rank its own random stream
             torch.manual_seed(self.cfg.train.seed + 1_000_003 * self.dist.rank)
         return model
+
+    def check_memory(self, model_cfg: Any, provided: Any, task_heads: tuple[str, ...] = ()) -> None:
+        """Refuse (UserError, on every rank) a model that cannot fit before any of it is allocated:
+        built on the meta device (with the LoRA adapters, whose rank is checked), its training memory
+        (:func:`training_memory`) is compared with what the main rank's device has available, and the
+        whole model's weights with the machine's memory (the main rank materialises them there).
+        ``PENTAD_SKIP_MEMORY_CHECK=1`` skips the comparison (:mod:`pentad.memory`)."""
+        model = build_model(model_cfg, provided=provided, device="meta")
+        if self.cfg.train.lora is not None:
+            lora.apply_lora(model, self.cfg.train.lora, base="", base_fingerprint="", task_heads=task_heads)
+        need = training_memory(model, self.cfg.train, self.dist.world_size)
+        device = self.dist.device
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.dist.world_size) or 1)
+        hint = ("Make the model smaller (model.hidden_size, num_layers, ffn_size, vocab_size, the number of "
+                "experts), train LoRA adapters (train.lora), or shard it over more ranks (train.strategy=fsdp)")
+        ranks = f" on {local} ranks of this machine" if local > 1 else ""
+        times = f"; x {local} ranks" if local > 1 else ""
+
+        def check() -> None:
+            # the ranks on one machine share its memory; the main rank first builds the whole model there
+            if device.type == "cpu":
+                memory.require(max(need.built, (need.device + need.host) * local), "training this model" + ranks,
+                               need.shown + times, "cpu", hint)
+            else:
+                memory.require(max(need.built, need.host * local), "building this model on the CPU" + ranks,
+                               f"its weights {memory.format_bytes(need.built)}, or what each rank keeps in CPU "
+                               f"memory{times}: {need.shown}", "cpu", hint)
+                memory.require(need.device, "training this model on each rank's device", need.shown, device, hint)
+        self.on_main(check)
 
     def prepare_run_dir(self, tokenizer: Any, **options: Any) -> dict[str, tuple[Any, Any]]:
         """``pentad.runs.prepare_run_dir`` on the main rank; the accepted changes on every rank."""

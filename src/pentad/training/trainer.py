@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from pentad.components.base import Batch, ModelOutput
-from pentad.errors import Interrupted, RankFailure, UserError
+from pentad.errors import Diverged, Interrupted, RankFailure, UserError
 from pentad.model import aux_loss, total_loss
 from pentad.training import checkpoint as ckpt
 from pentad.training.adversarial import Adversary
@@ -225,6 +225,10 @@ class Trainer:
                 what = "the model" if cfg.compile == "model" else f"{compiled} block{'s' * (compiled != 1)}"
                 print(f"compile: {what} with torch.compile; the first steps of each input shape are slow while "
                       "they compile", file=sys.stderr)
+        if cfg.on_nonfinite == "skip" and not strategy.skips_nonfinite:
+            raise UserError(f"train.on_nonfinite=skip is not offered with train.strategy={cfg.strategy}: the engine "
+                            "applies every step itself (its fp16 mode skips overflowing gradients on its own); use "
+                            "train.on_nonfinite=stop")
         self.precision = resolve(cfg.precision, self.device)
         strategy.set_precision(self.precision)
         apply_matmul_precision(self.precision, self.device)
@@ -249,6 +253,10 @@ class Trainer:
         self.step = 0
         self.micro_batches = 0  # the data position: (global) micro-batches consumed
         self.stopped_early = False  # on_eval asked to stop (fine-tuning's early stopping)
+        self._pointer_problem: str | None = None  # what was wrong with checkpoints/latest (resume)
+        # non-finite steps, counted on the device (read at logging, evaluation and saving: no sync per step):
+        # the step counter, the first non-finite step, the current and the longest run of them in a row
+        self._nonfinite: dict[str, torch.Tensor] = {}
 
     @property
     def model(self) -> nn.Module:
@@ -278,7 +286,9 @@ class Trainer:
         return state
 
     def save(self) -> Path:
-        """Write a checkpoint of the current step (every rank calls; the main rank publishes it)."""
+        """Write a checkpoint of the current step (every rank calls; the main rank publishes it). A diverged
+        run (:meth:`_check_finite`: non-finite weights, or ``train.on_nonfinite`` says stop) is never saved."""
+        self._check_finite(weights=True)
         state = self.state()
         staged = Path(self.dist.broadcast_object(
             str(ckpt.staging_dir(self.run_dir, self.step)) if self.dist.is_main else None))
@@ -310,9 +320,11 @@ class Trainer:
             else:
                 latest = ckpt.latest_checkpoint(self.run_dir)
                 choice["path"] = str(latest) if latest is not None else None
+                choice["pointer"] = ckpt.latest_problem(self.run_dir) if latest is not None else None
         choice = self.dist.broadcast_object(choice)
         if "error" in choice:
             raise self.dist.error(choice["error"])
+        self._pointer_problem = choice.get("pointer")
         return (Path(choice["path"]) if choice["path"] else None), choice["available"]
 
     def resume(self, config_changes: dict[str, tuple[Any, Any]] | None = None) -> bool:
@@ -345,6 +357,9 @@ class Trainer:
                 if later > wanted:
                     shutil.rmtree(ckpt.checkpoint_dir(self.run_dir, later))
                     print(f"train.resume_from={wanted}: removed the later checkpoint of step {later}", file=sys.stderr)
+            ckpt.atomic_write_text(self.run_dir / ckpt.CHECKPOINTS / ckpt.LATEST, path.name + "\n")
+        elif self._pointer_problem and self.dist.is_main:  # repaired, and said
+            print(f"{self._pointer_problem}: resuming from the newest complete checkpoint instead", file=sys.stderr)
             ckpt.atomic_write_text(self.run_dir / ckpt.CHECKPOINTS / ckpt.LATEST, path.name + "\n")
         self.step = int(state["step"])
         micro = int(state.get("micro_batches", self.step * self.cfg.grad_accum))
@@ -499,6 +514,7 @@ class Trainer:
         try:
             end = min(self.total_steps, cfg.stop_at or self.total_steps)
             while self.step < end:
+                step_loss = torch.zeros((), device=self.device)
                 for micro in range(cfg.grad_accum):
                     try:
                         batch = next(batches)
@@ -521,15 +537,21 @@ class Trainer:
                         adversarial = adversary.attack(
                             lambda module, b=batch, w=weight, t=teacher: self._losses(module, b, w, t)[1], last_micro)
                     with torch.no_grad():
+                        step_loss += loss.detach().float()
                         self._accumulate(sums, outputs, loss, weight, shares)
                         if adversary is not None:
                             sums["adv_loss"] = sums["adv_loss"] + adversarial.float() if "adv_loss" in sums \
                                 else adversarial.float()
                         if weight:
                             tokens += batch_tokens(batch)
-                norm = strategy.step(cfg.clip_grad_norm)
+                loss_nonfinite = (~torch.isfinite(step_loss)).float()
+                if several:  # every rank leaves the step out alike
+                    self.dist.all_reduce(loss_nonfinite, op="max")
+                norm = strategy.step(cfg.clip_grad_norm, loss_nonfinite)
                 if norm is not None:
                     sums["grad_norm"] = sums.get("grad_norm", 0) + norm.detach().float()
+                if strategy.skipped is not None:
+                    self._count_nonfinite(strategy.skipped, sums)
                 lr = self.schedule.get_last_lr()[0]
                 self.schedule.step()
                 self.step += 1
@@ -545,12 +567,14 @@ class Trainer:
                     last = self._record(sums, interval_steps, tokens, interval_start, lr, seq_len)
                     if main:
                         self._write(last)
+                    self._check_finite()
                     bar.set_postfix(loss=f"{last['loss']:.4f}")
                     sums, interval_steps = {}, 0
                     tokens = torch.zeros((), dtype=torch.long, device=self.device)
                     synchronize(self.device)
                     interval_start = time.perf_counter()
                 if evaluate is not None and (eval_steps is not None and self.step in eval_steps):
+                    self._check_finite(weights=True)  # a diverged model is never evaluated and kept as the best
                     metrics = evaluate(self.step)
                     self.forward_model.train()
                     if main:
@@ -574,6 +598,61 @@ class Trainer:
             self.events.close()
             bar.close()
         return last
+
+    def _count_nonfinite(self, skipped: torch.Tensor, sums: dict[str, torch.Tensor]) -> None:
+        """Count a step left out for a non-finite loss or gradient norm (``skipped``: 1.0 or 0.0 on the
+        device; tensor operations only)."""
+        state = self._nonfinite
+        if not state:
+            zero = torch.zeros((), device=skipped.device)
+            state.update(step=zero + self.step, first=zero - 1, streak=zero.clone(), longest=zero.clone())
+        state["step"] += 1  # the number of the step just done (self.step is advanced after this)
+        state["first"] = torch.where((state["first"] < 0) & (skipped > 0), state["step"], state["first"])
+        state["streak"] = (state["streak"] + 1) * skipped
+        state["longest"] = torch.maximum(state["longest"], state["streak"])
+        sums["skipped_steps"] = sums["skipped_steps"] + skipped if "skipped_steps" in sums else skipped
+
+    def _check_finite(self, weights: bool = False) -> None:
+        """Stop with :class:`~pentad.errors.Diverged` when ``train.on_nonfinite`` says so (``stop``: a step was
+        left out; ``skip``: more than ``max_skipped_steps`` in a row), or when ``weights`` and the weights
+        are not finite (an update can overflow them with finite gradients: an absurd learning rate).
+        One host sync; every rank calls it at the same steps and decides alike."""
+        cfg = self.cfg
+        first = longest = -1
+        if self._nonfinite:
+            first, longest = (int(v) for v in torch.stack([self._nonfinite["first"], self._nonfinite["longest"]]
+                                                          ).tolist())
+        stop = cfg.on_nonfinite == "stop" and first >= 0
+        too_many = cfg.on_nonfinite == "skip" and longest > cfg.max_skipped_steps
+        if not (stop or too_many or (weights and not self._weights_finite())):
+            return
+        latest = ckpt.latest_checkpoint(self.run_dir) if self.dist.is_main else None
+        kept = (f"the last checkpoint, {latest.name}, is intact and resumes from before it" if latest is not None
+                else "no checkpoint was saved")
+        advice = "Lower train.lr" + (" or set train.clip_grad_norm" if cfg.clip_grad_norm is None else "") + \
+            ", check the data"
+        if stop:
+            raise Diverged(f"training diverged: the loss or gradient norm of step {first} was not finite (NaN or "
+                           f"infinite); the step was left out and the run stopped (train.on_nonfinite=stop) at step "
+                           f"{self.step}; nothing non-finite was saved: {kept}. {advice}, or train.on_nonfinite=skip "
+                           f"to go on past such steps (at most train.max_skipped_steps in a row)")
+        if too_many:
+            raise Diverged(f"training diverged: {longest} steps in a row had a non-finite loss or gradient norm, "
+                           f"more than train.max_skipped_steps={cfg.max_skipped_steps} (train.on_nonfinite=skip; the "
+                           f"first non-finite step was {first}); the run stopped at step {self.step} and nothing "
+                           f"non-finite was saved: {kept}. {advice}")
+        raise Diverged(f"training diverged: after step {self.step} the model's weights are not finite (NaN or "
+                       f"infinite: an update too large for them, train.lr={cfg.lr}); they were not saved "
+                       f"(train.on_nonfinite={cfg.on_nonfinite}): {kept}. {advice}")
+
+    def _weights_finite(self) -> bool:
+        """Whether every weight of the model (this rank's shards) is finite, on every rank."""
+        flags = [torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
+                 for p in self.strategy.module.parameters() if p.numel()]
+        bad = float(not bool(torch.stack([f.to(self.device) for f in flags]).all())) if flags else 0.0
+        if self.dist.world_size > 1:
+            bad = self.dist.agree_max([bad])[0]
+        return not bad
 
     def _write(self, record: dict[str, Any]) -> None:
         self.log.write(record)
@@ -607,7 +686,7 @@ class Trainer:
                                  + [tokens.to(self.device).float()])
             self.dist.all_reduce(packed)
             world = self.dist.world_size
-            averaged = ("loss", "micro_batches", "grad_norm")
+            averaged = ("loss", "micro_batches", "grad_norm", "skipped_steps")
             sums = {k: packed[i] / world if k in averaged or k.endswith("_loss") or k.startswith("aux_") else packed[i]
                     for i, k in enumerate(keys)}
             tokens = packed[-1]
@@ -625,6 +704,9 @@ class Trainer:
             record[key] = values[key] / micro
         if "grad_norm" in values:
             record["grad_norm"] = values["grad_norm"] / steps
+        skipped = round(values.pop("skipped_steps", 0.0))
+        if skipped:  # steps of the interval left out for a non-finite loss or gradient norm
+            record["skipped_steps"] = skipped
         record["lr"] = lr
         if self.lengths is not None:  # the curriculum's length of the interval's last step
             record["seq_length"] = self.lengths.length(self.step - 1)

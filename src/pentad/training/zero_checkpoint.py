@@ -2,10 +2,13 @@
 
 The ``deepspeed`` strategy writes DeepSpeed's own checkpoint into ``checkpoints/step-N/deepspeed/``
 (tag ``zero``: model states and each rank's optimizer partition, ``torch.save`` files) beside
-pentad's ``state.pt``. DeepSpeed reads those files with ``torch.load(weights_only=False)``; pentad
-never unpickles arbitrary objects, so every file is first read with ``weights_only=True`` and an
-allow-list of the three record classes DeepSpeed puts in them (:func:`check_files`): a file with
-anything else is refused before DeepSpeed opens it.
+pentad's ``state.pt``. DeepSpeed reads those files with ``torch.load(weights_only=False)``, and
+its converters (``ds_to_universal``) search the whole folder, sub-folders and any suffix, for names
+they know; pentad never unpickles arbitrary objects, so :func:`check_files` first allows in
+``deepspeed/`` only the files the strategy writes, by name (anything else is refused before
+DeepSpeed looks), reads each state file with ``weights_only=True`` and an allow-list of the three
+record classes DeepSpeed puts in them, and refuses parameter names that DeepSpeed's converter would
+turn into paths outside its own folder.
 
 :func:`read_weights` consolidates the partitions into the whole model's fp32 weights in one
 process, without a launcher (DeepSpeed's ``zero_to_fp32``), for ``pentad export`` and ``init=``.
@@ -14,6 +17,7 @@ process, without a launcher (DeepSpeed's ``zero_to_fp32``), for ``pentad export`
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,12 @@ from pentad.errors import UserError
 DIRECTORY = "deepspeed"  # DeepSpeed's files inside a pentad checkpoint directory
 TAG = "zero"             # DeepSpeed's checkpoint tag (one DeepSpeed checkpoint per pentad checkpoint)
 UNIVERSAL_TAG = "universal"
+# what DeepSpeed (0.19) writes for the strategy, and all check_files lets it read: the recovery
+# scripts it copies beside the tag (never run by pentad), and in the tag's folder each rank's model
+# and optimizer states (stages 1-2: mp_rank_00_model_states.pt; stage 3: zero_pp_rank_R_mp_rank_00_
+# model_states.pt; optimizer: [bf16_]zero_pp_rank_R_mp_rank_00_optim_states.pt)
+SCRIPTS = frozenset({"zero_to_fp32.py", "zero_to_torch.py"})
+STATE_FILE = re.compile(r"(?:mp_rank_\d+_model|(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+_(?:model|optim))_states\.pt")
 INSTALL_HINT = "pip install 'pentad[deepspeed]'"
 
 
@@ -51,20 +61,76 @@ def _record_classes() -> list[Any]:
     return [LossScaler, ZeroStageEnum, fragment_address]
 
 
+def _unexpected(root: Path, path: Path) -> UserError:
+    """The refusal of an entry of ``root`` the strategy does not write (of a folder: its first file;
+    a link is named as it is, not followed)."""
+    kind = "folder" if path.is_dir() else "file"
+    if kind == "folder" and not path.is_symlink():
+        for folder, names, files in os.walk(path):  # stops at the first file
+            names.sort()
+            if files:
+                kind, path = "file", Path(folder) / min(files)
+                break
+    return UserError(
+        f"DeepSpeed checkpoint {root} holds the {kind} {path}, which the deepspeed strategy does not write: "
+        "DeepSpeed's loaders search this whole folder (sub-folders and any suffix) and unpickle what they "
+        f"find, so pentad lets them read only {TAG}/ with DeepSpeed's state files (mp_rank_00_model_states.pt, "
+        f"zero_pp_rank_0_mp_rank_00_optim_states.pt, ...) and {', '.join(sorted(SCRIPTS))}. Remove it if you "
+        "put it there, or use an earlier checkpoint")
+
+
+def _parameter_names(state: Any) -> list[Any]:
+    """The parameter names in a DeepSpeed state file that ``ds_to_universal`` makes folders of
+    (model states' ``module``, ``param_shapes``, frozen and shared parameters, buffers; the
+    optimizer's ``param_slice_mappings``)."""
+    if not isinstance(state, dict):
+        return []
+    names: list[Any] = []
+    for key in ("module", "frozen_param_shapes", "frozen_param_fragments", "shared_params"):
+        if isinstance(state.get(key), dict):
+            names += list(state[key])
+    if isinstance(state.get("shared_params"), dict):
+        names += list(state["shared_params"].values())
+    if isinstance(state.get("buffer_names"), (list, tuple)):
+        names += list(state["buffer_names"])
+    optimizer = state.get("optimizer_state_dict")
+    for groups in (state.get("param_shapes"),
+                   optimizer.get("param_slice_mappings") if isinstance(optimizer, dict) else None):
+        for group in groups if isinstance(groups, (list, tuple)) else []:
+            if isinstance(group, dict):
+                names += list(group)
+    return names
+
+
+def _is_plain_name(name: Any) -> bool:
+    """Whether ``name`` stays one path component when DeepSpeed joins it to a folder."""
+    return not isinstance(name, str) or (name not in ("", ".", "..") and "\0" not in name
+                                         and os.path.basename(name) == name)
+
+
 def check_files(checkpoint: Path) -> list[Path]:
-    """Read every DeepSpeed file of ``checkpoint`` (a pentad checkpoint directory) with
-    ``weights_only=True`` and DeepSpeed's record classes allowed; a file holding any other object,
-    or an unreadable one, is a UserError. Returns the files."""
-    directory = checkpoint / DIRECTORY / TAG
-    files = sorted(directory.glob("*.pt"))
+    """Check the DeepSpeed folder of ``checkpoint`` (a pentad checkpoint directory) before DeepSpeed
+    reads it: every entry must be one the strategy writes (:data:`SCRIPTS` beside the tag's folder,
+    state files named as :data:`STATE_FILE` in it, no sub-folder); each state file is read with
+    ``weights_only=True`` and DeepSpeed's record classes allowed, and its parameter names must be
+    plain names. Anything else, or an unreadable file, is a UserError naming it. Returns the state files."""
+    root = checkpoint / DIRECTORY
+    directory = root / TAG
+    files = sorted(p for p in directory.iterdir() if STATE_FILE.fullmatch(p.name)) if directory.is_dir() else []
     if not files:
         raise UserError(f"checkpoint {checkpoint} has no DeepSpeed files in {DIRECTORY}/{TAG}: it was not "
                         "written by the deepspeed strategy, or not completely")
+    for path in sorted(root.iterdir()):
+        if not ((path.name == TAG and path.is_dir()) or (path.name in SCRIPTS and path.is_file())):
+            raise _unexpected(root, path)
+    for path in sorted(directory.iterdir()):
+        if not (STATE_FILE.fullmatch(path.name) and path.is_file()):
+            raise _unexpected(root, path)
     allowed = _record_classes()
     for path in files:
         try:
             with torch.serialization.safe_globals(allowed):
-                torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception as e:  # noqa: BLE001 - any failure: not a file pentad will let DeepSpeed unpickle
             try:
                 unsafe = [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(path)
@@ -75,6 +141,11 @@ def check_files(checkpoint: Path) -> list[Path]:
                     if unsafe else f"it is truncated or corrupt ({type(e).__name__})")
             raise UserError(f"DeepSpeed checkpoint file {path} is not loaded: {what}; pentad never unpickles "
                             "arbitrary objects. Use an earlier checkpoint") from None
+        odd = [n for n in _parameter_names(state) if not _is_plain_name(n)]
+        if odd:
+            raise UserError(f"DeepSpeed checkpoint file {path} is not loaded: it names a parameter {odd[0]!r}, "
+                            "which is not a plain name (DeepSpeed's converter makes a folder of each parameter's "
+                            "name, and this one leads outside it). Use an earlier checkpoint")
     return files
 
 

@@ -30,8 +30,9 @@ DATA = Path(__file__).resolve().parents[2] / "data"
 # Parameters TencentPretrain builds only because of a defect (see docs/tencentpretrain_import.md):
 #  - T5: encoder.relative_pos_emb is a second relative-position table that forward never reads (the
 #    live one is shared by the layers as encoder.transformer.N.relative_pos_emb);
-#  - dual-stream models: DualEmbedding's stream_i_layer_norm re-normalises the output of each
-#    stream's embedding LayerNorm (LN after LN).
+#  - tied dual-stream models (SBERT, siamese LSTM): DualEmbedding's stream_i_layer_norm re-normalises
+#    the output of each stream's embedding LayerNorm (LN after LN); pentad's one shared slot has one
+#    norm. Untied streams (CLIP) import it as ``second_norm``: the same count as TencentPretrain's.
 DEFECT_PARAMETERS = (
     "encoder.relative_pos_emb.relative_attention_bias.weight",
     "embedding.dual.stream_0_layer_norm.gamma", "embedding.dual.stream_0_layer_norm.beta",
@@ -40,6 +41,7 @@ DEFECT_PARAMETERS = (
 # Every shipped family imports (vit, beit, clip, vilt, dall-e, talk2face and s2t too); none is refused.
 NON_TEXT: set[str] = set()
 DUAL = {"sbert/base_config.json", "sbert/large_config.json", "rnn/siamese_lstm_config.json"}
+UNTIED_DUAL = {"clip/base-16_config.json", "clip/base-32_config.json"}
 
 
 @cache
@@ -86,8 +88,11 @@ def measured() -> list[tuple[str, int, int]]:
     return out
 
 
-def defect_size(shapes: dict[str, list[int]]) -> int:
-    """Parameters of the defect-only tensors among {name: shape}."""
+def defect_size(shapes: dict[str, list[int]], config: str = "") -> int:
+    """Parameters of the defect-only tensors among {name: shape} of ``config`` (none for untied streams,
+    whose second LayerNorms pentad builds too)."""
+    if config in UNTIED_DUAL:
+        return 0
     return sum(math.prod(shapes[name]) for name in DEFECT_PARAMETERS if name in shapes)
 
 
@@ -114,7 +119,7 @@ def test_text_config_builds_tencentpretrains_model(shared_data, name, vocab, tp_
     model = build_model(cfg.model, device="meta")
     ours = count_parameters(model)
     entry = counts()[name]
-    expected = tp_params - defect_size(entry["non_layer_params"])
+    expected = tp_params - defect_size(entry["non_layer_params"], name)
     head = 0
     if name in DUAL:
         # TencentPretrain's count leaves out run_classifier_siamese.py's classifier head (2 labels
@@ -140,6 +145,19 @@ def test_docs_counts_are_what_validate_prints(shared_data, capsys):
         assert f"parameters: {documented()[name][0]:,}" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("name", sorted(UNTIED_DUAL))
+def test_clip_imports_the_stream_layernorms_tencentpretrain_builds(shared_data, name):
+    """pretrain.py's DualEmbedding applies stream_0_layer_norm after the text stream's embedding
+    LayerNorm: the imported text slot has it too (second_norm), so the count is TencentPretrain's own,
+    with no defect subtracted; the image stream has no embedding LayerNorm at all."""
+    entry = counts()[name]
+    cfg = load_config(shared_data / "configs" / name, [f"vocab_size={entry['vocab_size']}"])
+    model = build_model(cfg.model, device="meta")
+    assert count_parameters(model) == entry["params"]
+    assert model.embedding.second_norm is not None and model.embedding.second_norm.weight.shape == (512,)
+    assert not cfg.model.streams["image"].embedding.norm and not cfg.model.streams["image"].embedding.second_norm
+
+
 @pytest.mark.parametrize(("name", "difference"), [
     ("t5/small_config.json", 32 * 8),        # relative_attention_buckets_num x heads_num
     ("t5/11b_config.json", 32 * 128),
@@ -153,8 +171,8 @@ def test_defect_differences_are_exactly_the_documented_tensors(name, difference)
 
 def test_only_t5_and_dual_configs_carry_defect_parameters():
     carrying = {name for name, entry in counts().items()
-                if not name.startswith("_") and defect_size(entry["non_layer_params"])}
-    assert {family(n) for n in carrying} == {"t5", "t5-v1_1", "sbert", "rnn", "clip"}
+                if not name.startswith("_") and defect_size(entry["non_layer_params"], name)}
+    assert {family(n) for n in carrying} == {"t5", "t5-v1_1", "sbert", "rnn"}
     assert {n for n in carrying if family(n) == "rnn"} == {"rnn/siamese_lstm_config.json"}
 
 
@@ -197,10 +215,10 @@ def test_image_token_and_vilt_imports_say_what_pentad_cannot_do_yet(shared_data,
     cfg = load_config(shared_data / "configs" / "dall-e/base_config.json", ["vocab_size=1000"])
     assert cfg.data.objective is None and "1024 image-token ids" in capsys.readouterr().err
     cfg = load_config(shared_data / "configs" / "clip/base-32_config.json", ["vocab_size=1000"])
-    assert cfg.task.type == "image_text" and cfg.model.embedding.norm  # one LayerNorm (the second is a defect)
+    assert cfg.task.type == "image_text" and cfg.model.embedding.norm and cfg.model.embedding.second_norm
     assert list(cfg.model.streams) == ["text", "image"] and cfg.model.streams["image"].share is None
     assert not cfg.model.streams["image"].embedding.norm  # the image stream has no LayerNorm at all
-    assert "second LayerNorm" in cfg.description
+    assert "second LayerNorm" not in cfg.description  # nothing left out to warn about
     cfg = load_config(shared_data / "configs" / "beit/base_config.json")
     assert cfg.model.vocab_size == 16384 and cfg.model.embedding.parts[0].type == "masked_patch"
     assert build_model(cfg.model, device="meta").embedding.masked_patch.mask.shape == (768,)

@@ -17,6 +17,7 @@ from pentad.data.audio import (  # noqa: E402
     AudioConfig,
     SpecAugmentConfig,
     collate,
+    data_shortfall,
     fbank,
     load_features,
     read_audio,
@@ -172,3 +173,83 @@ def test_whisper_feature_options_checked(tmp_path: Path):
         load_features([tmp_path / "long.wav"], [4], tmp_path / "x.tsv", cfg)
     out = load_features([tmp_path / "long.wav"], [4], tmp_path / "x.tsv", cfg.model_copy(update={"on_bad": "skip"}))
     assert out.features == [] and out.skipped["over-long"] == 1
+
+
+def _truncate(path: Path, keep: float) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:int(len(data) * keep)])
+
+
+def test_non_finite_samples_are_refused_or_skipped_by_file_and_line(tmp_path: Path):
+    wave = _tone(0.2, 16000)
+    wave[800], wave[900] = np.nan, np.inf
+    soundfile.write(tmp_path / "nan.wav", wave, 16000, subtype="FLOAT")
+    soundfile.write(tmp_path / "ok.wav", _tone(0.2, 16000), 16000)
+    paths, source = [tmp_path / "nan.wav", tmp_path / "ok.wav"], tmp_path / "t.tsv"
+    with pytest.raises(UserError, match=r"t.tsv, line 2: audio .*nan.wav holds 2 NaN or infinite sample\(s\), the "
+                                        r"first at 0.050 s \(frame 800\).*audio.on_bad: skip"):
+        load_features(paths, [2, 3], source, AudioConfig())
+    out = load_features(paths, [2, 3], source, AudioConfig(on_bad="skip"))
+    assert out.kept == [1] and dict(out.skipped) == {"non-finite": 1}
+    with pytest.raises(UserError, match=r"line 2: audio .*nan.wav holds 2 NaN"):  # Whisper's features too
+        load_features(paths, [2, 3], source, AudioConfig(features="whisper", cmvn=False, chunk_seconds=1))
+
+
+@pytest.mark.parametrize("features", ["kaldi", "whisper"])
+def test_finite_samples_that_overflow_the_features_are_refused(tmp_path: Path, features: str):
+    soundfile.write(tmp_path / "loud.wav", _tone(0.2, 16000) * np.float32(1e30), 16000, subtype="FLOAT")
+    cfg = AudioConfig(features=features, cmvn=features == "kaldi", chunk_seconds=1)
+    with pytest.raises(UserError, match=r"line 5: audio .*loud.wav gives NaN or infinite features: its samples "
+                                        r"reach 3e\+29"):
+        load_features([tmp_path / "loud.wav"], [5], tmp_path / "t.tsv", cfg)
+    out = load_features([tmp_path / "loud.wav"], [5], tmp_path / "t.tsv", cfg.model_copy(update={"on_bad": "skip"}))
+    assert out.features == [] and dict(out.skipped) == {"non-finite": 1}
+
+
+@pytest.mark.parametrize("container, subtype, width", [("WAV", "PCM_16", 2), ("WAV", "FLOAT", 4), ("RF64", "PCM_24", 3),
+                                                      ("AIFF", "PCM_16", 2), ("AIFF", "FLOAT", 4)])
+def test_truncated_sample_data_is_refused_or_skipped(tmp_path: Path, container: str, subtype: str, width: int):
+    path = tmp_path / f"cut.{container.lower()}"
+    soundfile.write(path, np.stack([_tone(1.0, 16000)] * 2, axis=1), 16000, format=container, subtype=subtype)
+    assert data_shortfall(path) is None
+    _truncate(path, 0.5)
+    assert len(soundfile.read(path)[0]) < 9000  # what libsndfile returns without a word
+    header = "AIFF" if container == "AIFF" else "WAV"
+    with pytest.raises(UserError, match=rf"t.tsv, line 7: audio .*{path.name} is truncated: its {header} header "
+                                        r"declares 16000 frames \(1.00 s\) but the file holds \d+ \(0.\d\d s\), "
+                                        r"\d+ bytes are missing"):
+        load_features([path], [7], tmp_path / "t.tsv", AudioConfig())
+    out = load_features([path], [7], tmp_path / "t.tsv", AudioConfig(on_bad="skip"))
+    assert out.features == [] and dict(out.skipped) == {"truncated": 1}
+    _, declared, present, frame_bytes = data_shortfall(path)
+    assert (declared, frame_bytes) == (16000 * 2 * width, 2 * width) and present < declared // 2
+
+
+def test_streamed_and_complete_wavs_are_not_truncated(tmp_path: Path):
+    path = tmp_path / "s.wav"
+    soundfile.write(path, _tone(0.2, 16000), 16000, subtype="PCM_16")
+    data = bytearray(path.read_bytes())
+    at = data.index(b"data") + 4
+    data[at:at + 4] = b"\xff\xff\xff\xff"  # size unknown, as a writer to a pipe leaves it
+    path.write_bytes(bytes(data))
+    assert data_shortfall(path) is None
+    assert len(load_features([path], [2], tmp_path / "t.tsv", AudioConfig()).features) == 1
+    data[at:at + 4] = (len(data) - at - 4 + 1).to_bytes(4, "little")  # one byte more than there is: no frame missing
+    path.write_bytes(bytes(data))
+    assert data_shortfall(path) is None
+    flac = tmp_path / "x.flac"
+    soundfile.write(flac, _tone(0.2, 16000), 16000)
+    assert data_shortfall(flac) is None
+
+
+@pytest.mark.parametrize("rate", [1, 500_000])
+def test_a_sample_rate_outside_the_accepted_range_is_refused_or_skipped(tmp_path: Path, rate: int):
+    path = tmp_path / "odd.wav"
+    soundfile.write(path, _tone(0.2, 16000), rate)
+    with pytest.raises(UserError, match=rf"t.tsv, line 3: audio .*odd.wav declares a sample rate of {rate} Hz; audio "
+                                        r"is read from 1000 to 384000 Hz"):
+        load_features([path], [3], tmp_path / "t.tsv", AudioConfig())
+    out = load_features([path], [3], tmp_path / "t.tsv", AudioConfig(on_bad="skip"))
+    assert out.features == [] and dict(out.skipped) == {"bad-rate": 1}
+    with pytest.raises(ValueError, match="sample_rate"):
+        AudioConfig(sample_rate=rate)

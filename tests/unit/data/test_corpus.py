@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pentad.data.corpus import BadLine, check_corpus, decode_line, is_blank, read_chunks
+from pentad.data.corpus import BadLine, check_corpus, count_lines, decode_line, is_blank, read_chunks
 from pentad.errors import UserError
 
 
@@ -45,6 +45,17 @@ def test_skip_lines_keeps_numbering(tmp_path):
     path = write_lines(tmp_path / "c.txt", [b"header", b"a", b"b"])
     (chunk,) = read_chunks(path, chunk_bytes=1 << 20, skip_lines=1)
     assert chunk.first_line == 2 and chunk.lines == [b"a\n", b"b\n"]
+
+
+def test_chunks_of_file_naming_lines_end_by_count_not_only_bytes(tmp_path):
+    path = write_lines(tmp_path / "list.txt", [b"path", *(f"img/{i}.png".encode() for i in range(10))])
+    chunks = list(read_chunks(path, chunk_bytes=1 << 20, skip_lines=1, chunk_lines=4))
+    assert [len(c.lines) for c in chunks] == [4, 4, 2] and [c.first_line for c in chunks] == [2, 6, 10]
+    assert [c.index for c in chunks] == [0, 1, 2]
+    assert len(list(read_chunks(path, chunk_bytes=1 << 20, skip_lines=1))) == 1  # without the count: one chunk
+    assert count_lines(path) == 11
+    (tmp_path / "open.txt").write_bytes(b"a\nb")  # a last line without its line break counts
+    assert count_lines(tmp_path / "open.txt") == 2
 
 
 def test_decode_line():

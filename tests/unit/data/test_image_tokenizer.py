@@ -131,3 +131,23 @@ def test_bad_codebooks_are_named(tmp_path):
         import_codebook(tmp_path / "nan.npy", 4, 3)
     with pytest.raises(UserError, match="does not exist"):
         import_codebook(tmp_path / "missing.npy", 4, 3)
+
+
+def test_fit_refuses_images_past_the_pixel_limit_by_name(tmp_path, capsys):
+    from PIL import Image
+    from tests.unit.data.test_images import _png_header
+
+    from pentad.cli.main import main
+
+    folder = tmp_path / "img"
+    folder.mkdir()
+    Image.fromarray(blocks(1, 0)[0]).save(folder / "a.png")
+    (folder / "b.png").write_bytes(_png_header(30_000, 30_000))
+    fit = ["image-tokenizer", "fit", "--images", str(folder), "--output", str(tmp_path / "t.safetensors"),
+           "--image-size", "16", "--patch-size", "4", "--codebook-size", "4", "--steps", "2"]
+    assert main(fit) == 2
+    assert "b.png is 30000x30000 = 900,000,000 pixels, more than --max-image-pixels" in capsys.readouterr().err
+    (folder / "b.png").unlink()
+    assert main([*fit, "--max-image-pixels", "100"]) == 2  # a.png: 16x16 = 256 pixels
+    assert "a.png is 16x16 = 256 pixels, more than --max-image-pixels 100 allows" in capsys.readouterr().err
+    assert main([*fit, "--max-image-pixels", "256"]) == 0

@@ -4,6 +4,7 @@ download itself is exercised by bench/vision_digits.py)."""
 from __future__ import annotations
 
 import gzip
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -156,3 +157,83 @@ def test_soft_targets_give_the_expected_cross_entropy_and_accuracy():
     one_hot, _ = classification_loss(logits, torch.tensor([[1.0, 0, 0], [0, 0, 1.0]]), label_smoothing=0.1)
     ids, _ = classification_loss(logits, torch.tensor([0, 2]), label_smoothing=0.1)
     torch.testing.assert_close(one_hot, ids)
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG that declares ``width`` x ``height`` 8-bit grayscale pixels and holds none (a bomb's header)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IEND", b""))
+
+
+def test_sixteen_bit_and_float_images_are_converted_by_their_value_range(tmp_path):
+    from PIL import Image
+
+    from pentad.data.images import decode_image
+
+    ramp = np.arange(64, dtype=np.uint16).reshape(8, 8) * 1000  # 0..63000: most of it above 255
+    Image.fromarray(ramp).save(tmp_path / "deep.png")
+    gray, how = decode_image(tmp_path / "deep.png", "deep", (8, 8), 1)
+    np.testing.assert_array_equal(gray[..., 0], np.rint(ramp * (255 / 65535)).astype(np.uint8))
+    assert how is not None and "I;16" in how and "255/65535" in how
+    rgb, _ = decode_image(tmp_path / "deep.png", "deep", (8, 8), 3)
+    assert all(np.array_equal(rgb[..., c], gray[..., 0]) for c in range(3))
+    unit = np.linspace(0, 1, 64, dtype=np.float32).reshape(8, 8)
+    Image.fromarray(unit).save(tmp_path / "unit.tiff")
+    image, how = decode_image(tmp_path / "unit.tiff", "unit", (8, 8), 1)
+    np.testing.assert_array_equal(image[..., 0], np.rint(unit.astype(np.float64) * 255).astype(np.uint8))
+    assert "within 0..1" in how
+    wide = np.arange(64, dtype=np.int32).reshape(8, 8) * 1000  # an I image within 0..65535: read as 16-bit
+    Image.fromarray(wide).save(tmp_path / "wide.tiff")
+    image, _ = decode_image(tmp_path / "wide.tiff", "wide", (8, 8), 1)
+    np.testing.assert_array_equal(image[..., 0], np.rint(wide * (255 / 65535)).astype(np.uint8))
+
+
+def test_float_images_outside_a_known_range_are_refused_by_name(tmp_path):
+    from PIL import Image
+
+    from pentad.data.images import decode_image
+
+    for name, values in (("signed", np.linspace(-2, 3, 16)), ("nan", np.full(16, np.nan))):
+        Image.fromarray(values.astype(np.float32).reshape(4, 4)).save(tmp_path / f"{name}.tiff")
+        with pytest.raises(UserError, match=f"{name}.tiff.* float samples"):
+            decode_image(tmp_path / f"{name}.tiff", f"image {tmp_path / name}.tiff", (4, 4), 1)
+
+
+def test_images_past_the_pixel_limit_are_refused_before_decoding(tmp_path):
+    from PIL import Image
+
+    from pentad.data.images import decode_image, load_images
+
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(_png_header(20_000, 20_000))  # 400 million pixels in 57 bytes
+    with pytest.raises(UserError, match="20000x20000 = 400,000,000 pixels, more than data.max_image_pixels 89,478,485"):
+        decode_image(bomb, "bomb", (8, 8), 1)
+    Image.new("L", (40, 30)).save(tmp_path / "big.png")
+    assert decode_image(tmp_path / "big.png", "big", (8, 8), 1)[0].shape == (8, 8, 1)
+    with pytest.raises(UserError, match=r"t.tsv, line 3: image .*big.png is 40x30 = 1,200 pixels, more than "
+                                        r"data.max_image_pixels 1,000 allows"):
+        load_images([tmp_path / "big.png"], [3], tmp_path / "t.tsv", (8, 8), 1, max_pixels=1000)
+
+
+def test_a_directory_fifo_or_device_is_named_as_such_without_blocking(tmp_path):
+    import os
+
+    from pentad.data.images import decode_image
+
+    (tmp_path / "folder.png").mkdir()
+    cases = {tmp_path / "folder.png": "is a directory, not an image file",
+             tmp_path / "missing.png": "does not exist"}
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "pipe.png")  # no writer: opening it for reading in the usual way would block
+        cases[tmp_path / "pipe.png"] = r"is a named pipe \(FIFO\), not an image file"
+    if os.path.exists("/dev/zero"):
+        cases[Path("/dev/zero")] = "is a character device, not an image file"
+    for path, expected in cases.items():
+        with pytest.raises(UserError, match=f"image {path}: {expected}"):
+            decode_image(path, f"image {path}:", (4, 4), 1)

@@ -190,3 +190,56 @@ def test_data_config_and_objective_union():
     assert data_config(objective={"type": "lm"}).objective.pack  # lm packs by default
     with pytest.raises(ValidationError):
         data_config(objective={"type": "lm", "mask_prob": 0.1})
+
+
+def test_an_image_list_far_under_a_chunk_of_bytes_still_splits_across_the_workers(tmp_path, monkeypatch):
+    """An image corpus is split by lines (objective.chunk_lines), so data.workers is used on a list of
+    a few hundred bytes; the output is the same whatever the split."""
+    from PIL import Image
+
+    import pentad.data.preprocess as module
+    from pentad.data.objectives.vision import VitObjective, VitObjectiveConfig
+
+    rng = np.random.default_rng(0)
+    lines = ["label\tpath"]
+    for i in range(5):
+        Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+        lines.append(f"{i % 2}\t{i}.png")
+    corpus = tmp_path / "list.tsv"
+    corpus.write_text("\n".join(lines) + "\n")
+    used: list[tuple[int, int]] = []
+    results = module._results
+
+    def in_process(job, chunks, workers):  # records the split, computes it here (no pool to start)
+        chunks = list(chunks)
+        used.append((workers, len(chunks)))
+        return results(job, chunks, 1)
+
+    monkeypatch.setattr(module, "_results", in_process)
+    monkeypatch.setattr(VitObjective, "chunk_lines", 2)
+    objective = VitObjective(VitObjectiveConfig(image_size=[8, 8]), None)
+    one = run(objective, None, None, corpus, tmp_path / "one", workers=2)
+    assert used == [(2, 3)] and one["chunk_lines"] == 2 and one["num_instances"] == 5
+    monkeypatch.setattr(VitObjective, "chunk_lines", None)  # by bytes alone: one chunk, done in-process
+    run(objective, None, None, corpus, tmp_path / "bytes", workers=2)
+    assert used[1] == (1, 1)
+    a, b = (ShardDataset(tmp_path / n).take(np.arange(5)).arrays["image"].data for n in ("one", "bytes"))
+    np.testing.assert_array_equal(a, b)
+
+
+def test_image_preprocess_scales_sixteen_bit_images_and_says_it_converted_them(tmp_path, capsys):
+    from PIL import Image
+
+    from pentad.data.objectives.vision import VitObjective, VitObjectiveConfig
+
+    deep = (np.arange(64, dtype=np.uint16).reshape(8, 8) * 1000)  # 16-bit gray, mostly above 255
+    Image.fromarray(deep).save(tmp_path / "deep.png")
+    Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(tmp_path / "rgb.png")
+    corpus = tmp_path / "list.tsv"
+    corpus.write_text("label\tpath\n0\tdeep.png\n1\trgb.png\n")
+    run(VitObjective(VitObjectiveConfig(image_size=[8, 8]), None), None, None, corpus, tmp_path / "out")
+    stored = ShardDataset(tmp_path / "out").take(np.arange(1)).arrays["image"].data.reshape(8, 8, 3)
+    expected = np.rint(deep * (255 / 65535)).astype(np.uint8)
+    assert all(np.array_equal(stored[..., c], expected) for c in range(3))
+    err = capsys.readouterr().err
+    assert "images converted from I;16 (16-bit samples scaled by 255/65535) to RGB: 1 line(s)" in err, err

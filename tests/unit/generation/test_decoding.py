@@ -9,7 +9,7 @@ import torch
 from pentad.generation import GenerationConfig, generate, stream
 from pentad.generation.config import GenerationInputError
 
-from .models import DECODER_ONLY, ENCODER_DECODER, PROMPTS, tiny_model
+from .models import DECODER_ONLY, ENCODER_DECODER, PROMPTS, VOCAB, tiny_model
 
 FAMILIES = DECODER_ONLY + ENCODER_DECODER
 START, STOP = 0, 1
@@ -205,3 +205,31 @@ def test_decoder_prompt_and_suppressed_tokens(beams: int) -> None:
         generate(model, PROMPTS, decoder_prompt_ids=[7] * 60, **options)
     with pytest.raises(GenerationInputError, match="decoder_prompt_ids"):
         generate(tiny_model("gpt2"), PROMPTS, decoder_prompt_ids=prompt, **options)
+
+
+def test_decodings_that_cannot_fit_are_refused_before_allocation(monkeypatch) -> None:
+    """The key/value cache and next-token scores of every row are estimated first: a billion beams
+    (terabytes for this tiny model) are refused at once with the estimate, nothing allocated."""
+    import time
+
+    from pentad import memory
+    from pentad.errors import UserError
+    from pentad.generation.search import decoding_memory
+
+    monkeypatch.delenv(memory.SKIP_ENV, raising=False)
+    model = tiny_model("gpt2")
+    start = time.perf_counter()
+    with pytest.raises(UserError, match=r"not enough memory for generating: it needs at least [\d.]+ TiB "
+                                        r"\(1,000,000,000 rows \(1 prompts x 1,000,000,000\): key/value cache"):
+        generate(model, [[5, 6, 7]], num_beams=10 ** 9, max_new_tokens=8)
+    assert time.perf_counter() - start < 2.0
+    # the estimate: 2 layers x (keys + values) x 32 wide x 4 bytes x (3 + 8) positions per row, and the
+    # fp32 scores of 61 tokens twice
+    config = GenerationConfig(num_beams=100_000, max_new_tokens=8)
+    need, _ = decoding_memory(model, 1, 3, config)
+    assert need == 100_000 * (2 * 2 * 32 * 4 * 11 + VOCAB * 4 * 2)
+    # --num-beams 100000 (612 MB here) on a machine with 256 MiB free is refused; 2 beams pass
+    monkeypatch.setattr(memory, "available_memory", lambda device=None: (256 * 1024 ** 2, "this machine"))
+    with pytest.raises(UserError, match="this machine has 256.0 MiB available"):
+        generate(model, [[5, 6, 7]], num_beams=100_000, max_new_tokens=8)
+    assert generate(model, [[5, 6, 7]], num_beams=2, max_new_tokens=8).tokens.shape[0] == 1

@@ -251,8 +251,12 @@ def test_output_directory_must_be_new(bert_hf, tmp_path):
         convert("hf-to-pentad", bert_hf, tmp_path / "out")
     with pytest.raises(UserError, match="unknown conversion"):
         convert("hf-to-tf", bert_hf, tmp_path / "new")
+    (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="has no config.json"):
-        convert("hf-to-pentad", tmp_path, tmp_path / "new")
+        convert("hf-to-pentad", tmp_path / "empty", tmp_path / "new")
+    with pytest.raises(UserError, match="lies inside the input"):  # (never written into the input)
+        convert("hf-to-pentad", bert_hf, bert_hf / "new")
+    assert not (bert_hf / "new").exists()
 
 
 def test_label_names_of_a_finetuned_run_become_id2label(tmp_path):

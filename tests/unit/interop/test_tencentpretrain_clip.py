@@ -207,7 +207,7 @@ def test_tencentpretrain_clip_logits_follow_its_modules(shared_data, tmp_path):
 
 def test_clip_stream_with_one_embedding_norm_is_not_written_as_tencentpretrain(shared_data, tmp_path):
     """TencentPretrain's DualEmbedding always adds stream_0_layer_norm after a stream's embedding
-    LayerNorm, so a pentad stream with one norm (a model trained from the imported config) is refused."""
+    LayerNorm, so a pentad stream with one norm (second_norm: false) is refused."""
     state = clip_state(torch.Generator().manual_seed(0))
     tp_clip(tmp_path / "tp", shared_data, state)
     convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "run")
@@ -223,6 +223,22 @@ def test_clip_stream_with_one_embedding_norm_is_not_written_as_tencentpretrain(s
     with pytest.raises(UserError, match=r"always applies a second one on top of it \(embedding.dual.stream_0"):
         convert("pentad-to-tencentpretrain", tmp_path / "run", tmp_path / "back")
     assert not (tmp_path / "back").exists()
+
+
+def test_converted_clip_checkpoint_loads_strictly_into_the_imported_config(shared_data, tmp_path):
+    """The config import builds the architecture the checkpoint conversion keeps: the same CLIP
+    TencentPretrain config imported alone gives a model its converted weights load into strictly."""
+    from pentad.config.model import model_config_class
+    from pentad.config.tencentpretrain import import_config
+
+    tp_clip(tmp_path / "tp", shared_data)
+    raw = json.loads((tmp_path / "tp" / "config.json").read_text(encoding="utf-8"))
+    convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "run")
+    out, _ = import_config(raw, [f"vocab_size={VOCAB}"], "clip", notices=[])
+    model = build_model(model_config_class().model_validate(out["model"]), device="meta")
+    weights = read_weights(find_weights(tmp_path / "run"))
+    assert sorted(model.state_dict()) == sorted(weights)
+    model.load_state_dict(weights, strict=True, assign=True)
 
 
 def test_tied_dual_checkpoint_is_refused(shared_data, tmp_path):

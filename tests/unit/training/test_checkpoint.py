@@ -1,3 +1,6 @@
+import json
+import shutil
+
 import pytest
 import torch
 from tests.conftest import tiny_model_dict
@@ -72,6 +75,38 @@ def test_checkpoints_rotate_and_latest_points_at_the_newest(tmp_path):
     assert not list((tmp_path / "checkpoints").glob(".*"))  # no temp leftovers
 
 
+def test_rotation_orders_by_step_and_keeps_the_checkpoint_just_written(tmp_path):
+    model = make()
+    written = ckpt.save_checkpoint(tmp_path, 9, model, {"step": 9}, keep=3)
+    # checkpoints named without padding (as other tools and older runs name them): step-9 sorts after step-10 as text
+    for step in (9, 10):
+        shutil.copytree(written, tmp_path / "checkpoints" / f"step-{step}")
+    shutil.rmtree(written)
+    ckpt.save_checkpoint(tmp_path, 100, model, {"step": 100}, keep=2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*")) == ["step-00000100", "step-10"]
+    assert ckpt.latest_checkpoint(tmp_path).name == "step-00000100" and ckpt.checkpoint_steps(tmp_path) == [10, 100]
+    # a later checkpoint left from another course never makes rotation delete the one just written
+    ckpt.save_checkpoint(tmp_path, 50, model, {"step": 50}, keep=1)
+    assert [p.name for p in (tmp_path / "checkpoints").glob("step-*")] == ["step-00000050"]
+    assert ckpt.latest_checkpoint(tmp_path).name == "step-00000050"
+
+
+def test_missing_or_dangling_latest_falls_back_to_the_newest_complete_checkpoint(tmp_path):
+    model = make()
+    for step in (2, 4):
+        ckpt.save_checkpoint(tmp_path, step, model, {"step": step}, keep=3)
+    (tmp_path / "checkpoints" / "step-00000006").mkdir()  # not complete (no state, no weights): never chosen
+    pointer = tmp_path / "checkpoints" / ckpt.LATEST
+    assert ckpt.latest_problem(tmp_path) is None
+    pointer.unlink()
+    assert ckpt.latest_checkpoint(tmp_path).name == "step-00000004"
+    assert "latest is missing" in ckpt.latest_problem(tmp_path)
+    pointer.write_text("step-00000008\n")
+    assert ckpt.latest_checkpoint(tmp_path).name == "step-00000004"
+    assert "names 'step-00000008', which is not a checkpoint directory" in ckpt.latest_problem(tmp_path)
+    assert ckpt.find_weights(tmp_path) == tmp_path / "checkpoints" / "step-00000004" / ckpt.WEIGHTS
+
+
 class Evil:
     """A class that is not on torch's allow-list of loadable types."""
 
@@ -80,3 +115,22 @@ def test_state_refuses_arbitrary_objects(tmp_path):
     torch.save({"x": Evil()}, tmp_path / ckpt.STATE)
     with pytest.raises(UserError):
         ckpt.load_state(tmp_path)
+
+
+def test_a_finished_fine_tune_without_its_best_model_is_not_read_from_another_checkpoint(tmp_path, capsys):
+    model = make()
+    for step in (2, 4):
+        ckpt.save_checkpoint(tmp_path, step, model, {"step": step}, keep=3)
+    latest = tmp_path / "checkpoints" / "step-00000004" / ckpt.WEIGHTS
+    assert ckpt.find_weights(tmp_path) == latest  # no results: a pre-training run, its latest checkpoint
+    (tmp_path / ckpt.RESULTS).write_text(json.dumps({"best_step": 2}))
+    with pytest.raises(UserError, match=r"best model, .*best/model.safetensors \(step 2 in .*results.json\), is "
+                                        r"missing; its latest checkpoint, step-00000004, is another model"):
+        ckpt.find_weights(tmp_path)
+    assert ckpt.find_weights(tmp_path / "checkpoints" / "step-00000004") == latest  # named: used as it is
+    (tmp_path / ckpt.RESULTS).write_text(json.dumps({"best_step": 4}))
+    assert ckpt.find_weights(tmp_path) == latest
+    assert "best is missing; reading the latest checkpoint, step-00000004, which is of the best step" in \
+        capsys.readouterr().err
+    ckpt.save_weights(model, tmp_path / ckpt.BEST / ckpt.WEIGHTS)
+    assert ckpt.find_weights(tmp_path) == tmp_path / ckpt.BEST / ckpt.WEIGHTS

@@ -111,7 +111,8 @@ def test_missing_deepspeed_stops_the_command_with_status_2(monkeypatch, tmp_path
     monkeypatch.setitem(sys.modules, "deepspeed", None)
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\n")
+    (tmp_path / "ds").mkdir()
     code = main(["pretrain", "--config", "bert/tiny", "tokenizer.type=wordpiece", f"tokenizer.vocab={vocab}",
-                 f"data.dataset={tmp_path}", f"output={tmp_path / 'run'}", "train.strategy=deepspeed"])
+                 f"data.dataset={tmp_path / 'ds'}", f"output={tmp_path / 'run'}", "train.strategy=deepspeed"])
     assert code == 2
     assert "pip install 'pentad[deepspeed]'" in capsys.readouterr().err

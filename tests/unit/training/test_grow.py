@@ -189,3 +189,26 @@ def test_incompatible_configs_are_refused():
         grown(config("gpt2/tiny", *alibi), config("gpt2/tiny", *alibi, *WIDE))
     with pytest.raises(UserError, match="--depth identity needs pre-norm"):
         grown(config("bert/tiny"), config("bert/tiny", "model.encoder.num_layers=3"), "identity")
+
+
+def test_growing_into_a_model_that_cannot_fit_is_refused_before_allocation(tmp_path, monkeypatch):
+    """~1.6 trillion parameters (6 TiB of weights) are refused at once, with the estimate, and nothing
+    is built or written."""
+    import time
+
+    from tests.unit.interop.helpers import GPT2, make_run
+
+    from pentad import memory
+    from pentad.training.grow import grow_run
+
+    monkeypatch.delenv(memory.SKIP_ENV, raising=False)
+    make_run(tmp_path / "small", GPT2)
+    k = 8192  # hidden 32 -> 262,144, heads 4 -> 32,768 (head size 8 kept)
+    big = load_config(str(tmp_path / "small" / "config.yaml"),
+                      [f"model.hidden_size={32 * k}", f"model.encoder.num_heads={4 * k}"])
+    start = time.perf_counter()
+    with pytest.raises(UserError, match=r"not enough memory for growing into this model: it needs at least "
+                                        r"[\d.]+ TiB \(the big model's weights [\d.]+ TiB twice"):
+        grow_run(tmp_path / "small", big, tmp_path / "big")
+    assert time.perf_counter() - start < 2.0
+    assert not (tmp_path / "big").exists()

@@ -346,3 +346,15 @@ def test_model_flops_count_the_frozen_base_forward_and_input_gradients():
     adapters = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     assert model_flops_per_token(model)[0] == 6 * adapters + 4 * frozen and frozen * 6 == full
+
+
+def test_a_rank_above_what_the_projections_allow_is_refused():
+    """B [rows, r] A [r, in] of a rank r above min(rows, in) expresses nothing more and only takes memory:
+    train.lora.rank=100000 on 32-wide projections is refused before any adapter is made."""
+    model = bert()
+    with pytest.raises(UserError, match=r"train.lora.rank=100000 is larger than the projections it adapts allow: "
+                                        r"encoder\.layers\.0\.attention\.qkv \(q: 32 rows x 32 inputs\) has rank at "
+                                        r"most 32.*train.lora.rank <= 32"):
+        lora.apply_lora(model, LoraConfig(rank=100_000), "base.safetensors", "fingerprint")
+    assert not any(lora.is_adapter_key(name) for name, _ in model.named_parameters())
+    lora.apply_lora(model, LoraConfig(rank=32), "base.safetensors", "fingerprint")  # the bound itself is allowed

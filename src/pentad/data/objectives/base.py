@@ -68,6 +68,9 @@ class Objective:
     truncation_refused: ClassVar[str | None] = "it does not declare that its batches may be cut"
     # False for objectives whose instances hold no text (vit: an image and a label): no tokenizer needed
     needs_tokenizer: ClassVar[bool] = True
+    # Lines per preprocessing chunk where each line names a file to decode (an image, audio): the work
+    # splits by items, not only by corpus bytes; None: chunks of chunk_bytes only (lines of text).
+    chunk_lines: ClassVar[int | None] = None
 
     def __init__(self, cfg: ObjectiveConfig, tokenizer: Any):
         self.cfg = cfg
@@ -117,6 +120,12 @@ class Objective:
     def build(self, items: list[Any], rng: np.random.Generator) -> Instances | np.ndarray:
         """A chunk's parsed lines -> Instances (or a 1-D token stream when ``packs``)."""
         raise NotImplementedError
+
+    def take_notes(self) -> dict[str, int]:
+        """What parsing changed in the input since the last call, counted by kind (s2t: files resampled
+        or downmixed; images: converted to the model's mode, and how), then forgotten; preprocess reports
+        the corpus's totals. None by default."""
+        return {}
 
     def array_specs(self) -> dict[str, dict[str, Any]]:
         """Typed per-instance arrays stored beside the tokens: name -> ``{"dtype": ..., "shape":

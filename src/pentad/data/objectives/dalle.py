@@ -10,8 +10,9 @@ image-tokenizer fit`` writes; :mod:`pentad.data.image_tokenizer`) and stores one
 
 where image token ``i`` of the codebook is id ``offset + i`` and ``offset`` is the text vocabulary's
 size: the model's vocabulary is the text vocabulary followed by the codebook (TencentPretrain's
-``text_image`` tokenizer layout). The caption is cut to ``text_length`` tokens ([CLS] and [SEP]
-included); the image keeps all its tokens.
+``text_image`` tokenizer layout). A caption longer than ``text_length`` tokens ([CLS] and [SEP]
+included) or with text outside the vocabulary is a bad line (``data.on_bad_line``), never cut or
+[UNK]; the image keeps all its tokens.
 
 Batches are a prefix language model's: ``tokens``, ``segments`` (0 over the caption, 1 over the
 image: a ``prefix`` mask lets the caption attend both ways), ``padding_mask`` and ``labels["lm"]``, the
@@ -31,7 +32,7 @@ from pydantic import Field
 from pentad.data.image_tokenizer import load_for_objective
 from pentad.data.images import AugmentConfig
 from pentad.data.objectives.base import new_batch, segments_from_split, to_batch_tensor
-from pentad.data.objectives.vision import ImageObjective, ImageObjectiveConfig
+from pentad.data.objectives.vision import ImageObjective, ImageObjectiveConfig, caption_ids
 from pentad.data.shards import Instances
 from pentad.data.tsv import assemble_pairs
 from pentad.errors import UserError
@@ -111,12 +112,14 @@ class DalleObjective(ImageObjective):
             raise UserError(f"model.max_seq_length {positions} is shorter than data.objective.seq_length "
                             f"{self.cfg.seq_length} (the caption and the image's {self.image_length} tokens)")
 
+    def check_value(self, value: str) -> list[int]:
+        return caption_ids(self.tokenizer, value, self.cfg.text_length - 2, "data.objective.text_length")
+
     def build(self, items: list[Any], rng: np.random.Generator) -> Instances:
         kept = [item for item in items if item is not None]
         if not kept:
             return Instances.from_sequences([], split=[])
-        captions, _ = assemble_pairs(self.tokenizer.encode_batch([text for text, _ in kept]), None, self.cls_id,
-                                     self.sep_id, self.cfg.text_length)
+        captions, _ = assemble_pairs([ids for ids, _ in kept], None, self.cls_id, self.sep_id, self.cfg.text_length)
         images = np.stack([image for _, image in kept])
         codes = self.image_tokenizer.encode(images).astype(np.int64) + self.offset
         sequences = [np.concatenate([caption, row]) for caption, row in zip(captions, codes)]

@@ -21,13 +21,23 @@ transcript are bad lines (``data.on_bad_line``: fail, naming file and line, or s
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
 
-from pentad.data.audio import AudioConfig, collate, fbank, read_audio, utterance_cmvn, whisper_log_mel
+from pentad.data.audio import (
+    AudioConfig,
+    BadAudio,
+    check_features,
+    collate,
+    fbank,
+    read_audio,
+    utterance_cmvn,
+    whisper_log_mel,
+)
 from pentad.data.corpus import BadLine
 from pentad.data.masking import describe_tokenizer
 from pentad.data.objectives.base import Objective, ObjectiveConfig, new_batch, to_batch_tensor
@@ -87,6 +97,7 @@ class S2tObjective(Objective):
         "its inputs are speech frames and its targets the decoder's transcript, not one token sequence a "
         "shorter length could cut")
     collate_options: ClassVar[frozenset[str]] = frozenset({"decoder_start"})
+    chunk_lines: ClassVar[int | None] = 64  # a line is an audio file to decode and turn into features
 
     def __init__(self, cfg: S2tObjectiveConfig, tokenizer: Any):
         super().__init__(cfg, tokenizer)
@@ -104,6 +115,7 @@ class S2tObjective(Objective):
             self.prompt_ids.append(int(value))
         self.whisper = cfg.audio.features == "whisper"
         self.field_names = ("fill",) if self.whisper else ()
+        self.notes: Counter[str] = Counter()  # resampled / downmixed files, as the asr task reports them
 
     def array_specs(self) -> dict[str, dict[str, Any]]:
         return {"audio": {"dtype": "<f4" if self.whisper else "<f2", "shape": [self.cfg.audio.feature_size]}}
@@ -152,9 +164,10 @@ class S2tObjective(Objective):
                           f"{self.seq_length - 1} (and the end token)")
         path = Path(audio_path) if Path(audio_path).is_absolute() else folder / audio_path
         cfg = self.cfg.audio
+        where = f"names the audio file {path}, which"
         try:
-            samples = read_audio(path, f"names the audio file {path}, which", cfg.sample_rate)
-        except UserError as error:
+            samples = read_audio(path, where, cfg.sample_rate, self.notes)
+        except UserError as error:  # BadAudio too: data.on_bad_line=skip leaves it out, counted
             raise BadLine(str(error)) from None
         fill = 0.0
         if self.whisper:
@@ -167,9 +180,18 @@ class S2tObjective(Objective):
             if len(features) == 0 or len(features) > cfg.max_frames:
                 raise BadLine(f"audio {path} has {len(features)} frames; audio.max_frames allows 1 to "
                               f"{cfg.max_frames}")
-            if cfg.cmvn:
-                features = utterance_cmvn(features)
+        try:
+            check_features(features, samples, where)
+        except BadAudio as error:
+            raise BadLine(str(error)) from None
+        if not self.whisper and cfg.cmvn:
+            features = utterance_cmvn(features)
         return list(ids), features, fill
+
+    def take_notes(self) -> dict[str, int]:
+        notes = {f"{note} (the model takes mono {self.cfg.audio.sample_rate} Hz)": n for note, n in self.notes.items()}
+        self.notes.clear()
+        return notes
 
     def build(self, items: list[Any], rng: np.random.Generator) -> Instances:
         kept = [item for item in items if item is not None]

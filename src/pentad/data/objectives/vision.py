@@ -11,7 +11,9 @@ manifest's label map; ``clip``: ``[CLS] text [SEP]``), ``image_size[0]`` rows of
 per image. Training batches are memory-mapped images, seeded augmentation (``augment``: random resized
 crop, random affine and flip, from the batch's generator, so a resumed run sees the same crops) and normalisation
 (``normalise``) to ``pixels [B, C, H, W]``. A missing or undecodable image is a bad line
-(``data.on_bad_line``).
+(``data.on_bad_line``), and so is a caption with text outside the vocabulary or longer than
+``seq_length`` (checked before its image is decoded): captions are never silently cut or [UNK], as
+``s2t`` transcripts are not.
 
 Batches: ``vit``: ``pixels`` and ``labels["cls"]``; ``clip``: the text's ``tokens``, ``segments`` and
 ``padding_mask`` with the image in ``pair.pixels`` (the two-tower model's second stream); ``vilt``:
@@ -24,17 +26,19 @@ a mismatch, 0 for the caption's own image), segments 0 over the caption and 1 ov
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, field_validator
 
+from pentad.data.config import DEFAULT_MAX_IMAGE_PIXELS
 from pentad.data.corpus import BadLine
 from pentad.data.images import NORMALISE, AugmentConfig, augment, decode_image, to_pixels
 from pentad.data.objectives.base import Objective, ObjectiveConfig, new_batch, to_batch_tensor
 from pentad.data.shards import Instances, Ragged
-from pentad.data.tsv import assemble_pairs
+from pentad.data.tsv import assemble_pairs, text_problem
 from pentad.errors import UserError
 from pentad.registry import OBJECTIVES
 
@@ -66,6 +70,16 @@ class ImageObjectiveConfig(ObjectiveConfig):
         return value
 
 
+def caption_ids(tokenizer: Any, caption: str, budget: int, length_key: str) -> list[int]:
+    """A caption's token ids; BadLine for text outside the vocabulary or more than ``budget`` tokens
+    (:func:`~pentad.data.tsv.text_problem`: refused as s2t refuses transcripts, never cut or [UNK])."""
+    ids = tokenizer.encode(caption)
+    problem = text_problem(tokenizer, caption, ids, budget, "caption", length_key)
+    if problem is not None:
+        raise BadLine(problem)
+    return ids
+
+
 class ImageObjective(Objective):
     """Shared by ``vit``, ``clip`` and ``beit``: the corpus (two columns, or ``path`` alone), decoding into a
     typed array, pixels."""
@@ -73,12 +87,16 @@ class ImageObjective(Objective):
     column: ClassVar[str | None] = "label"  # the column beside ``path`` (None: ``path`` alone, beit)
     collate_options: ClassVar[frozenset[str]] = frozenset({"normalise", "augment"})
     truncation_refused: ClassVar[str | None] = "its input is an image, which a sequence length does not cut"
+    chunk_lines: ClassVar[int | None] = 256  # a line is an image to decode (about 38 MB a chunk at 224x224 RGB)
 
     def __init__(self, cfg: ImageObjectiveConfig, tokenizer: Any):
         super().__init__(cfg, tokenizer)
         self.cfg: ImageObjectiveConfig = cfg
         self.size = (int(cfg.image_size[0]), int(cfg.image_size[1]))
         self.mean, self.std = NORMALISE[cfg.normalise]
+        # data.max_image_pixels, which preprocess_from_config sets (a data-section setting, not the objective's)
+        self.max_pixels = DEFAULT_MAX_IMAGE_PIXELS
+        self.converted: Counter[str] = Counter()  # since the last take_notes: mode converted from -> images
 
     def array_specs(self) -> dict[str, dict[str, Any]]:
         return {"image": {"dtype": "|u1", "shape": [self.size[1], self.cfg.channels]}}
@@ -96,7 +114,8 @@ class ImageObjective(Objective):
         return (path.resolve().parent, names.index(self.column) if self.column is not None else -1), True
 
     def parse_line(self, text: str, context: Any) -> tuple[str | None, np.ndarray] | None:
-        """(the other column's value (None without one), the decoded image), None for a blank line."""
+        """(the other column's value (None without one; see :meth:`check_value`), the decoded image),
+        None for a blank line."""
         if not text.strip():
             return None
         folder, column = context
@@ -127,12 +146,28 @@ class ImageObjective(Objective):
             raise BadLine(f"has an empty {self.column}")
         if not image_path:
             raise BadLine("has an empty image path")
+        if value is not None:
+            value = self.check_value(value)  # before the image is decoded: a bad caption costs no decoding
         path = Path(image_path) if Path(image_path).is_absolute() else folder / image_path
         try:
-            image, _ = decode_image(path, f"names the image {path}, which", self.size, self.cfg.channels)
+            image, converted = decode_image(path, f"names the image {path}, which", self.size, self.cfg.channels,
+                                            self.max_pixels)
         except UserError as error:
             raise BadLine(str(error)) from None
+        if converted is not None:
+            self.converted[converted] += 1
         return value, image
+
+    def take_notes(self) -> dict[str, int]:
+        mode = "RGB" if self.cfg.channels == 3 else "L"
+        notes = {f"images converted from {mode_from} to {mode}": n for mode_from, n in sorted(self.converted.items())}
+        self.converted.clear()
+        return notes
+
+    def check_value(self, value: str) -> Any:
+        """The other column's value as the instance keeps it (default: as read; captions: their token
+        ids, checked); raises BadLine when it cannot be used."""
+        return value
 
     def images(self, items: list[tuple[str, np.ndarray]]) -> Ragged:
         return Ragged.from_arrays([image.reshape(self.size[0], self.size[1], self.cfg.channels) for _, image in items],
@@ -194,10 +229,12 @@ class ClipObjective(ImageObjective):
         self.require_ids(**{"[CLS] (start of text)": tokenizer.cls_id, "[SEP] (end of text)": tokenizer.sep_id})
         self.cls_id, self.sep_id = int(tokenizer.cls_id), int(tokenizer.sep_id)
 
+    def check_value(self, value: str) -> list[int]:
+        return caption_ids(self.tokenizer, value, self.seq_length - 2, "data.objective.seq_length")
+
     def build(self, items: list[Any], rng: np.random.Generator) -> Instances:
         kept = [item for item in items if item is not None]
-        sequences, _ = assemble_pairs(self.tokenizer.encode_batch([text for text, _ in kept]), None, self.cls_id,
-                                      self.sep_id, self.seq_length)
+        sequences, _ = assemble_pairs([ids for ids, _ in kept], None, self.cls_id, self.sep_id, self.seq_length)
         out = Instances.from_sequences(sequences)
         out.arrays["image"] = self.images(kept)
         return out

@@ -65,6 +65,8 @@ class Strategy(ABC):
     autocast: bool = True
     precisions: ClassVar[tuple[str, ...]] = ("fp32", "tf32", "bf16", "bf16-true", "fp16")
     precision_note: ClassVar[str] = ""
+    # whether step() can leave out a step whose loss or gradients are not finite (train.on_nonfinite=skip)
+    skips_nonfinite: ClassVar[bool] = True
 
     def __init__(self, cfg: Any, dist: Any):
         self.cfg = cfg          # the TrainConfig
@@ -74,6 +76,7 @@ class Strategy(ABC):
         self.optimizer: torch.optim.Optimizer | None = None
         self.precision = "fp32"  # the resolved train.precision (set_precision)
         self.scaler: Any = None  # torch.amp.GradScaler under fp16 autocast
+        self.skipped: torch.Tensor | None = None  # the last step() was left out (1.0) or applied (0.0)
 
     def set_precision(self, precision: str) -> None:
         """Train in ``precision`` (resolved: not ``auto``); called before :meth:`setup`. A mode the
@@ -119,13 +122,22 @@ class Strategy(ABC):
             loss = self.scaler.scale(loss)
         loss.backward()
 
-    def step(self, clip_grad_norm: float | None) -> torch.Tensor | None:
+    def step(self, clip_grad_norm: float | None, loss_nonfinite: torch.Tensor | None = None
+             ) -> torch.Tensor | None:
         """Clip the gradients (when ``clip_grad_norm`` is set), step the optimizer and zero the
         gradients; returns the total gradient norm before clipping (a tensor, no host sync), or
         None when not clipping. Engines whose parameters are torch tensors or DTensors share this.
         Under fp16 the gradients are unscaled before clipping, and the scaler skips a step whose
-        gradients overflowed."""
+        gradients overflowed.
+
+        ``loss_nonfinite``: 1.0 when the step's loss was NaN or infinite on some rank (a 0-dim tensor,
+        the same on every rank), else 0.0; given, the step is left out when that loss or the total
+        gradient norm is not finite, and ``skipped`` says so (a 0-dim tensor). The decision stays on the
+        device: the fused optimizer reads it as ``found_inf`` (as under the gradient scaler) and neither
+        moves the weights nor counts the step, without a host sync. Under fp16 the scaler decides about
+        the gradients (it skips an overflow and lowers its scale: not counted); only the loss counts."""
         norm = None
+        self.skipped = None
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         if clip_grad_norm is not None:
@@ -134,13 +146,35 @@ class Strategy(ABC):
                                                   foreach=True if self.device.type == "cuda" else None)
             if hasattr(norm, "full_tensor"):  # a DTensor (sharded parameters): the norm over every rank's shards
                 norm = norm.full_tensor()
+        if loss_nonfinite is not None:
+            if self.scaler is not None:
+                self.skipped = loss_nonfinite.float()
+            else:
+                total = norm if norm is not None else self._grad_norm()
+                self.skipped = torch.maximum(loss_nonfinite.to(total.device).float(), (~torch.isfinite(total)).float())
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
+        elif self.skipped is not None and getattr(self.optimizer, "_step_supports_amp_scaling", False):
+            self.optimizer.found_inf = self.skipped  # a fused optimizer leaves the step out on the device
+            try:
+                self.optimizer.step()
+            finally:
+                del self.optimizer.found_inf
+        elif self.skipped is not None and bool(self.skipped):  # any other optimizer: decided on the host
+            pass
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
+
+    def _grad_norm(self) -> torch.Tensor:
+        """The total norm of the gradients (when not clipping, for the finiteness check of :meth:`step`)."""
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        if not grads:
+            return torch.zeros((), device=self.device)
+        norm = torch.nn.utils.get_total_norm(grads, foreach=True if self.device.type == "cuda" else None)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     # ------------------------------------------------------------------ state
     @abstractmethod

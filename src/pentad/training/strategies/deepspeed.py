@@ -141,6 +141,7 @@ class DeepSpeedStrategy(Strategy):
     """DeepSpeed ZeRO over every rank of a torchrun or deepspeed launch (see the module docstring)."""
 
     needs_launcher = True
+    skips_nonfinite = False  # the engine steps itself (train.on_nonfinite=skip is refused)
     precisions = ("fp32", "tf32", "bf16", "fp16")
     precision_note = ("; DeepSpeed's bf16 keeps fp32 master weights in the optimizer (train.precision=bf16), and "
                       "bf16 weights without them are not one of its modes")
@@ -200,8 +201,12 @@ class DeepSpeedStrategy(Strategy):
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss, scale_wrt_gas=False)  # the trainer already divided by grad_accum
 
-    def step(self, clip_grad_norm: float | None) -> torch.Tensor | None:
+    def step(self, clip_grad_norm: float | None, loss_nonfinite: torch.Tensor | None = None
+             ) -> torch.Tensor | None:
+        # the engine steps itself: its fp16 mode skips overflowing steps, other steps are applied; a
+        # non-finite loss is reported (``skipped``) so that train.on_nonfinite=stop stops the run
         self.engine.step()
+        self.skipped = None if loss_nonfinite is None else loss_nonfinite.float()
         if clip_grad_norm is None:
             return None
         norm = self.engine.get_global_grad_norm()
