@@ -189,8 +189,9 @@ def test_two_exports_to_one_new_output(capsys, boxed, tmp_path, monkeypatch):
 
 def test_two_inferences_to_one_new_file(capsys, english, boxed, tmp_path, monkeypatch):
     out, results = tmp_path / "p.tsv", []
-    monkeypatch.setattr(checkpoint, "atomic_write_text",
-                        _nested(_infer(english, boxed, "--output", out), results)(checkpoint.atomic_write_text))
+    # streamed inference writes its predictions through atomic_open
+    monkeypatch.setattr(checkpoint, "atomic_open",
+                        _nested(_infer(english, boxed, "--output", out), results)(checkpoint.atomic_open))
     assert main([str(a) for a in _infer(english, boxed, "--output", out)]) == 0
     assert results == [2] and "is being written by another pentad process" in capsys.readouterr().err
     assert out.read_text().startswith("label\n")
