@@ -52,3 +52,15 @@ def tp():
     if not TP.is_dir():
         pytest.skip("../shared/data is not beside the repository")
     return TP
+
+
+@pytest.fixture(scope="session")
+def classification_run(english, tmp_path_factory) -> Path:
+    """A tiny classification run fine-tuned for one epoch on ``english``'s train.tsv (shared: fine-tuning
+    takes most of a test module's time)."""
+    from pentad.cli.main import main
+
+    out = tmp_path_factory.mktemp("classification") / "ft"
+    assert main(["finetune", "--task", "classification", "--config", "bert/tiny", *tiny(english["vocab"]),
+                 f"data.train={english['train']}", "train.epochs=1", f"output={out}"]) == 0
+    return out

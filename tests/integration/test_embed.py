@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from tests.integration.conftest import SENTENCES, tiny
+from tests.integration.conftest import SENTENCES
 
 from pentad.cli.main import main
 from pentad.tasks.correlation import spearman
@@ -15,11 +15,8 @@ from pentad.tasks.embed import Whitening, cosine_rows
 
 
 @pytest.fixture(scope="module")
-def run(english, tmp_path_factory):
-    out = tmp_path_factory.mktemp("embed") / "ft"
-    assert main(["finetune", "--task", "classification", "--config", "bert/tiny", *tiny(english["vocab"]),
-                 f"data.train={english['train']}", "train.epochs=1", f"output={out}"]) == 0
-    return out
+def run(classification_run):
+    return classification_run
 
 
 def test_vectors_and_their_description(run, english, tmp_path, capsys):

@@ -89,10 +89,11 @@ def test_run_output_that_is_a_file(capsys, english, tmp_path):
 
 
 def test_disk_full_while_writing_predictions(capsys, english, finetuned, tmp_path, monkeypatch):
-    def no_space(path, text):
+    def no_space(path, text=None, binary=False):
         raise OSError(errno.ENOSPC, "No space left on device", str(path.parent / f".{path.name}.tmp123"))
 
     monkeypatch.setattr(checkpoint, "atomic_write_text", no_space)
+    monkeypatch.setattr(checkpoint, "atomic_open", no_space)  # streamed inference writes through it
     out = tmp_path / "p.tsv"
     fails(capsys, *_infer(english, finetuned, "--output", out),
           match=f"cannot write {out}: no space left on the device ({tmp_path.anchor}")
@@ -188,8 +189,9 @@ def test_two_exports_to_one_new_output(capsys, boxed, tmp_path, monkeypatch):
 
 def test_two_inferences_to_one_new_file(capsys, english, boxed, tmp_path, monkeypatch):
     out, results = tmp_path / "p.tsv", []
-    monkeypatch.setattr(checkpoint, "atomic_write_text",
-                        _nested(_infer(english, boxed, "--output", out), results)(checkpoint.atomic_write_text))
+    # streamed inference writes its predictions through atomic_open
+    monkeypatch.setattr(checkpoint, "atomic_open",
+                        _nested(_infer(english, boxed, "--output", out), results)(checkpoint.atomic_open))
     assert main([str(a) for a in _infer(english, boxed, "--output", out)]) == 0
     assert results == [2] and "is being written by another pentad process" in capsys.readouterr().err
     assert out.read_text().startswith("label\n")

@@ -14,7 +14,7 @@ the training set's ids.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,12 +100,28 @@ def read_classification_tsv(path: Path, with_labels: bool, known: Sequence[str] 
     and ``expected``: the header's columns (see :func:`parse_header`); ``empty_label``: an empty
     label field is allowed (a multi-label example with no label).
     """
+    rows: list[TsvRow] = []
+    columns: tuple[str, ...] = ()
+    for window, found in iter_classification_tsv(path, with_labels, known, required, empty_label, expected):
+        rows, columns = rows + window, found
+    return rows, columns
+
+
+def iter_classification_tsv(path: Path, with_labels: bool, known: Sequence[str] = KNOWN_COLUMNS,
+                            required: Sequence[str] = ("text_a",), empty_label: bool = False,
+                            expected: str | None = None, window: int | None = None
+                            ) -> Iterator[tuple[list[TsvRow], tuple[str, ...]]]:
+    """The rows of a classification TSV in consecutive windows of at most ``window`` rows (None: one
+    window of all of them), each with the column names, read lazily: only one window is held at a
+    time (streamed inference). The checks and errors of :func:`read_classification_tsv`; a file with
+    no data lines fails when the end is reached."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"TSV file {path} does not exist." if not path.exists()
                         else f"TSV path {path} is not a file.")
     rows: list[TsvRow] = []
     columns: tuple[str, ...] = ()
+    seen = 0
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, start=1):
             try:
@@ -116,11 +132,16 @@ def read_classification_tsv(path: Path, with_labels: bool, known: Sequence[str] 
                 rows.append(split_row(text, columns, line_no, empty_label))
             except BadLine as bad:
                 raise UserError(f"{path}, line {line_no}: the line {bad}.") from None
+            if window is not None and len(rows) >= window:
+                seen += len(rows)
+                yield rows, columns
+                rows = []
     if not columns:
         raise UserError(f"TSV file {path} is empty; expected a header line and data lines.")
-    if not rows:
+    if not rows and not seen:
         raise UserError(f"TSV file {path} has a header but no data lines.")
-    return rows, columns
+    if rows:
+        yield rows, columns
 
 
 class LabelMap:
@@ -338,6 +359,14 @@ def read_path_tsv(path: Path | str, column: str, required: bool, item: str) -> l
     per line. ``required``: the column must be there and never empty (training data); otherwise it is
     optional (inference input). UserError naming the file and line for a missing file, a bad header, a
     line that is not UTF-8, a wrong field count, an empty field, or no rows."""
+    return [row for window in iter_path_tsv(path, column, required, item) for row in window]
+
+
+def iter_path_tsv(path: Path | str, column: str, required: bool, item: str, window: int | None = None
+                  ) -> Iterator[list[tuple[int, str, str | None]]]:
+    """The rows of :func:`read_path_tsv` in consecutive windows of at most ``window`` rows (None: one
+    window), read lazily (streamed inference decodes one window of media at a time); the same checks,
+    a file without rows failing when the end is reached."""
     path = Path(path)
     expected = f"'{column}<TAB>path'" if required else f"'path' (and optionally '{column}')"
     if not path.is_file():
@@ -345,6 +374,7 @@ def read_path_tsv(path: Path | str, column: str, required: bool, item: str) -> l
                         "paths relative to the file's folder)")
     rows: list[tuple[int, str, str | None]] = []
     columns: list[str] = []
+    seen = False
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             try:
@@ -374,9 +404,14 @@ def read_path_tsv(path: Path | str, column: str, required: bool, item: str) -> l
                     raise UserError(f"{path}, line {number}: the {column} field is empty; give every {item} its "
                                     f"{column}")
             rows.append((number, row["path"].strip(), value))
-    if not rows:
+            seen = True
+            if window is not None and len(rows) >= window:
+                yield rows
+                rows = []
+    if not seen:
         raise UserError(f"TSV file {path} has no examples; expected a header line {expected} and one {item} per line")
-    return rows
+    if rows:
+        yield rows
 
 
 def text_problem(tokenizer: Any, text: str, ids: Sequence[int], budget: int, what: str,

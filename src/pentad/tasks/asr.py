@@ -14,6 +14,7 @@ characters) in percent, lower is better; the dev set's ``metric`` picks the best
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -25,7 +26,7 @@ from pydantic import Field
 from pentad.components.base import Batch
 from pentad.data.audio import AudioConfig, AudioSet, collate, load_features
 from pentad.data.objectives.s2t import teacher_forced
-from pentad.data.tsv import read_path_tsv
+from pentad.data.tsv import iter_path_tsv, read_path_tsv
 from pentad.errors import UserError
 from pentad.registry import TASKS
 from pentad.tasks.base import EpochBatches, Task, TaskConfig, in_order
@@ -195,7 +196,28 @@ class AsrTask(Task):
         if not self.bound:
             raise RuntimeError("asr: call bind(run_config) before read()")
         path = Path(path)
-        rows = read_asr_tsv(path, with_labels)
+        return self._utterances(path, read_asr_tsv(path, with_labels), with_labels)
+
+    def read_windows(self, path: Path, window: int):
+        if not self.bound:
+            raise RuntimeError("asr: call bind(run_config) before read_windows()")
+        return self._windows(Path(path), window)
+
+    def _windows(self, path: Path, window: int):
+        skipped: Counter[str] = Counter()
+        kept = 0
+        for rows in iter_path_tsv(path, "text", False, "utterance", window):
+            data = self._utterances(path, rows, False, skipped)
+            if data is not None:  # a window whose every utterance was skipped gives no predictions
+                kept += len(data)
+                yield data
+        if not kept:
+            raise UserError(f"{path}: every utterance was skipped ({dict(skipped)}); nothing to read")
+
+    def _utterances(self, path: Path, rows: list[tuple[int, str, str | None]], with_labels: bool,
+                    skips: Counter[str] | None = None) -> Utterances | None:
+        """The utterances of ``rows`` read from ``path``; when every one is skipped, a UserError, or with
+        ``skips`` (streamed windows) None, the reasons added to it."""
         labelled = with_labels and all(r[2] is not None for r in rows)
         cfg = self.cfg.audio
         targets: list[np.ndarray] | None = None
@@ -231,6 +253,9 @@ class AsrTask(Task):
         if targets is not None:
             targets = [targets[i] for i in audio.kept]
         kept = [chosen[i] for i in audio.kept]
+        if not kept and skips is not None:
+            skips.update(audio.skipped)
+            return None
         if not kept:
             raise UserError(f"{path}: every utterance was skipped ({dict(audio.skipped) | dropped}); nothing to read")
         references = [self._normal(r[2]) for r in kept] if labelled else None
@@ -337,12 +362,11 @@ class AsrTask(Task):
     def num_predictions(self, data: Utterances) -> int:
         return len(data)
 
-    def write_predictions(self, path: Path, predictions: list[str], data: Utterances, probabilities: bool) -> None:
+    def prediction_header(self, probabilities: bool) -> str:
         """TSV with header ``line<TAB>text``: the examples file's line of each utterance kept and its
         transcript (tabs and line breaks become spaces)."""
-        from pentad.training.checkpoint import atomic_write_text
+        return "line\ttext"
 
-        lines = ["line\ttext"]
-        for line, text in zip(data.lines, predictions):
-            lines.append(f"{line}\t{' '.join(text.replace(chr(9), ' ').splitlines())}")
-        atomic_write_text(path, "\n".join(lines) + "\n")
+    def prediction_lines(self, predictions: list[str], data: Utterances, probabilities: bool) -> list[str]:
+        return [f"{line}\t{' '.join(text.replace(chr(9), ' ').splitlines())}"
+                for line, text in zip(data.lines, predictions)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -38,7 +38,9 @@ class Task(ABC):
     :meth:`read` each file -> batches from :meth:`collate` train the model -> :meth:`evaluate` (=
     :meth:`predict` then :meth:`score`) picks the best model by :meth:`selection_score`. Inference rebuilds
     the task with the saved state (``Task(cfg, tokenizer, seq_length, state)``), :meth:`bind` to the run's
-    config, then :meth:`read` (``with_labels=False``) -> :meth:`predict` -> :meth:`write_predictions`.
+    config, then :meth:`read` (``with_labels=False``) -> :meth:`predict` -> :meth:`write_predictions`; a task
+    that streams its input gives :meth:`read_windows`, each window then predicted and written as
+    :meth:`prediction_lines` after one :meth:`prediction_header`.
 
     Class attributes: ``provides`` (the Batch fields its batches fill, checked against the model, as for
     objectives; may be a property), ``input_format`` (the file format, one line) and ``metric_names``
@@ -187,9 +189,47 @@ class Task(ABC):
         question) counts the examples."""
         return len(instances)
 
-    @abstractmethod
     def write_predictions(self, path: Path, predictions: Any, instances: Any, probabilities: bool) -> None:
-        """Write :meth:`predict`'s output for ``instances`` to ``path`` (atomically)."""
+        """Write :meth:`predict`'s output for ``instances`` to ``path`` (atomically). Default: the
+        :meth:`prediction_header` line, then the :meth:`prediction_lines`; a task whose output is one
+        document (JSON) overrides it."""
+        from pentad.training.checkpoint import atomic_open
+
+        with atomic_open(path) as f:
+            write_lines(f, [self.prediction_header(probabilities)])
+            write_lines(f, self.prediction_lines(predictions, instances, probabilities))
+
+    # ---------------------------------------------------------------- streamed inference
+    def read_windows(self, path: Any, window: int) -> Iterator[Any] | None:
+        """The inference input (as ``read(path, with_labels=False)`` reads it) in consecutive windows of
+        at most ``window`` examples, each what :meth:`read` returns for those lines (with the file's line
+        numbers), read lazily: ``pentad infer`` predicts and writes one window at a time, so its memory
+        does not grow with the input. None (the default): the task reads its input whole, because its
+        output needs every example at once (a ranking's ranks within a question, QA's windows mapped
+        back to questions, a JSON document); it then writes with :meth:`write_predictions`. A task that
+        streams writes its output as :meth:`prediction_header` and :meth:`prediction_lines`."""
+        return None
+
+    def prediction_header(self, probabilities: bool) -> str:
+        """The header line of the predictions file (tasks writing one line per prediction)."""
+        raise NotImplementedError(f"{type(self).__name__} writes its predictions with write_predictions")
+
+    def prediction_lines(self, predictions: Any, instances: Any, probabilities: bool) -> Iterable[str]:
+        """The lines (without line ends) of :meth:`predict`'s output for ``instances``, in order, after
+        :meth:`prediction_header`."""
+        raise NotImplementedError(f"{type(self).__name__} writes its predictions with write_predictions")
+
+
+def window_size(batch_size: int, window: int) -> int:
+    """Examples per window of streamed inference and embedding: ``window`` rounded up to whole batches,
+    so that the batches are those of reading the input whole (the same output, byte for byte)."""
+    return batch_size * max(1, math.ceil(window / batch_size))
+
+
+def write_lines(f: Any, lines: Iterable[str]) -> None:
+    """Each of ``lines`` and a line end, to the text file ``f``."""
+    for line in lines:
+        f.write(line + "\n")
 
 
 def read_tsv_lines(path: Path) -> tuple[str, list[str]]:

@@ -105,6 +105,8 @@ class ChidTask(ChoiceTaskBase):
         atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in examples))
         return path
 
+    # inference reads its input whole (no read_windows): a JSON document in and out, and each passage's
+    # blanks share its candidate idioms (answers assigned jointly)
     def read(self, path: Path, with_labels: bool = True) -> ChoiceQuestions:
         tokenizer = self.tokenizer
         if tokenizer.mask_id is None:

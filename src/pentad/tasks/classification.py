@@ -93,9 +93,20 @@ class ClassificationTask(Task):
 
     def read(self, path: Path, with_labels: bool = True):
         """The instances of a TSV file."""
-        from pentad.data.tsv import encode_classification, read_classification_tsv
+        from pentad.data.tsv import read_classification_tsv
 
         rows, _ = read_classification_tsv(path, with_labels=with_labels)
+        return self.encode_rows(rows, path, with_labels)
+
+    def read_windows(self, path: Path, window: int):
+        from pentad.data.tsv import iter_classification_tsv
+
+        return (self.encode_rows(rows, path, False) for rows, _ in iter_classification_tsv(path, False, window=window))
+
+    def encode_rows(self, rows, path: Path, with_labels: bool):
+        """The instances of rows read from ``path``."""
+        from pentad.data.tsv import encode_classification
+
         label_map = self.label_map if with_labels else None
         if self.separate:
             return encode_separate_pairs(rows, self.tokenizer, self.seq_length, label_map, path)
@@ -131,19 +142,16 @@ class ClassificationTask(Task):
         batches = (self.collate(instances, idx, rng) for idx in in_order(n, batch_size, progress))
         return predict_logits(model, batches, self.head, device)
 
-    def write_predictions(self, path: Path, logits: torch.Tensor, instances, probabilities: bool) -> None:
+    def prediction_header(self, probabilities: bool) -> str:
         """TSV with header ``label`` (and one ``prob_<label>`` column per class on request)."""
-        from pentad.training.checkpoint import atomic_write_text
+        return "\t".join(["label"] + ([f"prob_{n}" for n in self.label_map.names] if probabilities else []))
 
+    def prediction_lines(self, logits: torch.Tensor, instances, probabilities: bool) -> list[str]:
         names = list(self.label_map.names)
         probs = torch.softmax(logits, dim=-1).numpy()
         preds = logits.argmax(-1).numpy()
-        header = ["label"] + ([f"prob_{n}" for n in names] if probabilities else [])
-        lines = ["\t".join(header)]
-        for p, row in zip(preds, probs):
-            cols = [names[int(p)]] + ([f"{x:.6f}" for x in row] if probabilities else [])
-            lines.append("\t".join(cols))
-        atomic_write_text(path, "\n".join(lines) + "\n")
+        return ["\t".join([names[int(p)]] + ([f"{x:.6f}" for x in row] if probabilities else []))
+                for p, row in zip(preds, probs)]
 
 
 # ------------------------------------------------------------------------- separate pairs

@@ -21,7 +21,7 @@ from pydantic import Field
 from pentad.components.base import Batch
 from pentad.data.config import DEFAULT_MAX_IMAGE_PIXELS
 from pentad.data.images import NORMALISE, AugmentConfig, MixConfig, augment, load_images, mix_batch, to_pixels
-from pentad.data.tsv import LabelMap, TsvRow, read_path_tsv
+from pentad.data.tsv import LabelMap, TsvRow, iter_path_tsv, read_path_tsv
 from pentad.errors import UserError
 from pentad.layers.pooling import PoolingKind
 from pentad.registry import TASKS
@@ -123,8 +123,15 @@ class ImageClassificationTask(Task):
     def read(self, path: Path, with_labels: bool = True) -> ImageInstances:
         if self.image_size is None:
             raise RuntimeError("bind() gives the task its image size before read()")
-        path = Path(path)
-        rows = read_image_tsv(path, with_labels)
+        return self._load(Path(path), read_image_tsv(path, with_labels), with_labels)
+
+    def read_windows(self, path: Path, window: int):
+        if self.image_size is None:
+            raise RuntimeError("bind() gives the task its image size before read_windows()")
+        return (self._load(Path(path), [TsvRow(line, image, None, label) for line, image, label in rows], False)
+                for rows in iter_path_tsv(path, "label", False, "image", window))
+
+    def _load(self, path: Path, rows: list[TsvRow], with_labels: bool) -> ImageInstances:
         images = load_images([(path.parent / r.text_a) for r in rows], [r.line for r in rows], path,
                              self.image_size, self.channels, self.max_pixels)
         labels = None
@@ -170,14 +177,12 @@ class ImageClassificationTask(Task):
         metrics["top5"] = float((top == gold[:, None]).any(axis=1).mean()) if len(gold) else 0.0
         return metrics
 
-    def write_predictions(self, path: Path, logits: torch.Tensor, instances, probabilities: bool) -> None:
+    def prediction_header(self, probabilities: bool) -> str:
         """TSV with header ``label`` (and one ``prob_<label>`` column per class on request)."""
-        from pentad.training.checkpoint import atomic_write_text
+        return "\t".join(["label"] + ([f"prob_{n}" for n in self.label_map.names] if probabilities else []))
 
+    def prediction_lines(self, logits: torch.Tensor, instances, probabilities: bool) -> list[str]:
         names = list(self.label_map.names)
         probs = torch.softmax(logits, dim=-1).numpy()
-        header = ["label"] + ([f"prob_{n}" for n in names] if probabilities else [])
-        lines = ["\t".join(header)]
-        for p, row in zip(logits.argmax(-1).numpy(), probs):
-            lines.append("\t".join([names[int(p)]] + ([f"{x:.6f}" for x in row] if probabilities else [])))
-        atomic_write_text(path, "\n".join(lines) + "\n")
+        return ["\t".join([names[int(p)]] + ([f"{x:.6f}" for x in row] if probabilities else []))
+                for p, row in zip(logits.argmax(-1).numpy(), probs)]

@@ -180,6 +180,7 @@ class ImageTextTask(Task):
     def head_names(self) -> tuple[str, ...]:
         return () if self.clr is not None else (self.head,)
 
+    # inference reads its input whole (no read_windows): retrieval ranks every caption against every image
     def read(self, path: Path, with_labels: bool = True) -> ImageTextInstances:
         path = Path(path)
         rows = _read_pairs(path)
@@ -335,10 +336,18 @@ class ZeroShotTask(Task):
         return ()
 
     def read(self, path: Path, with_labels: bool = True):
+        return self._load(Path(path), read_image_tsv(path, with_labels), with_labels)
+
+    def read_windows(self, path: Path, window: int):
+        """Windows of images; the class prompts' features are computed again for each (a few texts)."""
+        from pentad.data.tsv import TsvRow, iter_path_tsv
+
+        return (self._load(Path(path), [TsvRow(line, image, None, label) for line, image, label in rows], False)
+                for rows in iter_path_tsv(path, "label", False, "image", window))
+
+    def _load(self, path: Path, rows, with_labels: bool):
         from pentad.tasks.image_classification import ImageInstances
 
-        path = Path(path)
-        rows = read_image_tsv(path, with_labels)
         images = load_images([path.parent / r.text_a for r in rows], [r.line for r in rows], path, self.image_size,
                              self.channels, self.max_pixels)
         labels = None
@@ -366,7 +375,12 @@ class ZeroShotTask(Task):
         metrics["top5"] = float((top == gold[:, None]).any(axis=1).mean()) if len(gold) else 0.0
         return metrics
 
-    def write_predictions(self, path: Path, logits: torch.Tensor, instances, probabilities: bool) -> None:
+    def prediction_header(self, probabilities: bool) -> str:
         from pentad.tasks.image_classification import ImageClassificationTask
 
-        ImageClassificationTask.write_predictions(self, path, logits, instances, probabilities)  # type: ignore[arg-type]
+        return ImageClassificationTask.prediction_header(self, probabilities)  # type: ignore[arg-type]
+
+    def prediction_lines(self, logits: torch.Tensor, instances, probabilities: bool) -> list[str]:
+        from pentad.tasks.image_classification import ImageClassificationTask
+
+        return ImageClassificationTask.prediction_lines(self, logits, instances, probabilities)  # type: ignore[arg-type]

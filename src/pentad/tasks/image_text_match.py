@@ -108,7 +108,16 @@ class ImageTextMatchTask(Task):
 
     def read(self, path: Path, with_labels: bool = True) -> MatchInstances:
         path = Path(path)
-        rows = _read_pairs(path)
+        return self._load(path, _read_pairs(path), with_labels)
+
+    def read_windows(self, path: Path, window: int):
+        """Windows of caption-image pairs (inference pairs each caption with its own image)."""
+        from pentad.data.tsv import iter_path_tsv
+
+        return (self._load(Path(path), [(text, image, line) for line, image, text in rows], False)
+                for rows in iter_path_tsv(path, "text", True, "captioned image", window))
+
+    def _load(self, path: Path, rows: list[tuple[str, str, int]], with_labels: bool) -> MatchInstances:
         texts = encode_captions(rows, path, self.tokenizer, self.seq_length)  # before decoding any image
         images = load_images([path.parent / p for _, p, _ in rows], [n for _, _, n in rows], path,
                              self.image_size, self.channels, self.max_pixels)
@@ -165,10 +174,10 @@ class ImageTextMatchTask(Task):
     def score(self, logits: torch.Tensor, instances, gold: np.ndarray) -> dict[str, float]:
         return {"itm_accuracy": float((logits.argmax(-1).numpy() == gold).mean()) if len(gold) else 0.0}
 
-    def write_predictions(self, path: Path, logits: torch.Tensor, instances, probabilities: bool) -> None:
+    def prediction_header(self, probabilities: bool) -> str:
         """TSV with header ``match<TAB>probability``: 1 when the image belongs to the caption."""
-        from pentad.training.checkpoint import atomic_write_text
+        return "match\tprobability"
 
+    def prediction_lines(self, logits: torch.Tensor, instances, probabilities: bool) -> list[str]:
         match = torch.softmax(logits.float(), dim=-1)[:, 0].numpy()
-        lines = ["match\tprobability"] + [f"{int(p >= 0.5)}\t{p:.6f}" for p in match]
-        atomic_write_text(path, "\n".join(lines) + "\n")
+        return [f"{int(p >= 0.5)}\t{p:.6f}" for p in match]

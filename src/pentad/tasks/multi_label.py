@@ -125,9 +125,18 @@ class MultiLabelTask(Task):
     # ---------------------------------------------------------------- data
     def read(self, path: Path, with_labels: bool = True) -> TextExamples:
         """The examples of a TSV file; with labels, targets [N, num_labels] 0/1 (float32)."""
+        rows, columns = self._rows(path, with_labels)
+        return self._encode(rows, columns, path, with_labels)
+
+    def read_windows(self, path: Path, window: int):
+        from pentad.data.tsv import iter_classification_tsv
+
+        return (self._encode(rows, columns, path, False)
+                for rows, columns in iter_classification_tsv(path, False, empty_label=True, window=window))
+
+    def _encode(self, rows, columns, path: Path, with_labels: bool) -> TextExamples:
         from pentad.data.tsv import encode_classification
 
-        rows, columns = self._rows(path, with_labels)
         inputs = encode_classification(rows, self.tokenizer, self.seq_length, None, path=path)
         targets = None
         if with_labels and "label" in columns:
@@ -158,17 +167,16 @@ class MultiLabelTask(Task):
     def score(self, predictions: torch.Tensor, instances: TextExamples, gold: np.ndarray) -> dict[str, float]:
         return multi_label_metrics(self.decide(predictions), gold)
 
-    def write_predictions(self, path: Path, logits: torch.Tensor, instances: TextExamples,
-                          probabilities: bool) -> None:
+    def prediction_header(self, probabilities: bool) -> str:
         """TSV with header ``label``: each example's predicted labels joined by commas (empty: none), and on
         request one ``prob_<label>`` column per label (its sigmoid probability)."""
-        from pentad.training.checkpoint import atomic_write_text
+        return "\t".join(["label"] + ([f"prob_{n}" for n in self.label_map.names] if probabilities else []))
 
+    def prediction_lines(self, logits: torch.Tensor, instances: TextExamples, probabilities: bool) -> list[str]:
         names = list(self.label_map.names)
         probs = torch.sigmoid(logits.float()).numpy()
-        chosen = self.decide(logits)
-        lines = ["\t".join(["label"] + ([f"prob_{n}" for n in names] if probabilities else []))]
-        for decisions, row in zip(chosen, probs):
+        lines = []
+        for decisions, row in zip(self.decide(logits), probs):
             cols = [",".join(n for n, on in zip(names, decisions) if on)]
             lines.append("\t".join(cols + ([f"{x:.6f}" for x in row] if probabilities else [])))
-        atomic_write_text(path, "\n".join(lines) + "\n")
+        return lines

@@ -228,6 +228,7 @@ class MultiTaskTask(Task):
         return frozenset({"tokens", "segments", "padding_mask", *(f"labels.cls_{n}" for n in self.names)})
 
     # ---------------------------------------------------------------- data
+    # inference reads its input whole (no read_windows): several datasets' files, each a column of one output
     def read(self, source: dict[str, Path] | Path, with_labels: bool = True) -> MultiInstances:
         """``{name: file}`` (a split of the datasets, each with its own labels), or one file that every
         head predicts (inference)."""

@@ -274,6 +274,7 @@ class MultipleChoiceTask(ChoiceTaskBase):
         atomic_write_text(path, json.dumps(list(examples), ensure_ascii=False))
         return path
 
+    # inference reads its input whole (no read_windows): the input is one JSON document (json.load)
     def read(self, path: Path, with_labels: bool = True) -> ChoiceQuestions:
         data = load_json(path, "a C3-format JSON list of [context sentences, questions, id] documents")
         if not isinstance(data, list):

@@ -102,6 +102,12 @@ def read_tagging_tsv(path: Path, with_labels: bool) -> list[TaggedRow]:
     from pentad.data.tsv import read_classification_tsv
 
     rows, columns = read_classification_tsv(path, with_labels=with_labels)
+    return tagged_rows(rows, columns, path)
+
+
+def tagged_rows(rows: Sequence[Any], columns: Sequence[str], path: Path) -> list[TaggedRow]:
+    """Classification TSV rows of a tagging file (columns ``columns``) -> TaggedRows, checked as
+    :func:`read_tagging_tsv` says."""
     if "text_b" in columns:
         raise UserError(f"{path}, line 1: a tagging file has the columns 'text_a<TAB>label' (words and tags "
                         "separated by spaces); found a 'text_b' column.")
@@ -326,7 +332,15 @@ class NerTask(Task):
         return is_chunk_tag_set(self.label_map.names)
 
     def read(self, path: Path, with_labels: bool = True) -> TaggedSequences:
-        rows = read_tagging_tsv(path, with_labels=with_labels)
+        return self._encode(read_tagging_tsv(path, with_labels=with_labels), path, with_labels)
+
+    def read_windows(self, path: Path, window: int):
+        from pentad.data.tsv import iter_classification_tsv
+
+        return (self._encode(tagged_rows(rows, columns, path), path, False)
+                for rows, columns in iter_classification_tsv(path, False, window=window))
+
+    def _encode(self, rows: list[TaggedRow], path: Path, with_labels: bool) -> TaggedSequences:
         seqs = encode_tagged(rows, self.tokenizer, self.seq_length, self.label_map if with_labels else None, path)
         if seqs.truncated_words:
             log.info(f"{path}: {seqs.truncated_words:,} word(s) lie beyond seq_length {self.seq_length} and are "
@@ -393,18 +407,17 @@ class NerTask(Task):
     def score(self, predictions: TagPredictions, instances: TaggedSequences, gold) -> dict[str, float]:
         return tagging_metrics(gold, self.decode(instances, predictions), entity_level=self.entity_level)
 
-    def write_predictions(self, path: Path, logits: TagPredictions, instances: TaggedSequences,
-                          probabilities: bool) -> None:
+    def prediction_header(self, probabilities: bool) -> str:
         """TSV with header ``label`` (space-separated tags per row) and, on request, ``prob`` (each tag's
         probability; words beyond seq_length get an empty probability field '-')."""
-        from pentad.training.checkpoint import atomic_write_text
+        return "label\tprob" if probabilities else "label"
 
-        tags = self.decode(instances, logits)
-        lines = ["label\tprob" if probabilities else "label"]
-        for row, scores in zip(tags, logits.probs):
+    def prediction_lines(self, logits: TagPredictions, instances: TaggedSequences, probabilities: bool) -> list[str]:
+        lines = []
+        for row, scores in zip(self.decode(instances, logits), logits.probs):
             text = " ".join(row)
             if probabilities:
                 probs = [f"{p:.4f}" for p in scores]
                 text += "\t" + " ".join(probs + ["-"] * (len(row) - len(probs)))
             lines.append(text)
-        atomic_write_text(path, "\n".join(lines) + "\n")
+        return lines

@@ -207,11 +207,11 @@ class PromptTask(ClassificationTask):
         return frozenset({"tokens", "segments", "padding_mask", f"labels.{self.head}"})
 
     # ---------------------------------------------------------------- data
-    def read(self, path: Path, with_labels: bool = True):
+    def encode_rows(self, rows, path: Path, with_labels: bool):
+        """The instances of rows read from ``path`` (:meth:`read` and :meth:`read_windows` read them)."""
         from pentad.data.shards import Instances
-        from pentad.data.tsv import fit_pair, read_classification_tsv
+        from pentad.data.tsv import fit_pair
 
-        rows, _ = read_classification_tsv(path, with_labels=with_labels)
         pairs = "[TEXT_B]" in self.parts
         if rows and pairs and rows[0].text_b is None:
             raise UserError(f"{path}: the template has [TEXT_B], but the file has no text_b column")

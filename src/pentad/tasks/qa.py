@@ -383,6 +383,8 @@ class QaTask(Task):
         return [{"type": "span"}]
 
     # ---------------------------------------------------------------- data
+    # inference reads its input whole (no read_windows): one JSON document in, one out, and a question's
+    # windows are mapped back to it across the document
     def read(self, path: Path, with_labels: bool = True) -> QaWindows:
         questions, skipped = read_squad(path, with_labels, self.cfg.on_bad_answer)
         if skipped:

@@ -155,6 +155,8 @@ class RankingTask(Task):
         return [{"type": "cls", "num_labels": 2, "pooling": self.cfg.pooling, "dropout": self.cfg.head_dropout}]
 
     # ---------------------------------------------------------------- data
+    # inference reads its input whole (no read_windows): a candidate's rank needs every candidate of its
+    # question, and a question's lines need not be adjacent
     def read(self, path: Path, with_labels: bool = True) -> TextExamples:
         """The candidate pairs of a TSV file with their qids (``groups``); with labels, gold [N] 0/1."""
         from pentad.data.tsv import encode_classification

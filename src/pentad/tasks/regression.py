@@ -113,9 +113,17 @@ class RegressionTask(Task):
     # ---------------------------------------------------------------- data
     def read(self, path: Path, with_labels: bool = True) -> TextExamples:
         """The examples of a TSV file; with labels, targets [N] float32 (standardised) and gold [N] float64."""
+        rows, values = self._values(path, with_labels)
+        return self._encode(rows, values, path)
+
+    def read_windows(self, path: Path, window: int):
+        from pentad.data.tsv import iter_classification_tsv
+
+        return (self._encode(rows, None, path) for rows, _ in iter_classification_tsv(path, False, window=window))
+
+    def _encode(self, rows, values: np.ndarray | None, path: Path) -> TextExamples:
         from pentad.data.tsv import encode_classification
 
-        rows, values = self._values(path, with_labels)
         inputs = encode_classification(rows, self.tokenizer, self.seq_length, None, path=path)
         targets = None if values is None else ((values - self.mean) / self.std).astype(np.float32)
         return TextExamples(inputs, targets, values, line_numbers(rows))
@@ -143,10 +151,10 @@ class RegressionTask(Task):
         value = float(metrics.get(self.cfg.metric, -math.inf if self.cfg.metric != "mse" else math.inf))
         return -value if self.cfg.metric == "mse" else value
 
-    def write_predictions(self, path: Path, predictions: np.ndarray, instances: TextExamples,
-                          probabilities: bool) -> None:
+    def prediction_header(self, probabilities: bool) -> str:
         """TSV with header ``label``: one predicted value per line (``probabilities`` adds nothing: a regression
         has none)."""
-        from pentad.training.checkpoint import atomic_write_text
+        return "label"
 
-        atomic_write_text(path, "label\n" + "".join(f"{float(v):.6g}\n" for v in predictions))
+    def prediction_lines(self, predictions: np.ndarray, instances: TextExamples, probabilities: bool) -> list[str]:
+        return [f"{float(v):.6g}" for v in predictions]

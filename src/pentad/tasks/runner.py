@@ -15,7 +15,7 @@ from pentad.errors import UserError, shown
 from pentad.registry import TASKS
 from pentad.runs import absolute_paths, complete_vocab, info, load_run, load_tokenizer
 from pentad.tasks import search
-from pentad.tasks.base import Task
+from pentad.tasks.base import Task, window_size, write_lines
 from pentad.training import checkpoint as ckpt
 from pentad.training.distill import make_distiller
 from pentad.training.distributed import pick_device
@@ -27,6 +27,10 @@ from pentad.training.trainer import plot_losses
 LABELS = STATE = "labels.json"
 RESULTS = ckpt.RESULTS
 BEST = ckpt.BEST
+# examples read, predicted and written at a time by streamed inference: large enough that the
+# per-window overhead is nothing next to the model's work, small enough that a window's texts,
+# instances and predictions take a few MB
+INFER_WINDOW = 1024
 
 
 def _init_source(cfg: Any) -> tuple[Any, Any]:
@@ -297,12 +301,14 @@ class BestModel:
 
 def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: bool | None = None,
           batch_size: int = 64, device_choice: str = "auto", task: str | None = None,
-          task_options: Sequence[str] = ()) -> Path:
+          task_options: Sequence[str] = (), window: int | None = None) -> Path:
     """Predict with a fine-tuned run directory on its task's input file (labels optional).
 
     ``task``, when given (``--task``), must be the run's task. A grid search's run directory means its
     best trial. ``task_options``: ``task.KEY=VALUE`` overrides of the options the task lets inference
-    change (``Task.inference_options``: decoding, never the model)."""
+    change (``Task.inference_options``: decoding, never the model). A task that streams
+    (``Task.read_windows``) is read, predicted and written ``window`` (default ``INFER_WINDOW``) examples
+    at a time (rounded up to whole batches), so memory stays flat whatever the input's length."""
     model_dir = search.resolve_model(model_dir)
     cfg, tokenizer = load_run(model_dir)
     if cfg.task is None:
@@ -321,13 +327,34 @@ def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: 
     model = build_model(cfg.model, provided=task.provides, training=False)
     ckpt.load_weights(model, ckpt.read_weights(ckpt.find_weights(model_dir)), str(model_dir))
     model.to(device)
-    instances = task.read(test_path, with_labels=False)
-    predictions = task.predict(model, instances, batch_size, device, "infer" if cfg.train.progress else None)
     output = output or model_dir / task.predictions_file
     want_probs = cfg.task.probabilities if probabilities is None else probabilities
-    task.write_predictions(output, predictions, instances, want_probs)
-    info(f"wrote {task.num_predictions(instances):,} predictions to {output}")
+    progress = "infer" if cfg.train.progress else None
+    windows = task.read_windows(test_path, window_size(batch_size, window or INFER_WINDOW))
+    if windows is None:  # the task needs its whole input at once (Task.read_windows says why)
+        instances = task.read(test_path, with_labels=False)
+        predictions = task.predict(model, instances, batch_size, device, progress)
+        task.write_predictions(output, predictions, instances, want_probs)
+        count = task.num_predictions(instances)
+    else:
+        count = stream_predictions(task, model, windows, output, want_probs, batch_size, device, progress)
+    info(f"wrote {count:,} predictions to {output}")
     return output
+
+
+def stream_predictions(task: Task, model: Any, windows: Any, output: Path, probabilities: bool, batch_size: int,
+                       device: Any, progress: str | None) -> int:
+    """Predict window after window of the input and write each window's lines as it is done (one
+    window in memory at a time), to a temporary file renamed to ``output`` at the end: a bad line or a
+    crash part way leaves no predictions file. Returns the number of predictions."""
+    count = 0
+    with ckpt.atomic_open(output) as f:
+        write_lines(f, [task.prediction_header(probabilities)])
+        for instances in windows:
+            predictions = task.predict(model, instances, batch_size, device, progress)
+            write_lines(f, task.prediction_lines(predictions, instances, probabilities))
+            count += task.num_predictions(instances)
+    return count
 
 
 def inference_task_config(task_cfg: Any, options: Sequence[str], model_dir: Path) -> Any:

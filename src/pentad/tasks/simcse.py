@@ -27,6 +27,7 @@ cosine similarity with the label.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -78,6 +79,18 @@ class SimcseInstances:
 def read_simcse_tsv(path: Path) -> tuple[tuple[str, ...], list[dict[str, str]], list[int]]:
     """(columns, rows as column -> text, line numbers) of a SimCSE TSV; UserError naming the file
     and line for a missing file, a bad header, a wrong field count or an empty text."""
+    columns: tuple[str, ...] = ()
+    rows: list[dict[str, str]] = []
+    lines: list[int] = []
+    for found, window, numbers in iter_simcse_tsv(path):
+        columns, rows, lines = found, rows + window, lines + numbers
+    return columns, rows, lines
+
+
+def iter_simcse_tsv(path: Path, window: int | None = None
+                    ) -> Iterator[tuple[tuple[str, ...], list[dict[str, str]], list[int]]]:
+    """:func:`read_simcse_tsv` in consecutive windows of at most ``window`` rows (None: one window),
+    read lazily (streamed inference); the same checks, a file without rows failing at its end."""
     from pentad.data.corpus import BadLine, decode_line
 
     path = Path(path)
@@ -86,6 +99,7 @@ def read_simcse_tsv(path: Path) -> tuple[tuple[str, ...], list[dict[str, str]], 
     columns: tuple[str, ...] = ()
     rows: list[dict[str, str]] = []
     lines: list[int] = []
+    seen = False
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, start=1):
             try:
@@ -114,11 +128,16 @@ def read_simcse_tsv(path: Path) -> tuple[tuple[str, ...], list[dict[str, str]], 
                                 "example needs its texts (and its label, when the file has a label column).")
             rows.append(row)
             lines.append(line_no)
+            seen = True
+            if window is not None and len(rows) >= window:
+                yield columns, rows, lines
+                rows, lines = [], []
     if not columns:
         raise UserError(f"TSV file {path} is empty; expected a header line and data lines.")
-    if not rows:
+    if not seen:
         raise UserError(f"TSV file {path} has a header but no data lines.")
-    return columns, rows, lines
+    if rows:
+        yield columns, rows, lines
 
 
 def encode_sentences(texts: list[str], tokenizer: Any, seq_length: int) -> Instances:
@@ -187,8 +206,13 @@ class SimcseTask(Task):
 
     # ---------------------------------------------------------------- data
     def read(self, path: Path, with_labels: bool = True) -> SimcseInstances:
-        columns, rows, lines = read_simcse_tsv(path)
+        return self._encode(path, *read_simcse_tsv(path))
 
+    def read_windows(self, path: Path, window: int):
+        return (self._encode(path, *found) for found in iter_simcse_tsv(path, window))
+
+    def _encode(self, path: Path, columns: tuple[str, ...], rows: list[dict[str, str]], lines: list[int]
+                ) -> SimcseInstances:
         def encode(column: str) -> Instances | None:
             if column not in columns:
                 return None
@@ -264,9 +288,10 @@ class SimcseTask(Task):
     def score(self, predictions: np.ndarray, instances: SimcseInstances, gold: np.ndarray) -> dict[str, float]:
         return {"spearman": spearman(predictions, gold), "pearson": pearson(predictions, gold)}
 
-    def write_predictions(self, path: Path, predictions: np.ndarray, instances: SimcseInstances,
-                          probabilities: bool) -> None:
+    def prediction_header(self, probabilities: bool) -> str:
         """TSV with header ``similarity``: the cosine similarity of each pair, in input order."""
-        from pentad.training.checkpoint import atomic_write_text
+        return "similarity"
 
-        atomic_write_text(path, "similarity\n" + "".join(f"{x:.6f}\n" for x in predictions))
+    def prediction_lines(self, predictions: np.ndarray, instances: SimcseInstances, probabilities: bool
+                         ) -> list[str]:
+        return [f"{x:.6f}" for x in predictions]

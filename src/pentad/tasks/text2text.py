@@ -288,10 +288,23 @@ class Text2TextTask(Task):
     # ---------------------------------------------------------------- data
     def read(self, path: Path, with_labels: bool = True) -> TextPairs:
         """The rows of a TSV file, encoded for the model's layout (see the module docstring)."""
-        from pentad.data.tsv import fit_pair, read_classification_tsv
+        from pentad.data.tsv import read_classification_tsv
 
         self._require_bound()
         rows, columns = read_classification_tsv(path, with_labels=with_labels)
+        return self._encode(rows, columns, with_labels)
+
+    def read_windows(self, path: Path, window: int):
+        """Windows of rows; each is generated in batches of similar prompt length, as a whole input is."""
+        from pentad.data.tsv import iter_classification_tsv
+
+        self._require_bound()
+        return (self._encode(rows, columns, False)
+                for rows, columns in iter_classification_tsv(path, False, window=window))
+
+    def _encode(self, rows, columns, with_labels: bool) -> TextPairs:
+        from pentad.data.tsv import fit_pair
+
         labelled = with_labels and "label" in columns
         tok = self.tokenizer
         first = tok.encode_batch([r.text_a for r in rows])
@@ -370,14 +383,15 @@ class Text2TextTask(Task):
         metrics.update(rouge(texts, gold, bool(self.rouge_chars)))
         return metrics
 
-    def write_predictions(self, path: Path, predictions: Generated, data: TextPairs, probabilities: bool) -> None:
+    def prediction_header(self, probabilities: bool) -> str:
         """TSV with header ``text``: one generated text per input row (tabs and line breaks in a
         text become spaces); with ``probabilities`` also ``score``, the sequence's score (greedy:
         the sum of its tokens' log-probabilities; beams: the length-penalised beam score)."""
-        from pentad.training.checkpoint import atomic_write_text
+        return "text\tscore" if probabilities else "text"
 
-        lines = ["text\tscore" if probabilities else "text"]
+    def prediction_lines(self, predictions: Generated, data: TextPairs, probabilities: bool) -> list[str]:
+        lines = []
         for text, score in zip(predictions.texts, predictions.scores):
             clean = " ".join(text.replace("\t", " ").splitlines())
             lines.append(f"{clean}\t{score:.6f}" if probabilities else clean)
-        atomic_write_text(path, "\n".join(lines) + "\n")
+        return lines

@@ -17,13 +17,14 @@ A sharded format is one entry of :data:`SHARDED_FORMATS` (its subdirectory -> it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
 import warnings
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,26 @@ def atomic_write_text(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_open(path: Path, binary: bool = False) -> Iterator[Any]:
+    """A file (UTF-8 text, or ``binary``) to write ``path`` incrementally: written under a temporary
+    name beside it and renamed to ``path`` only when the block ends without an error, so a crash or a
+    bad input line part way leaves no half-written file under the final name (streamed inference and
+    embedding write their rows as the windows are done)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        # text as atomic_write_text writes it: the same bytes
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
