@@ -26,12 +26,16 @@ from pentad.interop.hf import (
     ExportPlan,
     HFFamily,
     ImportPlan,
+    KeyLayout,
     activation,
     activation_name,
     encoder_decoder_problems,
     hinted_problems,
     merge_config,
+    part_types,
+    positions,
     seq_length,
+    text_kind,
 )
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
 
@@ -96,6 +100,8 @@ class BartLikeFamily(HFFamily):
     """BART, and Pegasus (sinusoidal positions, pre-norm with final norms, no embedding norm)."""
 
     name = "bart"
+    # PEGASUS's names and an embedding norm: tried before PEGASUS
+    layout = KeyLayout(contains=("encoder_attn.q_proj",), also=("layernorm_embedding",), rank=40)
     model_types: tuple[str, ...] = ("bart",)
     class_prefix = "Bart"
     defaults = DEFAULTS
@@ -106,6 +112,10 @@ class BartLikeFamily(HFFamily):
                               "unk": "<unk>", "mask": "<mask>"}
     token_types = False
     pre_norm = False  # Pegasus: True (pre-norm layers and a final norm per stack, no embedding norm)
+
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "encoder_decoder" and positions(model) != "relative" \
+            and "sinusoidal" not in part_types(model)
 
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"lm": "logits"} if architecture.endswith("ForConditionalGeneration") else {}

@@ -28,7 +28,18 @@ from __future__ import annotations
 from typing import Any
 
 from pentad.errors import UserError
-from pentad.interop.hf import HF_ACTIVATIONS, PENTAD_ACTIVATIONS, ExportPlan, HFFamily, ImportPlan, merge_config
+from pentad.interop.hf import (
+    HF_ACTIVATIONS,
+    PENTAD_ACTIVATIONS,
+    ExportPlan,
+    HFFamily,
+    ImportPlan,
+    KeyLayout,
+    merge_config,
+    one_segment_with_positions,
+    shared_or_factorised,
+    text_kind,
+)
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
 
 # ---------------------------------------------------------------------------------- key map (data)
@@ -99,6 +110,7 @@ class BertLikeFamily(HFFamily):
 
     name = "bert"
     model_types: tuple[str, ...] = ("bert",)
+    layout = KeyLayout(prefixes=("bert.", "cls.predictions.", "cls.seq_relationship."))
     class_prefix = {"bert": "Bert"}
     base_prefix = "bert."
     defaults = DEFAULTS
@@ -124,6 +136,10 @@ class BertLikeFamily(HFFamily):
     owned = OWNED
 
     # -- helpers ---------------------------------------------------------------------------------
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "encoder" and not shared_or_factorised(model) \
+            and not one_segment_with_positions(model)
+
     def position_offset(self, pad_token_id: int) -> int:
         """Rows of HF's position table before position 0 (RoBERTa: padding_idx + 1)."""
         return 0

@@ -26,10 +26,13 @@ from pentad.interop.hf import (
     ExportPlan,
     HFFamily,
     ImportPlan,
+    KeyLayout,
     hinted_problems,
     merge_config,
+    positions,
     seq_length,
     stack_problems,
+    text_kind,
 )
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
 
@@ -65,10 +68,14 @@ SUPPORTED = ("BloomForCausalLM", "BloomModel")
 class BloomFamily(HFFamily):
     name = "bloom"
     model_types = ("bloom",)
+    layout = KeyLayout(contains=("self_attention.query_key_value", "word_embeddings_layernorm"))
     tokenizer_kind = "tokenizer_json"
     tokenizer_class = "TokenizersBackend"  # transformers' generic tokenizer.json class (BLOOM has no own one)
     default_special_tokens = {"unk": "<unk>", "bos": "<s>", "eos": "</s>", "pad": "<pad>"}
     token_types = False
+
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "causal" and positions(model) == "alibi"
 
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"lm": "logits"} if architecture.endswith("ForCausalLM") else {}

@@ -21,8 +21,11 @@ from pentad.interop.hf import (
     ExportPlan,
     HFFamily,
     ImportPlan,
+    KeyLayout,
     merge_config,
+    positions,
     stack_problems,
+    text_kind,
 )
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
 
@@ -61,12 +64,16 @@ OWNED = ("architectures", "model_type", "vocab_size", "n_positions", "n_embd", "
 class GPT2Family(HFFamily):
     name = "gpt2"
     model_types = ("gpt2",)
+    layout = KeyLayout(suffixes=("wte.weight",), contains=(".attn.c_attn.",))
     tokenizer_kind = "bpe"
     tokenizer_class = "GPT2Tokenizer"
     token_types = False
     default_special_tokens = {"bos": "<|endoftext|>", "eos": "<|endoftext|>"}
     unsupported = ("DoubleHeadsModel", "ForSequenceClassification", "ForTokenClassification",
                    "ForQuestionAnswering")
+
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "causal" and positions(model) not in ("rotary", "alibi")
 
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"lm": "logits"} if architecture.endswith("LMHeadModel") else {}

@@ -23,12 +23,16 @@ from pentad.interop.hf import (
     ExportPlan,
     HFFamily,
     ImportPlan,
+    KeyLayout,
     activation,
     activation_name,
     hinted_problems,
     merge_config,
+    mixture,
+    positions,
     seq_length,
     stack_problems,
+    text_kind,
 )
 from pentad.interop.keymap import Rule, RuleSpec, expand
 
@@ -160,11 +164,15 @@ def body_model(c: dict[str, Any], act: str, rotary_base: float, max_length: int 
 class LlamaFamily(HFFamily):
     name = "llama"
     model_types = ("llama",)
+    layout = KeyLayout(contains=(".mlp.gate_proj.",))
     tokenizer_kind = "sentencepiece"
     tokenizer_class = "LlamaTokenizer"
     spm_files = ("tokenizer.model",)
     default_special_tokens = {"bos": "<s>", "eos": "</s>", "unk": "<unk>"}
     token_types = False
+
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "causal" and positions(model) == "rotary" and not mixture(model)
 
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"lm": "logits"} if architecture.endswith("ForCausalLM") else {}

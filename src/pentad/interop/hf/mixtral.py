@@ -25,10 +25,15 @@ from pentad.errors import UserError
 from pentad.interop.hf import (
     ExportPlan,
     ImportPlan,
+    KeyLayout,
     activation,
     activation_name,
     hinted_problems,
     merge_config,
+    mixture,
+    positions,
+    shared_expert_gate,
+    text_kind,
 )
 from pentad.interop.hf.llama import BODY, HEADS, LlamaFamily, body_model, body_problems, rope, rope_and_tokens
 from pentad.interop.keymap import Rule, RuleSpec, expand
@@ -62,6 +67,11 @@ SUPPORTED = ("MixtralForCausalLM",)
 class MixtralFamily(LlamaFamily):
     name = "mixtral"
     model_types = ("mixtral",)
+    layout = KeyLayout(contains=(".block_sparse_moe.",))
+
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "causal" and positions(model) == "rotary" and mixture(model) \
+            and not shared_expert_gate(model)
 
     def rules(self, *, prefix: str, num_layers: int, heads: int, kv_heads: int, experts: int,  # type: ignore[override]
               head: str, lm: str) -> list[Rule]:

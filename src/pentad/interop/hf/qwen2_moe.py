@@ -28,10 +28,15 @@ from pentad.errors import UserError
 from pentad.interop.hf import (
     ExportPlan,
     ImportPlan,
+    KeyLayout,
     activation,
     activation_name,
     hinted_problems,
     merge_config,
+    mixture,
+    positions,
+    shared_expert_gate,
+    text_kind,
 )
 from pentad.interop.hf.llama import (
     BODY,
@@ -88,10 +93,16 @@ def pentad_layers(num_layers: int, every: int, first: int | None) -> list[int]:
 class Qwen2MoeFamily(LlamaFamily):
     name = "qwen2_moe"
     model_types = ("qwen2_moe",)
+    # dense layers (mlp_only_layers) carry LLaMA's names: tried before LLaMA
+    layout = KeyLayout(contains=(".mlp.shared_expert_gate.",), rank=50)
     tokenizer_kind = "tokenizer_json"  # byte-level BPE with Qwen's own pre-tokenizer: the file as it is
     tokenizer_class = "Qwen2Tokenizer"
     spm_files = ()
     default_special_tokens = {"eos": "<|endoftext|>", "pad": "<|endoftext|>"}
+
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "causal" and positions(model) == "rotary" and mixture(model) \
+            and shared_expert_gate(model)
 
     def rules(self, *, prefix: str, num_layers: int, heads: int, kv_heads: int,  # type: ignore[override]
               qkv_bias: bool, experts: int, sparse: list[int], head: str, lm: str) -> list[Rule]:

@@ -30,11 +30,15 @@ from pentad.interop.hf import (
     ExportPlan,
     HFFamily,
     ImportPlan,
+    KeyLayout,
     activation_name,
     hinted_problems,
     merge_config,
+    mixture,
+    positions,
     seq_length,
     stack_problems,
+    text_kind,
 )
 from pentad.interop.hf.t5 import CROSS_ATTENTION, HEADS, SELF_ATTENTION, SHARED, STACK_END
 from pentad.interop.keymap import Rule, RuleSpec, expand
@@ -69,12 +73,17 @@ def sparse_layers(layers: int, step: int) -> list[int]:
 class SwitchFamily(HFFamily):
     name = "switch_transformers"
     model_types = ("switch_transformers",)
+    # T5's layout with routers: tried before T5
+    layout = KeyLayout(contains=(".mlp.router.classifier.",), rank=50)
     tokenizer_kind = "sentencepiece"
     tokenizer_class = "T5Tokenizer"
     spm_files = ("spiece.model",)
     spm_layout = "t5"
     default_special_tokens = {"pad": "<pad>", "eos": "</s>", "unk": "<unk>"}
     token_types = False
+
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "encoder_decoder" and positions(model) == "relative" and mixture(model)
 
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"lm": "logits"} if architecture.endswith("ForConditionalGeneration") else {}

@@ -31,11 +31,15 @@ from pentad.interop.hf import (
     ExportPlan,
     HFFamily,
     ImportPlan,
+    KeyLayout,
     activation_name,
     hinted_problems,
     merge_config,
+    mixture,
+    positions,
     seq_length,
     stack_problems,
+    text_kind,
 )
 from pentad.interop.keymap import Rule, RuleSpec, expand
 
@@ -110,12 +114,16 @@ def feed_forward(proj: str) -> tuple[bool, str] | None:
 class T5Family(HFFamily):
     name = "t5"
     model_types = ("t5",)
+    layout = KeyLayout(contains=(".SelfAttention.q.",), prefixes=("encoder.block.",))
     tokenizer_kind = "sentencepiece"
     tokenizer_class = "T5Tokenizer"
     spm_files = ("spiece.model",)
     spm_layout = "t5"
     default_special_tokens = {"pad": "<pad>", "eos": "</s>", "unk": "<unk>"}
     token_types = False
+
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "encoder_decoder" and positions(model) == "relative" and not mixture(model)
 
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"lm": "logits"} if architecture.endswith("ForConditionalGeneration") else {}
