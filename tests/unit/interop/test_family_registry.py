@@ -105,3 +105,23 @@ def test_key_layout_needs_a_mark_and_every_also():
 def test_a_family_without_describes_is_abstract():
     with pytest.raises(NotImplementedError):
         HFFamily().describes(None)
+
+
+def test_field_tables_translate_both_ways_in_table_order():
+    from types import SimpleNamespace
+
+    from pentad.interop.hf import Field, export_fields, import_fields, owned_keys, with_rows
+
+    table = [Field("n_layer", "encoder.num_layers", int), Field("eps", "encoder.layer_norm_eps", float),
+             Field("act"), Field("width", write=lambda m: 2 * m.encoder.num_layers)]
+    model = import_fields(table, {"n_layer": "3", "eps": 1, "act": "gelu"}, {"encoder": {"type": "transformer"}})
+    assert model == {"encoder": {"type": "transformer", "num_layers": 3, "layer_norm_eps": 1.0}}
+    built = SimpleNamespace(encoder=SimpleNamespace(num_layers=3, layer_norm_eps=1e-5))
+    assert list(export_fields(table, built, act="gelu_new").items()) == \
+        [("n_layer", 3), ("eps", 1e-5), ("act", "gelu_new"), ("width", 6)]
+    with pytest.raises(ValueError, match="act"):
+        export_fields(table, built)
+    changed = with_rows(table, Field("eps", write=lambda m: 0.5), Field("extra", write=lambda m: None))
+    assert [r.hf for r in changed] == ["n_layer", "eps", "act", "width", "extra"]
+    assert export_fields(changed, built, act="x")["eps"] == 0.5
+    assert owned_keys(table, "rope") == ("architectures", "model_type", "n_layer", "eps", "act", "width", "rope")

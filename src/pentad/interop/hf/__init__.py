@@ -19,7 +19,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -256,6 +256,68 @@ def one_segment_with_positions(model: Any) -> bool:
     parts = part_types(model)
     seg, pos = parts.get("seg"), parts.get("pos")
     return seg is not None and seg.num_segments == 1 and pos is not None and bool(pos.max_positions)
+
+
+# ----------------------------------------------------------------------------- config field tables
+@dataclass(frozen=True)
+class Field:
+    """One row of a family's config table: the config.json key ``hf`` and the pentad model config path
+    ``path`` it translates to (dotted, below ``model``; None: a key the family computes on import).
+
+    Import (:func:`import_fields`): ``read`` of the config value (the family's defaults filled in) is
+    set at ``path``. Export (:func:`export_fields`): ``write(model)`` of the pentad ``ModelConfig``, or
+    where there is none the value at ``path`` through ``read``; a table's rows are config.json's keys in
+    the order they are written."""
+
+    hf: str
+    path: str | None = None
+    read: Callable[[Any], Any] = lambda value: value
+    write: Callable[[Any], Any] | None = None
+
+
+def import_fields(table: list[Field], config: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
+    """Set each row's pentad value from ``config`` into the (nested) pentad model dict ``model``; returns it."""
+    for row in table:
+        if row.path is None:
+            continue
+        *parents, leaf = row.path.split(".")
+        node = model
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = row.read(config[row.hf])
+    return model
+
+
+def export_fields(table: list[Field], model: Any, **given: Any) -> dict[str, Any]:
+    """config.json's values of the rows of ``table``, in its order, for a pentad ``ModelConfig``
+    (``given``: values the family computed, by config.json key, e.g. ``hidden_act``)."""
+    values: dict[str, Any] = {}
+    for row in table:
+        if row.hf in given:
+            values[row.hf] = given[row.hf]
+        elif row.write is not None:
+            values[row.hf] = row.write(model)
+        elif row.path is None:
+            raise ValueError(f"config field {row.hf} has no path, no writer and no given value")
+        else:
+            value = model
+            for key in row.path.split("."):
+                value = getattr(value, key)
+            values[row.hf] = row.read(value)
+    return values
+
+
+def with_rows(table: list[Field], *rows: Field) -> list[Field]:
+    """``table`` with the rows of the same config.json keys replaced by ``rows`` (in place), the others appended."""
+    given = {row.hf: row for row in rows}
+    out = [given.pop(row.hf, row) for row in table]
+    return out + list(given.values())
+
+
+def owned_keys(table: list[Field], *more: str) -> tuple[str, ...]:
+    """The config.json keys a family writes (``architectures``, ``model_type``, the table's, ``more``):
+    the rest of an imported config.json is kept as it was (:func:`merge_config`)."""
+    return ("architectures", "model_type", *(row.hf for row in table), *more)
 
 
 def merge_config(base: dict[str, Any] | None, owned: tuple[str, ...], values: dict[str, Any]) -> dict[str, Any]:
