@@ -74,6 +74,7 @@ TOKENIZERS: Registry[Any] = Registry("tokenizers")
 # Blocks a transformer layer is assembled from (``components/blocks.py``), chosen by the stack config.
 ATTENTION_BLOCKS: Registry[Any] = Registry("attention blocks", "attention block")
 FFN_BLOCKS: Registry[Any] = Registry("feed-forward blocks", "feed-forward block")
+POSITION_SCHEMES: Registry[Any] = Registry("position schemes", "position scheme")
 
 ALL = {
     r.kind: r
