@@ -1,11 +1,9 @@
 """The registered blocks of a transformer layer, and the assembly of a stack from them.
 
 The transformer encoder and decoder configs name a block kind per role (``ffn: dense | gated | moe``,
-the mixture of experts configured by the ``moe`` section). Attention has one registered variant per
-kind of layer: ``self`` (multi-head, grouped-query or multi-query), ``residual`` (RealFormer residual
-scores, ``residual_attention``), ``reuse`` (attention-weight reuse, the ``attention_reuse`` section) and
-``cross`` (decoders); the first variant whose ``applies(cfg)`` holds is the stack's self-attention,
-``self`` otherwise. Each registered class turns the stack config into a ``BlockFactory`` (layer index ->
+the mixture of experts configured by the ``moe`` section); attention has one registered variant per
+kind of layer (``components/attention``: ``self``, ``residual``, ``reuse``, ``cross``), chosen by the
+stack config. Each registered class turns the stack config into a ``BlockFactory`` (layer index ->
 module). :func:`stack_parts` builds every layer from those factories (with its norms, dropout and
 stochastic depth), the position scheme (``components/positions``) and the final norm, and hands them
 to ``TransformerStack`` built; the stack and its layers read no config.
@@ -18,128 +16,13 @@ from typing import Any, Literal
 from pydantic import Field
 from torch import nn
 
+from pentad.components.attention import self_attention_kind
 from pentad.config.base import StrictModel
-from pentad.layers.attention import (
-    AttentionReuse,
-    CrossAttention,
-    ResidualAttention,
-    ReusingAttention,
-    SelfAttention,
-    ValueReuseAttention,
-)
 from pentad.layers.feed_forward import FeedForward
 from pentad.layers.moe import MoE, RouterInput, Routing
 from pentad.layers.norms import make_norm
 from pentad.layers.transformer import BlockFactory, TransformerLayer, drop_path_rate
 from pentad.registry import ATTENTION_BLOCKS, FFN_BLOCKS, POSITION_SCHEMES
-
-
-class AttentionReuseConfig(StrictModel):
-    """``model.encoder.attention_reuse`` / ``model.decoder.attention_reuse``: attention-weight reuse
-    with stochastic recomputation (self-attention only; see ``layers/attention.py``)."""
-
-    every: int = Field(2, ge=2, description="layers 0, every, 2*every, ... compute their attention; each of the "
-                       "others reuses the previous layer's attention probabilities (per head) and applies only its "
-                       "own value and output projections")
-    recompute_p: float = Field(0.0, ge=0.0, le=1.0, description="while training, the probability that a reusing "
-                               "layer recomputes its own attention instead (drawn per layer at every training "
-                               "forward, the same on every rank); 1: the plain model")
-    eval: Literal["reuse", "recompute"] = Field("reuse", description="what a reusing layer does in eval mode "
-                                                "(evaluation, inference, generation)")
-    keep_qk: bool | None = Field(None, description="keep the reusing layers' query/key projections; default: "
-                                 "kept when they are ever used (recompute_p > 0 or eval: recompute); false: "
-                                 "pure reuse, those layers have a value projection v alone")
-    seed: int = Field(0, ge=0, description="seed of the recomputation draws (independent of the ranks' random "
-                      "states)")
-
-    def keeps_qk(self) -> bool:
-        return self.keep_qk if self.keep_qk is not None else self.recompute_p > 0 or self.eval == "recompute"
-
-    def reuses(self, index: int) -> bool:
-        """Whether layer ``index`` is a reusing layer."""
-        return index % self.every != 0
-
-    def runtime(self) -> AttentionReuse:
-        """The stack's recomputation plan."""
-        return AttentionReuse(self.recompute_p, self.eval == "recompute", self.seed)
-
-
-def attention_sizes(cfg: Any, model: Any) -> dict[str, Any]:
-    """The arguments every attention variant takes, from the stack config."""
-    dropout = cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout
-    return dict(hidden_size=model.hidden_size, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-                head_size=cfg.head_size, dropout=dropout, bias=cfg.bias, scale=cfg.attention_scale,
-                qkv_bias=cfg.qkv_bias)
-
-
-@ATTENTION_BLOCKS.register("self")
-class SelfAttentionBlock:
-    """Multi-head self-attention with a fused ``qkv`` projection (``num_kv_heads``: grouped-query)."""
-
-    @staticmethod
-    def applies(cfg: Any) -> bool:
-        return False  # the default
-
-    @staticmethod
-    def factory(cfg: Any, model: Any) -> BlockFactory:
-        sizes = attention_sizes(cfg, model)
-        return lambda index: SelfAttention(**sizes)
-
-
-@ATTENTION_BLOCKS.register("residual")
-class ResidualAttentionBlock:
-    """``residual_attention``: each layer adds the previous layer's raw scores to its own (RealFormer)."""
-
-    @staticmethod
-    def applies(cfg: Any) -> bool:
-        return bool(cfg.residual_attention)
-
-    @staticmethod
-    def factory(cfg: Any, model: Any) -> BlockFactory:
-        sizes = attention_sizes(cfg, model)
-        return lambda index: ResidualAttention(**sizes)
-
-
-@ATTENTION_BLOCKS.register("reuse")
-class ReuseAttentionBlock:
-    """``attention_reuse``: every layer not a multiple of ``every`` may reuse the previous layer's
-    probabilities (without query/key projections when they are never used); the others are plain
-    self-attention."""
-
-    @staticmethod
-    def applies(cfg: Any) -> bool:
-        return cfg.attention_reuse is not None
-
-    @staticmethod
-    def factory(cfg: Any, model: Any) -> BlockFactory:
-        sizes = attention_sizes(cfg, model)
-        reuse: AttentionReuseConfig = cfg.attention_reuse
-
-        def make(index: int) -> SelfAttention | ValueReuseAttention:
-            if not reuse.reuses(index):
-                return SelfAttention(**sizes)
-            return ReusingAttention(**sizes) if reuse.keeps_qk() else ValueReuseAttention(**sizes)
-
-        return make
-
-
-@ATTENTION_BLOCKS.register("cross")
-class CrossAttentionBlock:
-    """A decoder layer's attention over the encoder memory: queries ``q``, the memory's keys/values ``kv``."""
-
-    @staticmethod
-    def applies(cfg: Any) -> bool:
-        return False  # asked for by name (decoders)
-
-    @staticmethod
-    def factory(cfg: Any, model: Any) -> BlockFactory:
-        sizes = attention_sizes(cfg, model)
-        return lambda index: CrossAttention(**sizes)
-
-
-def self_attention_kind(cfg: Any) -> str:
-    """The registered attention variant of the stack's self-attention."""
-    return next((name for name, block in ATTENTION_BLOCKS.items() if block.applies(cfg)), "self")
 
 
 def stack_parts(cfg: Any, model: Any, mask: str, cross_attention: bool = False) -> dict[str, Any]:

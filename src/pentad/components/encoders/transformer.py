@@ -13,8 +13,9 @@ from pydantic import Field
 from torch import Tensor
 
 from pentad.components import positions as _positions  # noqa: F401  (registers the position schemes)
+from pentad.components.attention.reuse import AttentionReuseConfig
 from pentad.components.base import Encoder
-from pentad.components.blocks import FFN_BLOCKS, AttentionReuseConfig, MoEConfig, stack_parts
+from pentad.components.blocks import FFN_BLOCKS, MoEConfig, stack_parts
 from pentad.config.base import StrictModel
 from pentad.layers.activations import ACTIVATION_NAMES
 from pentad.layers.cache import KVCache
