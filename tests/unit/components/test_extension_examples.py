@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
 import torch
 
 from pentad import registry
@@ -71,10 +70,3 @@ def test_a_new_attention_variant_is_one_file(monkeypatch):
     assert out.shape == (2, 5, 16) and not torch.allclose(out, plain(x, AttentionInputs(None, True))[0])
     with torch.no_grad():
         assert _stack(attention).run(x, None).shape == (2, 5, 16)
-
-
-@pytest.mark.parametrize("kind", ["none", "rotary", "relative", "alibi"])
-def test_the_built_in_schemes_are_registered(kind):
-    import pentad.components  # noqa: F401
-
-    assert kind in registry.POSITION_SCHEMES
