@@ -180,6 +180,15 @@ class Attention(Block):
     def _init_t5_inputs(self, q_std: float, kv_std: float) -> None:  # pragma: no cover
         raise NotImplementedError
 
+    def _input_roles(self) -> dict[str, dict[str, tuple[int, int]]]:  # pragma: no cover
+        raise NotImplementedError
+
+    def roles(self) -> dict[str, dict[str, tuple[int, int]]]:
+        """Projection name -> {role: (first row, end row)}: which output rows of each projection are the
+        queries (``q``), keys (``k``), values (``v``) and the output (``o``). What adapts or cuts projections
+        from outside (LoRA targets, ``training/lora.py``) reads the layout here."""
+        return {**self._input_roles(), "out": {"o": (0, self.out.out_features)}}
+
     def reset_parameters(self, std: float = 0.02, scheme: InitScheme = "normal") -> None:
         """``normal``: N(0, std) projections, zero biases. ``t5`` (Mesh TensorFlow): queries
         N(0, (H * head_size)^-1/2), keys and values N(0, H^-1/2), output N(0, q_dim^-1/2): T5 has no
@@ -239,6 +248,10 @@ class SelfAttention(Attention):
         nn.init.normal_(self.qkv.weight[:self.q_dim], std=q_std)
         nn.init.normal_(self.qkv.weight[self.q_dim:], std=kv_std)
 
+    def _input_roles(self) -> dict[str, dict[str, tuple[int, int]]]:
+        q, kv = self.q_dim, self.kv_dim
+        return {"qkv": {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)}}
+
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x [B,S,H] -> query [B, heads, S, D], key and value [B, kv_heads, S, D] heads."""
         q, k, v = self.qkv(x).split((self.q_dim, self.kv_dim, self.kv_dim), dim=-1)
@@ -291,6 +304,10 @@ class CrossAttention(Attention):
         nn.init.normal_(self.q.weight, std=q_std)
         nn.init.normal_(self.kv.weight, std=kv_std)
 
+    def _input_roles(self) -> dict[str, dict[str, tuple[int, int]]]:
+        kv = self.kv_dim
+        return {"q": {"q": (0, self.q_dim)}, "kv": {"k": (0, kv), "v": (kv, 2 * kv)}}
+
     def _memory_heads(self, memory: Tensor, cache: LayerCache | None) -> tuple[Tensor, Tensor]:
         if cache is not None and cache.cross_keys is not None:
             return cache.cross_keys, cache.cross_values
@@ -342,6 +359,9 @@ class ValueReuseAttention(Attention):
 
     def _init_t5_inputs(self, q_std: float, kv_std: float) -> None:
         nn.init.normal_(self.v.weight, std=kv_std)
+
+    def _input_roles(self) -> dict[str, dict[str, tuple[int, int]]]:
+        return {"v": {"v": (0, self.kv_dim)}}
 
     def forward(self, x: Tensor, inputs: AttentionInputs, cache: LayerCache | None = None,
                 carried: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
