@@ -71,9 +71,11 @@ TARGETS: Registry[Any] = Registry("targets")
 OBJECTIVES: Registry[Any] = Registry("objectives")
 TASKS: Registry[Any] = Registry("tasks")
 TOKENIZERS: Registry[Any] = Registry("tokenizers")
-# Blocks a transformer layer is assembled from (``components/blocks.py``), chosen by the stack config.
+# Blocks a transformer layer is assembled from (``components/attention/``, ``components/blocks.py``) and the
+# position schemes of a stack (``components/positions/``), chosen by the stack config.
 ATTENTION_BLOCKS: Registry[Any] = Registry("attention blocks", "attention block")
 FFN_BLOCKS: Registry[Any] = Registry("feed-forward blocks", "feed-forward block")
+POSITION_SCHEMES: Registry[Any] = Registry("position schemes", "position scheme")
 
 ALL = {
     r.kind: r

@@ -1,12 +1,12 @@
-"""The registered blocks of a transformer layer: attention and feed-forward factories.
+"""The registered blocks of a transformer layer, and the assembly of a stack from them.
 
 The transformer encoder and decoder configs name a block kind per role (``ffn: dense | gated | moe``,
-the mixture of experts configured by the ``moe`` section;
-attention is ``multihead``: multi-head, grouped-query or multi-query, optionally with RealFormer
-residual scores or attention-weight reuse, configured by the ``attention_reuse`` section); the
-registered class turns the stack config into a ``BlockFactory`` (layer index -> module) that
-``TransformerStack`` calls for each layer. A new feed-forward kind is one registered class here
-(or in its own file) plus a ``Literal`` member: the stack itself does not change.
+the mixture of experts configured by the ``moe`` section); attention has one registered variant per
+kind of layer (``components/attention``: ``self``, ``residual``, ``reuse``, ``cross``), chosen by the
+stack config. Each registered class turns the stack config into a ``BlockFactory`` (layer index ->
+module). :func:`stack_parts` builds every layer from those factories (with its norms, dropout and
+stochastic depth), the position scheme (``components/positions``) and the final norm, and hands them
+to ``TransformerStack`` built; the stack and its layers read no config.
 """
 
 from __future__ import annotations
@@ -16,63 +16,44 @@ from typing import Any, Literal
 from pydantic import Field
 from torch import nn
 
+from pentad.components.attention import self_attention_kind
 from pentad.config.base import StrictModel
-from pentad.layers.attention import Attention, AttentionReuse
 from pentad.layers.feed_forward import FeedForward
 from pentad.layers.moe import MoE, RouterInput, Routing
-from pentad.layers.transformer import BlockFactory
-from pentad.registry import ATTENTION_BLOCKS, FFN_BLOCKS
+from pentad.layers.norms import make_norm
+from pentad.layers.transformer import BlockFactory, TransformerLayer, drop_path_rate
+from pentad.registry import ATTENTION_BLOCKS, FFN_BLOCKS, POSITION_SCHEMES
 
 
-class AttentionReuseConfig(StrictModel):
-    """``model.encoder.attention_reuse`` / ``model.decoder.attention_reuse``: attention-weight reuse
-    with stochastic recomputation (self-attention only; see ``layers/attention.py``)."""
+def stack_parts(cfg: Any, model: Any, mask: str, cross_attention: bool = False) -> dict[str, Any]:
+    """The built parts of a ``TransformerStack`` (its keyword arguments) from the stack config ``cfg``:
+    every layer assembled from the registered blocks (self-attention, cross-attention when asked,
+    feed-forward; built in that order, the order their construction draws random numbers in, which
+    fixes the weights of a seeded build), then the position scheme, then the final norm."""
+    attention = ATTENTION_BLOCKS.get(self_attention_kind(cfg)).factory(cfg, model)
+    cross = ATTENTION_BLOCKS.get("cross").factory(cfg, model) if cross_attention else None
+    ffn = FFN_BLOCKS.get(cfg.ffn).factory(cfg, model)
+    hidden = model.hidden_size
 
-    every: int = Field(2, ge=2, description="layers 0, every, 2*every, ... compute their attention; each of the "
-                       "others reuses the previous layer's attention probabilities (per head) and applies only its "
-                       "own value and output projections")
-    recompute_p: float = Field(0.0, ge=0.0, le=1.0, description="while training, the probability that a reusing "
-                               "layer recomputes its own attention instead (drawn per layer at every training "
-                               "forward, the same on every rank); 1: the plain model")
-    eval: Literal["reuse", "recompute"] = Field("reuse", description="what a reusing layer does in eval mode "
-                                                "(evaluation, inference, generation)")
-    keep_qk: bool | None = Field(None, description="keep the reusing layers' query/key projections; default: "
-                                 "kept when they are ever used (recompute_p > 0 or eval: recompute); false: "
-                                 "pure reuse, those layers have a value projection v alone")
-    seed: int = Field(0, ge=0, description="seed of the recomputation draws (independent of the ranks' random "
-                      "states)")
+    def norm() -> nn.Module:
+        return make_norm(cfg.norm, hidden, cfg.layer_norm_eps)
 
-    def keeps_qk(self) -> bool:
-        return self.keep_qk if self.keep_qk is not None else self.recompute_p > 0 or self.eval == "recompute"
+    def layer(index: int) -> TransformerLayer:
+        self_attention = attention(index)
+        cross_block = cross(index) if cross is not None else None
+        return TransformerLayer(self_attention, ffn(index), norm, norm_position=cfg.norm_position, dropout=cfg.dropout,
+                                cross_attention=cross_block,
+                                drop_path=drop_path_rate(cfg.drop_path, index, cfg.num_layers, cfg.share_layers))
 
-    def reuses(self, index: int) -> bool:
-        """Whether layer ``index`` is a reusing layer."""
-        return index % self.every != 0
-
-    def runtime(self) -> AttentionReuse:
-        """The stack's recomputation plan."""
-        return AttentionReuse(self.recompute_p, self.eval == "recompute", self.seed)
-
-
-@ATTENTION_BLOCKS.register("multihead")
-class MultiHeadAttentionBlock:
-    """Multi-head attention with a fused ``qkv`` projection (``num_kv_heads``: grouped-query);
-    cross-attention (decoders) projects queries (``q``) and the memory's keys/values (``kv``).
-    With ``attention_reuse`` every layer not a multiple of ``every`` may reuse the previous
-    layer's probabilities (without query/key projections when they are never used)."""
-
-    @staticmethod
-    def factory(cfg: Any, model: Any, cross: bool = False) -> BlockFactory:
-        dropout = cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout
-        reuse: AttentionReuseConfig | None = None if cross else cfg.attention_reuse
-
-        def make(index: int) -> Attention:
-            reuses = reuse is not None and reuse.reuses(index)
-            return Attention(model.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_size, dropout, cfg.bias,
-                             cfg.attention_scale, cross=cross, residual=cfg.residual_attention and not cross,
-                             reuse=reuses, reuse_qk=reuse.keeps_qk() if reuses else True, qkv_bias=cfg.qkv_bias)
-
-        return make
+    layers = [layer(i) for i in range(1 if cfg.share_layers else cfg.num_layers)]
+    positions = POSITION_SCHEMES.get(cfg.positions).build(cfg, model, mask)
+    final = cfg.final_norm if cfg.final_norm is not None else cfg.norm_position == "pre"
+    final_norm = (make_norm(cfg.final_norm_kind or cfg.norm, hidden,
+                            cfg.layer_norm_eps if cfg.final_norm_eps is None else cfg.final_norm_eps)
+                  if final else None)
+    reuse = cfg.attention_reuse.runtime() if cfg.attention_reuse is not None else None
+    return dict(layers=layers, num_layers=cfg.num_layers, mask=mask, positions=positions, final_norm=final_norm,
+                attention_reuse=reuse)
 
 
 @FFN_BLOCKS.register("dense")

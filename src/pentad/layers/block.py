@@ -7,16 +7,23 @@ A block is a plain ``nn.Module`` that
   the builder never needs to know a block's internal layout (fused ``qkv`` rows, stacked experts);
 * declares what its ``forward`` reads beyond the hidden states (``routed``: the feed-forward
   takes ``padding_mask`` and ``router_input``, as a mixture of experts does);
-* declares whether its ``forward`` takes ``queries=n`` (``leading_queries``: self-attention that lets
-  only the first n positions ask, as the last layer of a stack whose heads read only those does);
+* declares whether it runs for the first n positions' queries alone (``leading_queries``: a
+  self-attention that :class:`~pentad.layers.attention.LeadingQueries` can view, as the last layer of a
+  stack whose heads read only those positions does);
 * reports auxiliary losses and metrics of its last forward through ``pop_aux`` (``has_aux``):
   MoE load balancing and router z-loss, which the model output carries beside the targets'.
+
+Blocks build their projections as plain ``nn.Linear``; what replaces or wraps one from outside
+(LoRA, int8 quantisation) and changes how its output is computed says how to compute some of its
+output rows (:class:`RowProjection`), so a block that needs only some rows (:func:`output_rows`)
+never asks what kind of projection it holds.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Protocol, runtime_checkable
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 InitScheme = Literal["normal", "t5"]
@@ -45,3 +52,21 @@ def init_linear(linear: nn.Linear | None, std: float) -> None:
     nn.init.normal_(linear.weight, std=std)
     if linear.bias is not None:
         nn.init.zeros_(linear.bias)
+
+
+@runtime_checkable
+class RowProjection(Protocol):
+    """A module that stands in for an ``nn.Linear`` and computes output rows its own way."""
+
+    def rows(self, x: Tensor, start: int, end: int) -> Tensor:
+        """Output rows ``start:end`` of this projection of ``x`` [..., in]: [..., end - start]."""
+        ...  # pragma: no cover
+
+
+def output_rows(linear: nn.Module, x: Tensor, start: int, end: int) -> Tensor:
+    """Output rows ``start:end`` of ``linear(x)``: a :class:`RowProjection` computes them itself; a
+    linear layer's own ``weight`` and ``bias`` rows are applied alone (the other rows cost nothing)."""
+    if isinstance(linear, RowProjection):
+        return linear.rows(x, start, end)
+    bias = linear.bias[start:end] if linear.bias is not None else None
+    return F.linear(x, linear.weight[start:end], bias)

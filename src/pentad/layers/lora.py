@@ -79,6 +79,11 @@ class LoraLinear(nn.Module):
             pieces.append(y[..., row:])
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-1)
 
+    def rows(self, x: Tensor, start: int, end: int) -> Tensor:
+        """Output rows ``start:end`` (:class:`~pentad.layers.block.RowProjection`): the whole adapted
+        projection, sliced (the adapters' rows need not line up with the ones asked for)."""
+        return self(x)[..., start:end]
+
     def extra_repr(self) -> str:
         parts = ", ".join(f"{name}={start}:{end}" for name, (start, end) in self.parts.items())
         return f"in={self.in_features}, out={self.out_features}, rank={self.rank}, alpha={self.alpha:g}, {parts}"

@@ -1,18 +1,42 @@
 """Position information applied inside attention: rotary, T5 relative bias, ALiBi.
 
 Learned and sinusoidal absolute positions are embedding parts (``components/embeddings``);
-these three act on attention scores or on queries/keys, so the transformer stacks own them and
-compute them once per forward for all layers.
+these three act on attention scores or on queries/keys. Each is a :class:`PositionScheme`, a small
+module that the transformer stack receives built and asks once per forward for what every layer's
+attention reads: an additive score bias, rotary tables, or both.
 """
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from pentad.layers.block import Block, InitScheme
+
+
+class PositionScheme(nn.Module):
+    """A position signal inside attention. ``kind`` names it (``model.encoder.positions``);
+    ``attribute`` is its module name in the stack (so ``relative_bias`` keeps T5's checkpoint key).
+
+    Queries sit at positions ``offset`` .. ``offset + q_len - 1`` (``offset``: positions already in a
+    key/value cache, an int or a 0-dim tensor for a static cache) and keys at 0 .. ``k_len - 1``.
+    """
+
+    kind: ClassVar[str]
+    attribute: ClassVar[str]
+
+    def bias(self, q_len: int, k_len: int, offset: int | Tensor, device: torch.device) -> Tensor | None:
+        """An additive score bias [1, heads, q_len, k_len], or None."""
+        return None
+
+    def rotary(self, positions: Tensor | None, q_len: int, offset: int | Tensor, device: torch.device,
+               dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
+        """(cos, sin) tables for the queries' positions (``positions`` [B|1, q_len] when given, e.g.
+        left-padded generation), or None."""
+        return None
 
 # ---- rotary (Su et al. 2021) -------------------------------------------------------------------
 
@@ -41,6 +65,27 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return rotated if x_pass is None else torch.cat((rotated, x_pass), dim=-1)
 
 
+class Rotary(PositionScheme):
+    """Rotary embeddings (RoPE): the first ``rotary_dim`` dimensions of each query and key head
+    rotated by position (:func:`rotary_cos_sin`); no parameters."""
+
+    kind = "rotary"
+    attribute = "rotary"
+
+    def __init__(self, rotary_dim: int, rotary_base: float = 10000.0):
+        super().__init__()
+        self.rotary_dim, self.rotary_base = rotary_dim, rotary_base
+
+    def rotary(self, positions: Tensor | None, q_len: int, offset: int | Tensor, device: torch.device,
+               dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        if positions is None:
+            positions = (torch.arange(q_len, device=device) + offset)[None]
+        return rotary_cos_sin(positions, self.rotary_dim, self.rotary_base, dtype=dtype)
+
+    def extra_repr(self) -> str:
+        return f"rotary_dim={self.rotary_dim}, rotary_base={self.rotary_base:g}"
+
+
 # ---- T5 relative position bias (Raffel et al. 2020) -------------------------------------------
 
 
@@ -67,13 +112,17 @@ def relative_buckets(relative: Tensor, bidirectional: bool, num_buckets: int, ma
     return buckets + torch.where(is_small, distance, large)
 
 
-class RelativePositionBias(Block):
-    """Learned scalar bias per (bucket, head): ``weight`` [num_buckets, num_heads].
+class RelativePositionBias(PositionScheme, Block):
+    """Learned scalar bias per (bucket, head): ``weight`` [num_buckets, num_heads] (T5; ``bidirectional``
+    in an encoder, one-directional in a causal stack).
 
     forward(q_len, k_len, offset) -> [1, heads, q_len, k_len]; query i sits at position offset + i
     (``offset`` = positions already in a key/value cache: an int, or a 0-dim tensor for a static
     cache) and key j at position j.
     """
+
+    kind = "relative"
+    attribute = "relative_bias"
 
     def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128,
                  bidirectional: bool = True):
@@ -90,6 +139,9 @@ class RelativePositionBias(Block):
         key = torch.arange(k_len, device=device)[None, :]
         buckets = relative_buckets(key - query, self.bidirectional, self.num_buckets, self.max_distance)
         return nn.functional.embedding(buckets, self.weight).permute(2, 0, 1).unsqueeze(0)
+
+    def bias(self, q_len: int, k_len: int, offset: int | Tensor, device: torch.device) -> Tensor:
+        return self(q_len, k_len, offset)
 
     def reset_parameters(self, std: float = 0.02, scheme: InitScheme = "normal") -> None:
         """N(0, std); ``t5``: N(0, heads^-1/2)."""
@@ -125,3 +177,21 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int, offset: int | Tensor = 0,
     distance = (query - key).float()
     distance = distance.clamp(min=0) if causal else distance.abs()
     return -(alibi_slopes(num_heads).to(device)[:, None, None] * distance).unsqueeze(0)
+
+
+class ALiBi(PositionScheme):
+    """ALiBi: a per-head linear distance penalty on the scores (:func:`alibi_bias`); ``causal`` in a
+    causal stack; no parameters."""
+
+    kind = "alibi"
+    attribute = "alibi"
+
+    def __init__(self, num_heads: int, causal: bool = True):
+        super().__init__()
+        self.num_heads, self.causal = num_heads, causal
+
+    def bias(self, q_len: int, k_len: int, offset: int | Tensor, device: torch.device) -> Tensor:
+        return alibi_bias(self.num_heads, q_len, k_len, offset, causal=self.causal, device=device)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, causal={self.causal}"

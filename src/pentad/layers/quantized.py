@@ -84,6 +84,11 @@ class QuantizedLinear(nn.Module):
         bias = self.bias.to(x.dtype) if self.bias is not None else None
         return F.linear(x, self.dequantized_weight(x.dtype), bias)
 
+    def rows(self, x: Tensor, start: int, end: int) -> Tensor:
+        """Output rows ``start:end`` (:class:`~pentad.layers.block.RowProjection`): the whole int8
+        product, sliced (the packed kernel multiplies every row)."""
+        return self(x)[..., start:end]
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8"
 

@@ -1,25 +1,30 @@
-"""Transformer layers and the config-free stack that encoders and decoders are built from."""
+"""Transformer layers and the config-free stack that encoders and decoders are built from.
+
+Everything here is assembled from built modules: a :class:`TransformerLayer` from its attention,
+feed-forward and norm (made by the caller), a :class:`TransformerStack` from its layers, its position
+scheme and its final norm. The config-to-module mapping is in ``components/blocks.py``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from pentad.layers.attention import AttentionInputs, AttentionReuse
+from pentad.layers.attention import AttentionInputs, AttentionReuse, LeadingQueries
 from pentad.layers.cache import KVCache, LayerCache
 from pentad.layers.dropout import Dropout
 from pentad.layers.masks import additive, attention_mask, static_attention_mask
-from pentad.layers.norms import make_norm
-from pentad.layers.positions import RelativePositionBias, alibi_bias, rotary_cos_sin
-
-PositionKind = Literal["none", "rotary", "relative", "alibi"]
-
+from pentad.layers.positions import PositionScheme
 
 BlockFactory = Callable[[int], nn.Module]
 """Layer index -> a new block (attention or feed-forward, a :class:`~pentad.layers.block.Block`)."""
+
+NormFactory = Callable[[], nn.Module]
+"""-> a new norm of the layer's width (each sub-layer has its own)."""
 
 
 def drop_path_rate(drop_path: float, index: int, num_layers: int, shared: bool = False) -> float:
@@ -31,35 +36,52 @@ def drop_path_rate(drop_path: float, index: int, num_layers: int, shared: bool =
     return drop_path * index / (num_layers - 1)
 
 
+@dataclass
+class LayerInputs:
+    """What every layer of a stack reads in one forward besides its hidden states, built once by the
+    stack: the self-attention inputs (``attention``), the cross-attention inputs with the memory
+    (``memory``; decoders), and for a routed feed-forward (mixture of experts) the padding [B,q] of
+    these positions and its router input [B,q,H]."""
+
+    attention: AttentionInputs
+    memory: AttentionInputs | None = None
+    padding_mask: Tensor | None = None
+    router_input: Tensor | None = None
+
+    def with_probabilities(self) -> LayerInputs:
+        """The same inputs, the self-attention asked for its probabilities (the next layer reuses them)."""
+        return replace(self, attention=self.attention.with_probabilities())
+
+
 class TransformerLayer(nn.Module):
     """A transformer layer, [B,S,H] -> [B,S,H], assembled from blocks passed in: self-attention,
     optional cross-attention over an encoder memory (decoder layers), feed-forward; each
-    sub-layer with a residual and a norm. The blocks are built by the caller (``attention``: an
-    :class:`~pentad.layers.attention.Attention`; ``ffn``: a dense or gated ``FeedForward`` or a
-    ``MoE``); the layer owns only the norms, the residuals and their dropout.
+    sub-layer with a residual and a norm (``norm()`` makes each). The blocks are built by the caller
+    (``attention``: an :class:`~pentad.layers.attention.Attention` variant; ``ffn``: a dense or gated
+    ``FeedForward`` or a ``MoE``); the layer owns only the norms, the residuals and their dropout and
+    stochastic depth (``drop_path``).
 
     ``post`` norm (BERT, BART; Vaswani et al. 2017): x = norm(x + sublayer(x)).
     ``pre`` norm (GPT-2, T5, LLaMA; Xiong et al. 2020): x = x + sublayer(norm(x)).
     """
 
-    def __init__(self, attention: nn.Module, ffn: nn.Module, hidden_size: int, *,
-                 norm_position: Literal["pre", "post"] = "post", norm: str = "layernorm",
-                 layer_norm_eps: float = 1e-12, dropout: float = 0.1, cross_attention: nn.Module | None = None,
-                 drop_path: float = 0.0):
+    def __init__(self, attention: nn.Module, ffn: nn.Module, norm: NormFactory, *,
+                 norm_position: Literal["pre", "post"] = "post", dropout: float = 0.1,
+                 cross_attention: nn.Module | None = None, drop_path: float = 0.0):
         super().__init__()
         if not 0.0 <= drop_path < 1.0:
             raise ValueError(f"drop_path must be in [0, 1), got {drop_path}")
         self.pre_norm = norm_position == "pre"
         self.drop_path = drop_path
         self.attention = attention
-        self.attention_norm = make_norm(norm, hidden_size, layer_norm_eps)
+        self.attention_norm = norm()
         if cross_attention is not None:
             self.cross_attention = cross_attention
-            self.cross_attention_norm = make_norm(norm, hidden_size, layer_norm_eps)
+            self.cross_attention_norm = norm()
         else:
             self.cross_attention = None
         self.ffn = ffn
-        self.ffn_norm = make_norm(norm, hidden_size, layer_norm_eps)
+        self.ffn_norm = norm()
         self.dropout = Dropout(dropout)
 
     def _sublayer(self, x: Tensor, norm: nn.Module, fn, keep: int | None = None) -> tuple[Tensor, Tensor | None]:
@@ -83,61 +105,51 @@ class TransformerLayer(nn.Module):
 
     @property
     def can_keep(self) -> bool:
-        """Whether ``forward(..., keep=n)`` is available: self-attention that takes ``queries``, no
-        cross-attention, a position-wise (not routed) feed-forward."""
+        """Whether ``forward(..., keep=n)`` is available: self-attention that runs for leading queries
+        (:class:`~pentad.layers.attention.LeadingQueries`), no cross-attention, a position-wise (not
+        routed) feed-forward."""
         return self.attention.leading_queries and self.cross_attention is None and not self.ffn.routed
 
-    def forward(self, x: Tensor, inputs: AttentionInputs, cache: LayerCache | None = None,
-                memory: Tensor | None = None, memory_inputs: AttentionInputs | None = None,
-                prev_scores: Tensor | None = None, padding_mask: Tensor | None = None,
-                router_input: Tensor | None = None, prev_probs: Tensor | None = None,
-                want_probs: bool = False, keep: int | None = None) -> tuple[Tensor, Tensor | None]:
-        """Returns (hidden, raw attention scores when residual attention is on, the attention
-        probabilities when ``want_probs``, else None). ``prev_probs``: the previous layer's attention
-        probabilities, used instead of computing this layer's (attention-weight reuse).
-        ``padding_mask`` [B,q] (of these positions) and ``router_input`` [B,q,H] are read only by a
-        routed feed-forward (mixture of experts). ``keep``: compute, and return, the first ``keep``
-        positions alone ([B,keep,H]): their queries attend to every position's keys and values, and
-        the rest of the layer runs on them only (the caller checks :meth:`can_keep`)."""
+    def forward(self, x: Tensor, inputs: LayerInputs, cache: LayerCache | None = None,
+                carried: Tensor | None = None, keep: int | None = None) -> tuple[Tensor, Tensor | None]:
+        """Returns (hidden, what the self-attention hands the next layer: its raw scores (residual
+        attention), the attention probabilities (when ``inputs`` asks for them), else None).
+        ``carried``: what the previous layer's attention handed on (raw scores; or the probabilities
+        a reusing layer applies instead of computing its own). ``keep``: compute, and return, the first
+        ``keep`` positions alone ([B,keep,H]): their queries attend to every position's keys and values,
+        and the rest of the layer runs on them only (the caller checks :meth:`can_keep`)."""
         if keep is not None:
-            x, _ = self._sublayer(x, self.attention_norm, lambda h: self.attention(h, inputs, queries=keep),
-                                  keep)
+            leading = LeadingQueries(self.attention, keep)
+            x, _ = self._sublayer(x, self.attention_norm, lambda h: (leading(h, inputs.attention), None), keep)
             x, _ = self._sublayer(x, self.ffn_norm, lambda h: (self.ffn(h), None))
             return x, None
-        if prev_probs is None and not want_probs:
-            attend = lambda h: self.attention(h, inputs, cache, prev_scores=prev_scores)  # noqa: E731
-        else:
-            attend = lambda h: self.attention(h, inputs, cache, prev_probs=prev_probs,  # noqa: E731
-                                              want_probs=want_probs)
-        x, scores = self._sublayer(x, self.attention_norm, attend)
+        x, carried = self._sublayer(x, self.attention_norm,
+                                    lambda h: self.attention(h, inputs.attention, cache, carried))
         if self.cross_attention is not None:
-            x, _ = self._sublayer(x, self.cross_attention_norm,
-                                  lambda h: self.cross_attention(h, memory_inputs, cache, memory=memory))
+            x, _ = self._sublayer(x, self.cross_attention_norm, lambda h: self.cross_attention(h, inputs.memory, cache))
         if self.ffn.routed:
-            x, _ = self._sublayer(x, self.ffn_norm, lambda h: (self.ffn(h, padding_mask, router_input), None))
+            x, _ = self._sublayer(x, self.ffn_norm,
+                                  lambda h: (self.ffn(h, inputs.padding_mask, inputs.router_input), None))
         else:
             x, _ = self._sublayer(x, self.ffn_norm, lambda h: (self.ffn(h), None))
-        return x, scores
+        return x, carried
 
 
 class TransformerStack(nn.Module):
     """``num_layers`` transformer layers with their shared inputs built once per forward.
 
-    Layer i is assembled from ``attention(i)``, ``cross_attention(i)`` (decoders) and ``ffn(i)``:
-    block factories that the builder makes from the config (``components/blocks.py``), so the
-    stack knows nothing of the blocks' options. It owns what every layer reads: the attention mask
-    (``mask``), the in-attention position signal (``positions``: rotary, T5 relative bias held once
-    in ``relative_bias``, or ALiBi; ``num_heads`` and ``head_size`` size them), and an optional
-    final norm (of the layers' kind and eps unless ``final_norm_kind`` / ``final_norm_eps`` say
-    otherwise: TencentPretrain's decoder ends with its own). ``share_layers`` applies one layer
-    ``num_layers`` times (ALBERT). Residual attention (RealFormer) is on when the attention blocks
-    say so (``Attention.residual``). Attention-weight reuse (``attention_reuse``, an
-    :class:`~pentad.layers.attention.AttentionReuse`) hands a layer whose attention block has
-    ``reuse`` set the previous layer's attention probabilities, unless the reuse plan of this
-    forward has it recompute its own; only the layers before a reusing one take the explicit
-    (non-fused) attention path, to return their probabilities. A routed feed-forward (MoE) also
-    gets the padding mask and its router input: the stack's input (the token embeddings) or the
-    layer's own hidden states.
+    ``layers``: the built layers (``components/blocks.py`` assembles them from the config), one per
+    layer, or a single one applied ``num_layers`` times (``share_layers``, ALBERT). The stack owns what
+    every layer reads: the attention mask (``mask``), the in-attention position signal (``positions``: a
+    :class:`~pentad.layers.positions.PositionScheme`, rotary, T5 relative bias held once, or ALiBi,
+    registered under its ``attribute`` name), and an optional ``final_norm``. Residual attention
+    (RealFormer) is on when the attention blocks say so (``Attention.residual``). Attention-weight reuse
+    (``attention_reuse``, an :class:`~pentad.layers.attention.AttentionReuse`) hands a layer whose
+    attention block has ``reuse`` set the previous layer's attention probabilities, unless the reuse plan
+    of this forward has it recompute its own; only the layers before a reusing one take the explicit
+    (non-fused) attention path, to return their probabilities. A routed feed-forward (MoE) also gets the
+    padding mask and its router input: the stack's input (the token embeddings) or the layer's own
+    hidden states.
 
     Declared capabilities: ``mask_kind``, ``supports_cache`` (True: a ``KVCache`` runs only the
     new positions), ``supports_static_cache`` (a ``StaticKVCache`` too: not with attention-weight
@@ -150,34 +162,21 @@ class TransformerStack(nn.Module):
     def supports_static_cache(self) -> bool:
         return self.attention_reuse is None and self.mask_kind in ("causal", "prefix")
 
-    def __init__(self, hidden_size: int, num_layers: int, num_heads: int, *, attention: BlockFactory,
-                 ffn: BlockFactory, cross_attention: BlockFactory | None = None, head_size: int | None = None,
-                 norm_position: Literal["pre", "post"] = "post", final_norm: bool = False,
-                 mask: str = "bidirectional", dropout: float = 0.1, layer_norm_eps: float = 1e-12,
-                 norm: str = "layernorm", positions: PositionKind = "none", rotary_base: float = 10000.0,
-                 rotary_dim: int | None = None, relative_buckets: int = 32, relative_max_distance: int = 128,
-                 share_layers: bool = False, final_norm_kind: str | None = None,
-                 final_norm_eps: float | None = None, attention_reuse: AttentionReuse | None = None,
-                 drop_path: float = 0.0):
+    def __init__(self, layers: Sequence[TransformerLayer], num_layers: int, *, mask: str = "bidirectional",
+                 positions: PositionScheme | None = None, final_norm: nn.Module | None = None,
+                 attention_reuse: AttentionReuse | None = None):
         super().__init__()
+        if len(layers) not in (1, num_layers):
+            raise ValueError(f"{len(layers)} layers for a stack of {num_layers}: pass one per layer, or one shared")
         self.mask_kind = mask
         self.num_layers = num_layers
-        self.num_heads = num_heads
-        self.head_size = head_size or hidden_size // num_heads
-        self.position_kind = positions
-        self.rotary_base = rotary_base
-        self.rotary_dim = rotary_dim or self.head_size
-
-        def layer(i: int) -> TransformerLayer:
-            # blocks in this order (self-attention, cross-attention, feed-forward): the order their
-            # construction draws random numbers in, which fixes the weights of a seeded build
-            self_attention = attention(i)
-            cross = cross_attention(i) if cross_attention is not None else None
-            return TransformerLayer(self_attention, ffn(i), hidden_size, norm_position=norm_position, norm=norm,
-                                    layer_norm_eps=layer_norm_eps, dropout=dropout, cross_attention=cross,
-                                    drop_path=drop_path_rate(drop_path, i, num_layers, share_layers))
-
-        self.layers = nn.ModuleList(layer(i) for i in range(1 if share_layers else num_layers))
+        share_layers = len(layers) < num_layers
+        self.layers = nn.ModuleList(layers)
+        # the built width of the attention (for FLOP counts; pruning heads later does not change it)
+        self.num_heads, self.head_size = layers[0].attention.num_heads, layers[0].attention.head_size
+        self._position_attribute = None if positions is None else positions.attribute
+        if positions is not None:
+            self.add_module(positions.attribute, positions)
         self.residual_attention = bool(self.layers[0].attention.residual)
         self.reusing = [bool(layer.attention.reuse) for layer in self.layers]
         if any(self.reusing) and attention_reuse is None:
@@ -187,12 +186,17 @@ class TransformerStack(nn.Module):
                              "and a first layer that computes its own attention")
         self.attention_reuse = attention_reuse if any(self.reusing) else None
         self.routed = any(layer.ffn.routed for layer in self.layers)
-        self.relative_bias = (RelativePositionBias(num_heads, relative_buckets, relative_max_distance,
-                                                   bidirectional=mask == "bidirectional")
-                              if positions == "relative" else None)
-        self.final_norm = (make_norm(final_norm_kind or norm, hidden_size,
-                                     layer_norm_eps if final_norm_eps is None else final_norm_eps)
-                           if final_norm else None)
+        self.final_norm = final_norm
+
+    @property
+    def positions(self) -> PositionScheme | None:
+        """The position scheme (None: positions come from the embedding, if at all)."""
+        return None if self._position_attribute is None else self._modules[self._position_attribute]
+
+    @property
+    def position_kind(self) -> str:
+        """``none``, ``rotary``, ``relative`` or ``alibi``: the position scheme's kind."""
+        return "none" if self._position_attribute is None else self.positions.kind
 
     def attention_inputs(self, q_len: int, padding_mask: Tensor | None, prefix_lengths: Tensor | None,
                          positions: Tensor | None, offset: int | Tensor, device: torch.device,
@@ -222,19 +226,13 @@ class TransformerStack(nn.Module):
                                  "every key position")
             mask, is_causal = attention_mask(self.mask_kind, q_len, padding_mask, prefix_lengths, device,
                                              key_len=k_len)
-        if self.position_kind in ("relative", "alibi"):
-            if self.relative_bias is not None:
-                bias = self.relative_bias(q_len, k_len, offset)
-            else:
-                bias = alibi_bias(self.num_heads, q_len, k_len, offset, causal=self.mask_kind == "causal",
-                                  device=device)
+        scheme = self.positions
+        if scheme is None:
+            return AttentionInputs(mask, is_causal)
+        bias = scheme.bias(q_len, k_len, offset, device)
+        if bias is not None:
             mask, is_causal = additive(mask, is_causal, q_len, k_len, bias), False
-        rotary = None
-        if self.position_kind == "rotary":
-            if positions is None:
-                positions = (torch.arange(q_len, device=device) + offset)[None]
-            rotary = rotary_cos_sin(positions, self.rotary_dim, self.rotary_base, dtype=dtype)
-        return AttentionInputs(mask, is_causal, rotary)
+        return AttentionInputs(mask, is_causal, scheme.rotary(positions, q_len, offset, device, dtype))
 
     def run(self, hidden: Tensor, padding_mask: Tensor | None, prefix_lengths: Tensor | None = None,
             positions: Tensor | None = None, cache: KVCache | None = None, memory: Tensor | None = None,
@@ -271,20 +269,21 @@ class TransformerStack(nn.Module):
             # sync per step.
             if memory_padding_mask is not None and (static or offset > 0 or bool(memory_padding_mask.any())):
                 memory_mask = (~memory_padding_mask)[:, None, None, :]
-            memory_inputs = AttentionInputs(memory_mask, False, None)
-        if self.attention_reuse is not None:
-            return self._run_reusing(hidden, inputs, cache, memory, memory_inputs, padding_mask)
-        scores = None
-        routing: dict[str, Tensor | None] = {}
+            memory_inputs = AttentionInputs(memory_mask, False, None, memory)
+        layer_inputs = LayerInputs(inputs, memory_inputs)
         if self.routed:  # the padding of these positions, and the token embeddings for word-vector routing
-            routing = {"padding_mask": _new_padding(padding_mask, offset, q_len, static), "router_input": hidden}
+            layer_inputs.padding_mask = _new_padding(padding_mask, offset, q_len, static)
+            layer_inputs.router_input = hidden
+        if self.attention_reuse is not None:
+            return self._run_reusing(hidden, layer_inputs, cache)
+        carried = None
         last = self.num_layers - 1 if output_positions is not None else self.num_layers
         for i in range(last):
             layer = self.layers[i % len(self.layers)]
-            hidden, scores = layer(hidden, inputs, cache.layer(i) if cache is not None else None, memory,
-                                   memory_inputs, scores if self.residual_attention else None, **routing)
+            hidden, carried = layer(hidden, layer_inputs, cache.layer(i) if cache is not None else None,
+                                    carried if self.residual_attention else None)
         if output_positions is not None:
-            hidden, _ = self.layers[last % len(self.layers)](hidden, inputs, keep=output_positions)
+            hidden, _ = self.layers[last % len(self.layers)](hidden, layer_inputs, keep=output_positions)
         if cache is not None:
             cache.advance(q_len)
         if self.final_norm is not None:
@@ -296,8 +295,7 @@ class TransformerStack(nn.Module):
         return (cache is None and memory is None and self.attention_reuse is None and not self.residual_attention
                 and not self.routed and self.layers[-1].can_keep)
 
-    def _run_reusing(self, hidden: Tensor, inputs: AttentionInputs, cache: KVCache | None, memory: Tensor | None,
-                     memory_inputs: AttentionInputs | None, padding_mask: Tensor | None) -> Tensor:
+    def _run_reusing(self, hidden: Tensor, inputs: LayerInputs, cache: KVCache | None) -> Tensor:
         """The layers with attention-weight reuse: this forward's plan says which reusing layers
         recompute; a layer returns its probabilities only when the next one reuses them."""
         plan = self.attention_reuse
@@ -306,16 +304,12 @@ class TransformerStack(nn.Module):
                              "cannot run with a key/value cache: a reusing layer caches no keys on the steps it "
                              "reuses; generate in eval mode (model.eval())")
         computes = plan.plan(self.reusing, self.training)
-        routing: dict[str, Tensor | None] = {}
-        if self.routed:
-            routing = {"padding_mask": padding_mask[:, -hidden.shape[1]:] if padding_mask is not None else None,
-                       "router_input": hidden}
+        handing = inputs.with_probabilities()
         probs = None
         for i, layer in enumerate(self.layers):
             reuse_next = i + 1 < len(self.layers) and not computes[i + 1]
-            hidden, probs = layer(hidden, inputs, cache.layer(i) if cache is not None else None, memory,
-                                  memory_inputs, None, prev_probs=None if computes[i] else probs,
-                                  want_probs=reuse_next, **routing)
+            hidden, probs = layer(hidden, handing if reuse_next else inputs, cache.layer(i) if cache is not None
+                                  else None, None if computes[i] else probs)
         if self.final_norm is not None:
             hidden = self.final_norm(hidden)
         return hidden

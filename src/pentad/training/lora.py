@@ -62,16 +62,8 @@ def candidates(model: nn.Module) -> dict[str, dict[str, tuple[int, int]]]:
     found: dict[str, dict[str, tuple[int, int]]] = {}
     for name, module in model.named_modules():
         prefix = f"{name}." if name else ""
-        if isinstance(module, Attention):
-            q, kv = module.q_dim, module.kv_dim
-            if module.cross:
-                found[prefix + "q"] = {"q": (0, q)}
-                found[prefix + "kv"] = {"k": (0, kv), "v": (kv, 2 * kv)}
-            elif module.qkv is None:  # a layer that only reuses attention probabilities: values alone
-                found[prefix + "v"] = {"v": (0, kv)}
-            else:
-                found[prefix + "qkv"] = {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)}
-            found[prefix + "out"] = {"o": (0, module.out.out_features)}
+        if isinstance(module, Attention):  # each variant says which rows are queries, keys, values, output
+            found.update({prefix + projection: roles for projection, roles in module.roles().items()})
         elif isinstance(module, FeedForward):
             for role in ("gate", "up", "down"):
                 linear = getattr(module, role)

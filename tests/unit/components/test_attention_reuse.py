@@ -51,7 +51,10 @@ def test_layers_alternate_and_pure_reuse_drops_query_key_projections():
     assert [layer.attention.reuse for layer in pure.encoder.layers] == [False, True, False, True]
     assert pure.encoder.layers[1].attention.qkv is None and pure.encoder.layers[1].attention.v is not None
     assert pure.encoder.layers[2].attention.qkv is not None
-    assert kept.encoder.layers[1].attention.qkv is not None and kept.encoder.layers[1].attention.v is None
+    assert kept.encoder.layers[1].attention.qkv is not None and not hasattr(kept.encoder.layers[1].attention, "v")
+    assert [type(layer.attention).__name__ for layer in pure.encoder.layers] == [
+        "SelfAttention", "ValueReuseAttention", "SelfAttention", "ValueReuseAttention"]
+    assert type(kept.encoder.layers[1].attention).__name__ == "ReusingAttention"
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert count(kept) == count(plain)
     assert count(plain) - count(pure) == 2 * 2 * (16 * 16 + 16)  # two layers without q and k (weight, bias)

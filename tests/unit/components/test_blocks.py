@@ -12,9 +12,10 @@ from pentad.builder import build_model, init_t5, init_weights
 from pentad.components.base import Batch, Decoder, Encoder, ModelOutput
 from pentad.components.blocks import DenseBlock
 from pentad.config.model import model_config_class
-from pentad.layers.attention import Attention
+from pentad.layers.attention import Attention, CrossAttention, SelfAttention
 from pentad.layers.block import Block
 from pentad.layers.feed_forward import FeedForward
+from pentad.layers.transformer import LayerInputs
 from pentad.model import total_loss
 from pentad.registry import ATTENTION_BLOCKS, ENCODERS, FFN_BLOCKS
 from pentad.training.trainer import Trainer
@@ -36,7 +37,7 @@ def lm_batch() -> Batch:
 
 def test_blocks_are_registered_and_assemble_each_layer():
     assert {"dense", "gated"} <= set(FFN_BLOCKS.names())
-    assert "multihead" in ATTENTION_BLOCKS
+    assert {"self", "cross", "residual", "reuse"} <= set(ATTENTION_BLOCKS.names())
     model = build_model(lm_config(ffn="gated", num_kv_heads=1))
     for layer in model.encoder.layers:
         assert isinstance(layer.attention, Attention) and layer.attention.num_kv_heads == 1
@@ -54,7 +55,7 @@ def test_qkv_bias_overrides_bias_for_the_query_key_value_projections_alone():
         assert layer.ffn.up.bias is None
     extra = {k for k, _ in qwen.named_parameters()} - {k for k, _ in plain.named_parameters()}
     assert extra == {f"encoder.layers.{i}.attention.qkv.bias" for i in range(2)}
-    cross = Attention(16, 2, bias=True, cross=True, qkv_bias=False)
+    cross = CrossAttention(16, 2, bias=True, qkv_bias=False)
     assert cross.q.bias is None and cross.kv.bias is None and cross.out.bias is not None
 
 
@@ -80,7 +81,7 @@ def _reference_init(attention: Attention, std: float, t5: bool) -> None:
 @pytest.mark.parametrize("scheme", ["normal", "t5"])
 @torch.no_grad()
 def test_blocks_initialise_themselves_as_the_builder_did(scheme):
-    ours, reference = Attention(16, 4, 2), Attention(16, 4, 2)
+    ours, reference = SelfAttention(16, 4, 2), SelfAttention(16, 4, 2)
     torch.manual_seed(3)
     init_weights(ours, 0.05)
     if scheme == "t5":
@@ -135,7 +136,7 @@ def test_auxiliary_losses_are_summed_into_the_loss_and_logged():
     penalties = []
     hidden = model.embedding(lm_batch()).hidden
     for layer in model.encoder.layers:  # recompute each layer's penalty by hand
-        hidden, _ = layer(hidden, model.encoder.attention_inputs(7, None, None, None, 0, hidden.device))
+        hidden, _ = layer(hidden, LayerInputs(model.encoder.attention_inputs(7, None, None, None, 0, hidden.device)))
         penalties.append(layer.ffn.pop_aux()[0]["penalty"])
     torch.testing.assert_close(out.aux_losses["penalty"], sum(penalties))
     assert out.aux_metrics["seen"] == 1.0

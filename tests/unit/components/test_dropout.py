@@ -96,11 +96,11 @@ def test_attention_dropout_on_cpu_uses_the_explicit_path(monkeypatch) -> None:
     """Training-time attention dropout on a CPU runs the explicit attention with pentad's dropout, not
     SDPA's (whose CPU dropout is bernoulli_); at rate 0 the explicit path equals SDPA."""
     from pentad.layers import attention as attention_module
-    from pentad.layers.attention import Attention, AttentionInputs, _attention_with_scores
+    from pentad.layers.attention import AttentionInputs, SelfAttention, explicit_attention
 
     torch.manual_seed(5)
     q, k, v = (torch.randn(2, 3, 6, 4) for _ in range(3))
-    explicit, _, _ = _attention_with_scores(q, k, v, None, True, None, None, 0.0)
+    explicit, _, _ = explicit_attention(q, k, v, None, True, None, 0.0)
     torch.testing.assert_close(explicit, F.scaled_dot_product_attention(q, k, v, is_causal=True),
                                atol=1e-6, rtol=1e-5)
 
@@ -112,7 +112,7 @@ def test_attention_dropout_on_cpu_uses_the_explicit_path(monkeypatch) -> None:
 
     monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", sdpa)
     monkeypatch.setattr(attention_module, "dropout_fn", lambda t, p: masks.append(p) or dropout(t, p))
-    layer = Attention(16, 4, dropout=0.25)
+    layer = SelfAttention(16, 4, dropout=0.25)
     x = torch.randn(2, 6, 16)
     layer.train()
     layer(x, AttentionInputs())

@@ -11,8 +11,7 @@ from pentad.builder import build_model
 from pentad.components.base import Batch, leading_positions
 from pentad.components.stream import run_stream
 from pentad.config.model import model_config_class
-from pentad.layers.attention import AttentionInputs
-from pentad.layers.cache import KVCache
+from pentad.layers.attention import AttentionInputs, LeadingQueries
 
 torch.set_grad_enabled(True)
 
@@ -151,7 +150,9 @@ def test_a_wrapped_query_key_value_projection_runs_whole_and_is_sliced():
     model = text_model({"norm_position": "pre"})
     attention = model.encoder.layers[-1].attention
 
-    class Wrapped(torch.nn.Module):  # stands for a LoRA-wrapped projection: not a plain nn.Linear
+    asked = []
+
+    class Wrapped(torch.nn.Module):  # stands for a LoRA-wrapped projection: it says how to give some rows
         def __init__(self, linear):
             super().__init__()
             self.linear = linear
@@ -159,8 +160,13 @@ def test_a_wrapped_query_key_value_projection_runs_whole_and_is_sliced():
         def forward(self, x):
             return self.linear(x)
 
+        def rows(self, x, start, end):
+            asked.append((start, end))
+            return self(x)[..., start:end]
+
     attention.qkv = Wrapped(attention.qkv)
     _compare(model, text_batch(), 1)
+    assert (0, 32) in asked  # the query rows, asked of the wrapper (the attention never looks inside it)
 
 
 def test_output_positions_beyond_the_sequence_or_below_one():
@@ -187,13 +193,13 @@ def test_an_encoder_without_the_capability_has_its_output_cut():
     assert torch.equal(cut, full[:, :2]) and mask is None
 
 
-def test_attention_queries_refuse_a_cache():
+def test_leading_queries_are_for_self_attention_that_supports_them():
+    residual = text_model({"residual_attention": True})
+    with pytest.raises(ValueError, match="ResidualAttention does not run for leading queries"):
+        LeadingQueries(residual.encoder.layers[0].attention, 1)
     model = text_model({"mask": "causal"})
-    attention = model.encoder.layers[0].attention
     x = torch.randn(1, 4, 32)
-    cache = KVCache()
-    with pytest.raises(ValueError, match="without a cache"):
-        attention(x, AttentionInputs(), cache.layer(0), queries=1)
+    assert LeadingQueries(model.encoder.layers[0].attention, 1)(x, AttentionInputs()).shape == (1, 1, 32)
 
 
 @pytest.mark.parametrize("gated", [False, True], ids=["dense", "gated"])

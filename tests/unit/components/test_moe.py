@@ -129,7 +129,8 @@ def test_capacity_is_respected_in_priority_order_and_dropped_tokens_pass_through
     # a token none of whose assignments fit gets nothing from the block: the residual carries it
     from pentad.layers.transformer import TransformerLayer
 
-    layer = TransformerLayer(torch.nn.Identity(), module, H, norm_position="pre", dropout=0.0)
+    layer = TransformerLayer(torch.nn.Identity(), module, lambda: torch.nn.LayerNorm(H, eps=1e-12), norm_position="pre",
+                             dropout=0.0)
     lost = (module(layer.ffn_norm(x))[0] == 0).all(-1)
     through, _ = layer._sublayer(x, layer.ffn_norm, lambda h: (module(h), None))
     assert torch.equal(through[0, lost], x[0, lost]) and not torch.equal(through[0, ~lost], x[0, ~lost])

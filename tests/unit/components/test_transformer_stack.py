@@ -11,12 +11,19 @@ import torch
 from pentad.builder import build_model
 from pentad.components.base import Batch
 from pentad.config.model import model_config_class
-from pentad.layers.attention import Attention, AttentionInputs
+from pentad.layers.attention import AttentionInputs, SelfAttention
 from pentad.layers.cache import KVCache
 from pentad.layers.feed_forward import FeedForward
 from pentad.layers.norms import RMSNorm
-from pentad.layers.positions import alibi_bias, alibi_slopes, apply_rotary, relative_buckets, rotary_cos_sin
-from pentad.layers.transformer import TransformerStack
+from pentad.layers.positions import (
+    RelativePositionBias,
+    alibi_bias,
+    alibi_slopes,
+    apply_rotary,
+    relative_buckets,
+    rotary_cos_sin,
+)
+from pentad.layers.transformer import TransformerLayer, TransformerStack
 from pentad.model import count_parameters
 
 torch.set_grad_enabled(True)
@@ -61,9 +68,8 @@ def test_relative_buckets_match_the_t5_reference():
 
 
 def test_relative_bias_changes_scores_as_the_formula_says():
-    stack = TransformerStack(16, 1, 2, attention=lambda i: Attention(16, 2), ffn=lambda i: FeedForward(16, 32),
-                             mask="bidirectional", positions="relative", relative_buckets=8,
-                             relative_max_distance=16, dropout=0.0)
+    layer = TransformerLayer(SelfAttention(16, 2), FeedForward(16, 32), lambda: torch.nn.LayerNorm(16), dropout=0.0)
+    stack = TransformerStack([layer], 1, mask="bidirectional", positions=RelativePositionBias(2, 8, 16))
     inputs = stack.attention_inputs(5, None, None, None, 0, torch.device("cpu"))
     buckets = relative_buckets(torch.arange(5)[None, :] - torch.arange(5)[:, None], True, 8, 16)
     expected = stack.relative_bias.weight[buckets].permute(2, 0, 1)  # [heads, q, k]
@@ -127,8 +133,8 @@ def test_rotary_matches_the_interleaved_reference_after_permutation():
 
 def test_grouped_query_attention_equals_repeated_heads():
     torch.manual_seed(0)
-    gqa = Attention(32, num_heads=4, num_kv_heads=2)
-    mha = Attention(32, num_heads=4)
+    gqa = SelfAttention(32, num_heads=4, num_kv_heads=2)
+    mha = SelfAttention(32, num_heads=4)
     q, k, v = gqa.qkv.weight.split([32, 16, 16])
     qb, kb, vb = gqa.qkv.bias.split([32, 16, 16])
     rep = lambda t: t.view(2, 8, *t.shape[1:]).repeat_interleave(2, dim=0).reshape(32, *t.shape[1:])  # noqa: E731

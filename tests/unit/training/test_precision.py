@@ -15,7 +15,7 @@ from tests.unit.test_zoo import batch_for, shrunk_model_config
 from pentad.builder import build_model
 from pentad.components.base import Batch
 from pentad.errors import UserError
-from pentad.layers.attention import Attention, AttentionInputs
+from pentad.layers.attention import AttentionInputs, SelfAttention
 from pentad.layers.masks import attention_mask
 from pentad.model import total_loss
 from pentad.training import checkpoint as ckpt
@@ -249,7 +249,7 @@ def test_unpadded_batches_take_the_maskless_kernel_with_the_same_output(kind):
     explicit = torch.ones(s, s, dtype=torch.bool)
     explicit = (explicit.tril() if kind == "causal" else explicit)[None, None].expand(b, 1, s, s)
     torch.manual_seed(0)
-    attention = Attention(32, 4).eval()
+    attention = SelfAttention(32, 4).eval()
     x = torch.randn(b, s, 32)
     with torch.no_grad():
         fast, _ = attention(x, AttentionInputs(mask, is_causal))

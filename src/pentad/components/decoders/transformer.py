@@ -32,7 +32,7 @@ class TransformerDecoder(TransformerStack, Decoder):
 
     @classmethod
     def from_config(cls, cfg: TransformerDecoderConfig, model) -> TransformerDecoder:
-        return cls(mask="causal", **cfg.stack_kwargs(model, cross_attention=True))
+        return cls(**cfg.stack_parts(model, "causal", cross_attention=True))
 
     def forward(self, hidden: Tensor, padding_mask: Tensor | None, memory: Tensor | None,
                 memory_padding_mask: Tensor | None, positions: Tensor | None = None,

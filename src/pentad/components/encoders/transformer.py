@@ -12,18 +12,21 @@ from typing import Any, Literal
 from pydantic import Field
 from torch import Tensor
 
+from pentad.components import positions as _positions  # noqa: F401  (registers the position schemes)
+from pentad.components.attention.reuse import AttentionReuseConfig
 from pentad.components.base import Encoder
-from pentad.components.blocks import FFN_BLOCKS, AttentionReuseConfig, MoEConfig
+from pentad.components.blocks import FFN_BLOCKS, MoEConfig, stack_parts
 from pentad.config.base import StrictModel
 from pentad.layers.activations import ACTIVATION_NAMES
 from pentad.layers.cache import KVCache
 from pentad.layers.norms import NORM_DESCRIPTION, NORM_KINDS
 from pentad.layers.transformer import TransformerStack
-from pentad.registry import ATTENTION_BLOCKS, ENCODERS
+from pentad.registry import ENCODERS, POSITION_SCHEMES
 
 Activation = Literal[ACTIVATION_NAMES]  # type: ignore[valid-type]
 Norm = Literal[NORM_KINDS]  # type: ignore[valid-type]
 FfnKind = Literal[tuple(FFN_BLOCKS.names())]  # type: ignore[valid-type]
+PositionKind = Literal[tuple(POSITION_SCHEMES.names())]  # type: ignore[valid-type]
 
 
 class TransformerStackConfig(StrictModel):
@@ -58,9 +61,9 @@ class TransformerStackConfig(StrictModel):
                                   "bias (Qwen2: true with bias false)")
     layer_norm_eps: float = Field(1e-12, gt=0.0)
     attention_scale: bool = Field(True, description="scale scores by 1/sqrt(head_size) (off for T5)")
-    positions: Literal["none", "rotary", "relative", "alibi"] = Field(
-        "none", description="position signal inside attention: rotary (RoPE), relative (T5 bucketed "
-        "bias), alibi; learned/sinusoidal absolute positions are embedding parts instead")
+    positions: PositionKind = Field(
+        "none", description="position signal inside attention (components/positions): rotary (RoPE), relative "
+        "(T5 bucketed bias), alibi; learned/sinusoidal absolute positions are embedding parts instead")
     rotary_base: float = Field(10000.0, gt=0.0)
     rotary_dim: int | None = Field(None, ge=2, description="rotated dimensions per head; default all")
     relative_buckets: int = Field(32, ge=2)
@@ -146,22 +149,10 @@ class TransformerStackConfig(StrictModel):
         """The ``moe`` section, or its defaults when ``ffn: moe`` leaves it out."""
         return self.moe if self.moe is not None else MoEConfig()
 
-    def stack_kwargs(self, model: Any, cross_attention: bool = False) -> dict[str, Any]:
-        """Keyword arguments of ``TransformerStack`` (everything except the mask): the block factories
-        of the registered attention and feed-forward kinds, and what the stack itself owns."""
-        attention = ATTENTION_BLOCKS.get("multihead")
-        return dict(
-            hidden_size=model.hidden_size, num_layers=self.num_layers, num_heads=self.num_heads,
-            attention=attention.factory(self, model), ffn=FFN_BLOCKS.get(self.ffn).factory(self, model),
-            cross_attention=attention.factory(self, model, cross=True) if cross_attention else None,
-            head_size=self.head_size, norm_position=self.norm_position,
-            final_norm=self.final_norm if self.final_norm is not None else self.norm_position == "pre",
-            dropout=self.dropout, layer_norm_eps=self.layer_norm_eps, norm=self.norm, positions=self.positions,
-            rotary_base=self.rotary_base, rotary_dim=self.rotary_dim, relative_buckets=self.relative_buckets,
-            relative_max_distance=self.relative_max_distance, share_layers=self.share_layers,
-            final_norm_kind=self.final_norm_kind, final_norm_eps=self.final_norm_eps,
-            attention_reuse=self.attention_reuse.runtime() if self.attention_reuse is not None else None,
-            drop_path=self.drop_path)
+    def stack_parts(self, model: Any, mask: str, cross_attention: bool = False) -> dict[str, Any]:
+        """Keyword arguments of ``TransformerStack``: its layers, position scheme and final norm, built
+        from the registered blocks (``components/blocks.py``)."""
+        return stack_parts(self, model, mask, cross_attention)
 
 
 class TransformerEncoderConfig(TransformerStackConfig):
@@ -188,7 +179,7 @@ class TransformerEncoder(TransformerStack, Encoder):
 
     @classmethod
     def from_config(cls, cfg: TransformerEncoderConfig, model) -> TransformerEncoder:
-        return cls(mask=cfg.mask, **cfg.stack_kwargs(model))
+        return cls(**cfg.stack_parts(model, cfg.mask))
 
     def forward(self, hidden: Tensor, padding_mask: Tensor | None, prefix_lengths: Tensor | None = None,
                 positions: Tensor | None = None, cache: KVCache | None = None,

@@ -1,0 +1,29 @@
+"""The registered position schemes of a transformer stack (``model.encoder.positions``).
+
+Each module of this package registers one scheme in ``POSITION_SCHEMES`` under the name the config
+selects: a class whose ``build(cfg, model, mask)`` returns the built
+:class:`~pentad.layers.positions.PositionScheme` (or None) from the stack config ``cfg``, the model
+sizes and the stack's mask kind. Every module here is imported with the package, so a new scheme is
+one new file (docs/architecture.md shows one).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Any
+
+from pentad.registry import POSITION_SCHEMES
+
+
+@POSITION_SCHEMES.register("none")
+class NoPositions:
+    """No position signal inside attention (absolute positions, if any, are embedding parts)."""
+
+    @staticmethod
+    def build(cfg: Any, model: Any, mask: str) -> None:
+        return None
+
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")

@@ -1,0 +1,17 @@
+"""``positions: rotary``: rotary embeddings (RoPE, Su et al. 2021) of ``rotary_dim`` dimensions per
+head (default all), base ``rotary_base``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pentad.layers.positions import Rotary
+from pentad.registry import POSITION_SCHEMES
+
+
+@POSITION_SCHEMES.register("rotary")
+class RotaryPositions:
+    @staticmethod
+    def build(cfg: Any, model: Any, mask: str) -> Rotary:
+        head_size = cfg.head_size or model.hidden_size // cfg.num_heads
+        return Rotary(cfg.rotary_dim or head_size, cfg.rotary_base)
