@@ -43,7 +43,7 @@ class SingleStrategy(Strategy):
             from pentad.training.strategies.fsdp import load_sharded
 
             return load_sharded(self.module, self.optimizer, directory)
-        if layout.checkpoint_format(directory) == "deepspeed":  # a deepspeed run's: its partitions made whole
+        if layout.checkpoint_format(directory) == layout.DEEPSPEED:  # a deepspeed run's: its partitions made whole
             return self._load_deepspeed(directory)
         # as saved: a LoRA run's adapters stay adapters (its frozen base is loaded already)
         ckpt.check_adapter_base(self.module, directory / layout.WEIGHTS)
