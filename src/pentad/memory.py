@@ -63,28 +63,42 @@ def _read_int(path: Path) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _cgroup_room() -> int | None:
-    """What the process's cgroups (a container's or a job's memory limit, on its own group or one above)
-    still allow, or None without a limit. cgroup v2 (``memory.max``) and v1 (``memory.limit_in_bytes``)."""
+def _reclaimable(directory: Path, key: str) -> int:
+    """The inactive page cache a cgroup's usage counts (``key`` of its ``memory.stat``): the kernel drops
+    it before refusing memory, so it is room (as container runtimes count a working set)."""
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        for line in (directory / "memory.stat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        pass
+    return 0
+
+
+def _cgroup_room(proc: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """What the process's cgroups (a container's or a job's memory limit, on its own group or one above)
+    still allow, or None without a limit. cgroup v2 (``memory.max``) and v1 (``memory.limit_in_bytes``);
+    inactive page cache counts as room (:func:`_reclaimable`)."""
+    try:
+        lines = proc.read_text().splitlines()
     except OSError:
         return None
-    root = Path("/sys/fs/cgroup")
     rooms = []
     for line in lines:
         _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         if controllers == "":  # v2: one unified hierarchy
-            base, limit_name, usage_name = root, "memory.max", "memory.current"
+            base, limit_name, usage_name, cache = root, "memory.max", "memory.current", "inactive_file"
         elif "memory" in controllers.split(","):
-            base, limit_name, usage_name = root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes"
+            base, limit_name, usage_name, cache = (root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes",
+                                                   "total_inactive_file")
         else:
             continue
         group = base / path.strip("/")
         for directory in (group, *group.parents):
             limit, usage = _read_int(directory / limit_name), _read_int(directory / usage_name)
             if limit is not None and usage is not None and limit < 1 << 60:  # v1 writes "no limit" as ~2^63
-                rooms.append(max(0, limit - usage))
+                rooms.append(max(0, limit - max(0, usage - _reclaimable(directory, cache))))
             if directory == base:
                 break
     return min(rooms) if rooms else None

@@ -233,3 +233,19 @@ def test_preprocess_waits_for_no_one_and_mixes_nothing(capsys, english, tmp_path
         fails(capsys, *argv, match=f"data.output={out} is being written by another pentad process (pid {os.getpid()}")
         assert not out.exists()
     assert main([str(a) for a in argv]) == 0 and (out / "manifest.json").is_file()
+
+
+def test_vocab_build_writes_apart_from_its_corpus_and_alone(capsys, english, tmp_path):
+    """``pentad vocab build`` took neither the output rule nor the lock: a vocabulary folder around its
+    corpus, or a second builder of one output, went unnoticed."""
+    from pentad.outputs import OutputLock
+
+    corpus = tmp_path / "box" / "corpus.txt"
+    corpus.parent.mkdir()
+    shutil.copy(english["bert"], corpus)
+    build = ("vocab", "build", "--corpus", corpus, "--vocab-size", "60", "--min-frequency", "1")
+    fails(capsys, *build, "--output", corpus.parent, match=f"--output {corpus.parent} contains the --corpus file")
+    out = tmp_path / "vocab"
+    with OutputLock(out, "--output", "pentad vocab build"):
+        fails(capsys, *build, "--output", out, match=f"--output {out} is being written by another pentad process")
+    assert main([str(a) for a in (*build, "--output", out)]) == 0 and (out / "vocab.txt").is_file()

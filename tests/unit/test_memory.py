@@ -135,3 +135,29 @@ def test_available_memory_of_this_machine():
     assert available is not None and available > 0 and "this machine" in where
     assert memory.available_memory(torch.device("cpu"))[0] is not None
     assert memory.format_bytes(1536) == "1.5 KiB" and memory.format_bytes(12) == "12 B"
+
+
+def test_a_cgroup_limit_counts_its_inactive_page_cache_as_room(tmp_path):
+    """A container that has read a large dataset holds it as page cache, which memory.current counts;
+    the kernel drops it before refusing memory, so it must not make a fitting model look too large."""
+    from pentad.memory import _cgroup_room
+
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/job\n")
+    group = tmp_path / "fs" / "job"
+    group.mkdir(parents=True)
+    gib = 1 << 30
+    (group / "memory.max").write_text(f"{24 * gib}\n")
+    (group / "memory.current").write_text(f"{22 * gib}\n")
+    assert _cgroup_room(proc, tmp_path / "fs") == 2 * gib
+    (group / "memory.stat").write_text(f"anon {4 * gib}\nfile {18 * gib}\ninactive_file {16 * gib}\n")
+    assert _cgroup_room(proc, tmp_path / "fs") == 18 * gib
+    (group / "memory.max").write_text("max\n")  # no limit of its own, none above: no cgroup bound
+    assert _cgroup_room(proc, tmp_path / "fs") is None
+    proc.write_text("4:memory:/job\n")  # cgroup v1
+    v1 = tmp_path / "fs" / "memory" / "job"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(f"{8 * gib}\n")
+    (v1 / "memory.usage_in_bytes").write_text(f"{8 * gib}\n")
+    (v1 / "memory.stat").write_text(f"total_inactive_file {3 * gib}\n")
+    assert _cgroup_room(proc, tmp_path / "fs") == 3 * gib

@@ -21,11 +21,25 @@ from typing import Any
 from pentad.conversions import DIRECTIONS
 
 
+class _FamiliesHelp(argparse.HelpFormatter):
+    """Lists the registered Hugging Face families in the ``--family`` help when help is printed:
+    reading the registry imports the family modules (and torch), which building the parser must not."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = super()._get_help_string(action)
+        if text is not None and "{families}" in text:
+            from pentad.interop.hf.families import family_names
+
+            text = text.replace("{families}", ", ".join(family_names()))
+        return text
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``convert`` subcommand to ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
     p = subparsers.add_parser(
-        "convert", help="convert weights: Hugging Face <-> pentad, TencentPretrain <-> pentad, CTranslate2 Whisper -> "
-                        "Hugging Face / pentad",
+        "convert", formatter_class=_FamiliesHelp,
+        help="convert weights: Hugging Face <-> pentad, TencentPretrain <-> pentad, CTranslate2 Whisper -> "
+             "Hugging Face / pentad",
         description="Convert a model directory. hf-to-pentad / tencentpretrain-to-pentad write a pentad run "
                     "directory; pentad-to-hf writes a directory transformers' from_pretrained loads; "
                     "pentad-to-tencentpretrain writes model.bin, config.json and the vocabulary file; "
@@ -36,9 +50,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                                                           "a TencentPretrain .bin + JSON config dir, or a "
                                                           "CTranslate2 model dir)")
     p.add_argument("output", type=Path, metavar="OUT", help="output directory (new or empty)")
-    p.add_argument("--family", help="HF model family: bert, roberta, xlm-roberta, gpt2, albert, t5, bart, pegasus, "
-                                    "llama, mixtral, switch_transformers, bloom, vit, clip (default: from config.json, "
-                                    "or recorded/guessed for pentad-to-hf)")
+    p.add_argument("--family", help="HF model family: {families} (default: from config.json, or recorded/guessed "
+                                    "for pentad-to-hf)")
     p.add_argument("--verify", action="store_true",
                    help="Hugging Face: run both models on a sample batch and report max |difference| (absolute and "
                         "relative) per layer and output; TencentPretrain: check bitwise that the output maps back "

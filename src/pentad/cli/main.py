@@ -225,9 +225,13 @@ def run(args: argparse.Namespace) -> int:
         return _validate(args)
     if cmd == "vocab":
         from pentad.data.vocab_builder import build_vocab
+        from pentad.outputs import OutputLock, check_apart
 
-        result = build_vocab(args.corpus, args.kind, args.vocab_size, args.output, lowercase=not args.cased,
-                             min_frequency=args.min_frequency)
+        inputs = [("--corpus file", path) for path in args.corpus]
+        check_apart(args.output, "--output", inputs)
+        with OutputLock(args.output, "--output", "pentad vocab build"):
+            result = build_vocab(args.corpus, args.kind, args.vocab_size, args.output, lowercase=not args.cased,
+                                 min_frequency=args.min_frequency)
         print(json.dumps(result, indent=2, default=str))
         return 0
     if cmd == "convert":

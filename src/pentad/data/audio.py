@@ -39,6 +39,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from pentad.config.base import StrictModel
+from pentad.data.media_files import open_regular
 from pentad.errors import UserError
 from pentad.log import info
 
@@ -98,10 +99,19 @@ class AudioConfig(StrictModel):
         """Frames of one Whisper chunk (100 per second at a 160-sample hop and 16 kHz)."""
         return self.chunk_seconds * self.sample_rate // WHISPER_HOP
 
+    def duration_limit(self) -> tuple[float, str]:
+        """The longest file worth decoding, by its header's duration, and the setting that says so:
+        Whisper's chunk, or the audio that Kaldi framing (25 ms windows every 10 ms) turns into
+        ``max_frames`` frames; a frame of slack for resampling (the features' lengths are then checked
+        exactly)."""
+        if self.features == "whisper":
+            return self.chunk_seconds + 0.01, f"audio.chunk_seconds {self.chunk_seconds}"
+        return self.max_frames * 0.01 + 0.025, f"audio.max_frames {self.max_frames} ({self.max_frames / 100:.2f} s)"
+
 
 class BadAudio(UserError):
     """A file that decodes but cannot be used as it is (``kind``, for the skip counts: "non-finite",
-    "truncated", "bad-rate"); with ``on_bad: skip`` it is left out like an empty utterance. The
+    "truncated", "bad-rate", "over-long"); with ``on_bad: skip`` it is left out like an empty utterance. The
     message names the file (``where``) and what was found, and leaves the remedy to the caller."""
 
     def __init__(self, message: str, kind: str):
@@ -161,22 +171,28 @@ def _chunk_shortfall(f, size: int, order: str, aiff: bool) -> tuple[str, int, in
         f.seek(body + length + (length & 1))  # chunks are padded to an even size
 
 
-def read_audio(path: Path, where: str, sample_rate: int, notes: Counter[str] | None = None) -> np.ndarray:
+def read_audio(path: Path, where: str, sample_rate: int, notes: Counter[str] | None = None,
+               limit: tuple[float, str] | None = None) -> np.ndarray:
     """``path`` -> float32 mono samples in [-1, 1] at ``sample_rate``; ``where`` names it in errors;
     resampling and downmixing are counted in ``notes``. :class:`BadAudio` for a sample rate outside
-    ``MIN_SAMPLE_RATE``..``MAX_SAMPLE_RATE``, truncated WAV or AIFF sample data or a NaN or infinite sample."""
+    ``MIN_SAMPLE_RATE``..``MAX_SAMPLE_RATE``, a file its header says lasts longer than ``limit`` (seconds
+    and the setting's name, :meth:`AudioConfig.duration_limit`; kind ``over-long``: refused before its
+    samples are decoded, so an hour-long file costs nothing), truncated WAV or AIFF sample data or a NaN
+    or infinite sample. A path that is not a regular file (a directory, FIFO, device) is a UserError
+    saying what it is."""
     import soundfile
 
-    if not path.is_file():
-        raise UserError(f"{where} does not exist (audio paths are relative to the examples file's folder)")
     try:
-        with soundfile.SoundFile(str(path)) as sound:
+        with open_regular(path, where, "audio") as file, soundfile.SoundFile(file) as sound:
             rate = int(sound.samplerate)
             # checked before reading: resampling 1 Hz audio to 16 kHz would make 16,000 samples of each
             if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
                 raise BadAudio(f"{where} declares a sample rate of {rate} Hz; audio is read from "
                                f"{MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE} Hz (speech is usually 8-48 kHz), so its "
                                "header is wrong or it is not audio", "bad-rate")
+            if limit is not None and sound.frames > 0 and sound.frames / rate > limit[0]:
+                raise BadAudio(f"{where} lasts {sound.frames / rate:.2f} s, more than {limit[1]} allows",
+                               "over-long")
             samples = sound.read(dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, ValueError) as error:
         raise UserError(f"{where} could not be decoded ({error}); expected WAV, FLAC or another format "
@@ -349,7 +365,7 @@ def load_features(paths: Sequence[Path], lines: Sequence[int], source: Path, cfg
         problem = None
         remedy = "split it" if whisper else "raise audio.max_frames"
         try:
-            samples = read_audio(path, where, cfg.sample_rate, notes)
+            samples = read_audio(path, where, cfg.sample_rate, notes, limit=cfg.duration_limit())
             if whisper:
                 limit = cfg.chunk_seconds * cfg.sample_rate
                 if len(samples) == 0:
@@ -370,7 +386,9 @@ def load_features(paths: Sequence[Path], lines: Sequence[int], source: Path, cfg
                 else:
                     check_features(features, samples, where)
         except BadAudio as bad:
-            problem, remedy = (bad.kind, str(bad)), "replace or repair the file"
+            problem = (bad.kind, str(bad))
+            if bad.kind != "over-long":
+                remedy = "replace or repair the file"
         if problem is not None:
             if cfg.on_bad == "fail":
                 raise UserError(problem[1] + f"; {remedy}, or set audio.on_bad: skip to leave such utterances out")

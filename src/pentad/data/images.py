@@ -19,19 +19,18 @@ truncated, an image of more than ``max_pixels`` pixels: a decompression bomb) is
 
 from __future__ import annotations
 
-import os
-import stat
 import warnings
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 from pydantic import Field, field_validator
 
 from pentad.config.base import StrictModel
 from pentad.data.config import DEFAULT_MAX_IMAGE_PIXELS
+from pentad.data.media_files import open_regular
 from pentad.errors import UserError
 from pentad.log import info
 
@@ -137,28 +136,6 @@ def _mode(channels: int) -> str:
                     "be 3 (RGB) or 1 (grayscale)")
 
 
-def open_regular(path: Path, where: str) -> IO[bytes]:
-    """``path`` opened for reading in binary, after checking on the open descriptor that it is a regular
-    file: a directory, FIFO, device or socket is a UserError saying which (``where`` names it). The
-    file is opened without blocking, so a FIFO with no writer is reported instead of waited on."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    except (FileNotFoundError, NotADirectoryError):
-        raise UserError(f"{where} does not exist (image paths are relative to the examples file's folder)") from None
-    except OSError as error:
-        raise UserError(f"{where} cannot be read ({error.strerror})") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = ("a directory" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else
-                "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode) else
-                "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-        raise UserError(f"{where} is {kind}, not an image file")
-    if hasattr(os, "set_blocking"):
-        os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
-
-
 def _to_8bit(image: Any, where: str) -> tuple[Any, str]:
     """A single-channel image of more than 8 bits (``I;16*``, ``I``, ``F``) -> mode ``L`` by its value
     range (see the module's docstring), and what was done, for the log; other ranges are refused."""
@@ -202,7 +179,7 @@ def decode_image(path: Path, where: str, size: tuple[int, int], channels: int,
     mode = _mode(channels)
     height, width = size
     converted = None
-    with open_regular(path, where) as file:
+    with open_regular(path, where, "image") as file:
         pillow_limit = Image.MAX_IMAGE_PIXELS
         try:
             with warnings.catch_warnings():

@@ -108,8 +108,13 @@ def test_empty_and_overlong_skip_or_fail(tmp_path: Path):
     cfg = AudioConfig(max_frames=30)
     with pytest.raises(UserError, match=r"line 2: audio .*empty.wav is empty"):
         load_features(paths, [2, 3, 4], tmp_path / "t.tsv", cfg)
-    with pytest.raises(UserError, match=r"line 3: audio .*long.wav has 48 frames, more than audio.max_frames 30"):
+    with pytest.raises(UserError, match=r"line 3: audio .*long.wav lasts 0.50 s, more than audio.max_frames 30 "
+                                        r"\(0.30 s\) allows; raise audio.max_frames"):
         load_features(paths[1:], [3, 4], tmp_path / "t.tsv", cfg)
+    # 5,040 samples: within the header's slack for 29 frames, and 30 frames once framed
+    soundfile.write(tmp_path / "edge.wav", _tone(5040 / 16000, 16000), 16000)
+    with pytest.raises(UserError, match=r"line 3: audio .*edge.wav has 30 frames, more than audio.max_frames 29"):
+        load_features([tmp_path / "edge.wav"], [3], tmp_path / "t.tsv", AudioConfig(max_frames=29))
     out = load_features(paths, [2, 3, 4], tmp_path / "t.tsv", AudioConfig(max_frames=30, on_bad="skip"))
     assert out.kept == [2] and dict(out.skipped) == {"empty": 1, "over-long": 1}
 
@@ -253,3 +258,37 @@ def test_a_sample_rate_outside_the_accepted_range_is_refused_or_skipped(tmp_path
     assert out.features == [] and dict(out.skipped) == {"bad-rate": 1}
     with pytest.raises(ValueError, match="sample_rate"):
         AudioConfig(sample_rate=rate)
+
+
+def test_a_directory_fifo_or_device_given_as_audio_is_named_as_such_without_blocking(tmp_path: Path):
+    """They were all reported as "does not exist"; a FIFO with no writer would block a plain open."""
+    import os
+
+    (tmp_path / "folder.wav").mkdir()
+    cases = {tmp_path / "folder.wav": "is a directory, not an audio file",
+             tmp_path / "missing.wav": "does not exist"}
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "pipe.wav")
+        cases[tmp_path / "pipe.wav"] = r"is a named pipe \(FIFO\), not an audio file"
+    if os.path.exists("/dev/zero"):
+        cases[Path("/dev/zero")] = "is a character device, not an audio file"
+    for path, expected in cases.items():
+        with pytest.raises(UserError, match=f"line 2: audio {path} {expected}"):
+            load_features([path], [2], tmp_path / "t.tsv", AudioConfig())
+
+
+def test_an_over_long_file_is_refused_by_its_header_before_its_samples_are_decoded(tmp_path: Path, monkeypatch):
+    """An hour of audio (or a header that says so) was decoded and resampled whole before the length check."""
+    soundfile.write(tmp_path / "hour.wav", _tone(3.0, 8000), 8000)
+    decoded = []
+    real = soundfile.SoundFile.read
+    monkeypatch.setattr(soundfile.SoundFile, "read", lambda self, *a, **k: decoded.append(1) or real(self, *a, **k))
+    for cfg, limit in ((AudioConfig(max_frames=100), r"audio.max_frames 100 \(1.00 s\)"),
+                       (AudioConfig(features="whisper", cmvn=False, chunk_seconds=2), "audio.chunk_seconds 2")):
+        with pytest.raises(UserError, match=f"line 5: audio .*hour.wav lasts 3.00 s, more than {limit} allows"):
+            load_features([tmp_path / "hour.wav"], [5], tmp_path / "t.tsv", cfg)
+        out = load_features([tmp_path / "hour.wav"], [5], tmp_path / "t.tsv", cfg.model_copy(update={"on_bad": "skip"}))
+        assert out.kept == [] and out.skipped == {"over-long": 1}
+    assert decoded == []
+    load_features([tmp_path / "hour.wav"], [5], tmp_path / "t.tsv", AudioConfig())
+    assert decoded == [1]

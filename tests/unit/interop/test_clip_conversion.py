@@ -19,7 +19,7 @@ from tests.unit.interop.helpers import assert_hf_round_trip, load_pentad_run, ma
 
 from pentad.errors import UserError
 from pentad.interop import convert
-from pentad.interop.convert import clip_sample
+from pentad.interop.verify import clip_sample
 from pentad.runs import load_run
 
 transformers = pytest.importorskip("transformers")

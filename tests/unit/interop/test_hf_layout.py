@@ -10,7 +10,8 @@ from safetensors.torch import load_file, save_file
 
 from pentad.errors import UserError
 from pentad.interop import convert
-from pentad.interop.convert import guess_family, read_interop
+from pentad.interop.convert import read_interop
+from pentad.interop.hf.families import guess_family
 from pentad.runs import load_run
 from pentad.training.checkpoint import find_weights, read_weights
 

@@ -25,7 +25,7 @@ from pentad.builder import build_model
 from pentad.components.base import Batch
 from pentad.errors import UserError
 from pentad.interop import convert
-from pentad.interop.convert import speech_padding_mask
+from pentad.interop.verify import speech_padding_mask
 from pentad.runs import load_run
 from pentad.training.checkpoint import find_weights, load_weights, read_weights
 

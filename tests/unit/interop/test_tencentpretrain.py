@@ -127,7 +127,7 @@ def test_verify_reports_each_failed_exact_check(tmp_path, monkeypatch):
 
 
 def test_bitwise_checks_see_the_sign_of_zero():
-    from pentad.interop.convert import bitwise_checks
+    from pentad.interop.verify import bitwise_checks
 
     a = {"x": torch.tensor([0.0, 1.0])}
     assert not bitwise_checks(a, {"x": torch.tensor([0.0, 1.0])}, "a")[3].problem

@@ -166,7 +166,7 @@ class S2tObjective(Objective):
         cfg = self.cfg.audio
         where = f"names the audio file {path}, which"
         try:
-            samples = read_audio(path, where, cfg.sample_rate, self.notes)
+            samples = read_audio(path, where, cfg.sample_rate, self.notes, limit=cfg.duration_limit())
         except UserError as error:  # BadAudio too: data.on_bad_line=skip leaves it out, counted
             raise BadLine(str(error)) from None
         fill = 0.0

@@ -5,10 +5,9 @@ weights (``model.safetensors``, sharded safetensors with ``model.safetensors.ind
 ``pytorch_model.bin`` read with ``weights_only=True``) and tokenizer files (``vocab.txt`` for
 WordPiece, ``vocab.json`` + ``merges.txt`` for byte-level BPE, ``tokenizer_config.json``).
 
-One module per family (:mod:`.bert`, :mod:`.roberta`, :mod:`.gpt2`, :mod:`.albert`, :mod:`.t5`,
-:mod:`.bart`, :mod:`.pegasus`, :mod:`.llama`, :mod:`.mixtral`, :mod:`.bloom`, :mod:`.switch`,
-:mod:`.vit`, :mod:`.clip`, :mod:`.vilt`, :mod:`.whisper`, :mod:`.speech2text`) holds its key map (data, see
-:mod:`pentad.interop.keymap`) and translates ``config.json`` <-> pentad's model config both ways.
+One module per family (registered by defining ``FAMILY``, see :mod:`.families`) declares how it
+recognises a checkpoint and a pentad model, holds its key map (data, see :mod:`pentad.interop.keymap`)
+and translates ``config.json`` <-> pentad's model config both ways; this module holds what they share.
 Reading and writing HF files needs no ``transformers`` install; only ``--verify`` runs it.
 SentencePiece tokenizers (``spiece.model``, ``tokenizer.model``, XLM-R's ``sentencepiece.bpe.model``)
 are rewritten so that the model's own ids are the ones the HF tokenizer gives (:mod:`pentad.interop.spm`).
@@ -20,6 +19,7 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,28 @@ PENTAD_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "
 ROLES = ("pad", "unk", "cls", "sep", "mask", "bos", "eos")
 
 
+@dataclass(frozen=True)
+class KeyLayout:
+    """How a family's tensor names look: a checkpoint has this layout when one of its names contains
+    one of ``contains``, starts with one of ``prefixes`` or ends with one of ``suffixes``, and for each
+    of ``also`` some name contains it. Used to say that config.json and the weights disagree.
+
+    ``rank`` orders the families tried (lower first): a family whose checkpoints also carry another
+    family's marks (BART's carry PEGASUS's, Qwen2-MoE's dense layers LLaMA's) ranks before it."""
+
+    contains: tuple[str, ...] = ()
+    prefixes: tuple[str, ...] = ()
+    suffixes: tuple[str, ...] = ()
+    also: tuple[str, ...] = ()
+    rank: int = 100
+
+    def matches(self, keys: Iterable[str]) -> bool:
+        names = list(keys)
+        marked = any(any(m in k for m in self.contains) or k.startswith(self.prefixes) or k.endswith(self.suffixes)
+                     for k in names)
+        return marked and all(any(m in k for k in names) for m in self.also)
+
+
 @dataclass
 class ImportPlan:
     """What a family decided for one HF checkpoint: the pentad model config (a plain dict), the
@@ -76,10 +98,14 @@ class ExportPlan:
 
 
 class HFFamily:
-    """A Hugging Face model family. Subclasses fill the class attributes and the two planners."""
+    """A Hugging Face model family: one module of this package holds its subclass and the instance
+    ``FAMILY`` (:mod:`.families` finds them). Subclasses fill the class attributes (the ``model_type``
+    values of config.json it reads, its tensors' :class:`KeyLayout`, its tokenizer), :meth:`describes`
+    (which pentad models it is the export family of) and the two planners."""
 
     name: str = ""
     model_types: tuple[str, ...] = ()
+    layout: KeyLayout | None = None  # None: its tensor names tell it from no other family
     # "wordpiece", "bpe", "sentencepiece", "tokenizer_json" (the file as it is); None: not converted
     tokenizer_kind: str | None = "wordpiece"
     tokenizer_class: str = ""
@@ -99,6 +125,11 @@ class HFFamily:
     # The HF model feeds an image's patches in a random order (ViLT's visual_embed): only the text
     # positions of its states, and the heads over them, can be compared position by position.
     shuffles_image_positions: bool = False
+
+    # --verify (pentad.interop.verify): the seeded batch both models run on, in the report's words, and
+    # whether the HF model is two towers compared tower by tower with their pooled, projected features
+    verify_batch: str = "one seeded batch with padded rows"
+    two_towers: bool = False
 
     # speech models: whether the HF model takes padded audio with an attention mask (S2T) or always
     # the same number of frames (Whisper's 30 s)
@@ -121,6 +152,12 @@ class HFFamily:
     def task_config(self, config: dict[str, Any], in_dir: Path | None) -> tuple[dict[str, Any] | None, list[str]]:
         """The run's ``task`` section this family's checkpoints imply (None: decided elsewhere), and notes."""
         return None, []
+
+    def describes(self, model: Any) -> bool:  # pragma: no cover - abstract
+        """Whether a pentad ``ModelConfig`` is of this family, for ``pentad-to-hf`` without ``--family``
+        and a run that was not imported from HF. Exactly one family describes any model (the shared
+        traits below keep the families' conditions apart)."""
+        raise NotImplementedError
 
     def plan_import(self, config: dict[str, Any], keys: dict[str, tuple[int, ...]], label: str,
                     max_length: int | None) -> ImportPlan:  # pragma: no cover - abstract
@@ -162,6 +199,125 @@ class HFFamily:
         tokenizer's saved options; ``tok_cfg``: tokenizer_config.json to complete): (pentad options
         the family expressed, notes)."""
         return set(), []
+
+
+# ------------------------------------------------------------------------- model traits (describes)
+def part_types(model: Any) -> dict[str, Any]:
+    """The parts of a pentad model config's embedding slot, by type."""
+    return {p.type: p for p in model.embedding.parts}
+
+
+def media(model: Any) -> str | None:
+    """What a pentad model reads besides text: ``image`` (a ``patch`` part), ``image_text`` (ViLT's
+    ``word_patch``), ``speech`` (a ``speech`` part), ``two_towers`` (two streams); None: text alone."""
+    parts = part_types(model)
+    for part, kind in (("patch", "image"), ("word_patch", "image_text"), ("speech", "speech")):
+        if part in parts:
+            return kind
+    return "two_towers" if getattr(model, "streams", None) else None
+
+
+def text_kind(model: Any) -> str | None:
+    """A text model's shape: ``encoder_decoder``, ``causal`` (a causal mask or an lm head, no decoder)
+    or ``encoder`` (bidirectional, no decoder); None for a model that reads more than text."""
+    if media(model) is not None:
+        return None
+    if model.decoder is not None:
+        return "encoder_decoder"
+    if getattr(model.encoder, "mask", None) == "causal" or any(t.type == "lm" for t in model.targets):
+        return "causal"
+    return "encoder"
+
+
+def positions(model: Any) -> str:
+    """The encoder's position scheme in its attention (``none``: the embedding's, or none)."""
+    return getattr(model.encoder, "positions", "none")
+
+
+def mixture(model: Any) -> bool:
+    """Whether the encoder's feed-forwards are a mixture of experts."""
+    return getattr(model.encoder, "ffn", None) == "moe"
+
+
+def shared_expert_gate(model: Any) -> bool:
+    """Whether the encoder's mixture of experts scales a shared expert by a gate (Qwen2-MoE)."""
+    moe = getattr(model.encoder, "moe", None)
+    return moe is not None and bool(moe.shared_gate)
+
+
+def shared_or_factorised(model: Any) -> bool:
+    """ALBERT's traits: layers shared across the stack, or an embedding narrower than the hidden size."""
+    return bool(getattr(model.encoder, "share_layers", False)) or \
+        model.embedding_size not in (None, model.hidden_size)
+
+
+def one_segment_with_positions(model: Any) -> bool:
+    """RoBERTa's trait beside BERT: one segment row and a position table of its own length."""
+    parts = part_types(model)
+    seg, pos = parts.get("seg"), parts.get("pos")
+    return seg is not None and seg.num_segments == 1 and pos is not None and bool(pos.max_positions)
+
+
+# ----------------------------------------------------------------------------- config field tables
+@dataclass(frozen=True)
+class Field:
+    """One row of a family's config table: the config.json key ``hf`` and the pentad model config path
+    ``path`` it translates to (dotted, below ``model``; None: a key the family computes on import).
+
+    Import (:func:`import_fields`): ``read`` of the config value (the family's defaults filled in) is
+    set at ``path``. Export (:func:`export_fields`): ``write(model)`` of the pentad ``ModelConfig``, or
+    where there is none the value at ``path`` through ``read``; a table's rows are config.json's keys in
+    the order they are written."""
+
+    hf: str
+    path: str | None = None
+    read: Callable[[Any], Any] = lambda value: value
+    write: Callable[[Any], Any] | None = None
+
+
+def import_fields(table: list[Field], config: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
+    """Set each row's pentad value from ``config`` into the (nested) pentad model dict ``model``; returns it."""
+    for row in table:
+        if row.path is None:
+            continue
+        *parents, leaf = row.path.split(".")
+        node = model
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = row.read(config[row.hf])
+    return model
+
+
+def export_fields(table: list[Field], model: Any, **given: Any) -> dict[str, Any]:
+    """config.json's values of the rows of ``table``, in its order, for a pentad ``ModelConfig``
+    (``given``: values the family computed, by config.json key, e.g. ``hidden_act``)."""
+    values: dict[str, Any] = {}
+    for row in table:
+        if row.hf in given:
+            values[row.hf] = given[row.hf]
+        elif row.write is not None:
+            values[row.hf] = row.write(model)
+        elif row.path is None:
+            raise ValueError(f"config field {row.hf} has no path, no writer and no given value")
+        else:
+            value = model
+            for key in row.path.split("."):
+                value = getattr(value, key)
+            values[row.hf] = row.read(value)
+    return values
+
+
+def with_rows(table: list[Field], *rows: Field) -> list[Field]:
+    """``table`` with the rows of the same config.json keys replaced by ``rows`` (in place), the others appended."""
+    given = {row.hf: row for row in rows}
+    out = [given.pop(row.hf, row) for row in table]
+    return out + list(given.values())
+
+
+def owned_keys(table: list[Field], *more: str) -> tuple[str, ...]:
+    """The config.json keys a family writes (``architectures``, ``model_type``, the table's, ``more``):
+    the rest of an imported config.json is kept as it was (:func:`merge_config`)."""
+    return ("architectures", "model_type", *(row.hf for row in table), *more)
 
 
 def merge_config(base: dict[str, Any] | None, owned: tuple[str, ...], values: dict[str, Any]) -> dict[str, Any]:
@@ -253,35 +409,6 @@ def hinted_problems(config: dict[str, Any], supported: tuple[str, ...]) -> list[
     """A problem for each ``architectures`` entry of config.json that the family cannot convert."""
     return [f"architecture {a} has a head pentad has no target for yet" for a in config.get("architectures") or []
             if isinstance(a, str) and a not in supported]
-
-
-def guess_layout(keys: set[str] | dict[str, Any]) -> str | None:
-    """The family whose key layout a set of tensor names has, for error messages (None: unknown)."""
-    if any(k.endswith("wte.weight") or ".attn.c_attn." in k for k in keys):
-        return "gpt2"
-    if any("albert_layer_groups." in k for k in keys):
-        return "albert"
-    if any(".SelfAttention.q." in k or k.startswith("encoder.block.") for k in keys):
-        return "t5"
-    if any("self_attention.query_key_value" in k or "word_embeddings_layernorm" in k for k in keys):
-        return "bloom"
-    if any(".block_sparse_moe." in k for k in keys):
-        return "mixtral"
-    if any(".mlp.shared_expert_gate." in k for k in keys):
-        return "qwen2_moe"
-    if any(".mlp.gate_proj." in k for k in keys):
-        return "llama"
-    if any(k.endswith("encoder.conv1.weight") for k in keys):
-        return "whisper"
-    if any("encoder.conv.conv_layers." in k for k in keys):
-        return "speech_to_text"
-    if any("encoder_attn.q_proj" in k for k in keys):
-        return "bart" if any("layernorm_embedding" in k for k in keys) else "pegasus"
-    if any(k.startswith("roberta.") or k.startswith("lm_head.dense.") for k in keys):
-        return "roberta"
-    if any(k.startswith(("bert.", "cls.predictions.", "cls.seq_relationship.")) for k in keys):
-        return "bert"
-    return None  # a bare BERT or RoBERTa encoder ("embeddings....") could be either
 
 
 # ------------------------------------------------------------------------------------------ files

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from pentad.errors import UserError
-from pentad.interop.hf import ImportPlan, stack_problems
+from pentad.interop.hf import ImportPlan, KeyLayout, shared_or_factorised, stack_problems, text_kind
 from pentad.interop.hf.bert import OWNED as BERT_OWNED
 from pentad.interop.hf.bert import UNUSED_POOLER, BertLikeFamily
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
@@ -87,6 +87,7 @@ OWNED = tuple(k for k in BERT_OWNED if k not in ("is_decoder", "add_cross_attent
 class AlbertFamily(BertLikeFamily):
     name = "albert"
     model_types = ("albert",)
+    layout = KeyLayout(contains=("albert_layer_groups.",))
     class_prefix = {"albert": "Albert"}
     base_prefix = "albert."
     defaults = DEFAULTS
@@ -102,6 +103,9 @@ class AlbertFamily(BertLikeFamily):
     pooler_key = "pooler.weight"
     sentence_target = "sop"
     classifier_dropout_key = "classifier_dropout_prob"
+
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "encoder" and shared_or_factorised(model)
 
     def outputs(self, architecture: str) -> dict[str, str]:
         if architecture.endswith("ForPreTraining"):

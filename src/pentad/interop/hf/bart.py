@@ -24,14 +24,22 @@ from typing import Any
 from pentad.errors import UserError
 from pentad.interop.hf import (
     ExportPlan,
+    Field,
     HFFamily,
     ImportPlan,
+    KeyLayout,
     activation,
     activation_name,
     encoder_decoder_problems,
+    export_fields,
     hinted_problems,
+    import_fields,
     merge_config,
+    owned_keys,
+    part_types,
+    positions,
     seq_length,
+    text_kind,
 )
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
 
@@ -85,10 +93,29 @@ DEFAULTS: dict[str, Any] = {
     "activation_dropout": 0.0, "init_std": 0.02, "scale_embedding": False, "pad_token_id": 1,
     "tie_word_embeddings": True,
 }
-OWNED = ("architectures", "model_type", "vocab_size", "max_position_embeddings", "encoder_layers", "encoder_ffn_dim",
-         "encoder_attention_heads", "decoder_layers", "decoder_ffn_dim", "decoder_attention_heads",
-         "activation_function", "d_model", "dropout", "attention_dropout", "init_std", "scale_embedding",
-         "tie_word_embeddings", "is_encoder_decoder")
+# config.json <-> pentad, in the order config.json is written (Pegasus's too). Computed by the planners:
+# the position tables' size, the activation, the word scale; the dropouts are the encoder's and decoder's.
+FIELDS: list[Field] = [
+    Field("vocab_size", "vocab_size", int),
+    Field("max_position_embeddings"),
+    Field("d_model", "hidden_size", int),
+    Field("encoder_layers", "encoder.num_layers", int),
+    Field("encoder_ffn_dim", "encoder.ffn_size", int, lambda m: m.encoder.ffn_size or 4 * m.hidden_size),
+    Field("encoder_attention_heads", "encoder.num_heads", int),
+    Field("decoder_layers", "decoder.num_layers", int),
+    Field("decoder_ffn_dim", "decoder.ffn_size", int, lambda m: m.decoder.ffn_size or 4 * m.hidden_size),
+    Field("decoder_attention_heads", "decoder.num_heads", int),
+    Field("activation_function"),
+    Field("dropout", write=lambda m: float(m.encoder.dropout)),
+    Field("attention_dropout", write=lambda m: float(m.encoder.attention_dropout
+                                                     if m.encoder.attention_dropout is not None
+                                                     else m.encoder.dropout)),
+    Field("init_std", "init_std", float),
+    Field("scale_embedding"),
+    Field("tie_word_embeddings", write=lambda m: True),
+    Field("is_encoder_decoder", write=lambda m: True),
+]
+OWNED = owned_keys(FIELDS)
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which BART and Pegasus use everywhere
 
 
@@ -96,6 +123,8 @@ class BartLikeFamily(HFFamily):
     """BART, and Pegasus (sinusoidal positions, pre-norm with final norms, no embedding norm)."""
 
     name = "bart"
+    # PEGASUS's names and an embedding norm: tried before PEGASUS
+    layout = KeyLayout(contains=("encoder_attn.q_proj",), also=("layernorm_embedding",), rank=40)
     model_types: tuple[str, ...] = ("bart",)
     class_prefix = "Bart"
     defaults = DEFAULTS
@@ -106,6 +135,10 @@ class BartLikeFamily(HFFamily):
                               "unk": "<unk>", "mask": "<mask>"}
     token_types = False
     pre_norm = False  # Pegasus: True (pre-norm layers and a final norm per stack, no embedding norm)
+
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "encoder_decoder" and positions(model) != "relative" \
+            and "sinusoidal" not in part_types(model)
 
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"lm": "logits"} if architecture.endswith("ForConditionalGeneration") else {}
@@ -148,17 +181,12 @@ class BartLikeFamily(HFFamily):
                  "bias": True, "layer_norm_eps": LAYER_NORM_EPS}
         embedding = {"parts": self.embedding_parts(c, positions), "norm": not self.pre_norm,
                      "layer_norm_eps": LAYER_NORM_EPS, "dropout": dropout}
-        model = {
-            "hidden_size": hidden, "vocab_size": int(c["vocab_size"]),
+        model = import_fields(FIELDS, c, {
             "max_seq_length": seq_length(max_length, positions), "tie_word_embeddings": True,
-            "share_embedding": True, "init_std": float(c["init_std"]),
-            "embedding": embedding, "target_embedding": embedding,
-            "encoder": {**stack, "num_layers": int(c["encoder_layers"]), "num_heads": int(c["encoder_attention_heads"]),
-                        "ffn_size": int(c["encoder_ffn_dim"]), "mask": "bidirectional"},
-            "decoder": {**stack, "num_layers": int(c["decoder_layers"]), "num_heads": int(c["decoder_attention_heads"]),
-                        "ffn_size": int(c["decoder_ffn_dim"])},
+            "share_embedding": True, "embedding": embedding, "target_embedding": embedding,
+            "encoder": {**stack, "mask": "bidirectional"}, "decoder": dict(stack),
             "targets": [{"type": "lm", "bias": True}],
-        }
+        })
         notes: list[str] = []
         synthesized: list[str] = []
         if not head:
@@ -233,14 +261,8 @@ class BartLikeFamily(HFFamily):
         cls = self.class_prefix
         config = {
             "architectures": [f"{cls}ForConditionalGeneration"], "model_type": self.model_types[0],
-            "vocab_size": model.vocab_size, "max_position_embeddings": size, "d_model": model.hidden_size,
-            "encoder_layers": enc.num_layers, "encoder_ffn_dim": enc.ffn_size or 4 * model.hidden_size,
-            "encoder_attention_heads": enc.num_heads, "decoder_layers": dec.num_layers,
-            "decoder_ffn_dim": dec.ffn_size or 4 * model.hidden_size, "decoder_attention_heads": dec.num_heads,
-            "activation_function": act, "dropout": float(enc.dropout),
-            "attention_dropout": float(enc.attention_dropout if enc.attention_dropout is not None else enc.dropout),
-            "init_std": model.init_std, "scale_embedding": scales.pop(), "tie_word_embeddings": True,
-            "is_encoder_decoder": True,
+            **export_fields(FIELDS, model, max_position_embeddings=size, activation_function=act,
+                            scale_embedding=scales.pop()),
         }
         for key, value in (("pad_token_id", pad_id), ("eos_token_id", eos_id)):
             if key not in base and value is not None:

@@ -28,7 +28,23 @@ from __future__ import annotations
 from typing import Any
 
 from pentad.errors import UserError
-from pentad.interop.hf import HF_ACTIVATIONS, PENTAD_ACTIVATIONS, ExportPlan, HFFamily, ImportPlan, merge_config
+from pentad.interop.hf import (
+    HF_ACTIVATIONS,
+    PENTAD_ACTIVATIONS,
+    ExportPlan,
+    Field,
+    HFFamily,
+    ImportPlan,
+    KeyLayout,
+    export_fields,
+    import_fields,
+    merge_config,
+    one_segment_with_positions,
+    owned_keys,
+    part_types,
+    shared_or_factorised,
+    text_kind,
+)
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
 
 # ---------------------------------------------------------------------------------- key map (data)
@@ -86,12 +102,32 @@ DEFAULTS: dict[str, Any] = {
     "initializer_range": 0.02, "layer_norm_eps": 1e-12, "pad_token_id": 0,
     "position_embedding_type": "absolute", "tie_word_embeddings": True, "classifier_dropout": None,
 }
+# config.json <-> pentad, in the order config.json is written (RoBERTa's and ALBERT's too). Computed by
+# the planners: the activation, the position table's size (offset, tokenizer limit), one layer_norm_eps
+# for every norm, the segment rows, the padding id and the classifier's dropout.
+FIELDS: list[Field] = [
+    Field("vocab_size", "vocab_size", int),
+    Field("hidden_size", "hidden_size", int),
+    Field("num_hidden_layers", "encoder.num_layers", int),
+    Field("num_attention_heads", "encoder.num_heads", int),
+    Field("intermediate_size", "encoder.ffn_size", int, lambda m: m.encoder.ffn_size or 4 * m.hidden_size),
+    Field("hidden_act"),
+    Field("hidden_dropout_prob", "encoder.dropout", float),
+    Field("attention_probs_dropout_prob", "encoder.attention_dropout", float,
+          lambda m: float(m.encoder.attention_dropout if m.encoder.attention_dropout is not None
+                          else m.encoder.dropout)),
+    Field("max_position_embeddings"),
+    Field("type_vocab_size", write=lambda m: part_types(m)["seg"].num_segments),
+    Field("initializer_range", "init_std", float),
+    Field("layer_norm_eps"),
+    Field("tie_word_embeddings", "tie_word_embeddings", bool),
+    Field("is_decoder", write=lambda m: False),
+    Field("add_cross_attention", write=lambda m: False),
+    Field("pad_token_id"),
+    Field("classifier_dropout"),
+]
 # Keys of config.json this module writes; the rest of an imported config.json is kept as it was.
-OWNED = ("architectures", "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-         "intermediate_size", "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob",
-         "max_position_embeddings", "type_vocab_size", "initializer_range", "layer_norm_eps",
-         "tie_word_embeddings", "is_decoder", "add_cross_attention",
-         "classifier_dropout", "pad_token_id", "id2label", "label2id", "num_labels")
+OWNED = owned_keys(FIELDS, "id2label", "label2id", "num_labels")
 
 
 class BertLikeFamily(HFFamily):
@@ -99,6 +135,7 @@ class BertLikeFamily(HFFamily):
 
     name = "bert"
     model_types: tuple[str, ...] = ("bert",)
+    layout = KeyLayout(prefixes=("bert.", "cls.predictions.", "cls.seq_relationship."))
     class_prefix = {"bert": "Bert"}
     base_prefix = "bert."
     defaults = DEFAULTS
@@ -124,6 +161,10 @@ class BertLikeFamily(HFFamily):
     owned = OWNED
 
     # -- helpers ---------------------------------------------------------------------------------
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "encoder" and not shared_or_factorised(model) \
+            and not one_segment_with_positions(model)
+
     def position_offset(self, pad_token_id: int) -> int:
         """Rows of HF's position table before position 0 (RoBERTa: padding_idx + 1)."""
         return 0
@@ -287,19 +328,14 @@ class BertLikeFamily(HFFamily):
             notes.append(f"position table: HF rows {offset}..{positions + offset - 1} are pentad positions "
                          f"0..{positions - 1}; HF rows 0..{offset - 1} (padding_idx {offset - 1} and below, never "
                          "used for a real token) are kept in interop_extra.safetensors for the way back")
-        model = {
-            "hidden_size": int(c["hidden_size"]), "vocab_size": int(c["vocab_size"]), "max_seq_length": seq_len,
-            "tie_word_embeddings": bool(c.get("tie_word_embeddings", True)),
-            "init_std": float(c["initializer_range"]),
+        model = import_fields(FIELDS, c, {
+            "max_seq_length": seq_len,
             "embedding": {"parts": [{"type": "word"}, pos, {"type": "seg", "num_segments": int(c["type_vocab_size"])}],
                           "norm": True, "layer_norm_eps": eps, "dropout": dropout},
-            "encoder": {"type": "transformer", "num_layers": int(c["num_hidden_layers"]),
-                        "num_heads": int(c["num_attention_heads"]), "ffn_size": int(c["intermediate_size"]),
-                        "activation": act, "norm_position": "post", "final_norm": False, "mask": "bidirectional",
-                        "dropout": dropout, "attention_dropout": float(c["attention_probs_dropout_prob"]),
-                        "bias": True, "layer_norm_eps": eps},
+            "encoder": {"type": "transformer", "activation": act, "norm_position": "post", "final_norm": False,
+                        "mask": "bidirectional", "bias": True, "layer_norm_eps": eps},
             "targets": targets,
-        }
+        })
         model = self.adjust_import(model, c)
         names = {self.canonical(t["type"]): t["type"] for t in targets}
         rules = self.rules(prefix=prefix, num_layers=model["encoder"]["num_layers"], offset=offset, heads=heads,
@@ -414,17 +450,9 @@ class BertLikeFamily(HFFamily):
                          f"{model.embedding.dropout} (training only)")
         config = {
             "architectures": [self.architecture(model_type, arch)], "model_type": model_type,
-            "vocab_size": model.vocab_size, "hidden_size": model.hidden_size, "num_hidden_layers": enc.num_layers,
-            "num_attention_heads": enc.num_heads, "intermediate_size": enc.ffn_size or 4 * model.hidden_size,
-            "hidden_act": _activation_name(base.get("hidden_act"), enc.activation, act),
-            "hidden_dropout_prob": dropout,
-            "attention_probs_dropout_prob": float(enc.attention_dropout if enc.attention_dropout is not None
-                                                  else enc.dropout),
-            "max_position_embeddings": positions + offset, "type_vocab_size": parts["seg"].num_segments,
-            "initializer_range": model.init_std, "layer_norm_eps": eps.pop(),
-            "tie_word_embeddings": model.tie_word_embeddings,
-            "is_decoder": False, "add_cross_attention": False, "pad_token_id": pad,
-            "classifier_dropout": base.get("classifier_dropout"),
+            **export_fields(FIELDS, model, hidden_act=_activation_name(base.get("hidden_act"), enc.activation, act),
+                            max_position_embeddings=positions + offset, layer_norm_eps=eps.pop(), pad_token_id=pad,
+                            classifier_dropout=base.get("classifier_dropout")),
         }
         classifier = by_type.get("cls") or by_type.get("tagger")
         if classifier is not None:

@@ -24,12 +24,19 @@ from typing import Any
 from pentad.errors import UserError
 from pentad.interop.hf import (
     ExportPlan,
+    Field,
     HFFamily,
     ImportPlan,
+    KeyLayout,
+    export_fields,
     hinted_problems,
+    import_fields,
     merge_config,
+    owned_keys,
+    positions,
     seq_length,
     stack_problems,
+    text_kind,
 )
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
 
@@ -56,19 +63,37 @@ DEFAULTS: dict[str, Any] = {
     "initializer_range": 0.02, "apply_residual_connection_post_layernorm": False, "hidden_dropout": 0.0,
     "attention_dropout": 0.0, "tie_word_embeddings": True,
 }
-OWNED = ("architectures", "model_type", "vocab_size", "hidden_size", "n_embed", "n_layer", "n_head",
-         "layer_norm_epsilon", "initializer_range", "apply_residual_connection_post_layernorm", "hidden_dropout",
-         "attention_dropout", "tie_word_embeddings")
+# config.json <-> pentad, in the order config.json is written. Computed on import: the width (older
+# configs say n_embed), tying.
+FIELDS: list[Field] = [
+    Field("vocab_size", "vocab_size", int),
+    Field("hidden_size", write=lambda m: m.hidden_size),
+    Field("n_layer", "encoder.num_layers", int),
+    Field("n_head", "encoder.num_heads", int),
+    Field("layer_norm_epsilon", "encoder.layer_norm_eps", float),
+    Field("initializer_range", "init_std", float),
+    Field("apply_residual_connection_post_layernorm", write=lambda m: False),
+    Field("hidden_dropout", "encoder.dropout", float),
+    Field("attention_dropout", "encoder.attention_dropout", float,
+          lambda m: float(m.encoder.attention_dropout if m.encoder.attention_dropout is not None
+                          else m.encoder.dropout)),
+    Field("tie_word_embeddings", write=lambda m: m.tie_word_embeddings),
+]
+OWNED = owned_keys(FIELDS, "n_embed")
 SUPPORTED = ("BloomForCausalLM", "BloomModel")
 
 
 class BloomFamily(HFFamily):
     name = "bloom"
     model_types = ("bloom",)
+    layout = KeyLayout(contains=("self_attention.query_key_value", "word_embeddings_layernorm"))
     tokenizer_kind = "tokenizer_json"
     tokenizer_class = "TokenizersBackend"  # transformers' generic tokenizer.json class (BLOOM has no own one)
     default_special_tokens = {"unk": "<unk>", "bos": "<s>", "eos": "</s>", "pad": "<pad>"}
     token_types = False
+
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "causal" and positions(model) == "alibi"
 
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"lm": "logits"} if architecture.endswith("ForCausalLM") else {}
@@ -101,18 +126,15 @@ class BloomFamily(HFFamily):
         prefix = "transformer." if any(k.startswith("transformer.") for k in keys) else ""
         has_head = "lm_head.weight" in keys
         tied = bool(c["tie_word_embeddings"]) or not has_head
-        model = {
-            "hidden_size": hidden, "vocab_size": int(c["vocab_size"]),
-            "max_seq_length": seq_length(max_length, None, 2048), "tie_word_embeddings": tied,
-            "init_std": float(c["initializer_range"]),
+        model = import_fields(FIELDS, c, {
+            "hidden_size": hidden, "max_seq_length": seq_length(max_length, None, 2048), "tie_word_embeddings": tied,
             "embedding": {"parts": [{"type": "word"}], "norm": True, "layer_norm_eps": eps,
                           "dropout": float(c["hidden_dropout"])},
-            "encoder": {"type": "transformer", "num_layers": layers, "num_heads": heads, "ffn_size": 4 * hidden,
-                        "activation": "gelu_tanh", "norm_position": "pre", "final_norm": True, "mask": "causal",
-                        "dropout": float(c["hidden_dropout"]), "attention_dropout": float(c["attention_dropout"]),
-                        "bias": True, "layer_norm_eps": eps, "positions": "alibi"},
+            "encoder": {"type": "transformer", "ffn_size": 4 * hidden, "activation": "gelu_tanh",
+                        "norm_position": "pre", "final_norm": True, "mask": "causal", "bias": True,
+                        "positions": "alibi"},
             "targets": [{"type": "lm"}],
-        }
+        })
         notes = ["ALiBi needs no position table: max_seq_length (2048 unless the tokenizer says otherwise) only "
                  "bounds pentad's data pipeline"]
         rules = self.rules(prefix=prefix, num_layers=layers, heads=heads, tied=tied, lm="lm")
@@ -148,14 +170,8 @@ class BloomFamily(HFFamily):
         if problems:
             raise UserError(f"cannot export {label} as bloom: " + "; ".join(problems) + ".")
         base = dict(base_config or {})
-        config: dict[str, Any] = {
-            "architectures": ["BloomForCausalLM"], "model_type": "bloom", "vocab_size": model.vocab_size,
-            "hidden_size": model.hidden_size, "n_layer": enc.num_layers, "n_head": enc.num_heads,
-            "layer_norm_epsilon": float(enc.layer_norm_eps), "initializer_range": model.init_std,
-            "apply_residual_connection_post_layernorm": False, "hidden_dropout": float(enc.dropout),
-            "attention_dropout": float(enc.attention_dropout if enc.attention_dropout is not None else enc.dropout),
-            "tie_word_embeddings": model.tie_word_embeddings,
-        }
+        config: dict[str, Any] = {"architectures": ["BloomForCausalLM"], "model_type": "bloom",
+                                  **export_fields(FIELDS, model)}
         if "eos_token_id" not in base and eos_id is not None:
             config["eos_token_id"] = eos_id
         config = merge_config(base, OWNED, config)

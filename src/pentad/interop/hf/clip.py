@@ -40,6 +40,7 @@ from pentad.interop.hf import (
     activation,
     activation_name,
     hinted_problems,
+    media,
     merge_config,
     stack_problems,
 )
@@ -115,7 +116,12 @@ class CLIPFamily(HFFamily):
     default_special_tokens = {"bos": "<|startoftext|>", "eos": "<|endoftext|>", "cls": "<|startoftext|>",
                               "sep": "<|endoftext|>", "pad": "<|endoftext|>", "unk": "<|endoftext|>"}
     needs_tokenizer = True
+    verify_batch = "one seeded batch of images and of texts ending with the end-of-text token, two padded after it"
+    two_towers = True
     token_types = False
+
+    def describes(self, model: Any) -> bool:
+        return media(model) == "two_towers"  # the only two-tower model Hugging Face has a class for
 
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"clr": "logits_per_text"}

@@ -1,43 +1,48 @@
-"""The Hugging Face model families pentad converts, by ``model_type``.
+"""The registry of the Hugging Face model families pentad converts, read from their declarations.
 
-Kept apart from the package's shared helpers (``pentad.interop.hf``), which every family module
-imports, so that no family module is imported by a module it imports.
+Every module of this package that defines ``FAMILY`` (an :class:`~pentad.interop.hf.HFFamily`) is a
+family; adding one is adding its module, nothing else. Detection and dispatch ask the declarations:
+:func:`family_for` (``model_type`` of config.json, or ``--family``), :func:`guess_layout` (the
+family whose :class:`~pentad.interop.hf.KeyLayout` a checkpoint's tensor names have) and
+:func:`guess_family` (the family whose :meth:`~pentad.interop.hf.HFFamily.describes` accepts a
+pentad model). Kept apart from the package's shared helpers (``pentad.interop.hf``), which every
+family module imports, so that no family module is imported by a module it imports.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from functools import cache
+from typing import Any
+
 from pentad.errors import UserError, closest
-from pentad.interop.hf import (
-    HFFamily,
-    albert,
-    bart,
-    bert,
-    bloom,
-    clip,
-    gpt2,
-    llama,
-    mixtral,
-    pegasus,
-    qwen2_moe,
-    roberta,
-    speech2text,
-    switch,
-    t5,
-    vilt,
-    vit,
-    whisper,
-)
+from pentad.interop import hf
+from pentad.interop.hf import HFFamily
+
+
+@cache
+def registered() -> dict[str, HFFamily]:
+    """Module name -> the family it declares, for every family module of the package (sorted by name)."""
+    found: dict[str, HFFamily] = {}
+    for info in sorted(pkgutil.iter_modules(hf.__path__), key=lambda m: m.name):
+        if info.name == __name__.rsplit(".", 1)[-1]:
+            continue
+        module = importlib.import_module(f"{hf.__name__}.{info.name}")
+        family = getattr(module, "FAMILY", None)
+        if isinstance(family, HFFamily):
+            found[info.name] = family
+    return found
 
 
 def families() -> dict[str, HFFamily]:
     """model_type -> family (``xlm-roberta`` is the RoBERTa family)."""
-    table: dict[str, HFFamily] = {}
-    for family in (bert.FAMILY, roberta.FAMILY, gpt2.FAMILY, albert.FAMILY, t5.FAMILY, bart.FAMILY, pegasus.FAMILY,
-                   llama.FAMILY, mixtral.FAMILY, qwen2_moe.FAMILY, bloom.FAMILY, switch.FAMILY, vit.FAMILY,
-                   clip.FAMILY, vilt.FAMILY, whisper.FAMILY, speech2text.FAMILY):
-        for model_type in family.model_types:
-            table[model_type] = family
-    return table
+    return {model_type: family for family in registered().values() for model_type in family.model_types}
+
+
+def family_names() -> list[str]:
+    """Every ``model_type`` pentad converts, sorted (the values ``--family`` takes)."""
+    return sorted(families())
 
 
 def family_for(model_type: str | None, requested: str | None, label: str) -> HFFamily:
@@ -56,3 +61,23 @@ def family_for(model_type: str | None, requested: str | None, label: str) -> HFF
     if name is None:
         raise UserError(f"{label} has no 'model_type' key; pass --family ({', '.join(sorted(table))}).")
     return table[name]
+
+
+def guess_layout(keys: set[str] | dict[str, Any]) -> str | None:
+    """The family whose key layout a set of tensor names has, for error messages (None: unknown; a
+    bare BERT or RoBERTa encoder, ``embeddings....``, could be either)."""
+    marked = sorted((f for f in registered().values() if f.layout is not None), key=lambda f: (f.layout.rank, f.name))
+    for family in marked:
+        if family.layout is not None and family.layout.matches(keys):
+            return family.name
+    return None
+
+
+def guess_family(model_cfg: Any) -> str:
+    """The HF family a pentad model belongs to (``--family`` overrides it): the one family whose
+    :meth:`~pentad.interop.hf.HFFamily.describes` accepts it."""
+    found = sorted({f.name for f in registered().values() if f.describes(model_cfg)})
+    if len(found) != 1:  # the families' declarations overlap or leave a gap: a bug, not a user error
+        raise RuntimeError(f"{len(found)} Hugging Face families describe this model ({', '.join(found) or 'none'}); "
+                           "exactly one must")
+    return found[0]

@@ -19,10 +19,17 @@ from pentad.interop.hf import (
     HF_ACTIVATIONS,
     PENTAD_ACTIVATIONS,
     ExportPlan,
+    Field,
     HFFamily,
     ImportPlan,
+    KeyLayout,
+    export_fields,
+    import_fields,
     merge_config,
+    owned_keys,
+    positions,
     stack_problems,
+    text_kind,
 )
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
 
@@ -52,21 +59,45 @@ DEFAULTS: dict[str, Any] = {
     "layer_norm_epsilon": 1e-5, "initializer_range": 0.02, "scale_attn_weights": True,
     "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False, "tie_word_embeddings": True,
 }
-OWNED = ("architectures", "model_type", "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner",
-         "activation_function", "resid_pdrop", "embd_pdrop", "attn_pdrop", "layer_norm_epsilon",
-         "initializer_range", "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "add_cross_attention",
-         "tie_word_embeddings")
+# config.json <-> pentad, in the order config.json is written. Computed by the planners: the position
+# table's size, the activation's spelling, tying on import.
+FIELDS: list[Field] = [
+    Field("vocab_size", "vocab_size", int),
+    Field("n_positions"),
+    Field("n_embd", "hidden_size", int),
+    Field("n_layer", "encoder.num_layers", int),
+    Field("n_head", "encoder.num_heads", int),
+    Field("n_inner", write=lambda m: None if (m.encoder.ffn_size or 4 * m.hidden_size) == 4 * m.hidden_size
+          else m.encoder.ffn_size),
+    Field("activation_function"),
+    Field("resid_pdrop", "encoder.dropout", float),
+    Field("embd_pdrop", "embedding.dropout", float),
+    Field("attn_pdrop", "encoder.attention_dropout", float,
+          lambda m: float(m.encoder.attention_dropout if m.encoder.attention_dropout is not None
+                          else m.encoder.dropout)),
+    Field("layer_norm_epsilon", "encoder.layer_norm_eps", float),
+    Field("initializer_range", "init_std", float),
+    Field("scale_attn_weights", write=lambda m: True),
+    Field("scale_attn_by_inverse_layer_idx", write=lambda m: False),
+    Field("add_cross_attention", write=lambda m: False),
+    Field("tie_word_embeddings", write=lambda m: m.tie_word_embeddings),
+]
+OWNED = owned_keys(FIELDS)
 
 
 class GPT2Family(HFFamily):
     name = "gpt2"
     model_types = ("gpt2",)
+    layout = KeyLayout(suffixes=("wte.weight",), contains=(".attn.c_attn.",))
     tokenizer_kind = "bpe"
     tokenizer_class = "GPT2Tokenizer"
     token_types = False
     default_special_tokens = {"bos": "<|endoftext|>", "eos": "<|endoftext|>"}
     unsupported = ("DoubleHeadsModel", "ForSequenceClassification", "ForTokenClassification",
                    "ForQuestionAnswering")
+
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "causal" and positions(model) not in ("rotary", "alibi")
 
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"lm": "logits"} if architecture.endswith("LMHeadModel") else {}
@@ -106,17 +137,13 @@ class GPT2Family(HFFamily):
         pos: dict[str, Any] = {"type": "pos"}
         if seq_len != positions:
             pos["max_positions"] = positions
-        model = {
-            "hidden_size": hidden, "vocab_size": int(c["vocab_size"]), "max_seq_length": seq_len,
-            "tie_word_embeddings": tied, "init_std": float(c["initializer_range"]),
-            "embedding": {"parts": [{"type": "word"}, pos], "norm": False, "dropout": float(c["embd_pdrop"])},
-            "encoder": {"type": "transformer", "num_layers": int(c["n_layer"]), "num_heads": int(c["n_head"]),
-                        "ffn_size": int(c["n_inner"] or 4 * hidden), "activation": act, "norm_position": "pre",
-                        "final_norm": True, "mask": "causal", "dropout": float(c["resid_pdrop"]),
-                        "attention_dropout": float(c["attn_pdrop"]), "bias": True,
-                        "layer_norm_eps": float(c["layer_norm_epsilon"])},
+        model = import_fields(FIELDS, c, {
+            "max_seq_length": seq_len, "tie_word_embeddings": tied,
+            "embedding": {"parts": [{"type": "word"}, pos], "norm": False},
+            "encoder": {"type": "transformer", "ffn_size": int(c["n_inner"] or 4 * hidden), "activation": act,
+                        "norm_position": "pre", "final_norm": True, "mask": "causal", "bias": True},
             "targets": [{"type": "lm", "bias": False}],
-        }
+        })
         rules = self.rules(prefix=prefix, num_layers=int(c["n_layer"]), tied=tied, lm="lm")
         arch = "GPT2LMHeadModel" if has_head or prefix else "GPT2Model"
         return ImportPlan(model, rules, arch, [], notes)
@@ -154,20 +181,12 @@ class GPT2Family(HFFamily):
             raise UserError(f"cannot export {label} as gpt2: " + "; ".join(problems) + ".")
         assert act is not None
         base = dict(base_config or {})
-        hidden = model.hidden_size
-        ffn = enc.ffn_size or 4 * hidden
         original_act = base.get("activation_function")
         config = {
-            "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": model.vocab_size,
-            "n_positions": parts["pos"].max_positions or model.max_seq_length, "n_embd": hidden,
-            "n_layer": enc.num_layers, "n_head": enc.num_heads, "n_inner": None if ffn == 4 * hidden else ffn,
-            "activation_function": str(original_act) if HF_ACTIVATIONS.get(str(original_act)) == enc.activation
-            else act,
-            "resid_pdrop": float(enc.dropout), "embd_pdrop": float(model.embedding.dropout),
-            "attn_pdrop": float(enc.attention_dropout if enc.attention_dropout is not None else enc.dropout),
-            "layer_norm_epsilon": float(enc.layer_norm_eps), "initializer_range": model.init_std,
-            "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False,
-            "tie_word_embeddings": model.tie_word_embeddings,
+            "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+            **export_fields(FIELDS, model, n_positions=parts["pos"].max_positions or model.max_seq_length,
+                            activation_function=str(original_act)
+                            if HF_ACTIVATIONS.get(str(original_act)) == enc.activation else act),
         }
         if "bos_token_id" not in base and "eos_token_id" not in base:
             config["bos_token_id"] = config["eos_token_id"] = eos_id

@@ -21,14 +21,22 @@ from typing import Any
 from pentad.errors import UserError
 from pentad.interop.hf import (
     ExportPlan,
+    Field,
     HFFamily,
     ImportPlan,
+    KeyLayout,
     activation,
     activation_name,
+    export_fields,
     hinted_problems,
+    import_fields,
     merge_config,
+    mixture,
+    owned_keys,
+    positions,
     seq_length,
     stack_problems,
+    text_kind,
 )
 from pentad.interop.keymap import Rule, RuleSpec, expand
 
@@ -70,10 +78,30 @@ DEFAULTS: dict[str, Any] = {
     "initializer_range": 0.02, "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_bias": False,
     "attention_dropout": 0.0, "mlp_bias": False, "head_dim": None, "pretraining_tp": 1,
 }
-OWNED = ("architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-         "num_attention_heads", "num_key_value_heads", "hidden_act", "max_position_embeddings", "initializer_range",
-         "rms_norm_eps", "tie_word_embeddings", "attention_bias", "attention_dropout", "mlp_bias", "head_dim",
-         "rope_theta", "rope_parameters", "rope_scaling")
+# config.json <-> pentad, the part every LLaMA-bodied family (Mixtral, Qwen2-MoE) shares, in the order
+# config.json is written; the heads' key/value count, head width, activation, position limit and tying are
+# computed on import (body_model)
+BODY_FIELDS: list[Field] = [
+    Field("vocab_size", "vocab_size", int),
+    Field("hidden_size", "hidden_size", int),
+    Field("intermediate_size", "encoder.ffn_size", int, lambda m: m.encoder.ffn_size or 4 * m.hidden_size),
+    Field("num_hidden_layers", "encoder.num_layers", int),
+    Field("num_attention_heads", "encoder.num_heads", int),
+    Field("num_key_value_heads", write=lambda m: m.encoder.num_kv_heads or m.encoder.num_heads),
+    Field("head_dim", write=lambda m: m.encoder.head_size or m.hidden_size // m.encoder.num_heads),
+    Field("hidden_act"),
+    Field("max_position_embeddings", write=lambda m: m.max_seq_length),
+    Field("initializer_range", "init_std", float),
+    Field("rms_norm_eps", "encoder.layer_norm_eps", float),
+    Field("tie_word_embeddings", write=lambda m: m.tie_word_embeddings),
+]
+ATTENTION_DROPOUT = Field("attention_dropout", "encoder.attention_dropout", float,
+                          lambda m: float(m.encoder.attention_dropout if m.encoder.attention_dropout is not None
+                                          else m.encoder.dropout))
+FIELDS: list[Field] = BODY_FIELDS + [Field("attention_bias", write=lambda m: m.encoder.bias),
+                                     Field("mlp_bias", write=lambda m: m.encoder.bias), ATTENTION_DROPOUT]
+ROPE_KEYS = ("rope_theta", "rope_parameters", "rope_scaling")
+OWNED = owned_keys(FIELDS, *ROPE_KEYS)
 SUPPORTED = ("LlamaForCausalLM", "LlamaModel")
 
 
@@ -134,37 +162,37 @@ def body_model(c: dict[str, Any], act: str, rotary_base: float, max_length: int 
     ``c`` (defaults filled in): word embedding, pre-RMSNorm causal transformer with rotary positions,
     grouped-query heads and a head size when they differ, an ``lm`` target; ``ffn``, ``bias`` and
     ``encoder_options`` (``moe``, ``qkv_bias``) are the family's."""
-    hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+    model = import_fields(BODY_FIELDS + [ATTENTION_DROPOUT], c, {
+        "max_seq_length": seq_length(max_length, int(c["max_position_embeddings"])), "tie_word_embeddings": tied,
+        "embedding": {"parts": [{"type": "word"}], "norm": False, "dropout": 0.0},
+        "encoder": {"type": "transformer", "ffn": ffn, "activation": act, "norm": "rmsnorm", "norm_position": "pre",
+                    "final_norm": True, "mask": "causal", "dropout": 0.0, "bias": bias, "positions": "rotary",
+                    "rotary_base": rotary_base, **encoder_options},
+        "targets": [{"type": "lm"}],
+    })
+    encoder, hidden = model["encoder"], model["hidden_size"]
+    heads = encoder["num_heads"]
     kv_heads = int(c["num_key_value_heads"] or heads)
     head = int(c.get("head_dim") or hidden // heads)
-    encoder: dict[str, Any] = {
-        "type": "transformer", "num_layers": int(c["num_hidden_layers"]), "num_heads": heads,
-        "ffn_size": int(c["intermediate_size"]), "ffn": ffn, "activation": act, "norm": "rmsnorm",
-        "norm_position": "pre", "final_norm": True, "mask": "causal", "dropout": 0.0,
-        "attention_dropout": float(c["attention_dropout"]), "bias": bias,
-        "layer_norm_eps": float(c["rms_norm_eps"]), "positions": "rotary", "rotary_base": rotary_base,
-        **encoder_options}
     if kv_heads != heads:
         encoder["num_kv_heads"] = kv_heads
     if head * heads != hidden:
         encoder["head_size"] = head
-    return {
-        "hidden_size": hidden, "vocab_size": int(c["vocab_size"]),
-        "max_seq_length": seq_length(max_length, int(c["max_position_embeddings"])), "tie_word_embeddings": tied,
-        "init_std": float(c["initializer_range"]),
-        "embedding": {"parts": [{"type": "word"}], "norm": False, "dropout": 0.0},
-        "encoder": encoder, "targets": [{"type": "lm"}],
-    }
+    return model
 
 
 class LlamaFamily(HFFamily):
     name = "llama"
     model_types = ("llama",)
+    layout = KeyLayout(contains=(".mlp.gate_proj.",))
     tokenizer_kind = "sentencepiece"
     tokenizer_class = "LlamaTokenizer"
     spm_files = ("tokenizer.model",)
     default_special_tokens = {"bos": "<s>", "eos": "</s>", "unk": "<unk>"}
     token_types = False
+
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "causal" and positions(model) == "rotary" and not mixture(model)
 
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"lm": "logits"} if architecture.endswith("ForCausalLM") else {}
@@ -218,14 +246,8 @@ class LlamaFamily(HFFamily):
         heads = enc.num_heads
         kv_heads = enc.num_kv_heads or heads
         config: dict[str, Any] = {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": model.vocab_size,
-            "hidden_size": model.hidden_size, "intermediate_size": enc.ffn_size or 4 * model.hidden_size,
-            "num_hidden_layers": enc.num_layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-            "head_dim": enc.head_size or model.hidden_size // heads, "hidden_act": act,
-            "max_position_embeddings": model.max_seq_length, "initializer_range": model.init_std,
-            "rms_norm_eps": float(enc.layer_norm_eps), "tie_word_embeddings": model.tie_word_embeddings,
-            "attention_bias": enc.bias, "mlp_bias": enc.bias,
-            "attention_dropout": float(enc.attention_dropout if enc.attention_dropout is not None else enc.dropout),
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            **export_fields(FIELDS, model, hidden_act=act),
             "rope_parameters": {"rope_theta": float(enc.rotary_base), "rope_type": "default"},
         }
         if "rope_theta" in base and "rope_parameters" not in base:

@@ -24,13 +24,33 @@ from typing import Any
 from pentad.errors import UserError
 from pentad.interop.hf import (
     ExportPlan,
+    Field,
     ImportPlan,
+    KeyLayout,
     activation,
     activation_name,
+    export_fields,
     hinted_problems,
     merge_config,
+    mixture,
+    owned_keys,
+    positions,
+    shared_expert_gate,
+    text_kind,
+    with_rows,
 )
-from pentad.interop.hf.llama import BODY, HEADS, LlamaFamily, body_model, body_problems, rope, rope_and_tokens
+from pentad.interop.hf.llama import (
+    ATTENTION_DROPOUT,
+    BODY,
+    BODY_FIELDS,
+    HEADS,
+    ROPE_KEYS,
+    LlamaFamily,
+    body_model,
+    body_problems,
+    rope,
+    rope_and_tokens,
+)
 from pentad.interop.keymap import Rule, RuleSpec, expand
 
 ATTENTION: list[RuleSpec] = [
@@ -51,17 +71,39 @@ DEFAULTS: dict[str, Any] = {
     "tie_word_embeddings": False, "attention_dropout": 0.0, "num_experts_per_tok": 2, "num_local_experts": 8,
     "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0, "sliding_window": None,
 }
-OWNED = ("architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-         "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings",
-         "initializer_range", "rms_norm_eps", "tie_word_embeddings", "attention_dropout", "num_experts_per_tok",
-         "num_local_experts", "router_aux_loss_coef", "router_jitter_noise", "sliding_window", "rope_theta",
-         "rope_parameters", "rope_scaling", "output_router_logits")
+
+
+def _moe(model: Any) -> Any:
+    return model.encoder.moe_config
+
+
+# config.json's keys in the order they are written: LLaMA's body with the experts' width and the head
+# width as given (None: H / heads), then the mixture's
+FIELDS: list[Field] = with_rows(
+    BODY_FIELDS,
+    Field("intermediate_size", "encoder.ffn_size", int,
+          lambda m: _moe(m).expert_ffn_size or m.encoder.ffn_size or 4 * m.hidden_size),
+    Field("head_dim", write=lambda m: m.encoder.head_size),
+    ATTENTION_DROPOUT,
+    Field("num_local_experts", write=lambda m: _moe(m).num_experts),
+    Field("num_experts_per_tok", write=lambda m: _moe(m).top_k),
+    Field("router_aux_loss_coef", write=lambda m: _moe(m).balance_loss_weight / _moe(m).top_k),
+    Field("router_jitter_noise", write=lambda m: 0.0),
+    Field("output_router_logits", write=lambda m: False),
+    Field("sliding_window", write=lambda m: None),
+)
+OWNED = owned_keys(FIELDS, *ROPE_KEYS)
 SUPPORTED = ("MixtralForCausalLM",)
 
 
 class MixtralFamily(LlamaFamily):
     name = "mixtral"
     model_types = ("mixtral",)
+    layout = KeyLayout(contains=(".block_sparse_moe.",))
+
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "causal" and positions(model) == "rotary" and mixture(model) \
+            and not shared_expert_gate(model)
 
     def rules(self, *, prefix: str, num_layers: int, heads: int, kv_heads: int, experts: int,  # type: ignore[override]
               head: str, lm: str) -> list[Rule]:
@@ -117,20 +159,8 @@ class MixtralFamily(LlamaFamily):
             raise UserError(f"cannot export {label} as mixtral: " + "; ".join(problems) + ".")
         heads = enc.num_heads
         moe = enc.moe_config
-        config: dict[str, Any] = {
-            "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": model.vocab_size,
-            "hidden_size": model.hidden_size,
-            "intermediate_size": moe.expert_ffn_size or enc.ffn_size or 4 * model.hidden_size,
-            "num_hidden_layers": enc.num_layers, "num_attention_heads": heads,
-            "num_key_value_heads": enc.num_kv_heads or heads, "head_dim": enc.head_size,
-            "hidden_act": act, "max_position_embeddings": model.max_seq_length,
-            "initializer_range": model.init_std, "rms_norm_eps": float(enc.layer_norm_eps),
-            "tie_word_embeddings": model.tie_word_embeddings,
-            "attention_dropout": float(enc.attention_dropout if enc.attention_dropout is not None else enc.dropout),
-            "num_local_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
-            "router_aux_loss_coef": moe.balance_loss_weight / moe.top_k, "router_jitter_noise": 0.0,
-            "output_router_logits": False, "sliding_window": None,
-        }
+        config: dict[str, Any] = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                                  **export_fields(FIELDS, model, hidden_act=act)}
         rope_and_tokens(config, base, model, eos_id)
         config = merge_config(base, OWNED, config)
         rules = self.rules(prefix="model.", num_layers=enc.num_layers, heads=heads, kv_heads=enc.num_kv_heads or heads,

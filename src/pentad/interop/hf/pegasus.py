@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pentad.interop.hf import KeyLayout, part_types, positions, text_kind
 from pentad.interop.hf.bart import DEFAULTS as BART_DEFAULTS
 from pentad.interop.hf.bart import OWNED as BART_OWNED
 from pentad.interop.hf.bart import BartLikeFamily
@@ -35,6 +36,7 @@ DEFAULTS: dict[str, Any] = {**BART_DEFAULTS, "vocab_size": 50265, "max_position_
 class PegasusFamily(BartLikeFamily):
     name = "pegasus"
     model_types = ("pegasus",)
+    layout = KeyLayout(contains=("encoder_attn.q_proj",))
     class_prefix = "Pegasus"
     defaults = DEFAULTS
     owned = BART_OWNED
@@ -44,6 +46,10 @@ class PegasusFamily(BartLikeFamily):
     spm_layout = "pegasus"
     default_special_tokens = {"pad": "<pad>", "eos": "</s>", "unk": "<unk>", "mask": "<mask_2>"}
     pre_norm = True
+
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "encoder_decoder" and positions(model) != "relative" \
+            and "sinusoidal" in part_types(model)
 
     def position_rules(self, positions: int, hidden: int) -> list[RuleSpec]:
         return [((), f"{{p}}{stack}.embed_positions.weight", f"sinusoidal:{positions}:{hidden}")

@@ -27,19 +27,30 @@ from typing import Any
 from pentad.errors import UserError
 from pentad.interop.hf import (
     ExportPlan,
+    Field,
     ImportPlan,
+    KeyLayout,
     activation,
     activation_name,
+    export_fields,
     hinted_problems,
     merge_config,
+    mixture,
+    owned_keys,
+    positions,
+    shared_expert_gate,
+    text_kind,
 )
 from pentad.interop.hf.llama import (
+    ATTENTION_DROPOUT,
     BODY,
+    BODY_FIELDS,
     HEADS,
     MLP,
     NORMS,
     OUT,
     QKV,
+    ROPE_KEYS,
     LlamaFamily,
     body_model,
     body_problems,
@@ -65,12 +76,33 @@ DEFAULTS: dict[str, Any] = {
     "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4, "num_experts": 60, "norm_topk_prob": False,
     "router_aux_loss_coef": 0.001, "mlp_only_layers": None, "qkv_bias": True,
 }
-OWNED = ("architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-         "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings",
-         "initializer_range", "rms_norm_eps", "tie_word_embeddings", "use_sliding_window", "attention_dropout",
-         "decoder_sparse_step", "moe_intermediate_size", "shared_expert_intermediate_size", "num_experts_per_tok",
-         "num_experts", "norm_topk_prob", "router_aux_loss_coef", "mlp_only_layers", "qkv_bias", "rope_theta",
-         "rope_parameters", "rope_scaling", "output_router_logits")
+
+
+def _moe(model: Any) -> Any:
+    return model.encoder.moe_config
+
+
+def _expert_size(model: Any) -> int:
+    return _moe(model).expert_ffn_size or model.encoder.ffn_size or 4 * model.hidden_size
+
+
+# config.json's keys in the order they are written: LLaMA's body, then the mixture's (the sparse layers'
+# spelling, decoder_sparse_step and mlp_only_layers, is computed by the export)
+FIELDS: list[Field] = BODY_FIELDS + [
+    Field("use_sliding_window", write=lambda m: False),
+    ATTENTION_DROPOUT,
+    Field("decoder_sparse_step"),
+    Field("mlp_only_layers"),
+    Field("moe_intermediate_size", write=_expert_size),
+    Field("shared_expert_intermediate_size", write=lambda m: _moe(m).shared_experts * _expert_size(m)),
+    Field("num_experts", write=lambda m: _moe(m).num_experts),
+    Field("num_experts_per_tok", write=lambda m: _moe(m).top_k),
+    Field("norm_topk_prob", write=lambda m: _moe(m).normalize),
+    Field("router_aux_loss_coef", write=lambda m: _moe(m).balance_loss_weight / _moe(m).top_k),
+    Field("output_router_logits", write=lambda m: False),
+    Field("qkv_bias", write=lambda m: bool(m.encoder.qkv_bias)),
+]
+OWNED = owned_keys(FIELDS, *ROPE_KEYS)
 SUPPORTED = ("Qwen2MoeForCausalLM",)
 
 
@@ -88,10 +120,16 @@ def pentad_layers(num_layers: int, every: int, first: int | None) -> list[int]:
 class Qwen2MoeFamily(LlamaFamily):
     name = "qwen2_moe"
     model_types = ("qwen2_moe",)
+    # dense layers (mlp_only_layers) carry LLaMA's names: tried before LLaMA
+    layout = KeyLayout(contains=(".mlp.shared_expert_gate.",), rank=50)
     tokenizer_kind = "tokenizer_json"  # byte-level BPE with Qwen's own pre-tokenizer: the file as it is
     tokenizer_class = "Qwen2Tokenizer"
     spm_files = ()
     default_special_tokens = {"eos": "<|endoftext|>", "pad": "<|endoftext|>"}
+
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "causal" and positions(model) == "rotary" and mixture(model) \
+            and shared_expert_gate(model)
 
     def rules(self, *, prefix: str, num_layers: int, heads: int, kv_heads: int,  # type: ignore[override]
               qkv_bias: bool, experts: int, sparse: list[int], head: str, lm: str) -> list[Rule]:
@@ -176,8 +214,6 @@ class Qwen2MoeFamily(LlamaFamily):
             raise UserError(f"cannot export {label} as qwen2_moe: " + "; ".join(problems) + ".")
         assert moe is not None
         heads, layers = enc.num_heads, enc.num_layers
-        ffn_size = enc.ffn_size or 4 * model.hidden_size
-        expert_size = moe.expert_ffn_size or ffn_size
         sparse = pentad_layers(layers, moe.every, moe.first)
         step, mlp_only = base.get("decoder_sparse_step", 1), base.get("mlp_only_layers") or []
         if not isinstance(step, int) or step < 1 or sparse_layers(layers, step, list(mlp_only)) != sparse:
@@ -186,21 +222,9 @@ class Qwen2MoeFamily(LlamaFamily):
                 step, mlp_only = moe.every, []
             else:
                 step, mlp_only = 1, [i for i in range(layers) if i not in sparse]
-        config: dict[str, Any] = {
-            "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "vocab_size": model.vocab_size,
-            "hidden_size": model.hidden_size, "intermediate_size": ffn_size, "num_hidden_layers": layers,
-            "num_attention_heads": heads, "num_key_value_heads": enc.num_kv_heads or heads,
-            "head_dim": enc.head_size or model.hidden_size // heads, "hidden_act": act,
-            "max_position_embeddings": model.max_seq_length, "initializer_range": model.init_std,
-            "rms_norm_eps": float(enc.layer_norm_eps), "tie_word_embeddings": model.tie_word_embeddings,
-            "use_sliding_window": False,
-            "attention_dropout": float(enc.attention_dropout if enc.attention_dropout is not None else enc.dropout),
-            "decoder_sparse_step": step, "mlp_only_layers": list(mlp_only), "moe_intermediate_size": expert_size,
-            "shared_expert_intermediate_size": moe.shared_experts * expert_size, "num_experts": moe.num_experts,
-            "num_experts_per_tok": moe.top_k, "norm_topk_prob": moe.normalize,
-            "router_aux_loss_coef": moe.balance_loss_weight / moe.top_k, "output_router_logits": False,
-            "qkv_bias": bool(enc.qkv_bias),
-        }
+        config: dict[str, Any] = {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+                                  **export_fields(FIELDS, model, hidden_act=act, decoder_sparse_step=step,
+                                                  mlp_only_layers=list(mlp_only))}
         if "head_dim" not in base and config["head_dim"] * heads == model.hidden_size:
             del config["head_dim"]  # transformers' Qwen2MoeConfig has no head_dim field by default
         rope_and_tokens(config, base, model, eos_id)

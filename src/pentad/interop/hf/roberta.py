@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pentad.interop.hf import KeyLayout, one_segment_with_positions, shared_or_factorised, text_kind
 from pentad.interop.hf.bert import DEFAULTS as BERT_DEFAULTS
 from pentad.interop.hf.bert import BertLikeFamily
 from pentad.interop.keymap import RuleSpec
@@ -54,6 +55,7 @@ DEFAULTS: dict[str, Any] = {**BERT_DEFAULTS, "vocab_size": 50265, "pad_token_id"
 class RobertaFamily(BertLikeFamily):
     name = "roberta"
     model_types = ("roberta", "xlm-roberta")
+    layout = KeyLayout(prefixes=("roberta.", "lm_head.dense."))
     class_prefix = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta"}
     base_prefix = "roberta."
     defaults = DEFAULTS
@@ -72,6 +74,9 @@ class RobertaFamily(BertLikeFamily):
     sequence_head = SEQUENCE_HEAD
     sequence_head_has_pooler = True
     mlm_activation = "gelu"
+
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "encoder" and not shared_or_factorised(model) and one_segment_with_positions(model)
 
     def position_offset(self, pad_token_id: int) -> int:
         return pad_token_id + 1

@@ -51,11 +51,14 @@ from pentad.interop.hf import (
     ExportPlan,
     HFFamily,
     ImportPlan,
+    KeyLayout,
     activation,
     activation_name,
     encoder_decoder_problems,
     hinted_problems,
+    media,
     merge_config,
+    part_types,
     read_json,
     write_json,
 )
@@ -101,11 +104,21 @@ def _positive_int(c: dict[str, Any], key: str, problems: list[str], minimum: int
 class Speech2TextFamily(HFFamily):
     name = "speech_to_text"
     model_types = ("speech_to_text",)
+    # BART's cross-attention names and a convolutional stem: tried before BART and PEGASUS
+    layout = KeyLayout(contains=("encoder.conv.conv_layers.",), rank=30)
     tokenizer_kind = "sentencepiece"
+    verify_batch = ("one seeded batch of feature frames with rows padded by zero frames (and padded decoder "
+                    "rows)")
     tokenizer_class = "Speech2TextTokenizer"
     spm_files = ("sentencepiece.bpe.model",)
     default_special_tokens = {"bos": "<s>", "eos": "</s>", "pad": "<pad>", "unk": "<unk>"}
     token_types = False
+
+    def describes(self, model: Any) -> bool:
+        if media(model) != "speech":
+            return False
+        strides = part_types(model)["speech"].strides
+        return not (strides and strides[0] == 1)
 
     def spm_import(self, pieces: list[str], in_dir: Path, tok_cfg: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         path = in_dir / VOCAB

@@ -28,15 +28,24 @@ from pentad.errors import UserError
 from pentad.interop.hf import (
     HF_ACTIVATIONS,
     ExportPlan,
+    Field,
     HFFamily,
     ImportPlan,
+    KeyLayout,
     activation_name,
+    export_fields,
     hinted_problems,
+    import_fields,
     merge_config,
+    mixture,
+    owned_keys,
+    positions,
     seq_length,
     stack_problems,
+    text_kind,
 )
 from pentad.interop.hf.t5 import CROSS_ATTENTION, HEADS, SELF_ATTENTION, SHARED, STACK_END
+from pentad.interop.hf.t5 import FIELDS as T5_FIELDS
 from pentad.interop.keymap import Rule, RuleSpec, expand
 
 DENSE: list[RuleSpec] = [
@@ -53,11 +62,34 @@ DEFAULTS: dict[str, Any] = {
     "dropout_rate": 0.1, "layer_norm_epsilon": 1e-6, "router_z_loss_coef": 0.001, "router_aux_loss_coef": 0.001,
     "dense_act_fn": "relu", "is_encoder_decoder": True, "tie_word_embeddings": True,
 }
-OWNED = ("architectures", "model_type", "vocab_size", "d_model", "d_kv", "d_ff", "expert_capacity", "num_layers",
-         "num_sparse_encoder_layers", "num_decoder_layers", "num_sparse_decoder_layers", "num_heads", "num_experts",
-         "router_bias", "relative_attention_num_buckets", "relative_attention_max_distance", "dropout_rate",
-         "layer_norm_epsilon", "router_z_loss_coef", "router_aux_loss_coef", "dense_act_fn", "is_encoder_decoder",
-         "tie_word_embeddings", "encoder_sparse_step", "decoder_sparse_step")
+_T5 = {row.hf: row for row in T5_FIELDS}
+
+
+def _moe(model: Any) -> Any:
+    return model.encoder.moe_config
+
+
+# config.json <-> pentad in the order config.json is written: T5's rows among the mixture's. Computed by
+# the planners: the expert capacity, the sparse layers' counts, the activation, the special token ids.
+FIELDS: list[Field] = [
+    _T5["vocab_size"], _T5["d_model"], _T5["d_kv"], _T5["d_ff"],
+    Field("expert_capacity"),
+    _T5["num_layers"],
+    Field("num_sparse_encoder_layers"),
+    _T5["num_decoder_layers"],
+    Field("num_sparse_decoder_layers"),
+    _T5["num_heads"],
+    Field("num_experts", write=lambda m: _moe(m).num_experts),
+    Field("router_bias", write=lambda m: False),
+    _T5["relative_attention_num_buckets"], _T5["relative_attention_max_distance"], _T5["dropout_rate"],
+    _T5["layer_norm_epsilon"],
+    Field("router_z_loss_coef", write=lambda m: _moe(m).z_loss_weight),
+    Field("router_aux_loss_coef", write=lambda m: _moe(m).balance_loss_weight),
+    Field("dense_act_fn"),
+    _T5["is_encoder_decoder"],
+    Field("tie_word_embeddings", "tie_word_embeddings", bool),
+]
+OWNED = owned_keys(FIELDS, "encoder_sparse_step", "decoder_sparse_step")
 SUPPORTED = ("SwitchTransformersForConditionalGeneration",)
 
 
@@ -69,12 +101,17 @@ def sparse_layers(layers: int, step: int) -> list[int]:
 class SwitchFamily(HFFamily):
     name = "switch_transformers"
     model_types = ("switch_transformers",)
+    # T5's layout with routers: tried before T5
+    layout = KeyLayout(contains=(".mlp.router.classifier.",), rank=50)
     tokenizer_kind = "sentencepiece"
     tokenizer_class = "T5Tokenizer"
     spm_files = ("spiece.model",)
     spm_layout = "t5"
     default_special_tokens = {"pad": "<pad>", "eos": "</s>", "unk": "<unk>"}
     token_types = False
+
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "encoder_decoder" and positions(model) == "relative" and mixture(model)
 
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"lm": "logits"} if architecture.endswith("ForConditionalGeneration") else {}
@@ -124,13 +161,16 @@ class SwitchFamily(HFFamily):
         tied = bool(c["tie_word_embeddings"])
         moe = {"num_experts": int(c["num_experts"]), "top_k": 1, "expert": "dense", "normalize": False,
                "balance_loss_weight": float(c["router_aux_loss_coef"]), "z_loss_weight": float(c["router_z_loss_coef"])}
-        stack: dict[str, Any] = {
-            "type": "transformer", "num_layers": layers, "num_heads": heads, "ffn_size": int(c["d_ff"]), "ffn": "moe",
-            "activation": act, "norm": "t5", "norm_position": "pre", "final_norm": True, "dropout": dropout,
-            "attention_dropout": dropout, "bias": False, "layer_norm_eps": float(c["layer_norm_epsilon"]),
-            "attention_scale": False, "positions": "relative",
-            "relative_buckets": int(c["relative_attention_num_buckets"]),
-            "relative_max_distance": int(c["relative_attention_max_distance"])}
+        embedding = {"parts": [{"type": "word"}], "norm": False, "dropout": dropout}
+        model = import_fields(FIELDS, c, {
+            "max_seq_length": seq_length(max_length, None), "share_embedding": True,
+            "embedding": embedding, "target_embedding": dict(embedding),
+            "encoder": {"type": "transformer", "ffn": "moe", "activation": act, "norm": "t5", "norm_position": "pre",
+                        "final_norm": True, "attention_dropout": dropout, "bias": False, "attention_scale": False,
+                        "positions": "relative"},
+            "targets": [{"type": "lm", "scale_hidden": tied}],
+        })
+        stack = model["encoder"]
         if head * heads != hidden:
             stack["head_size"] = head
 
@@ -138,15 +178,8 @@ class SwitchFamily(HFFamily):
             first = 1 if step > 1 else 0  # written only where pentad's default (every - 1) differs
             return {**moe, "every": step, **({"first": first} if first != step - 1 else {})}
 
-        embedding = {"parts": [{"type": "word"}], "norm": False, "dropout": dropout}
-        model = {
-            "hidden_size": hidden, "vocab_size": int(c["vocab_size"]), "max_seq_length": seq_length(max_length, None),
-            "tie_word_embeddings": tied, "share_embedding": True, "embedding": embedding,
-            "encoder": {**stack, "mask": "bidirectional", "moe": placed(steps[0])},
-            "target_embedding": dict(embedding),
-            "decoder": {**stack, "num_layers": decoder_layers, "moe": placed(steps[1])},
-            "targets": [{"type": "lm", "scale_hidden": tied}],
-        }
+        model["decoder"] = {**stack, "num_layers": decoder_layers, "moe": placed(steps[1])}
+        model["encoder"] = {**stack, "mask": "bidirectional", "moe": placed(steps[0])}
         notes = [f"dropless: transformers caps each expert at expert_capacity {c['expert_capacity']} tokens per "
                  "sequence, pentad routes every token (set model.encoder.moe.capacity_factor and "
                  "model.decoder.moe.capacity_factor to drop)"]
@@ -210,18 +243,9 @@ class SwitchFamily(HFFamily):
         pad = pad_id if pad_id is not None else int(base.get("pad_token_id", 0) or 0)
         config = {
             "architectures": ["SwitchTransformersForConditionalGeneration"], "model_type": "switch_transformers",
-            "vocab_size": model.vocab_size, "d_model": model.hidden_size,
-            "d_kv": enc.head_size or model.hidden_size // enc.num_heads, "d_ff": enc.ffn_size or 4 * model.hidden_size,
-            "expert_capacity": int(capacity), "num_layers": enc.num_layers,
-            "num_sparse_encoder_layers": len(sparse_layers(enc.num_layers, steps[0])),
-            "num_decoder_layers": dec.num_layers,
-            "num_sparse_decoder_layers": len(sparse_layers(dec.num_layers, steps[1])), "num_heads": enc.num_heads,
-            "num_experts": moe.num_experts, "router_bias": False,
-            "relative_attention_num_buckets": enc.relative_buckets,
-            "relative_attention_max_distance": enc.relative_max_distance, "dropout_rate": float(enc.dropout),
-            "layer_norm_epsilon": float(enc.layer_norm_eps), "router_z_loss_coef": moe.z_loss_weight,
-            "router_aux_loss_coef": moe.balance_loss_weight, "dense_act_fn": act, "is_encoder_decoder": True,
-            "tie_word_embeddings": model.tie_word_embeddings,
+            **export_fields(FIELDS, model, expert_capacity=int(capacity), dense_act_fn=act,
+                            num_sparse_encoder_layers=len(sparse_layers(enc.num_layers, steps[0])),
+                            num_sparse_decoder_layers=len(sparse_layers(dec.num_layers, steps[1]))),
             "pad_token_id": pad, "eos_token_id": eos_id if eos_id is not None else base.get("eos_token_id", 1),
         }
         if not base:

@@ -29,13 +29,21 @@ from pentad.errors import UserError
 from pentad.interop.hf import (
     HF_ACTIVATIONS,
     ExportPlan,
+    Field,
     HFFamily,
     ImportPlan,
+    KeyLayout,
     activation_name,
+    export_fields,
     hinted_problems,
+    import_fields,
     merge_config,
+    mixture,
+    owned_keys,
+    positions,
     seq_length,
     stack_problems,
+    text_kind,
 )
 from pentad.interop.keymap import Rule, RuleSpec, expand
 
@@ -90,10 +98,28 @@ DEFAULTS: dict[str, Any] = {
     "dropout_rate": 0.1, "layer_norm_epsilon": 1e-6, "initializer_factor": 1.0, "feed_forward_proj": "relu",
     "is_encoder_decoder": True, "pad_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": True,
 }
-OWNED = ("architectures", "model_type", "vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers",
-         "num_heads", "relative_attention_num_buckets", "relative_attention_max_distance", "dropout_rate",
-         "layer_norm_epsilon", "feed_forward_proj", "dense_act_fn", "is_gated_act", "is_encoder_decoder",
-         "tie_word_embeddings", "scale_decoder_outputs", "is_decoder")
+# config.json <-> pentad, in the order config.json is written; the encoder's rows are the decoder's too.
+# Computed by the planners: the feed-forward's spelling, the output layer's scaling and tying, the
+# decoder's depth on import, the special token ids.
+FIELDS: list[Field] = [
+    Field("vocab_size", "vocab_size", int),
+    Field("d_model", "hidden_size", int),
+    Field("d_kv", write=lambda m: m.encoder.head_size or m.hidden_size // m.encoder.num_heads),
+    Field("d_ff", "encoder.ffn_size", int, lambda m: m.encoder.ffn_size or 4 * m.hidden_size),
+    Field("num_layers", "encoder.num_layers", int),
+    Field("num_decoder_layers", write=lambda m: m.decoder.num_layers),
+    Field("num_heads", "encoder.num_heads", int),
+    Field("relative_attention_num_buckets", "encoder.relative_buckets", int),
+    Field("relative_attention_max_distance", "encoder.relative_max_distance", int),
+    Field("dropout_rate", "encoder.dropout", float),
+    Field("layer_norm_epsilon", "encoder.layer_norm_eps", float),
+    Field("feed_forward_proj"),
+    Field("is_encoder_decoder", write=lambda m: True),
+    Field("tie_word_embeddings"),
+    Field("scale_decoder_outputs"),
+]
+# what transformers derives from feed_forward_proj, and the decoder flag, are not kept from an imported config
+OWNED = owned_keys(FIELDS, "dense_act_fn", "is_gated_act", "is_decoder")
 SUPPORTED = ("T5ForConditionalGeneration", "T5Model")
 
 
@@ -110,12 +136,16 @@ def feed_forward(proj: str) -> tuple[bool, str] | None:
 class T5Family(HFFamily):
     name = "t5"
     model_types = ("t5",)
+    layout = KeyLayout(contains=(".SelfAttention.q.",), prefixes=("encoder.block.",))
     tokenizer_kind = "sentencepiece"
     tokenizer_class = "T5Tokenizer"
     spm_files = ("spiece.model",)
     spm_layout = "t5"
     default_special_tokens = {"pad": "<pad>", "eos": "</s>", "unk": "<unk>"}
     token_types = False
+
+    def describes(self, model: Any) -> bool:
+        return text_kind(model) == "encoder_decoder" and positions(model) == "relative" and not mixture(model)
 
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"lm": "logits"} if architecture.endswith("ForConditionalGeneration") else {}
@@ -152,24 +182,21 @@ class T5Family(HFFamily):
         has_head = "lm_head.weight" in keys
         tied = not has_head or ("scale_decoder_outputs" not in config and bool(c.get("tie_word_embeddings", True)))
         dropout = float(c["dropout_rate"])
-        stack: dict[str, Any] = {
-            "type": "transformer", "num_layers": int(c["num_layers"]), "num_heads": heads, "ffn_size": int(c["d_ff"]),
-            "ffn": "gated" if gated else "dense", "activation": act, "norm": "t5", "norm_position": "pre",
-            "final_norm": True, "dropout": dropout, "attention_dropout": dropout, "bias": False,
-            "layer_norm_eps": float(c["layer_norm_epsilon"]), "attention_scale": False, "positions": "relative",
-            "relative_buckets": int(c["relative_attention_num_buckets"]),
-            "relative_max_distance": int(c["relative_attention_max_distance"])}
-        if head * heads != hidden:
-            stack["head_size"] = head
         decoder_layers = int(c["num_decoder_layers"] if c.get("num_decoder_layers") is not None else c["num_layers"])
         embedding = {"parts": [{"type": "word"}], "norm": False, "dropout": dropout}
-        model = {
-            "hidden_size": hidden, "vocab_size": int(c["vocab_size"]), "max_seq_length": seq_length(max_length, None),
-            "tie_word_embeddings": tied, "share_embedding": True,
-            "embedding": embedding, "encoder": {**stack, "mask": "bidirectional"},
-            "target_embedding": dict(embedding), "decoder": {**stack, "num_layers": decoder_layers},
+        model = import_fields(FIELDS, c, {
+            "max_seq_length": seq_length(max_length, None), "tie_word_embeddings": tied, "share_embedding": True,
+            "embedding": embedding, "target_embedding": dict(embedding),
+            "encoder": {"type": "transformer", "ffn": "gated" if gated else "dense", "activation": act, "norm": "t5",
+                        "norm_position": "pre", "final_norm": True, "attention_dropout": dropout, "bias": False,
+                        "attention_scale": False, "positions": "relative"},
             "targets": [{"type": "lm", "scale_hidden": scale}],
-        }
+        })
+        stack = model["encoder"]
+        if head * heads != hidden:
+            stack["head_size"] = head
+        model["decoder"] = {**stack, "num_layers": decoder_layers}
+        stack["mask"] = "bidirectional"
         notes = []
         if not has_head:
             notes.append("the output layer is the shared word table (no lm_head.weight in the checkpoint)")
@@ -217,17 +244,12 @@ class T5Family(HFFamily):
             problems.append(f"a {enc.ffn} feed-forward with {enc.activation} has no T5 feed_forward_proj")
         if problems:
             raise UserError(f"cannot export {label} as t5: " + "; ".join(problems) + ".")
-        head = enc.head_size or model.hidden_size // enc.num_heads
         scale = bool(targets[0].scale_hidden)
         pad = pad_id if pad_id is not None else int(base.get("pad_token_id", 0) or 0)
         config = {
-            "architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "vocab_size": model.vocab_size,
-            "d_model": model.hidden_size, "d_kv": head, "d_ff": enc.ffn_size or 4 * model.hidden_size,
-            "num_layers": enc.num_layers, "num_decoder_layers": dec.num_layers, "num_heads": enc.num_heads,
-            "relative_attention_num_buckets": enc.relative_buckets,
-            "relative_attention_max_distance": enc.relative_max_distance, "dropout_rate": float(enc.dropout),
-            "layer_norm_epsilon": float(enc.layer_norm_eps), "feed_forward_proj": proj, "is_encoder_decoder": True,
-            "tie_word_embeddings": scale, "scale_decoder_outputs": scale,
+            "architectures": ["T5ForConditionalGeneration"], "model_type": "t5",
+            **export_fields(FIELDS, model, feed_forward_proj=proj, tie_word_embeddings=scale,
+                            scale_decoder_outputs=scale),
             "pad_token_id": pad, "eos_token_id": eos_id if eos_id is not None else base.get("eos_token_id", 1),
         }
         if not base:  # a model trained in pentad: T5 starts decoding from the padding id

@@ -42,6 +42,7 @@ from pentad.interop.hf import (
     HFFamily,
     ImportPlan,
     activation_name,
+    media,
     merge_config,
     seq_length,
 )
@@ -98,6 +99,9 @@ class ViltFamily(HFFamily):
     token_types = False  # Batch.segments is the modality type; HF's caption token types stay 0
     states_before_final_norm = True  # HF's hidden_states end before ``vilt.layernorm``
     shuffles_image_positions = True
+
+    def describes(self, model: Any) -> bool:
+        return media(model) == "image_text"
 
     def outputs(self, architecture: str) -> dict[str, str]:
         if architecture == "ViltForMaskedLM":

@@ -36,6 +36,7 @@ from pentad.interop.hf import (
     activation,
     activation_name,
     hinted_problems,
+    media,
     merge_config,
     stack_problems,
 )
@@ -135,8 +136,12 @@ class ViTFamily(HFFamily):
     tokenizer_kind = None
     tokenizer_note = "a ViT reads images and has no tokenizer"
     needs_tokenizer = False
+    verify_batch = "one seeded batch of images"
     token_types = False
     states_before_final_norm = True  # HF's hidden_states end before ``vit.layernorm``
+
+    def describes(self, model: Any) -> bool:
+        return media(model) == "image"
 
     def outputs(self, architecture: str) -> dict[str, str]:
         if architecture == "ViTForImageClassification":

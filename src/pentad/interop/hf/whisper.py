@@ -30,12 +30,15 @@ from pentad.interop.hf import (
     ExportPlan,
     HFFamily,
     ImportPlan,
+    KeyLayout,
     activation,
     activation_name,
     bart,
     encoder_decoder_problems,
     hinted_problems,
+    media,
     merge_config,
+    part_types,
     read_json,
 )
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
@@ -119,12 +122,21 @@ def decoding(config: dict[str, Any], in_dir: Path | None) -> tuple[dict[str, Any
 class WhisperFamily(HFFamily):
     name = "whisper"
     model_types = ("whisper",)
+    # BART's cross-attention names and a convolutional stem: tried before BART and PEGASUS
+    layout = KeyLayout(suffixes=("encoder.conv1.weight",), rank=30)
     tokenizer_kind = "tokenizer_json"
     tokenizer_class = "WhisperTokenizer"
     default_special_tokens = {"bos": "<|endoftext|>", "eos": "<|endoftext|>", "pad": "<|endoftext|>",
                               "unk": "<|endoftext|>"}
     token_types = False
     speech_padding = False  # Whisper always reads 30 s chunks: no padding mask
+
+    def describes(self, model: Any) -> bool:
+        # Whisper's stem has a stride-1 convolution first; Speech2Text subsamples at every layer
+        if media(model) != "speech":
+            return False
+        strides = part_types(model)["speech"].strides
+        return bool(strides) and strides[0] == 1
 
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"lm": "logits"} if architecture == "WhisperForConditionalGeneration" else {}
