@@ -162,8 +162,8 @@ def starting_weights(model: torch.nn.Module, plain: dict[str, torch.Tensor]) -> 
 
 
 def run(args: argparse.Namespace, out: Path) -> dict[str, dict[str, Any]]:
+    from pentad.assembly import load_config
     from pentad.builder import build_model
-    from pentad.config.loader import load_config
     from pentad.data.loader import PretrainBatches, open_dataset
     from pentad.registry import OBJECTIVES
     from pentad.runs import complete_vocab, load_tokenizer

@@ -27,9 +27,9 @@ import time
 
 import torch
 
+from pentad.assembly import load_config
 from pentad.builder import build_model
 from pentad.components.base import Batch
-from pentad.config.loader import load_config
 from pentad.model import total_loss
 from pentad.training.compiled import compile_model
 from pentad.training.config import TrainConfig

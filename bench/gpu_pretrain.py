@@ -96,9 +96,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pretrain_throughput as shared  # noqa: E402  (bench/pretrain_throughput.py: HF builders, batches)
 
+from pentad.assembly import load_config  # noqa: E402
 from pentad.builder import build_model  # noqa: E402
 from pentad.components.base import Batch  # noqa: E402
-from pentad.config.loader import load_config  # noqa: E402
 from pentad.model import total_loss  # noqa: E402
 from pentad.training.config import TrainConfig  # noqa: E402
 from pentad.training.optim import build_optimizer  # noqa: E402

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
+from pentad.assembly import load_config
 from pentad.builder import build_model
 from pentad.components.base import Batch
-from pentad.config.loader import load_config
 from pentad.training import checkpoint as ckpt
 from pentad.training import lora
 from pentad.training.config import LoraConfig, TrainConfig

@@ -59,7 +59,7 @@ def model_dict(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def build(name: str, args: argparse.Namespace):
     from pentad.builder import build_model
-    from pentad.config.model import model_config_class
+    from pentad.components.model_config import model_config_class
     from pentad.training.optim import build_optimizer  # noqa: F401  (the trainer's AdamW)
 
     torch.manual_seed(0)

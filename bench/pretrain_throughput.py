@@ -42,9 +42,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from pentad.assembly import load_config
 from pentad.builder import build_model
 from pentad.components.base import IGNORE_INDEX, Batch
-from pentad.config.loader import load_config
 from pentad.model import total_loss
 from pentad.training.config import TrainConfig
 from pentad.training.optim import build_optimizer

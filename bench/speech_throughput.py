@@ -87,8 +87,8 @@ def build(spec: dict[str, Any], train: bool = True):
     recipe sets it when ``train``, none otherwise."""
     import transformers
 
+    from pentad.assembly import load_config
     from pentad.builder import build_model
-    from pentad.config.loader import load_config
 
     h, c = spec["hidden"], spec["conv_channels"]
     whisper = spec["family"] == "whisper"

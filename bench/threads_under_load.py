@@ -47,9 +47,9 @@ def worker(threads: int | None, pentad_env: bool, steps: int, batch: int, seq: i
     if threads and not pentad_env:
         torch.set_num_threads(threads)
 
+    from pentad.assembly import load_config
     from pentad.builder import build_model
     from pentad.components.base import Batch
-    from pentad.config.loader import load_config
     from pentad.model import total_loss
     from pentad.training.optim import build_optimizer
 

@@ -51,8 +51,8 @@ SIZES = {"tiny-16": (192, 12, 3, 768, 16), "base-16": (768, 12, 12, 3072, 16), "
 def build(size: str, labels: int, layers: int | None = None):
     from transformers import ViTConfig, ViTForImageClassification
 
+    from pentad.assembly import load_config
     from pentad.builder import build_model
-    from pentad.config.loader import load_config
 
     hidden, depth, heads, ffn, patch = SIZES[size]
     layers = layers or depth
@@ -181,7 +181,7 @@ def pipeline_rows(args, consumed: float) -> list[str]:
     ``consumed``, the model's training images/s."""
     from PIL import Image
 
-    from pentad.config.loader import load_config
+    from pentad.assembly import load_config
     from pentad.registry import TASKS
 
     rng = np.random.default_rng(0)

@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from pentad.config.loader import load_config
+from pentad import layout
+from pentad.assembly import load_config
 from pentad.errors import Interrupted
 from pentad.runs import info
 
@@ -264,9 +265,9 @@ def _run_demo(output: Path, minutes: float, quick: bool, reference_full: bool) -
 
     info("== 4/6 reference: all-MiniLM-L6-v2 converted to pentad")
     reference = output / "all-MiniLM-L6-v2"
-    if not (reference / "config.yaml").is_file():
+    if not (reference / layout.CONFIG).is_file():
         convert("hf-to-pentad", minilm, reference)
-    ref_config = str(reference / "config.yaml")
+    ref_config = str(reference / layout.CONFIG)
 
     # Pre-training: masked LM only, a high learning rate with a short warmup (at this size and
     # budget NSP only costs time), batch 64.

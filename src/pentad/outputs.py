@@ -1,10 +1,10 @@
-"""The rules every command that writes an output follows (ground floor: stdlib, errors and log only).
+"""The rules every command that writes an output follows (ground floor: stdlib, errors, log, files and layout only).
 
 1. An output is apart from the command's inputs: it neither is one, nor contains one (``--overwrite``
    would delete it), nor lies inside one (a directory output would be written into, or deleted
    from, the run it is read from). Paths are compared resolved: symbolic links and ``..`` followed.
    A file output (predictions, embeddings) may lie inside an input run directory, beside its
-   files, but may not be one of them (:data:`RUN_PARTS`).
+   files, but may not be one of them (:data:`pentad.layout.RUN_PARTS`).
 2. A writer holds the output's lock (:class:`OutputLock`) from its "does it exist" check to its last
    write, so that two processes writing one output cannot both find it missing and then write it
    together; the second is told the first holds it.
@@ -12,20 +12,13 @@
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from pentad.errors import UserError
-from pentad.log import info
-
-# What a run directory holds that its readers need: a file output inside an input run must not be one.
-RUN_PARTS = frozenset({"config.yaml", "model.safetensors", "checkpoints", "best", "tokenizer", "target_tokenizer",
-                       "labels.json", "interop.json", "metrics.jsonl", "extra_weights.safetensors", ".lock",
-                       "steps"})
+from pentad.files import LockBusy, record_holder, release_lock, take_lock
+from pentad.layout import RUN_PARTS
 
 
 def resolved(path: Path | str) -> Path:
@@ -83,24 +76,6 @@ def check_replaceable(output: Path, option: str, overwrite: bool, command: str) 
         raise UserError(f"{option} {output} is a file; pentad {command} writes a directory")
 
 
-# Descriptors of the output locks this process holds: a forked child (a DataLoader worker) closes its
-# copies, so that it cannot keep an output locked after its parent is gone.
-_HELD: set[int] = set()
-
-
-def _close_in_child() -> None:
-    for fd in _HELD:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _HELD.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_in_child)
-
-
 def lock_path(output: Path | str) -> Path:
     """The lock file of ``output``: ``.NAME.lock`` beside it (the output itself may be replaced whole)."""
     out = resolved(output)
@@ -121,29 +96,19 @@ class OutputLock:
         self._made: list[Path] = []
 
     def __enter__(self) -> OutputLock:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not POSIX
-            return self
         self._made = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
         while True:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = take_lock(self.path, self.output)
             except FileNotFoundError:  # another writer let go and removed the directories it made
                 continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _holder(os.pread(fd, 4096, 0))
-                os.close(fd)
+            except LockBusy as busy:
                 raise UserError(f"{_named(self.option, self.output)} is being written by another pentad process "
-                                f"({holder}); two writers of one output would mix or destroy each other's files. Wait "
-                                f"for it to finish or stop it, or choose another output (the lock is {self.path})."
-                                ) from None
-            except OSError as e:  # a file system without locks (some network mounts): go on, unprotected
-                os.close(fd)
-                info(f"note: {self.output} cannot be locked ({e.strerror}); make sure no other process writes it")
+                                f"({busy.holder()}); two writers of one output would mix or destroy each other's "
+                                f"files. Wait for it to finish or stop it, or choose another output (the lock is "
+                                f"{self.path}).") from None
+            if fd is None:
                 return self
             try:  # the previous holder removes the file as it lets go: lock the file that is there now
                 same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
@@ -151,13 +116,9 @@ class OutputLock:
                 same = False
             if same:
                 break
-            os.close(fd)
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command or self.option,
-                  "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+            release_lock(fd)
+        record_holder(fd, self.command or self.option)
         self._fd = fd
-        _HELD.add(fd)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -167,20 +128,10 @@ class OutputLock:
             os.unlink(self.path)  # under the lock: a writer that opened it before re-opens the new file
         except OSError:
             pass
-        _HELD.discard(self._fd)
-        os.close(self._fd)  # releases the flock
+        release_lock(self._fd)  # releases the flock
         self._fd = None
         for made in self._made:  # the directories made for the lock, if the command left them empty
             try:
                 os.rmdir(made)
             except OSError:
                 break
-
-
-def _holder(raw: bytes) -> str:
-    try:
-        holder = json.loads(raw.decode())
-        return (f"pid {holder['pid']} on host {holder['host']}, `{holder['command']}` started "
-                f"{holder['started']}")
-    except (ValueError, KeyError, TypeError):
-        return "pid unknown: it has only just started"

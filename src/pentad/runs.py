@@ -2,51 +2,41 @@
 
 A run directory holds ``config.yaml`` (the resolved config), ``tokenizer/`` (its files and
 ``tokenizer.json``), ``metrics.jsonl``, ``checkpoints/`` and ``loss.png``; fine-tuning adds
-``labels.json`` and ``best/``. Everything needed to resume, evaluate, infer or convert.
+``labels.json`` and ``best/``. Everything needed to resume, evaluate, infer or convert. The names
+are :mod:`pentad.layout`'s; this module locks, prepares and reads the directory.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pentad.config.loader import dump_config, read_config_file, validate_raw
+from pentad.config.loader import dump_config, read_config_file
 from pentad.errors import UserError, clipped, shown
+from pentad.files import LockBusy, atomic_write_text, record_holder, release_lock, take_lock, write_json
+from pentad.layout import (
+    BEST,
+    CHECKPOINTS,
+    CONFIG,
+    EVENTS_GLOB,
+    LATEST,
+    LOCK,
+    RESULTS,
+    RUN_OUTPUTS,
+    TARGET_TOKENIZER_DIR,
+    TOKENIZER_CONFIG,
+    TOKENIZER_DIR,
+    latest_checkpoint,
+    latest_problem,
+    remove_temporaries,
+)
 from pentad.log import info, set_quiet  # noqa: F401  (re-exported: callers use runs.info)
 from pentad.outputs import OutputLock, check_apart
-
-CONFIG = "config.yaml"
-TOKENIZER_DIR = "tokenizer"
-TOKENIZER_CONFIG = "tokenizer.json"
-TARGET_TOKENIZER_DIR = "target_tokenizer"
-LOCK = ".lock"
-
-
-
-
-# Descriptors of the run locks this process holds. A forked child (a DataLoader worker) shares the
-# lock with its parent until it closes its copy: without this, workers outliving a killed parent for
-# a few seconds would keep the run directory locked. Closing the copy leaves the parent's lock held.
-_HELD_LOCKS: set[int] = set()
-
-
-def _close_held_locks_in_child() -> None:
-    for fd in _HELD_LOCKS:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _HELD_LOCKS.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_held_locks_in_child)
+from pentad.run_config import validate_raw
 
 
 class RunLock:
@@ -65,51 +55,25 @@ class RunLock:
         self._fd: int | None = None
 
     def __enter__(self) -> RunLock:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not POSIX
-            return self
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        path = self.run_dir / LOCK
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _describe_holder(os.pread(fd, 4096, 0))
-            os.close(fd)
-            raise UserError(f"run directory {self.run_dir} is in use by another pentad process ({holder}); "
-                            "two runs writing one directory would mix their checkpoints and metrics. Wait for "
-                            "it to finish or stop it, or choose another output directory.") from None
-        except OSError as e:  # a file system without locks (some network mounts): go on, unprotected
-            os.close(fd)
-            info(f"note: {self.run_dir} cannot be locked ({e.strerror}); make sure no other process writes it")
+            self._fd = take_lock(self.run_dir / LOCK, self.run_dir)
+        except LockBusy as busy:
+            raise UserError(f"run directory {self.run_dir} is in use by another pentad process "
+                            f"({busy.holder('pentad ')}); two runs writing one directory would mix their "
+                            "checkpoints and metrics. Wait for it to finish or stop it, or choose another output "
+                            "directory.") from None
+        if self._fd is None:
             return self
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
-                  "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
-        self._fd = fd
-        _HELD_LOCKS.add(fd)
-        from pentad.training.checkpoint import remove_temporaries  # (torch: imported when a run needs it)
-
+        record_holder(self._fd, self.command)
         for path in remove_temporaries(self.run_dir, keep=(LOCK,)):
             info(f"removed {path}, left by an interrupted earlier run")
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
-            _HELD_LOCKS.discard(self._fd)
-            os.close(self._fd)  # closing the last descriptor releases the flock
+            release_lock(self._fd)
             self._fd = None
-
-
-def _describe_holder(raw: bytes) -> str:
-    try:
-        holder = json.loads(raw.decode())
-        return (f"pid {holder['pid']} on host {holder['host']}, `pentad {holder['command']}` "
-                f"started {holder['started']}")
-    except (ValueError, KeyError, TypeError):
-        return "pid unknown: it has only just started"
 
 
 def load_tokenizer(cfg: Any):
@@ -225,32 +189,20 @@ def config_changes(old: dict[str, Any], new: dict[str, Any], unused: tuple[str, 
 
 
 def _resumable(run_dir: Path, cfg: Any) -> bool:
-    from pentad.training.checkpoint import latest_checkpoint
-
     return cfg.train.resume_from is not None or latest_checkpoint(run_dir) is not None
-
-
-# What a run leaves that is worth keeping: a directory holding one of these has a started or finished
-# run, which is resumed from its checkpoint and never silently started again from step 0.
-RESULTS = "results.json"
-BEST_DIR = "best"
-METRICS = "metrics.jsonl"
-# removed by train.overwrite (--overwrite) before a fresh start, with the TensorBoard event files
-RUN_OUTPUTS = ("checkpoints", BEST_DIR, RESULTS, METRICS, "loss.png", "model.safetensors")
-EVENTS_GLOB = "events.out.tfevents.*"
 
 
 def earlier_results(run_dir: Path) -> list[str]:
     """The outputs of an earlier run in ``run_dir`` (checkpoints, the best model, results) as short
     descriptions; [] when there are none (a new directory, or an attempt that never saved)."""
     found = []
-    checkpoints = run_dir / "checkpoints"
+    checkpoints = run_dir / CHECKPOINTS
     if checkpoints.is_dir():
-        names = sorted(p.name for p in checkpoints.iterdir() if not p.name.startswith(".") or p.name == "latest")
+        names = sorted(p.name for p in checkpoints.iterdir() if not p.name.startswith(".") or p.name == LATEST)
         if names:
             found.append(f"checkpoints/ ({', '.join(names[:6])}{', ...' if len(names) > 6 else ''})")
-    if (run_dir / BEST_DIR).is_dir() and any((run_dir / BEST_DIR).iterdir()):
-        found.append(f"{BEST_DIR}/")
+    if (run_dir / BEST).is_dir() and any((run_dir / BEST).iterdir()):
+        found.append(f"{BEST}/")
     if (run_dir / RESULTS).is_file():
         found.append(RESULTS)
     return found
@@ -289,7 +241,6 @@ def prepare_run_dir(run_dir: Path, cfg: Any, tokenizer, extra: dict[str, Any] | 
     ``train.allow_changes`` accepts them; ``unused`` names keys the command does not read. Returns the
     accepted changes (``key: (old, new)``).
     """
-    from pentad.training.checkpoint import atomic_write_text, write_json
 
     absolute_paths(cfg)
     saved = run_dir / CONFIG
@@ -309,8 +260,6 @@ def prepare_run_dir(run_dir: Path, cfg: Any, tokenizer, extra: dict[str, Any] | 
         if removed:
             info(f"--overwrite: removed the earlier run's {', '.join(removed)} from {run_dir}; starting afresh")
     elif not _resumable(run_dir, cfg) and earlier_results(run_dir):
-        from pentad.training.checkpoint import latest_problem
-
         problem = latest_problem(run_dir)
         raise UserError(f"run directory {run_dir} holds an earlier run ({', '.join(earlier_results(run_dir))}) but "
                         f"no complete checkpoint to resume from"

@@ -64,8 +64,9 @@ def _streams(m: Any) -> str:
 
 
 def rows() -> list[dict[str, str]]:
+    from pentad.assembly import load_config
     from pentad.builder import build_model
-    from pentad.config.loader import load_config, zoo_names
+    from pentad.config.loader import zoo_names
     from pentad.model import count_active_parameters, count_parameters
 
     table = []

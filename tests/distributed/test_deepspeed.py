@@ -101,14 +101,15 @@ def test_zero3_matches_single_and_resumes_anywhere(pretrain_data, reference, zer
 
 def test_export_consolidates_a_zero3_run(reference, zero3, tmp_path):
     # `pentad export` (and init=, convert, generate through find_weights) read ZeRO partitions in one process
+    from pentad import layout
     from pentad.cli.main import main
     from pentad.training import checkpoint as ckpt
 
     out = tmp_path / "export"
     assert main(["export", str(zero3), str(out)]) == 0
-    exported = ckpt.read_weights(out / ckpt.WEIGHTS)
+    exported = ckpt.read_weights(out / layout.WEIGHTS)
     whole = ckpt.read_weights(ckpt.find_weights(reference))
-    assert ckpt.find_weights(zero3) == ckpt.checkpoint_dir(zero3, 10)  # the checkpoint directory itself
+    assert ckpt.find_weights(zero3) == layout.checkpoint_dir(zero3, 10)  # the checkpoint directory itself
     assert sorted(exported) == sorted(whole)  # the tied head stored once
     # the single run's weights, fp32 rounding apart (measured 6e-8)
     assert max((exported[k] - whole[k]).abs().max().item() for k in whole) < 1e-5

@@ -9,6 +9,7 @@ import pytest
 import torch
 from tests.distributed.conftest import launch, losses, single
 
+from pentad import files, layout
 from pentad.training import checkpoint as ckpt
 
 pytestmark = pytest.mark.heavy
@@ -27,10 +28,11 @@ def runs(pretrain_data, tmp_path_factory):
 def copy_run(source, target, step):
     """``source`` as it was after the checkpoint of ``step`` (to continue it from there)."""
     shutil.copytree(source, target)
-    for later in ckpt.checkpoint_steps(target):
+    for later in layout.checkpoint_steps(target):
         if later > step:
-            shutil.rmtree(ckpt.checkpoint_dir(target, later))
-    ckpt.atomic_write_text(target / ckpt.CHECKPOINTS / ckpt.LATEST, ckpt.checkpoint_dir(target, step).name + "\n")
+            shutil.rmtree(layout.checkpoint_dir(target, later))
+    pointer = target / layout.CHECKPOINTS / layout.LATEST
+    files.atomic_write_text(pointer, layout.checkpoint_dir(target, step).name + "\n")
 
 
 def test_fsdp_matches_single_and_writes_sharded_checkpoints(runs):
@@ -39,9 +41,9 @@ def test_fsdp_matches_single_and_writes_sharded_checkpoints(runs):
     assert len(a) == len(b) == 10
     assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5
     assert losses(root / "one", "grad_norm") == pytest.approx(losses(root / "two", "grad_norm"), rel=1e-5)
-    step = ckpt.checkpoint_dir(root / "two", 10)
-    assert sorted(p.name for p in (step / ckpt.DCP).iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
-    assert not (step / ckpt.WEIGHTS).exists()
+    step = layout.checkpoint_dir(root / "two", 10)
+    assert sorted(p.name for p in (step / layout.DCP).iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert not (step / layout.WEIGHTS).exists()
     marker = ckpt.format_marker(step)
     assert marker["format"] == "dcp" and marker["world_size"] == 2
     assert marker["aliases"] == ["targets.mlm.output.weight"]  # tied to the word embedding, stored once
@@ -69,7 +71,7 @@ def test_fsdp_reshards_from_two_ranks_to_one_and_from_one_to_two(runs, tmp_path)
     copy_run(root / "two", run, 5)
     down = launch(1, *common, f"output={run}", "train.strategy=fsdp", "train.stop_at=8")
     assert "resuming 2 process(es)' checkpoint on 1" in down.stderr
-    assert ckpt.format_marker(ckpt.checkpoint_dir(run, 8))["world_size"] == 1
+    assert ckpt.format_marker(layout.checkpoint_dir(run, 8))["world_size"] == 1
     assert max(abs(x - y) for x, y in zip(reference[:8], losses(run))) < 1e-5
     up = launch(2, *common, f"output={run}", "train.strategy=fsdp")
     assert "resuming 1 process(es)' checkpoint on 2" in up.stderr
@@ -86,8 +88,8 @@ def test_export_of_a_sharded_run_loads_under_single(runs, tmp_path):
     out = tmp_path / "export"
     assert main(["export", str(root / "two"), str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "model.safetensors", "tokenizer"]
-    exported = ckpt.read_weights(out / ckpt.WEIGHTS)
-    gathered = ckpt.read_checkpoint_weights(ckpt.checkpoint_dir(root / "two", 10))
+    exported = ckpt.read_weights(out / layout.WEIGHTS)
+    gathered = ckpt.read_checkpoint_weights(layout.checkpoint_dir(root / "two", 10))
     assert "targets.mlm.output.weight" not in exported
     assert sorted(exported) == sorted(gathered) and all(torch.equal(exported[k], gathered[k]) for k in gathered)
     # the exported run and the fsdp run itself (read through its shards) give the same model
@@ -102,7 +104,7 @@ def test_export_of_a_sharded_run_loads_under_single(runs, tmp_path):
     assert main(["export", str(root / "two"), str(out)]) == 2
     assert main(["export", str(root / "two"), str(out), "--step", "7"]) == 2
     assert main(["export", str(root / "two"), str(out), "--step", "5", "--overwrite"]) == 0
-    assert not torch.equal(ckpt.read_weights(out / ckpt.WEIGHTS)["embedding.word.weight"],
+    assert not torch.equal(ckpt.read_weights(out / layout.WEIGHTS)["embedding.word.weight"],
                            exported["embedding.word.weight"])
     assert main(["export", str(root / "two"), str(root / "two"), "--overwrite"]) == 2  # not into the run itself
     bare = tmp_path / "bare"  # a run directory without checkpoints
@@ -141,7 +143,7 @@ def test_finetune_under_fsdp_from_a_sharded_run(runs, english, tmp_path):
     single(*common, f"init={root / 'two'}", f"output={one}")          # init read through the shards
     launch(2, *common, f"init={root / 'two'}", f"output={two}", "train.strategy=fsdp")
     assert max(abs(x - y) for x, y in zip(losses(one), losses(two))) < 1e-5
-    assert (two / "results.json").is_file() and (two / "best" / ckpt.WEIGHTS).is_file()
+    assert (two / "results.json").is_file() and (two / "best" / layout.WEIGHTS).is_file()
     assert (two / "best" / "best.json").read_text() == (one / "best" / "best.json").read_text()
 
 
@@ -156,5 +158,5 @@ def test_checkpoints_move_between_fsdp_and_whole_model_strategies(runs, tmp_path
     for run, reference in ((to_single, root / "two"), (to_fsdp, root / "one")):
         got = losses(run)
         assert len(got) == 10 and max(abs(x - y) for x, y in zip(losses(reference), got)) < 1e-5
-    assert (ckpt.checkpoint_dir(to_single, 10) / ckpt.WEIGHTS).is_file()
-    assert ckpt.checkpoint_format(ckpt.checkpoint_dir(to_fsdp, 10)) == "dcp"
+    assert (layout.checkpoint_dir(to_single, 10) / layout.WEIGHTS).is_file()
+    assert layout.checkpoint_format(layout.checkpoint_dir(to_fsdp, 10)) == "dcp"

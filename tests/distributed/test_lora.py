@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from tests.distributed.conftest import launch, losses, single
 
+from pentad import layout
 from pentad.training import checkpoint as ckpt
 from pentad.training import lora
 
@@ -30,7 +31,7 @@ def only_adapters_and_heads(tensors) -> bool:
 
 def assert_merged_like(checkpoint, reference_run) -> None:
     merged, reference = ckpt.read_checkpoint_weights(checkpoint), ckpt.read_weights(
-        ckpt.latest_checkpoint(reference_run))
+        layout.latest_checkpoint(reference_run))
     assert sorted(merged) == sorted(reference)
     assert max((merged[k] - reference[k]).abs().max().item() for k in reference) < 1e-5
 
@@ -42,7 +43,7 @@ def test_lora_finetune_under_ddp_matches_single(lora_runs, tmp_path):
     a, b = losses(one), losses(two)
     assert len(a) == len(b) > 2 and max(abs(x - y) for x, y in zip(a, b)) < 1e-5
     assert only_adapters_and_heads(ckpt.read_weights(two / "best" / "model.safetensors", merge_adapters=False))
-    assert_merged_like(ckpt.latest_checkpoint(two), one)
+    assert_merged_like(layout.latest_checkpoint(two), one)
 
 
 @pytest.mark.heavy
@@ -53,8 +54,8 @@ def test_lora_finetune_under_fsdp(lora_runs, tmp_path):
     launch(2, *common, f"output={sharded}", "train.strategy=fsdp")
     a, c = losses(one), losses(sharded)
     assert len(c) == len(a) and max(abs(x - y) for x, y in zip(a, c)) < 1e-5
-    last = ckpt.latest_checkpoint(sharded)
-    assert ckpt.checkpoint_format(last) == ckpt.DCP
+    last = layout.latest_checkpoint(sharded)
+    assert layout.checkpoint_format(last) == layout.DCP
     assert only_adapters_and_heads(ckpt.read_checkpoint_weights(last, merge_adapters=False))
     assert_merged_like(last, one)
     launch(2, *common, f"output={split}", "train.strategy=fsdp", "train.stop_at=3")
@@ -74,8 +75,8 @@ def test_lora_finetune_under_deepspeed(lora_runs, tmp_path, stage):
     ds_launch(2, *common, f"output={two}", *zero)
     a, b = losses(one), losses(two)
     assert len(a) == len(b) > 2 and max(abs(x - y) for x, y in zip(a, b)) < 1e-5
-    last = ckpt.latest_checkpoint(two)
-    assert ckpt.checkpoint_format(last) == "deepspeed"
+    last = layout.latest_checkpoint(two)
+    assert layout.checkpoint_format(last) == "deepspeed"
     raw = ckpt.read_checkpoint_weights(last, merge_adapters=False)
     assert not any(k.startswith("encoder.") and not lora.is_adapter_key(k) for k in raw)  # no frozen weights
     assert_merged_like(last, one)

@@ -121,7 +121,7 @@ def test_s2t_learns_tone_digits_and_infers(data, tmp_path, capsys):
 
 
 def test_specaugment_is_seeded_and_only_in_training(data):
-    from pentad.config.loader import load_config
+    from pentad.assembly import load_config
     from pentad.data.tokenizers import load_tokenizer
     from pentad.registry import TASKS
 
@@ -191,9 +191,9 @@ def test_generation_from_audio_matches_stepwise_decoding():
     model on its own output picks step by step; a decoder-only model refuses a source Batch."""
     import torch
 
+    from pentad.assembly import load_config
     from pentad.builder import build_model
     from pentad.components.base import Batch
-    from pentad.config.loader import load_config
     from pentad.generation.config import GenerationInputError
     from pentad.generation.search import generate
 

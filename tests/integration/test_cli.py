@@ -8,6 +8,7 @@ import sys
 
 import torch
 
+from pentad import layout
 from pentad.cli.main import main
 
 
@@ -69,7 +70,7 @@ def test_bf16_and_grad_accum_pretraining_runs(english, tmp_path):
     assert records[-1]["loss"] > 0 and records[-1]["mfu"] > 0 and records[-1]["peak_memory_gib"] > 0
     from pentad.training import checkpoint as ckpt
 
-    weights = ckpt.read_weights(ckpt.latest_checkpoint(tmp_path / "true") / ckpt.WEIGHTS)
+    weights = ckpt.read_weights(layout.latest_checkpoint(tmp_path / "true") / layout.WEIGHTS)
     assert {t.dtype for t in weights.values()} == {torch.bfloat16}
 
 
@@ -87,8 +88,8 @@ def test_validate_takes_the_config_first_or_as_option(capsys):
 def test_run_commands_help_lists_main_keys_that_exist(capsys):
     import pytest
 
+    from pentad.assembly import run_config_class
     from pentad.cli.main import MAIN_KEYS
-    from pentad.config.run import run_config_class
 
     schema = run_config_class().model_json_schema()
 

@@ -77,7 +77,8 @@ LOADABLE = [(w, a) for w, a in EXAMPLES if a[0] in ("validate", "preprocess", "p
 
 @pytest.mark.parametrize("where,argv", LOADABLE, ids=[w for w, _ in LOADABLE])
 def test_example_config_loads(where, argv, tmp_path, monkeypatch):
-    from pentad.config.loader import load_config, zoo_names
+    from pentad.assembly import load_config
+    from pentad.config.loader import zoo_names
 
     config, overrides = _config_and_overrides(argv)
     if config is None or (config not in zoo_names() and not (REPO / config).is_file()):

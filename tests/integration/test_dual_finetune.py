@@ -42,8 +42,8 @@ def pairs(english, tmp_path_factory):
 
 def one_stream_bert(vocab, path) -> None:
     """Weights of a one-stream BERT (mlm + sp heads) of the shrunken sbert/base shape."""
+    from pentad.assembly import load_config
     from pentad.builder import build_model
-    from pentad.config.loader import load_config
     from pentad.data.tokenizers import load_tokenizer
     from pentad.training import checkpoint as ckpt
 
@@ -77,7 +77,7 @@ def test_sbert_finetunes_on_pairs_from_a_bert_checkpoint(english, pairs, tmp_pat
 
 
 def test_separate_pairs_become_two_streams(english):
-    from pentad.config.loader import load_config
+    from pentad.assembly import load_config
     from pentad.data.tokenizers import load_tokenizer
     from pentad.data.tsv import LabelMap, TsvRow
     from pentad.registry import TASKS

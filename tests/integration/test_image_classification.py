@@ -67,7 +67,7 @@ def test_vit_learns_digits_and_infers(digits, tmp_path, capsys):
 
 
 def test_augmentation_is_seeded_and_only_in_training(digits):
-    from pentad.config.loader import load_config
+    from pentad.assembly import load_config
     from pentad.registry import TASKS
 
     cfg = load_config("vit/tiny-16", [*VIT[2:-2], f"data.train={digits['train']}"])
@@ -139,8 +139,8 @@ def test_fine_tuning_at_another_image_size_interpolates_the_positions(digits, tm
 
     import torch
 
+    from pentad.assembly import load_config
     from pentad.builder import build_model
-    from pentad.config.loader import load_config
 
     small = build_model(load_config("vit/tiny-16", [*VIT[2:-2], "model.targets.0.num_labels=3"]).model)
     big = build_model(load_config("vit/tiny-16", [*bigger[2:-2], "model.embedding.parts.0.image_size=24",
@@ -158,7 +158,7 @@ def test_fine_tuning_at_another_image_size_interpolates_the_positions(digits, tm
 
 
 def test_the_random_affine_is_set_from_the_task_and_seeded(digits):
-    from pentad.config.loader import load_config
+    from pentad.assembly import load_config
     from pentad.registry import TASKS
 
     cfg = load_config("vit/tiny-16", [*VIT[2:-2], f"data.train={digits['train']}", "task.augment.crop_scale=null",
@@ -181,7 +181,7 @@ def test_the_random_affine_is_set_from_the_task_and_seeded(digits):
 
 
 def test_mixup_and_cutmix_train_from_the_cli_on_soft_targets(digits, tmp_path):
-    from pentad.config.loader import load_config
+    from pentad.assembly import load_config
     from pentad.registry import TASKS
 
     cfg = load_config("vit/tiny-16", [*VIT[2:-2], f"data.train={digits['train']}", "task.mix={}"])

@@ -13,8 +13,9 @@ from safetensors.torch import load_file
 from tests.integration.conftest import tiny
 
 from pentad.cli.main import main
+from pentad.layout import checkpoint_steps
 from pentad.training import trainer as trainer_module
-from pentad.training.checkpoint import checkpoint_steps, load_state
+from pentad.training.checkpoint import load_state
 from pentad.training.trainer import MetricsLog
 
 

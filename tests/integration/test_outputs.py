@@ -11,6 +11,7 @@ from collections import namedtuple
 import pytest
 from tests.integration.conftest import tiny
 
+from pentad import files, layout
 from pentad.cli.main import main
 from pentad.training import checkpoint
 
@@ -92,8 +93,8 @@ def test_disk_full_while_writing_predictions(capsys, english, finetuned, tmp_pat
     def no_space(path, text=None, binary=False):
         raise OSError(errno.ENOSPC, "No space left on device", str(path.parent / f".{path.name}.tmp123"))
 
-    monkeypatch.setattr(checkpoint, "atomic_write_text", no_space)
-    monkeypatch.setattr(checkpoint, "atomic_open", no_space)  # streamed inference writes through it
+    monkeypatch.setattr(files, "atomic_write_text", no_space)
+    monkeypatch.setattr(files, "atomic_open", no_space)  # streamed inference writes through it
     out = tmp_path / "p.tsv"
     fails(capsys, *_infer(english, finetuned, "--output", out),
           match=f"cannot write {out}: no space left on the device ({tmp_path.anchor}")
@@ -183,15 +184,15 @@ def test_two_exports_to_one_new_output(capsys, boxed, tmp_path, monkeypatch):
     assert main(["export", str(boxed), str(out)]) == 0
     err = capsys.readouterr().err
     assert results == [2] and f"OUT {out} is being written by another pentad process (pid {os.getpid()}" in err
-    assert (out / checkpoint.WEIGHTS).is_file() and (out / "config.yaml").is_file()
+    assert (out / layout.WEIGHTS).is_file() and (out / "config.yaml").is_file()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no lock, no staging left
 
 
 def test_two_inferences_to_one_new_file(capsys, english, boxed, tmp_path, monkeypatch):
     out, results = tmp_path / "p.tsv", []
     # streamed inference writes its predictions through atomic_open
-    monkeypatch.setattr(checkpoint, "atomic_open",
-                        _nested(_infer(english, boxed, "--output", out), results)(checkpoint.atomic_open))
+    monkeypatch.setattr(files, "atomic_open",
+                        _nested(_infer(english, boxed, "--output", out), results)(files.atomic_open))
     assert main([str(a) for a in _infer(english, boxed, "--output", out)]) == 0
     assert results == [2] and "is being written by another pentad process" in capsys.readouterr().err
     assert out.read_text().startswith("label\n")

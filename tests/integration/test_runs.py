@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from tests.integration.conftest import tiny
 
 from pentad.cli.main import main
-from pentad.training.checkpoint import checkpoint_steps
+from pentad.layout import checkpoint_steps
 from pentad.training.trainer import MetricsLog
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
 from pentad.model import Model
 
 # Hugging Face activation names -> pentad's (``gelu_new`` is the tanh approximation).

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from pentad import memory
+from pentad.assembly import load_config
 from pentad.builder import build_model, check_memory
-from pentad.config.loader import load_config
 from pentad.errors import UserError
 from pentad.training.config import TrainConfig
 from pentad.training.session import Session, training_memory

@@ -133,7 +133,7 @@ def test_a_lock_file_removed_by_its_last_holder_is_not_locked_stale(tmp_path, mo
 def test_a_run_directory_s_cleanup_keeps_the_lock_of_an_output_written_in_it(run):
     """Taking a run's lock clears the hidden temporaries in it; the lock of a file being written there
     (``pentad infer``'s default predictions) is not one: removed, a second writer could take it."""
-    from pentad.training.checkpoint import remove_temporaries
+    from pentad.layout import remove_temporaries
 
     out = run / "predictions.tsv"
     (run / ".config.yaml.tmp1234").write_text("half")

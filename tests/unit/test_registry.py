@@ -41,7 +41,7 @@ def test_double_registration_is_refused():
 
 
 def test_every_registry_is_populated_by_the_run_config():
-    from pentad.config.run import run_config_class
+    from pentad.assembly import run_config_class
 
     run_config_class()
     for kind in ("embeddings", "encoders", "targets", "objectives", "tasks", "tokenizers"):

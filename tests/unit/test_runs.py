@@ -72,7 +72,7 @@ def test_a_file_system_without_locks_is_a_note_not_an_error(tmp_path, monkeypatc
 def _run_dir(tmp_path, config_text: str | None = None):
     """A run directory as pentad writes it (config.yaml naming a wordpiece tokenizer, tokenizer/), or with
     ``config_text`` as its config.yaml."""
-    from pentad.config.loader import load_config
+    from pentad.assembly import load_config
     from pentad.runs import load_tokenizer, prepare_run_dir
 
     vocab = tmp_path / "vocab.txt"

@@ -15,10 +15,11 @@ import pytest
 import torch
 import yaml
 
+from pentad.assembly import load_config
 from pentad.builder import build_model
 from pentad.components.base import IGNORE_INDEX, Batch
-from pentad.config.loader import load_config, zoo_names
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
+from pentad.config.loader import zoo_names
 from pentad.model import count_active_parameters, count_parameters, total_loss
 from pentad.training import checkpoint as ckpt
 

@@ -10,8 +10,9 @@ from functools import cache
 import pytest
 import torch
 
+from pentad.assembly import load_config
 from pentad.builder import build_model
-from pentad.config.loader import load_config, zoo_names
+from pentad.config.loader import zoo_names
 from pentad.generation.search import generate
 from pentad.generation.session import lm_head
 from pentad.model import count_parameters, total_loss

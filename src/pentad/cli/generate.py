@@ -228,7 +228,7 @@ def _record(index: int, prompt: str, sequence: int, completion: Any, extra: dict
 
 
 def _write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
-    from pentad.training.checkpoint import atomic_write_text
+    from pentad.files import atomic_write_text
 
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     if str(path) == "-":

@@ -36,8 +36,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pentad.assembly import load_config
     from pentad.cli.paths import check_writable
-    from pentad.config.loader import load_config
     from pentad.outputs import check_apart
     from pentad.training.grow import grow_run
 

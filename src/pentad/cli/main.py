@@ -163,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace, extra: Sequence[str] = ()):
-    from pentad.config.loader import dump_config, load_config
+    from pentad.assembly import load_config
+    from pentad.config.loader import dump_config
 
     # preprocess checks only what it reads (the model and task sections need torch to check; it does not),
     # unless the whole resolved config is to be printed
@@ -201,12 +202,22 @@ def grid_option(items: Sequence[str]) -> dict[str, list[Any]]:
     return grid
 
 
+# Commands that read run directories, whose configs may name a task: the task union of the run config has
+# the tasks registered (pentad.run_config), so these fill every registry first. (pretrain, finetune and
+# validate load their config through pentad.assembly.load_config, which does; infer runs the task runner.)
+READS_RUNS = frozenset({"convert", "compress", "export", "merge-lora", "grow", "generate", "embed", "demo"})
+
+
 def run(args: argparse.Namespace) -> int:
     cmd = args.command
+    if cmd in READS_RUNS:
+        from pentad.assembly import fill_registries
+
+        fill_registries()
     if cmd == "list":
         return _list(args.kind, args.table)
     if cmd == "schema":
-        from pentad.config.run import run_config_class
+        from pentad.assembly import run_config_class
 
         print(json.dumps(run_config_class().model_json_schema(), indent=2))
         return 0
@@ -329,8 +340,9 @@ def _validate_source(args: argparse.Namespace) -> tuple[str, list[str]]:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from pentad.assembly import load_config
     from pentad.builder import build_model, summarize
-    from pentad.config.loader import dump_config, load_config
+    from pentad.config.loader import dump_config
     from pentad.runs import complete_vocab, load_tokenizer
 
     source, overrides = _validate_source(args)
@@ -359,16 +371,17 @@ def _list(kind: str, table: bool = False) -> int:
     if table:
         raise UserError(f"--table is for `pentad list zoo` and `pentad list tasks`, not {kind}")
     if kind == "zoo":
-        from pentad.config.loader import load_config, zoo_names
+        from pentad.assembly import load_config
+        from pentad.config.loader import zoo_names
 
         for name in zoo_names():
             cfg = load_config(name)
             print(f"{name:24s} {cfg.description or ''}")
         return 0
-    from pentad.config.run import run_config_class
+    from pentad.assembly import fill_registries
     from pentad.registry import ALL
 
-    run_config_class()  # imports every component so that the registries are complete
+    fill_registries()
     registry = ALL[kind]
     for name, cls in registry.items():
         print(f"{name:16s} {summary(cls.__doc__)}")

@@ -24,15 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pentad.assembly import load_config
 from pentad.compression.distil import make_student
 from pentad.compression.prune import prune_run
 from pentad.compression.quantize import quantize_run
 from pentad.compression.store import check_output, load_run_model, weights_bytes, write_run
-from pentad.config.loader import load_config
 from pentad.errors import UserError
+from pentad.layout import COMPRESSION_RECORD, COMPRESSION_STEPS, CONFIG, RESULTS
 from pentad.outputs import OutputLock, check_apart
-from pentad.runs import CONFIG, load_run
-from pentad.tasks.runner import RESULTS, finetune
+from pentad.runs import load_run
+from pentad.tasks.runner import finetune
 
 DISTILL_KEYS = {"layers": int, "epochs": int, "hidden": float, "attention": float, "alpha": float,
                 "temperature": float}
@@ -135,11 +136,11 @@ def _compress(run: Path, out: Path, options: CompressOptions, overwrite: bool) -
     except BaseException:
         shutil.rmtree(steps, ignore_errors=True)  # a failed step leaves nothing behind
         raise
-    shutil.move(str(steps), str(out / "steps"))
+    shutil.move(str(steps), str(out / COMPRESSION_STEPS))
     for step in done.steps:  # where the intermediate runs are now
         for key in ("run", "note"):
-            step[key] = step[key].replace(str(steps), str(out / "steps"))
-    (out / "compress.json").write_text(json.dumps({"source": str(run.resolve()), "steps": done.steps}, indent=2)
+            step[key] = step[key].replace(str(steps), str(out / COMPRESSION_STEPS))
+    (out / COMPRESSION_RECORD).write_text(json.dumps({"source": str(run.resolve()), "steps": done.steps}, indent=2)
                                        + "\n", encoding="utf-8")
     return done
 

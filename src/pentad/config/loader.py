@@ -1,19 +1,21 @@
-"""Load a run config: file (YAML, JSON, a zoo recipe name, or a TencentPretrain JSON config),
-then ``key.path=value`` overrides, then strict validation reporting every problem at once."""
+"""Reading configs: a file (YAML, JSON, a zoo recipe name, or another toolkit's config through an
+importer), then ``key.path=value`` overrides; the problems of a strict validation, every one at once
+(the run config itself is assembled in ``pentad.run_config``; ``pentad.assembly.load_config`` does all
+of it)."""
 
 from __future__ import annotations
 
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from pentad.config.schema import class_at
 from pentad.config.streams import legacy_overrides
-from pentad.errors import ConfigError, ConfigProblem, UserError, clipped, closest, shown
+from pentad.errors import ConfigProblem, UserError, clipped, closest, shown
 
 ZOO_PREFIX = "zoo:"
 
@@ -368,11 +370,19 @@ def refuse_deepspeed_config(raw: dict[str, Any], label: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ entry point
-def load_raw(config: str | Path | None, overrides: list[str] | tuple[str, ...] = ()
-             ) -> tuple[dict[str, Any], dict[str, str], str]:
-    """Read the file and apply overrides. Returns (raw data, {override path: text}, file label)."""
-    from pentad.config import tencentpretrain
+class Importer(Protocol):
+    """Reads a config file written for another toolkit (TencentPretrain's JSON configs) as a pentad run
+    config; given to :func:`load_raw` by the floor that knows the importers (``pentad.assembly``)."""
 
+    def detects(self, raw: dict[str, Any]) -> bool: ...
+
+    def convert(self, raw: dict[str, Any], overrides: list[str], label: str) -> tuple[dict[str, Any], list[str]]: ...
+
+
+def load_raw(config: str | Path | None, overrides: list[str] | tuple[str, ...] = (),
+             importers: tuple[Importer, ...] = ()) -> tuple[dict[str, Any], dict[str, str], str]:
+    """Read the file (through the first of ``importers`` that detects it as its own, if one does) and
+    apply overrides. Returns (raw data, {override path: text}, file label)."""
     label = "<no config file>"
     raw: dict[str, Any] = {}
     if config is not None:
@@ -380,8 +390,9 @@ def load_raw(config: str | Path | None, overrides: list[str] | tuple[str, ...] =
         label = str(config)
         raw = read_config_file(path)
         refuse_deepspeed_config(raw, label)
-        if tencentpretrain.is_tencentpretrain_config(raw):
-            raw, overrides = tencentpretrain.import_config(raw, list(overrides), label)
+        importer = next((i for i in importers if i.detects(raw)), None)
+        if importer is not None:
+            raw, overrides = importer.convert(raw, list(overrides), label)
         overrides = legacy_overrides(raw, list(overrides))
     applied: dict[str, str] = {}
     for text in overrides:
@@ -389,33 +400,6 @@ def load_raw(config: str | Path | None, overrides: list[str] | tuple[str, ...] =
         set_path(raw, keys, value, f"override '{text}'")
         applied[".".join(keys)] = text
     return raw, applied, label
-
-
-def validate_raw(raw: dict[str, Any], applied: dict[str, str], label: str, preprocess_only: bool = False) -> Any:
-    """``raw`` as a ``RunConfig``; with ``preprocess_only``, as ``pentad preprocess`` reads it (model and task
-    sections unchecked: :func:`pentad.config.run.preprocess_config_class`)."""
-    from pentad.config.run import preprocess_config_class, run_config_class
-
-    cls = preprocess_config_class() if preprocess_only else run_config_class()
-
-    def source_of(path: str) -> str:
-        for key, text in applied.items():
-            if path == key or path.startswith(key + ".") or key.startswith(path + "."):
-                return f"override {text}"
-        return label
-
-    try:
-        return cls.model_validate(raw)
-    except ValidationError as e:
-        raise ConfigError(problems_from_validation(e, raw, cls, source_of), f"invalid config {label}") from None
-
-
-def load_config(config: str | Path | None, overrides: list[str] | tuple[str, ...] = (), *,
-                preprocess_only: bool = False) -> Any:
-    """Load, override and validate a run config (a ``RunConfig``; ``preprocess_only``: see
-    :func:`validate_raw`)."""
-    raw, applied, label = load_raw(config, overrides)
-    return validate_raw(raw, applied, label, preprocess_only)
 
 
 def dump_config(cfg: BaseModel) -> str:

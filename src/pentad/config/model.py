@@ -1,17 +1,14 @@
-"""The model section of a config: shared sizes once, then one config per slot."""
+"""The model section of a config: shared sizes once, then one config per slot (the schema part; the
+slot unions are filled from the component registries by :func:`pentad.components.model_config.model_config_class`)."""
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any, Literal
 
-from pydantic import Field, create_model, model_validator
+from pydantic import Field, model_validator
 
 from pentad.config.base import StrictModel
-from pentad.config.embedding import embedding_config_class
-from pentad.config.streams import StreamConfigBase, from_dual_encoder
-from pentad.config.unions import registry_union
-from pentad.registry import DECODERS, ENCODERS, TARGETS
+from pentad.config.streams import from_dual_encoder
 
 
 class CompressionConfig(StrictModel):
@@ -62,31 +59,3 @@ class ModelConfigBase(StrictModel):
         if getattr(self, "decoder", None) is not None:
             return self.target_vocab_size or self.vocab_size
         return self.vocab_size
-
-
-@cache
-def model_config_class() -> Any:
-    """``ModelConfig``, with its slot unions built from the registries (components imported first)."""
-    import pentad.components  # noqa: F401  (registers every component)
-
-    embedding = embedding_config_class()
-    encoder = registry_union(ENCODERS)
-    stream = create_model(
-        "StreamConfig", __base__=StreamConfigBase,
-        embedding=(embedding | None, Field(None, description="the second stream's own embedding slot; default: "
-                                           "the same config as model.embedding")),
-        encoder=(encoder | None, Field(None, description="the second stream's own encoder; default: the same "
-                                       "config as model.encoder")))
-    return create_model(
-        "ModelConfig", __base__=ModelConfigBase,
-        embedding=(embedding, ...),
-        encoder=(encoder, ...),
-        streams=(dict[str, stream] | None, Field(None, description="two named streams, for a model that reads two "
-                                                 "inputs (SBERT, CLIP): the first is model.embedding + "
-                                                 "model.encoder over the batch, the second reads Batch.pair "
-                                                 "(docs/streams.md)")),
-        target_embedding=(embedding | None, Field(None, description="embedding slot of the decoder input")),
-        decoder=(registry_union(DECODERS) | None, Field(None, description="decoder slot (encoder-decoder "
-                                                         "models)")),
-        targets=(list[registry_union(TARGETS)], Field(..., min_length=1)),
-    )

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import IO
 
 from pentad.errors import UserError
+from pentad.files import atomic_write_text
 
 # --------------------------------------------------------------------------------------------
 # Pinned sources
@@ -191,20 +192,6 @@ def _sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers never see a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # The pid in the temp name keeps two processes (e.g. DDP ranks) from sharing a temp file.
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _read_manifest(path: Path) -> dict | None:
@@ -645,8 +632,8 @@ def ensure_wikipedia_corpus(cache_dir: Path, progress: bool = True) -> WikiCorpu
     _progress(progress, f"extracting Wikipedia articles from {wheel.name} ...")
     with bz2.open(io.BytesIO(member)) as xml_stream:
         sentences_text, docs_text, counts = build_wiki_corpus(xml_stream)
-    _atomic_write_text(sentences_path, sentences_text)
-    _atomic_write_text(docs_path, docs_text)
+    atomic_write_text(sentences_path, sentences_text)
+    atomic_write_text(docs_path, docs_text)
     # The manifest goes last: its presence means both outputs are complete.
     record = {
         "source": f"{wheel.name}:{GENSIM_WIKI_MEMBER}",
@@ -655,7 +642,7 @@ def ensure_wikipedia_corpus(cache_dir: Path, progress: bool = True) -> WikiCorpu
         "license": "Wikipedia text, CC BY-SA (via the gensim 4.4.0 test data)",
         **counts,
     }
-    _atomic_write_text(manifest_path, json.dumps(record, indent=2) + "\n")
+    atomic_write_text(manifest_path, json.dumps(record, indent=2) + "\n")
     _progress(
         progress,
         f"wrote {counts['articles']} articles, {counts['sentences']} sentences, "
@@ -779,9 +766,9 @@ def write_sentiment_splits(
     paths = {name: out_dir / f"{name}.tsv" for name in SPLIT_NAMES}
     for name in SPLIT_NAMES:
         body = "".join(f"{label}\t{text}\n" for label, text in splits[name])
-        _atomic_write_text(paths[name], "label\ttext_a\n" + body)
+        atomic_write_text(paths[name], "label\ttext_a\n" + body)
     nolabel = out_dir / "test_nolabel.tsv"
-    _atomic_write_text(nolabel, "text_a\n" + "".join(f"{text}\n" for _, text in splits["test"]))
+    atomic_write_text(nolabel, "text_a\n" + "".join(f"{text}\n" for _, text in splits["test"]))
     counts = {name: len(splits[name]) for name in SPLIT_NAMES}
     majority = {name: _majority_share(splits[name]) for name in SPLIT_NAMES}
     record = {
@@ -795,7 +782,7 @@ def write_sentiment_splits(
         "neutral_dropped": ground_truth.neutral_dropped,
         "duplicates_dropped": ground_truth.duplicates_dropped,
     }
-    _atomic_write_text(out_dir / MR_MANIFEST_FILE, json.dumps(record, indent=2) + "\n")
+    atomic_write_text(out_dir / MR_MANIFEST_FILE, json.dumps(record, indent=2) + "\n")
     return SentimentSplits(
         out_dir, paths["train"], paths["dev"], paths["test"], nolabel, counts, majority,
         ground_truth.neutral_dropped, ground_truth.duplicates_dropped,
@@ -857,7 +844,7 @@ def _unpack_model_dir(wheel: Path, prefix: str, out_dir: Path, checked: str, sha
         if actual != sha256:
             raise UserError(f"{checked} inside {wheel} has sha256 {actual}, expected {sha256}: not the published "
                             "weights. Delete the file and run again.")
-        _atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+        atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=2) + "\n")
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
@@ -978,12 +965,12 @@ def ensure_clip_tokenizer(cache_dir: Path, progress: bool = True) -> Path:
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     try:
         tmp.mkdir(parents=True, exist_ok=True)
-        _atomic_write_text(tmp / "tokenizer.json", json.dumps(clip_tokenizer_json(text), ensure_ascii=False))
-        _atomic_write_text(tmp / "pentad.json", json.dumps({
+        atomic_write_text(tmp / "tokenizer.json", json.dumps(clip_tokenizer_json(text), ensure_ascii=False))
+        atomic_write_text(tmp / "pentad.json", json.dumps({
             "type": "tokenizer_json", "file": "tokenizer.json",
             "special_tokens": {"bos": "<|startoftext|>", "cls": "<|startoftext|>", "eos": "<|endoftext|>",
                                "sep": "<|endoftext|>", "pad": "<|endoftext|>", "unk": "<|endoftext|>"}}, indent=2))
-        _atomic_write_text(tmp / "manifest.json", json.dumps(
+        atomic_write_text(tmp / "manifest.json", json.dumps(
             {"source": OPEN_CLIP_REQUIREMENT, "wheel_sha256": OPEN_CLIP_WHEEL_SHA256, "member": OPEN_CLIP_BPE_MEMBER,
              "license": "MIT (OpenAI CLIP)"}, indent=2) + "\n")
         if out_dir.exists():
@@ -1035,7 +1022,7 @@ def ensure_alsa_recordings(cache_dir: Path, progress: bool = True) -> Path:
         for name in ALSA_RECORDINGS_SHA256:
             shutil.copyfile(source / name, tmp / name)
         rows = ["text\tpath"] + [f"{name[:-4].replace('_', ' ')}\t{name}" for name in ALSA_RECORDINGS_SHA256]
-        _atomic_write_text(tmp / "test.tsv", "\n".join(rows) + "\n")
+        atomic_write_text(tmp / "test.tsv", "\n".join(rows) + "\n")
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
@@ -1126,8 +1113,8 @@ def ensure_mnist(cache_dir: Path, train: int = 3500, dev: int = 500, seed: int =
             os.replace(tmp, path)
     parts = {"train": order[:train], "dev": order[train:train + dev], "test": order[train + dev:]}
     for name, rows in parts.items():
-        _atomic_write_text(out_dir / f"{name}.tsv",
+        atomic_write_text(out_dir / f"{name}.tsv",
                            "label\tpath\n" + "".join(f"{labels[i]}\timages/{i:04d}.png\n" for i in rows))
     counts = {name: len(rows) for name, rows in parts.items()}
-    _atomic_write_text(out_dir / "manifest.json", json.dumps({**key, "counts": counts}, indent=1) + "\n")
+    atomic_write_text(out_dir / "manifest.json", json.dumps({**key, "counts": counts}, indent=1) + "\n")
     return ImageSplits(out_dir, *(out_dir / f"{n}.tsv" for n in names), counts)

@@ -19,7 +19,6 @@ objectives has none, and a dataset written before arrays existed reads as before
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from pentad.errors import UserError
+from pentad.files import write_json
 
 FORMAT_NAME = "pentad-token-shards"
 FORMAT_VERSION = 1
@@ -283,11 +283,8 @@ class ShardWriter:
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
-    """Write ``manifest.json`` (temp file then rename, so a reader never sees half of it)."""
-    path = Path(directory) / MANIFEST
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """Write ``manifest.json`` atomically (a reader never sees half of it)."""
+    write_json(Path(directory) / MANIFEST, manifest)
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:

@@ -30,9 +30,7 @@ import abc
 import hashlib
 import itertools
 import json
-import os
 import re
-import tempfile
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,6 +46,7 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 
 from pentad.config.base import StrictModel
 from pentad.errors import ConfigError, ConfigProblem, UserError, closest
+from pentad.files import atomic_open
 from pentad.registry import TOKENIZERS
 
 ROLES: tuple[str, ...] = ("pad", "unk", "cls", "sep", "mask", "bos", "eos")
@@ -237,18 +236,6 @@ def _resolve_path(path: Path | str, base_dir: Path | None) -> Path:
     if not path.is_absolute() and base_dir is not None:
         path = Path(base_dir) / path
     return path
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write through a temporary file and rename, so a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _validate_config(config_cls: type[StrictModel], data: Mapping[str, Any], name: str) -> StrictModel:
@@ -528,7 +515,8 @@ class Tokenizer(abc.ABC):
             if filename in used:  # two files with one name (vocab and merges both 'x.txt')
                 filename = f"{name}-{filename}"
             used.add(filename)
-            _write_atomic(directory / filename, source.data)
+            with atomic_open(directory / filename, binary=True) as f:
+                f.write(source.data)
             cfg[name] = filename
         return cfg
 

@@ -83,7 +83,7 @@ def _end_id(tokenizer: Any) -> int | None:
 
 def _interop_config(run_dir: Path) -> dict[str, Any]:
     """The Hugging Face config.json a converted run came from ({} for other runs)."""
-    from pentad.interop.convert import INTEROP
+    from pentad.layout import INTEROP
 
     path = run_dir / INTEROP
     if not path.is_file():

@@ -6,7 +6,8 @@
 * :mod:`pentad.interop.hf`: Hugging Face Transformers families (``bert``, ``roberta`` /
   ``xlm-roberta``, ``gpt2``, ``albert``, ``t5``, ``bart``, ``pegasus``, ``llama``, ``bloom``), one
   module each, both directions, with tokenizer files and sentence-transformers directories.
-* :mod:`pentad.interop.tencentpretrain`: TencentPretrain / UER-py ``.bin`` checkpoints, both ways.
+* :mod:`pentad.tencentpretrain` (a package of its own): TencentPretrain / UER-py configs and ``.bin``
+  checkpoints, both ways.
 * :mod:`pentad.interop.spm`: SentencePiece models re-numbered the way XLM-R and T5 tokenizers count.
 * :mod:`pentad.interop.convert`: ``convert(direction, in_dir, out_dir, ...)`` behind
   ``pentad convert``, with ``verify`` comparing the two models layer by layer (encoder and decoder).

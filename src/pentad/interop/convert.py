@@ -39,26 +39,23 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from pentad.builder import build_model
-from pentad.config.loader import problems_from_validation, validate_raw
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
+from pentad.config.loader import problems_from_validation
 from pentad.conversions import DIRECTIONS
 from pentad.data.tokenizers import load_tokenizer
 from pentad.errors import ConfigError, UserError
 from pentad.interop import ctranslate2, keymap, numerics
 from pentad.interop import hf as hfio
-from pentad.interop import tencentpretrain as tp
 from pentad.interop.hf import sbert
 from pentad.interop.hf.families import family_for, guess_family, guess_layout
 from pentad.interop.verify import Check, bitwise_checks, hf_scope, pentad_model, sample_batch, shown_keys, verify_hf
 from pentad.layers.norms import norm_kind_of
+from pentad.layout import INTEROP, INTEROP_EXTRA, LABELS, TOKENIZER_DIR, WEIGHTS
 from pentad.outputs import OutputLock, check_apart
+from pentad.run_config import validate_raw
 from pentad.runs import load_run, prepare_run_dir
+from pentad.tencentpretrain import checkpoint as tp
 from pentad.training.checkpoint import find_weights, read_weights, weights_to_save
-
-TOKENIZER_DIR = "tokenizer"  # pentad.runs.TOKENIZER_DIR
-INTEROP = "interop.json"
-EXTRA_WEIGHTS = "interop_extra.safetensors"
-WEIGHTS = "model.safetensors"
 
 
 @dataclass
@@ -224,12 +221,14 @@ def _write_run(out_dir: Path, raw: dict[str, Any], tensors: dict[str, Tensor], e
             rows = raw["model"].get("vocab_size")
             notes.append(f"the tokenizer has {tokenizer.vocab_size} ids, the embedding {rows} rows (kept as in "
                          "the checkpoint)")
+    if raw.get("task") is not None:
+        import pentad.tasks  # noqa: F401  (registers the task a converted classifier names)
     cfg = validate_raw(raw, {}, f"converted config for {out_dir}")
     prepare_run_dir(out_dir, cfg, tokenizer, extra=files)
     hfio.write_safetensors(out_dir / WEIGHTS, tensors, {"source": str(interop["source"].get("path", ""))})
     if extras:
-        hfio.write_safetensors(out_dir / EXTRA_WEIGHTS, extras)
-        interop["extra_weights"] = EXTRA_WEIGHTS
+        hfio.write_safetensors(out_dir / INTEROP_EXTRA, extras)
+        interop["extra_weights"] = INTEROP_EXTRA
     interop["notes"] = notes
     hfio.write_json(out_dir / INTEROP, interop)
     return cfg
@@ -301,7 +300,7 @@ def _hf_to_pentad(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
     if task is not None:  # a run `pentad infer` and `finetune init=` use as it is (a task without state)
         raw["task"] = task
         notes += task_notes
-        files = {**(files or {}), LABELS_FILE: {}}
+        files = {**(files or {}), LABELS: {}}
     cfg = _write_run(out_dir, raw, tensors, extras, interop, tok_cfg, out_dir / TOKENIZER_DIR, notes, files)
     report = ConversionReport("hf-to-pentad", in_dir, out_dir, family.name, plan.architecture, notes,
                               tolerance=tolerance)
@@ -319,7 +318,6 @@ def _classifier_task(raw: dict[str, Any], hf_config: dict[str, Any], notes: list
     run: ``pentad infer`` predicts with it and ``pentad finetune init=DIR`` continues from it. A span
     head makes a qa run (no labels)."""
     from pentad.tasks.ner import is_chunk_tag_set
-    from pentad.tasks.runner import LABELS
 
     targets = raw["model"].get("targets") or []
     if len(targets) == 1 and targets[0].get("type") == "span":
@@ -381,7 +379,6 @@ def _image_normalisation(in_dir: Path | None, notes: list[str], default: str = "
 
 
 LABEL2ID = "label2id.json"
-LABELS_FILE = "labels.json"  # pentad.tasks.runner.LABELS (not imported here: the runner imports training code)
 
 
 # ----------------------------------------------------------------------------------- pentad -> hf
@@ -401,8 +398,8 @@ def _pentad_to_hf(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
     synthesized = set(interop.get("synthesized", [])) if same else set()
     omittable = {k for k in synthesized if k in tensors and not tensors[k].any()}
     labels = None
-    if (in_dir / "labels.json").is_file():
-        data = hfio.read_json(in_dir / "labels.json")
+    if (in_dir / LABELS).is_file():
+        data = hfio.read_json(in_dir / LABELS)
         labels = [str(x) for x in data["labels"]] if data.get("kind") == "string" else None
     model_type = family_name if family_name in family.model_types else (
         source.get("model_type") if same else family.model_types[0])
@@ -539,8 +536,8 @@ def _pentad_to_tencentpretrain(in_dir: Path, out_dir: Path, verify: bool, tolera
         notes.append("the run has no tokenizer: no vocabulary file written")
     hfio.write_json(out_dir / tp.CONFIG_NAME, config)
     tp.write_state_dict(out_dir / tp.WEIGHTS_NAME, state)
-    if (in_dir / LABELS_FILE).is_file():
-        data = hfio.read_json(in_dir / LABELS_FILE)
+    if (in_dir / LABELS).is_file():
+        data = hfio.read_json(in_dir / LABELS)
         if data.get("kind") == "string":
             hfio.write_json(out_dir / LABEL2ID, {name: i for i, name in enumerate(data["labels"])})
             notes.append(f"{LABEL2ID} written from the run's label names (run_ner.py's --label2id_path)")

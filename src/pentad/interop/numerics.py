@@ -15,7 +15,7 @@ from torch import Tensor
 
 from pentad.builder import build_model
 from pentad.components.base import Batch
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
 from pentad.training.checkpoint import load_weights
 
 # Largest model (parameters) whose outputs a conversion measures: it builds the model twice in fp32.

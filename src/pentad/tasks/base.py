@@ -93,7 +93,7 @@ class Task(ABC):
         format as ``source``, at ``out`` plus the source's suffix; returns what ``data.train`` /
         ``data.dev`` then name. Companion files (ChID's answers) are written beside it. Default: the
         TSV header line, then the lines."""
-        from pentad.training.checkpoint import atomic_write_text
+        from pentad.files import atomic_write_text
 
         header, _ = read_tsv_lines(Path(source))
         path = out.with_suffix(Path(source).suffix or ".tsv")
@@ -193,7 +193,7 @@ class Task(ABC):
         """Write :meth:`predict`'s output for ``instances`` to ``path`` (atomically). Default: the
         :meth:`prediction_header` line, then the :meth:`prediction_lines`; a task whose output is one
         document (JSON) overrides it."""
-        from pentad.training.checkpoint import atomic_open
+        from pentad.files import atomic_open
 
         with atomic_open(path) as f:
             write_lines(f, [self.prediction_header(probabilities)])

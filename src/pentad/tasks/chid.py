@@ -92,7 +92,7 @@ class ChidTask(ChoiceTaskBase):
     @classmethod
     def write_examples(cls, source: Any, examples: list[Any], out: Path) -> Path:
         """The lines, and beside them their blanks' answers (``<name>_answer.json``)."""
-        from pentad.training.checkpoint import atomic_write_text
+        from pentad.files import atomic_write_text
 
         path = out.with_suffix(".json")
         answers_file = answer_path(Path(source))
@@ -230,7 +230,7 @@ class ChidTask(ChoiceTaskBase):
     def write_predictions(self, path: Path, logits: torch.Tensor, instances: ChoiceQuestions,
                           probabilities: bool) -> None:
         """A JSON object ``{tag: index}`` (values ``{"label", "probabilities"}`` on request)."""
-        from pentad.training.checkpoint import atomic_write_text
+        from pentad.files import atomic_write_text
 
         chosen = self.choose(logits, instances)
         if probabilities:

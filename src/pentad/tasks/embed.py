@@ -557,7 +557,7 @@ def embed_file(run_dir: Path, input_path: Path, output: Path, pooling: PoolingKi
     }
     if "spearman" in written:
         description["spearman"], description["pearson"] = written["spearman"], written["pearson"]
-    from pentad.training.checkpoint import write_json
+    from pentad.files import write_json
 
     write_json(sidecar_path(output), description)
     return description
@@ -567,7 +567,7 @@ def _write_vectors(output: Path, windows: Iterator[Window], count: int, transfor
                    ) -> dict[str, Any]:
     """Write the vectors of ``windows`` (whitened by ``transform``) to ``output`` as a .npy of ``count``
     rows, byte for byte what ``np.save`` writes, a window at a time. Returns the widths written."""
-    from pentad.training.checkpoint import atomic_open
+    from pentad.files import atomic_open
 
     rows, dim, hidden = 0, 0, 0
     with atomic_open(output, binary=True) as f:
@@ -597,8 +597,8 @@ def _write_similarity(output: Path, windows: Iterator[Window], count: int, trans
     (a TSV with header ``similarity``) a window at a time. Returns the widths, and Spearman's and
     Pearson's correlation with the labels when the pairs have them: those need every pair's similarity
     and label at once, two floats a pair (the texts and vectors are not kept)."""
+    from pentad.files import atomic_open
     from pentad.tasks.correlation import pearson, spearman
-    from pentad.training.checkpoint import atomic_open
 
     cosines: list[np.ndarray] = []
     labels: list[np.ndarray] = []

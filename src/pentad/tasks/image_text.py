@@ -228,7 +228,7 @@ class ImageTextTask(Task):
 
     def write_predictions(self, path: Path, similarity: torch.Tensor, instances, probabilities: bool) -> None:
         """TSV with header ``path<TAB>similarity``: the most similar image of each text, in input order."""
-        from pentad.training.checkpoint import atomic_write_text
+        from pentad.files import atomic_write_text
 
         best = similarity.argmax(dim=1)
         lines = ["path\tsimilarity"] + [f"{instances.paths[int(j)]}\t{float(similarity[i, j]):.6f}"

@@ -301,7 +301,7 @@ class MultiTaskTask(Task):
                           ) -> None:
         """TSV with one label column per dataset (header: the dataset names), and on request one
         ``prob_<name>_<label>`` column per dataset and class."""
-        from pentad.training.checkpoint import atomic_write_text
+        from pentad.files import atomic_write_text
 
         header = list(self.names)
         columns = []

@@ -233,7 +233,7 @@ class ChoiceTaskBase(Task):
     def write_predictions(self, path: Path, logits: torch.Tensor, instances: ChoiceQuestions,
                           probabilities: bool) -> None:
         """JSON lines ``{"id", "label", "answer"}`` (and ``"probabilities"`` on request)."""
-        from pentad.training.checkpoint import atomic_write_text
+        from pentad.files import atomic_write_text
 
         chosen = self.choose(logits, instances)
         probs = self.probabilities(logits, instances) if probabilities else None
@@ -268,7 +268,7 @@ class MultipleChoiceTask(ChoiceTaskBase):
 
     @classmethod
     def write_examples(cls, source: Any, examples: Sequence[Any], out: Path) -> Path:
-        from pentad.training.checkpoint import atomic_write_text
+        from pentad.files import atomic_write_text
 
         path = out.with_suffix(".json")
         atomic_write_text(path, json.dumps(list(examples), ensure_ascii=False))

@@ -359,7 +359,7 @@ class QaTask(Task):
 
     @classmethod
     def write_examples(cls, source: Any, examples: Sequence[Any], out: Path) -> Path:
-        from pentad.training.checkpoint import atomic_write_text
+        from pentad.files import atomic_write_text
 
         articles: list[dict[str, Any]] = []
         for title, para in examples:  # consecutive paragraphs of one article stay one article
@@ -481,7 +481,7 @@ class QaTask(Task):
                           probabilities: bool) -> None:
         """JSON ``{question id: answer text}`` (the official CMRC 2018 / SQuAD prediction file); with
         probabilities ``{question id: {"answer": text, "probability": p}}``."""
-        from pentad.training.checkpoint import atomic_write_text
+        from pentad.files import atomic_write_text
 
         if probabilities:
             out: dict[str, Any] = {q.id: {"answer": a, "probability": round(p, 6)} for q, a, p in

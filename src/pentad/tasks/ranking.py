@@ -197,7 +197,7 @@ class RankingTask(Task):
         """TSV with header ``qid<TAB>score<TAB>rank``, a line per input line: the candidate's question, its score
         (the probability that it answers; always written, so ``probabilities`` adds nothing) and its rank among
         its question's candidates (1 = best)."""
-        from pentad.training.checkpoint import atomic_write_text
+        from pentad.files import atomic_write_text
 
         qids = instances.groups or []
         ranks = np.zeros(len(qids), dtype=np.int64)

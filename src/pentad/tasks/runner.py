@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pentad import files, layout
 from pentad.builder import build_model, check_memory
 from pentad.errors import UserError, shown
 from pentad.registry import TASKS
@@ -22,11 +23,6 @@ from pentad.training.distributed import pick_device
 from pentad.training.session import Session
 from pentad.training.trainer import plot_losses
 
-# The task's fitted state (Task.state): the label map of classification and tagging runs (the name
-# predates other tasks; converted classifiers and exports read and carry it under this name).
-LABELS = STATE = "labels.json"
-RESULTS = ckpt.RESULTS
-BEST = ckpt.BEST
 # examples read, predicted and written at a time by streamed inference: large enough that the
 # per-window overhead is nothing next to the model's work, small enough that a window's texts,
 # instances and predictions take a few MB
@@ -37,7 +33,7 @@ def _init_source(cfg: Any) -> tuple[Any, Any]:
     """(model config, tokenizer): from the init run directory when there is one, else the config."""
     tokenizer = load_tokenizer(cfg)
     model_cfg = cfg.model
-    if cfg.init is not None and (Path(cfg.init) / "config.yaml").is_file():
+    if cfg.init is not None and (Path(cfg.init) / layout.CONFIG).is_file():
         init_cfg, init_tok = load_run(Path(cfg.init))
         if tokenizer is None:
             tokenizer = init_tok
@@ -101,14 +97,14 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
     evaluation = {name: task.read(sources[name]) for name in ("dev", "test") if sources.get(name) is not None}
     distiller = make_distiller(cfg.train, task_type=cfg.task.type, task_state=task.state(), tokenizer=tokenizer,
                                provided=task.provides, seq_length=seq_length, device=session.dist.device,
-                               state_file=STATE, trains=task.trains)
+                               state_file=layout.LABELS, trains=task.trains)
     model = session.build(cfg.model, task.provides, cfg.init, new_heads=task.head_names(), drop_heads=True)
     if distiller is not None:
         distiller.attach(model)
     if cfg.init is None:
         info("no init: training from randomly initialised weights")
     run_dir = Path(cfg.output)
-    changes = session.prepare_run_dir(tokenizer, extra={STATE: task.state()},
+    changes = session.prepare_run_dir(tokenizer, extra={layout.LABELS: task.state()},
                                       unused=("train.steps", "data.dataset"))
     device = session.dist.device
     if not task.trains:
@@ -120,7 +116,7 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
     every = cfg.train.eval_every or steps_per_epoch
     eval_steps = set(range(every, total + 1, every)) | {total}
     labels = {name: task.gold(inst) for name, inst in evaluation.items()}
-    best = BestModel(run_dir / BEST, session)
+    best = BestModel(run_dir / layout.BEST, session)
     progress = cfg.train.progress and session.is_main
 
     def score(name: str) -> dict[str, float]:
@@ -172,7 +168,7 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
         trainer.train(batches.iterate, evaluate=evaluate, eval_steps=eval_steps, on_eval=keep_best)
         stopped = trainer.stopped_early
     if session.is_main:
-        plot_losses(run_dir / "metrics.jsonl", run_dir / "loss.png")
+        plot_losses(run_dir / layout.METRICS, run_dir / layout.LOSS_PLOT)
     if trainer.step < total and not stopped:
         info(f"stopped at step {trainer.step} of {total} (train.stop_at); run the same command again to resume")
         return {"stopped_at": trainer.step}
@@ -199,7 +195,7 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
             results[name] = score(name)
         info(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in results[name].items()))
     if session.is_main:
-        ckpt.write_json(run_dir / RESULTS, results)
+        files.write_json(run_dir / layout.RESULTS, results)
     return results
 
 
@@ -219,8 +215,8 @@ def _evaluate_only(cfg: Any, session: Session, task: Any, model: Any, evaluation
                                       progress=f"evaluate {name}" if cfg.train.progress else None)
         info(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in results[name].items()))
     results["seconds"] = round(time.perf_counter() - start, 1)
-    ckpt.save_weights(model, run_dir / ckpt.WEIGHTS)
-    ckpt.write_json(run_dir / RESULTS, results)
+    ckpt.save_weights(model, run_dir / layout.WEIGHTS)
+    files.write_json(run_dir / layout.RESULTS, results)
     return results
 
 
@@ -238,7 +234,7 @@ class BestModel:
     def __init__(self, directory: Path, session: Session | None = None):
         self.directory = directory
         self.session = session
-        self.weights = directory / ckpt.WEIGHTS
+        self.weights = directory / layout.WEIGHTS
         self.step: int | None = None
         self.score = -math.inf
         self.metrics: dict[str, float] = {}
@@ -253,7 +249,7 @@ class BestModel:
             tensors = ckpt.saved_part(trainer.model, tensors)  # no tied aliases; a LoRA run's adapters only
             ckpt.save_tensors(tensors, self.weights,
                               {self.KEY: json.dumps(record), **ckpt.model_metadata(trainer.model)})
-            ckpt.write_json(self.directory / "best.json", {"step": step, **metrics})
+            files.write_json(self.directory / layout.BEST_RECORD, {"step": step, **metrics})
         self.step, self.score, self.metrics = step, score, dict(metrics)
         return True
 
@@ -348,7 +344,7 @@ def stream_predictions(task: Task, model: Any, windows: Any, output: Path, proba
     window in memory at a time), to a temporary file renamed to ``output`` at the end: a bad line or a
     crash part way leaves no predictions file. Returns the number of predictions."""
     count = 0
-    with ckpt.atomic_open(output) as f:
+    with files.atomic_open(output) as f:
         write_lines(f, [task.prediction_header(probabilities)])
         for instances in windows:
             predictions = task.predict(model, instances, batch_size, device, progress)
@@ -394,9 +390,9 @@ def default_predictions(model_dir: Path) -> Path:
 
 def read_task_state(run_dir: Path) -> dict[str, Any]:
     """The task state a fine-tuned run saved (``labels.json``)."""
-    path = run_dir / STATE
+    path = run_dir / layout.LABELS
     if not path.is_file():
-        raise UserError(f"{run_dir} has no {STATE}; was fine-tuning interrupted before it began?")
+        raise UserError(f"{run_dir} has no {layout.LABELS}; was fine-tuning interrupted before it began?")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -21,18 +21,14 @@ from typing import Any
 import numpy as np
 import yaml
 
+from pentad import files, layout
 from pentad.errors import UserError
+from pentad.layout import CV, FOLDS_DIR, GRID, GRID_TABLE, OOF
 from pentad.log import get_logger
 from pentad.registry import TASKS
-from pentad.training import checkpoint as ckpt
 
 log = get_logger(__name__)
 
-CV = "cv.json"
-GRID = "grid.json"
-GRID_TABLE = "grid.tsv"
-OOF = "oof"  # out-of-fold predictions: RUN/oof_<the task's predictions file>
-FOLDS_DIR = "folds"
 
 RunOne = Callable[[Any], dict[str, Any]]
 Predict = Callable[[Path, Path, Path], Any]
@@ -47,7 +43,8 @@ def _refuse_launch(option: str) -> None:
 
 def _plain(cfg: Any, **updates: Any) -> Any:
     """A copy of ``cfg`` (a RunConfig) with ``train.*`` and top-level updates (dotted keys)."""
-    from pentad.config.loader import set_path, validate_raw
+    from pentad.config.loader import set_path
+    from pentad.run_config import validate_raw
 
     raw = cfg.model_dump(mode="json", exclude_none=False)
     for key, value in updates.items():
@@ -56,12 +53,12 @@ def _plain(cfg: Any, **updates: Any) -> Any:
 
 
 def _write_yaml(path: Path, cfg: Any) -> None:
-    ckpt.atomic_write_text(path, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
+    files.atomic_write_text(path, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
 
 
 def _finished(run_dir: Path) -> dict[str, Any] | None:
     """The results of a fine-tune that ran to its end (None: not run, or stopped part-way)."""
-    path = run_dir / "results.json"
+    path = run_dir / layout.RESULTS
     if not path.is_file():
         return None
     results = json.loads(path.read_text(encoding="utf-8"))
@@ -138,7 +135,7 @@ def cross_validate(cfg: Any, run_one: RunOne, predict: Predict) -> dict[str, Any
             summary[f"{split}_std"] = {m: float(np.std([r[m] for r in rows])) for m in names}
     selections = [f["selection"] for f in per_fold if "selection" in f]
     summary["selection"] = float(np.mean(selections)) if selections else float("nan")
-    ckpt.write_json(run_dir / CV, summary)
+    files.write_json(run_dir / CV, summary)
     log.info(cv_table(summary))
     log.info(f"out-of-fold predictions: {merged}; summary: {run_dir / CV}")
     return summary
@@ -171,7 +168,7 @@ def merge_predictions(parts: list[tuple[np.ndarray, Path]], out: Path, total: in
         merged: dict[str, Any] = {}
         for _, path in parts:
             merged.update(json.loads(path.read_text(encoding="utf-8")))
-        ckpt.atomic_write_text(out, json.dumps(merged, ensure_ascii=False, indent=1))
+        files.atomic_write_text(out, json.dumps(merged, ensure_ascii=False, indent=1))
         return
     header = out.suffix == ".tsv"
     head, rows = None, []
@@ -188,7 +185,7 @@ def merge_predictions(parts: list[tuple[np.ndarray, Path]], out: Path, total: in
         body = ordered
     else:
         body = [line for lines in rows for line in lines]
-    ckpt.atomic_write_text(out, "".join(line + "\n" for line in ([head] if head is not None else []) + body))
+    files.atomic_write_text(out, "".join(line + "\n" for line in ([head] if head is not None else []) + body))
 
 
 # ------------------------------------------------------------------------------------ grid search
@@ -246,8 +243,8 @@ def grid_search(cfg: Any, run_one: RunOne, finetune_or_cv: RunOne) -> dict[str, 
     best = max(scored, key=lambda r: r["selection"])  # the first of equals: the grid's order
     summary = {"keys": list(cfg.train.grid), "trials": rows, "best": best["trial"], "best_dir": best["dir"],
                "best_values": best["values"]}
-    ckpt.write_json(run_dir / GRID, summary)
-    ckpt.atomic_write_text(run_dir / GRID_TABLE, grid_tsv(summary))
+    files.write_json(run_dir / GRID, summary)
+    files.atomic_write_text(run_dir / GRID_TABLE, grid_tsv(summary))
     log.info(grid_table(summary))
     log.info(f"best: trial {best['trial']} ({_describe(best['values'])}), {run_dir / best['dir']}; "
              f"pentad infer --model {run_dir} uses it")
@@ -300,13 +297,13 @@ def resolve_model(model_dir: Path, quiet: bool = False) -> Path:
     """The run directory ``pentad infer --model`` means: a grid search's best trial for a grid's run
     directory; a cross-validation's run directory has one model per fold and is refused by name."""
     model_dir = Path(model_dir)
-    if (model_dir / GRID).is_file() and not (model_dir / "config.yaml").is_file():
+    if (model_dir / GRID).is_file() and not (model_dir / layout.CONFIG).is_file():
         best = json.loads((model_dir / GRID).read_text(encoding="utf-8"))
         chosen = model_dir / best["best_dir"]
         if not quiet:
             log.info(f"{model_dir} is a grid search: using its best trial, {chosen}")
         return resolve_model(chosen, quiet)
-    if (model_dir / CV).is_file() and not (model_dir / "config.yaml").is_file():
+    if (model_dir / CV).is_file() and not (model_dir / layout.CONFIG).is_file():
         folds = json.loads((model_dir / CV).read_text(encoding="utf-8"))["folds"]
         raise UserError(f"{model_dir} is a cross-validation with one model per fold ({model_dir}/fold-1 .. "
                         f"fold-{folds}); give one of them as --model, or fine-tune once on the whole training "

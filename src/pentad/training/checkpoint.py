@@ -17,14 +17,12 @@ A sharded format is one entry of :data:`SHARDED_FORMATS` (its subdirectory -> it
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import tempfile
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,51 +33,26 @@ from torch import nn
 
 from pentad.config.streams import legacy_key
 from pentad.errors import UserError, writing
+from pentad.files import atomic_path, atomic_write_text
+from pentad.layout import (
+    BEST,
+    CHECKPOINTS,
+    DCP,
+    DEEPSPEED,
+    LATEST,
+    RESULTS,
+    STATE,
+    WEIGHTS,
+    checkpoint_dir,
+    latest_checkpoint,
+    sharded_format,
+    staging_dir,
+    step_dirs,
+)
 from pentad.model import Model
 from pentad.training import lora
 
-WEIGHTS = "model.safetensors"
-STATE = "state.pt"
-DCP = "dcp"                    # subdirectory of a torch.distributed.checkpoint checkpoint (fsdp)
 FORMAT_KEY = "checkpoint_format"  # in state.pt of a sharded checkpoint: {"format": ..., "aliases": [...], ...}
-CHECKPOINTS = "checkpoints"
-LATEST = "latest"
-BEST = "best"               # a fine-tuned run's best model on dev (pentad.tasks.runner.BestModel)
-RESULTS = "results.json"    # a finished fine-tuned run's scores, with its best step
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-@contextlib.contextmanager
-def atomic_open(path: Path, binary: bool = False) -> Iterator[Any]:
-    """A file (UTF-8 text, or ``binary``) to write ``path`` incrementally: written under a temporary
-    name beside it and renamed to ``path`` only when the block ends without an error, so a crash or a
-    bad input line part way leaves no half-written file under the final name (streamed inference and
-    embedding write their rows as the windows are done)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        # text as atomic_write_text writes it: the same bytes
-        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _tensor_bytes(value: Any) -> int:
@@ -120,17 +93,10 @@ def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None =
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
     """Write named tensors to a safetensors file atomically (temp file, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
         with writing(path, needed=_tensor_bytes(tensors)):
             save_file(tensors, tmp, metadata={"format": "pt", **(metadata or {})})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_weights(path: Path, merge_adapters: bool = True, base: Path | None = None,
@@ -316,24 +282,12 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str
 
 
 # ------------------------------------------------------------------------------- checkpoints
-def checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return run_dir / CHECKPOINTS / f"step-{step:08d}"
-
-
 def write_checkpoint_files(directory: Path, model: nn.Module, state: dict[str, Any],
                            metadata: dict[str, str] | None = None) -> None:
     """Write ``model``'s weights (``model.safetensors``) and ``state`` (``state.pt``) into ``directory``."""
     with writing(directory, needed=_tensor_bytes(weights_to_save(model)) + _tensor_bytes(state)):
         save_weights(model, directory / WEIGHTS, metadata)
         torch.save(state, directory / STATE)
-
-
-def staging_dir(run_dir: Path, step: int) -> Path:
-    """A new empty temporary directory beside the checkpoint of ``step`` (renamed into place by
-    :func:`publish_checkpoint`; removed by :func:`remove_temporaries` if a run dies first)."""
-    final = checkpoint_dir(run_dir, step)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
 
 
 def publish_checkpoint(run_dir: Path, step: int, staged: Path, keep: int = 2) -> Path:
@@ -346,7 +300,7 @@ def publish_checkpoint(run_dir: Path, step: int, staged: Path, keep: int = 2) ->
     atomic_write_text(run_dir / CHECKPOINTS / LATEST, final.name + "\n")
     # oldest first by step, not by name (step-9 sorts after step-10 as text); the checkpoint just
     # written is never removed, whatever the steps of the others (latest must not dangle)
-    others = [path for _, path in _step_dirs(run_dir) if path != final]
+    others = [path for _, path in step_dirs(run_dir) if path != final]
     for old in others[:max(0, len(others) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -363,85 +317,6 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, state: dict[str,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def _step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
-    """``(step, directory)`` of every ``checkpoints/step-N`` directory, complete or not, oldest step first."""
-    found = []
-    for path in (run_dir / CHECKPOINTS).glob("step-*"):
-        suffix = path.name[len("step-"):]
-        if path.is_dir() and suffix.isdigit():
-            found.append((int(suffix), path))
-    return sorted(found)
-
-
-def checkpoint_steps(run_dir: Path) -> list[int]:
-    """Steps of the complete checkpoints kept in a run directory, oldest first."""
-    return [step for step, path in _step_dirs(run_dir) if (path / STATE).is_file()]
-
-
-def remove_temporaries(run_dir: Path, keep: tuple[str, ...] = ()) -> list[Path]:
-    """Delete what an interrupted atomic write left behind in a run directory (``checkpoints/.step-*``
-    directories, ``.NAME.XXXX`` temporary files); returns what was removed.
-
-    Every temporary pentad writes is named ``.`` + the final name + ``.`` + a random part, so a
-    hidden name with a second dot is one; ``keep`` lists hidden names that are not (the run lock).
-    Call it only while holding the run directory's lock: a running writer's files look the same.
-    """
-    removed = []
-    for directory in (run_dir, run_dir / CHECKPOINTS, run_dir / "best", run_dir / "tokenizer",
-                      run_dir / "target_tokenizer"):
-        if not directory.is_dir():
-            continue
-        for entry in directory.iterdir():
-            name = entry.name
-            if not name.startswith(".") or "." not in name[1:] or name in keep or name.endswith(".lock"):
-                continue  # (.NAME.lock: the lock of an output being written, pentad.outputs)
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
-            removed.append(entry)
-    return removed
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint a run resumes from: the one ``checkpoints/latest`` names, or, when that pointer
-    is missing or names no directory (:func:`latest_problem` says which), the newest complete
-    checkpoint by step (state and weights present); None when there is none."""
-    pointed = _pointed(run_dir)
-    if pointed is not None:
-        return pointed
-    complete = [path for _, path in _step_dirs(run_dir)
-                if (path / STATE).is_file() and checkpoint_format(path) is not None]
-    return complete[-1] if complete else None
-
-
-def _pointed(run_dir: Path) -> Path | None:
-    pointer = run_dir / CHECKPOINTS / LATEST
-    if not pointer.is_file():
-        return None
-    try:
-        name = pointer.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    path = run_dir / CHECKPOINTS / name
-    return path if name and "/" not in name and path.is_dir() else None
-
-
-def latest_problem(run_dir: Path) -> str | None:
-    """What is wrong with the ``checkpoints/latest`` pointer of a run directory with checkpoints
-    (missing, or naming a checkpoint that is not there), or None when it is fine."""
-    if not _step_dirs(run_dir) or _pointed(run_dir) is not None:
-        return None
-    pointer = run_dir / CHECKPOINTS / LATEST
-    if not pointer.is_file():
-        return f"{pointer} is missing"
-    try:
-        name = pointer.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
-        return f"{pointer} cannot be read"
-    return f"{pointer} names {name!r}, which is not a checkpoint directory there"
 
 
 def load_state(checkpoint: Path) -> dict[str, Any]:
@@ -502,18 +377,6 @@ def _check_missing_best(run_dir: Path, latest: Path) -> None:
 
 
 # ------------------------------------------------------------------------------- sharded checkpoints
-def sharded_format(checkpoint: Path) -> str | None:
-    """The sharded format of a checkpoint directory (a key of :data:`SHARDED_FORMATS`), or None."""
-    return next((name for name in SHARDED_FORMATS if (checkpoint / name).is_dir()), None)
-
-
-def checkpoint_format(checkpoint: Path) -> str | None:
-    """``"safetensors"``, a sharded format (``"dcp"``, ...) or None (no weights) of a checkpoint directory."""
-    if (checkpoint / WEIGHTS).is_file():
-        return "safetensors"
-    return sharded_format(checkpoint)
-
-
 def read_checkpoint_weights(checkpoint: Path, merge_adapters: bool = True, base: Path | None = None
                             ) -> dict[str, torch.Tensor]:
     """The whole model's tensors of a checkpoint directory, whatever wrote it, consolidated in this
@@ -668,8 +531,4 @@ def read_deepspeed_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 # model's tensors from the checkpoint directory (in one process; tied aliases left out). Another
 # engine's format is one more entry here.
 SHARDED_FORMATS: dict[str, Callable[[Path], dict[str, torch.Tensor]]] = {
-    DCP: read_dcp_weights, "deepspeed": read_deepspeed_weights}
-
-
-def write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    DCP: read_dcp_weights, DEEPSPEED: read_deepspeed_weights}

@@ -20,15 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pentad import files, layout
 from pentad.builder import build_model
 from pentad.config.loader import dump_config
 from pentad.errors import UserError, writing
+from pentad.layout import CONFIG
 from pentad.outputs import OutputLock, check_apart, check_replaceable
-from pentad.runs import CONFIG, TARGET_TOKENIZER_DIR, TOKENIZER_DIR, load_run
+from pentad.runs import load_run
 from pentad.training import checkpoint as ckpt
-
-# what a run directory holds besides its checkpoints that readers of OUT need
-CARRIED = (CONFIG, TOKENIZER_DIR, TARGET_TOKENIZER_DIR, "labels.json", "interop.json")
 
 
 def write_derived_run(source: Path, out: Path, cfg: Any, write_weights: Callable[[Path], None],
@@ -41,7 +40,7 @@ def write_derived_run(source: Path, out: Path, cfg: Any, write_weights: Callable
     out.parent.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
-        for name in CARRIED:
+        for name in layout.CARRIED:
             item = source / name
             if name == CONFIG or name in leave_out:
                 continue
@@ -50,8 +49,8 @@ def write_derived_run(source: Path, out: Path, cfg: Any, write_weights: Callable
             elif item.is_file():
                 with writing(staged / name):
                     shutil.copy2(item, staged / name)
-        ckpt.atomic_write_text(staged / CONFIG, dump_config(cfg))
-        write_weights(staged / ckpt.WEIGHTS)
+        files.atomic_write_text(staged / CONFIG, dump_config(cfg))
+        write_weights(staged / layout.WEIGHTS)
         if out.exists():
             shutil.rmtree(out)
         os.replace(staged, out)
@@ -74,24 +73,24 @@ class Exported:
 
     def render(self) -> str:
         return (f"exported step {self.step} of {self.source.parent.parent} ({self.source_format} checkpoint "
-                f"{self.source.name}) to {self.out / ckpt.WEIGHTS}: {self.tensors} tensors, "
+                f"{self.source.name}) to {self.out / layout.WEIGHTS}: {self.tensors} tensors, "
                 f"{self.parameters:,} values, {self.bytes / 1e6:,.1f} MB")
 
 
 def choose_checkpoint(run: Path, step: int | None) -> Path:
     """The checkpoint directory of ``step`` in ``run`` (default: the latest)."""
-    kept = ckpt.checkpoint_steps(run)
+    kept = layout.checkpoint_steps(run)
     listing = ", ".join(map(str, kept)) if kept else "none"
     if step is not None:
         if step not in kept:
             raise UserError(f"--step {step}: {run} has no checkpoint of step {step} (kept checkpoints: {listing})")
-        return ckpt.checkpoint_dir(run, step)
-    latest = ckpt.latest_checkpoint(run)
+        return layout.checkpoint_dir(run, step)
+    latest = layout.latest_checkpoint(run)
     if latest is None:
-        if (run / ckpt.WEIGHTS).is_file():
+        if (run / layout.WEIGHTS).is_file():
             raise UserError(f"{run} has no checkpoints but already holds its weights in one file, "
-                            f"{run / ckpt.WEIGHTS}: use it as it is")
-        raise UserError(f"{run} has no checkpoint to export ({ckpt.CHECKPOINTS}/{ckpt.LATEST} is missing; a run "
+                            f"{run / layout.WEIGHTS}: use it as it is")
+        raise UserError(f"{run} has no checkpoint to export ({layout.CHECKPOINTS}/{layout.LATEST} is missing; a run "
                         "saves one every train.save_every steps and at its end)")
     return latest
 
@@ -108,7 +107,7 @@ def _export_run(run: Path, out: Path, step: int | None, overwrite: bool) -> Expo
     cfg, _ = load_run(run)
     check_replaceable(out, "OUT", overwrite, "export")
     source = choose_checkpoint(run, step)
-    fmt = ckpt.checkpoint_format(source) or "unknown"
+    fmt = layout.checkpoint_format(source) or "unknown"
     try:
         tensors = ckpt.read_checkpoint_weights(source)
     except FileNotFoundError as e:
@@ -124,14 +123,14 @@ def _export_run(run: Path, out: Path, step: int | None, overwrite: bool) -> Expo
     out.parent.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
-        for name in CARRIED:
+        for name in layout.CARRIED:
             item = run / name
             if item.is_dir():
                 shutil.copytree(item, staged / name)
             elif item.is_file():
                 with writing(staged / name):
                     shutil.copy2(item, staged / name)
-        ckpt.save_tensors(tensors, staged / ckpt.WEIGHTS, {EXPORT_KEY: json.dumps(record)})
+        ckpt.save_tensors(tensors, staged / layout.WEIGHTS, {EXPORT_KEY: json.dumps(record)})
         if out.exists():
             shutil.rmtree(out)
         os.replace(staged, out)

@@ -43,7 +43,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from pentad import memory
+from pentad import layout, memory
 from pentad.builder import build_model
 from pentad.components.base import Batch
 from pentad.errors import UserError
@@ -88,7 +88,7 @@ class Grown:
             kind = f"depth by {self.depth}, not function-preserving"
         else:
             kind = "function-preserving up to the noise on the copies"
-        return (f"grew {self.source} into {self.out / ckpt.WEIGHTS} ({sizes or 'same sizes'}; {kind}): "
+        return (f"grew {self.source} into {self.out / layout.WEIGHTS} ({sizes or 'same sizes'}; {kind}): "
                 f"{self.tensors} tensors, {self.bytes / 1e6:,.1f} MB; largest output difference from the small "
                 f"model on a probe batch {self.max_difference:.3g}. Train it with init={self.out}")
 
@@ -515,4 +515,4 @@ def _write(run: Path, out: Path, big_cfg: Any, tensors: dict[str, Tensor], info:
     cfg.init = None
     cfg.output = None
     write_derived_run(run, out, cfg, lambda path: ckpt.save_tensors(tensors, path, {GROWN_KEY: json.dumps(info)}),
-                      leave_out=("labels.json",))
+                      leave_out=(layout.LABELS,))

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pentad import layout
 from pentad.builder import build_model
 from pentad.errors import UserError
 from pentad.outputs import OutputLock, check_apart, check_replaceable
@@ -35,7 +36,7 @@ class Merged:
 
     def render(self) -> str:
         return (f"merged the LoRA adapters of {self.source} (rank {self.rank}, {self.modules} projection(s)) into "
-                f"their base {self.base}: wrote {self.out / ckpt.WEIGHTS}, {self.tensors} tensors, "
+                f"their base {self.base}: wrote {self.out / layout.WEIGHTS}, {self.tensors} tensors, "
                 f"{self.bytes / 1e6:,.1f} MB")
 
 

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pentad import layout
 from pentad.errors import UserError
 from pentad.registry import OBJECTIVES
 from pentad.runs import absolute_paths, complete_vocab, info, load_tokenizer
@@ -79,7 +80,7 @@ def _pretrain(cfg: Any, session: Session) -> dict[str, Any]:
     start = time.perf_counter()
     last = trainer.train(batches.iterate)
     if session.is_main:
-        plot_losses(Path(cfg.output) / "metrics.jsonl", Path(cfg.output) / "loss.png")
+        plot_losses(Path(cfg.output) / layout.METRICS, Path(cfg.output) / layout.LOSS_PLOT)
     if trainer.step < cfg.train.steps:
         info(f"stopped at step {trainer.step} of {cfg.train.steps} (train.stop_at); run the same command again "
              "to resume")

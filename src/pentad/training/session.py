@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from pentad import memory, runs
+from pentad import layout, memory, runs
 from pentad.builder import build_model, summarize
 from pentad.errors import UserError
 from pentad.training import checkpoint as ckpt
@@ -285,7 +285,7 @@ def _compressed_init_error(init: Path, model_cfg: Any) -> UserError | None:
     done = [f"quantized to {theirs.quantize}"] if theirs.quantize else []
     done += [f"attention heads pruned in {len(theirs.heads)} block(s)"] if theirs.heads else []
     done += [f"feed-forward units pruned in {len(theirs.ffn)} block(s)"] if theirs.ffn else []
-    saved = init / runs.CONFIG
+    saved = init / layout.CONFIG
     if theirs.quantize:
         advice = ("A quantized model is for inference only and cannot train: initialise from the run it was "
                   "quantized from (compress.json in it names the source, where there is one)")

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pentad import files, layout
 from pentad.components.base import Batch, ModelOutput
 from pentad.errors import Diverged, Interrupted, RankFailure, UserError
 from pentad.model import aux_loss, total_loss
@@ -76,15 +77,14 @@ class MetricsLog:
     def reset(self) -> None:
         """A run starting at step 0: forget the records of an earlier attempt that never saved."""
         if self.path.is_file():
-            ckpt.atomic_write_text(self.path, "")
+            files.atomic_write_text(self.path, "")
 
     def truncate_after(self, step: int) -> None:
         """On resume, forget intervals logged after the checkpoint (they will be redone)."""
         kept = [r for r in self.read() if r.get("step", 0) <= step]
-        ckpt.atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        files.atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
-EVENTS_GLOB = "events.out.tfevents.*"
 
 
 class EventLog:
@@ -104,7 +104,7 @@ class EventLog:
 
     def reset(self) -> None:
         """A run starting at step 0: remove the event files of an earlier attempt."""
-        for path in self.run_dir.glob(EVENTS_GLOB):
+        for path in self.run_dir.glob(layout.EVENTS_GLOB):
             path.unlink(missing_ok=True)
 
     def open(self, start_step: int) -> None:
@@ -248,7 +248,7 @@ class Trainer:
         self.schedule = build_schedule(self.optimizer, cfg, total_steps)
         # the configured hyper-parameters of each group, re-applied over a loaded checkpoint's
         self._configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-        self.log = MetricsLog(run_dir / "metrics.jsonl")
+        self.log = MetricsLog(run_dir / layout.METRICS)
         self.events = EventLog(run_dir, cfg.tensorboard and self.dist.is_main)
         self.step = 0
         self.micro_batches = 0  # the data position: (global) micro-batches consumed
@@ -291,12 +291,12 @@ class Trainer:
         self._check_finite(weights=True)
         state = self.state()
         staged = Path(self.dist.broadcast_object(
-            str(ckpt.staging_dir(self.run_dir, self.step)) if self.dist.is_main else None))
+            str(layout.staging_dir(self.run_dir, self.step)) if self.dist.is_main else None))
         try:
             self.strategy.save(staged, state, self.metadata)
             self.dist.barrier()
             final = ckpt.publish_checkpoint(self.run_dir, self.step, staged, self.cfg.keep_checkpoints) \
-                if self.dist.is_main else ckpt.checkpoint_dir(self.run_dir, self.step)
+                if self.dist.is_main else layout.checkpoint_dir(self.run_dir, self.step)
             self.dist.barrier()
         except BaseException:
             if self.dist.is_main:
@@ -309,18 +309,18 @@ class Trainer:
         choice: dict[str, Any] = {}
         if self.dist.is_main:
             wanted = self.cfg.resume_from
-            available = ckpt.checkpoint_steps(self.run_dir)
+            available = layout.checkpoint_steps(self.run_dir)
             choice["available"] = available
             if wanted is not None and wanted not in available:
                 kept = ", ".join(map(str, available)) if available else "none"
                 choice["error"] = (f"train.resume_from={wanted}: {self.run_dir} has no checkpoint of step {wanted} "
                                    f"(kept checkpoints: {kept}; train.keep_checkpoints sets how many are kept)")
             elif wanted is not None:
-                choice["path"] = str(ckpt.checkpoint_dir(self.run_dir, wanted))
+                choice["path"] = str(layout.checkpoint_dir(self.run_dir, wanted))
             else:
-                latest = ckpt.latest_checkpoint(self.run_dir)
+                latest = layout.latest_checkpoint(self.run_dir)
                 choice["path"] = str(latest) if latest is not None else None
-                choice["pointer"] = ckpt.latest_problem(self.run_dir) if latest is not None else None
+                choice["pointer"] = layout.latest_problem(self.run_dir) if latest is not None else None
         choice = self.dist.broadcast_object(choice)
         if "error" in choice:
             raise self.dist.error(choice["error"])
@@ -355,12 +355,12 @@ class Trainer:
         if wanted is not None and self.dist.is_main:  # the later checkpoints belong to the abandoned continuation
             for later in available:
                 if later > wanted:
-                    shutil.rmtree(ckpt.checkpoint_dir(self.run_dir, later))
+                    shutil.rmtree(layout.checkpoint_dir(self.run_dir, later))
                     print(f"train.resume_from={wanted}: removed the later checkpoint of step {later}", file=sys.stderr)
-            ckpt.atomic_write_text(self.run_dir / ckpt.CHECKPOINTS / ckpt.LATEST, path.name + "\n")
+            files.atomic_write_text(self.run_dir / layout.CHECKPOINTS / layout.LATEST, path.name + "\n")
         elif self._pointer_problem and self.dist.is_main:  # repaired, and said
             print(f"{self._pointer_problem}: resuming from the newest complete checkpoint instead", file=sys.stderr)
-            ckpt.atomic_write_text(self.run_dir / ckpt.CHECKPOINTS / ckpt.LATEST, path.name + "\n")
+            files.atomic_write_text(self.run_dir / layout.CHECKPOINTS / layout.LATEST, path.name + "\n")
         self.step = int(state["step"])
         micro = int(state.get("micro_batches", self.step * self.cfg.grad_accum))
         # the data position counts micro-batches; after an accepted batch-size change, continue
@@ -480,7 +480,7 @@ class Trainer:
             raise
         except Exception as e:
             if self.dist.world_size > 1 and _is_collective_failure(e):
-                latest = ckpt.latest_checkpoint(self.run_dir)
+                latest = layout.latest_checkpoint(self.run_dir)
                 raise RankFailure(
                     f"rank {self.dist.rank}: the run lost contact with other ranks at step {self.step + 1} "
                     f"({describe_failure(self.dist)}). "
@@ -626,7 +626,7 @@ class Trainer:
         too_many = cfg.on_nonfinite == "skip" and longest > cfg.max_skipped_steps
         if not (stop or too_many or (weights and not self._weights_finite())):
             return
-        latest = ckpt.latest_checkpoint(self.run_dir) if self.dist.is_main else None
+        latest = layout.latest_checkpoint(self.run_dir) if self.dist.is_main else None
         kept = (f"the last checkpoint, {latest.name}, is intact and resumes from before it" if latest is not None
                 else "no checkpoint was saved")
         advice = "Lower train.lr" + (" or set train.clip_grad_norm" if cfg.clip_grad_norm is None else "") + \

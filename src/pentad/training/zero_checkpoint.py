@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from pentad.errors import UserError
+from pentad.layout import DEEPSPEED
 
-DIRECTORY = "deepspeed"  # DeepSpeed's files inside a pentad checkpoint directory
 TAG = "zero"             # DeepSpeed's checkpoint tag (one DeepSpeed checkpoint per pentad checkpoint)
 UNIVERSAL_TAG = "universal"
 # what DeepSpeed (0.19) writes for the strategy, and all check_files lets it read: the recovery
@@ -114,11 +114,11 @@ def check_files(checkpoint: Path) -> list[Path]:
     state files named as :data:`STATE_FILE` in it, no sub-folder); each state file is read with
     ``weights_only=True`` and DeepSpeed's record classes allowed, and its parameter names must be
     plain names. Anything else, or an unreadable file, is a UserError naming it. Returns the state files."""
-    root = checkpoint / DIRECTORY
+    root = checkpoint / DEEPSPEED
     directory = root / TAG
     files = sorted(p for p in directory.iterdir() if STATE_FILE.fullmatch(p.name)) if directory.is_dir() else []
     if not files:
-        raise UserError(f"checkpoint {checkpoint} has no DeepSpeed files in {DIRECTORY}/{TAG}: it was not "
+        raise UserError(f"checkpoint {checkpoint} has no DeepSpeed files in {DEEPSPEED}/{TAG}: it was not "
                         "written by the deepspeed strategy, or not completely")
     for path in sorted(root.iterdir()):
         if not ((path.name == TAG and path.is_dir()) or (path.name in SCRIPTS and path.is_file())):
@@ -168,7 +168,7 @@ def read_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
             shared |= set((states.get("shared_params") or {}).keys())
             break
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its progress
-        tensors = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint / DIRECTORY), tag=TAG)
+        tensors = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint / DEEPSPEED), tag=TAG)
     return {k: v.detach().to("cpu").contiguous() for k, v in tensors.items() if k not in shared}
 
 
@@ -184,7 +184,7 @@ def to_universal(checkpoint: Path, out: Path) -> None:
     from deepspeed.checkpoint import ds_to_universal
 
     check_files(checkpoint)
-    args = argparse.Namespace(input_folder=str(checkpoint / DIRECTORY / TAG), output_folder=str(out),
+    args = argparse.Namespace(input_folder=str(checkpoint / DEEPSPEED / TAG), output_folder=str(out),
                               num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True,
                               inject_missing_state=True)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its progress

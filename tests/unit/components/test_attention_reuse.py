@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from pentad.builder import build_model
 from pentad.components.base import Batch
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
 from pentad.errors import ConfigError
 from pentad.layers.attention import AttentionReuse
 from pentad.layers.cache import KVCache
@@ -213,7 +213,7 @@ def test_lora_adapts_the_value_projection_of_a_pure_reuse_layer():
 def test_hf_and_tencentpretrain_export_refuse_attention_reuse():
     from pentad.errors import UserError
     from pentad.interop.hf import stack_problems
-    from pentad.interop.tencentpretrain import export_config
+    from pentad.tencentpretrain.checkpoint import export_config
 
     cfg = config({"every": 2})
     assert any("attention_reuse" in p for p in stack_problems(cfg.encoder, "model.encoder", "BERT", 16))

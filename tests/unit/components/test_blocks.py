@@ -11,7 +11,7 @@ from torch import Tensor
 from pentad.builder import build_model, init_t5, init_weights
 from pentad.components.base import Batch, Decoder, Encoder, ModelOutput
 from pentad.components.blocks import DenseBlock
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
 from pentad.layers.attention import Attention, CrossAttention, SelfAttention
 from pentad.layers.block import Block
 from pentad.layers.feed_forward import FeedForward

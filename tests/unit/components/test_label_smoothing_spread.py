@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from pentad.components.base import IGNORE_INDEX, Batch
+from pentad.components.model_config import model_config_class
 from pentad.components.targets.bilm import BilmTarget, BilmTargetConfig
 from pentad.components.targets.lm import LmTarget, LmTargetConfig
-from pentad.config.model import model_config_class
-from pentad.config.tencentpretrain import import_config
-from pentad.interop.tencentpretrain import export_config
+from pentad.tencentpretrain.checkpoint import export_config
+from pentad.tencentpretrain.config import import_config
 
 VOCAB, HIDDEN = 7, 8
 
@@ -119,7 +119,7 @@ def test_cls_target_smooths_its_training_loss_only():
 
 
 def test_a_smoothed_cls_head_exports_to_tencentpretrain_with_a_note():
-    from pentad.config.loader import load_config
+    from pentad.assembly import load_config
 
     for smoothing in (0.0, 0.1):
         cfg = load_config("vit/tiny-16", [f"model.targets.0.label_smoothing={smoothing}"])

@@ -9,8 +9,8 @@ import torch
 
 from pentad.builder import build_model
 from pentad.components.base import Batch, leading_positions
+from pentad.components.model_config import model_config_class
 from pentad.components.stream import run_stream
-from pentad.config.model import model_config_class
 from pentad.layers.attention import AttentionInputs, LeadingQueries
 
 torch.set_grad_enabled(True)

@@ -6,7 +6,7 @@ from tests.conftest import tiny_model_dict
 
 from pentad.builder import build_model, check_requirements
 from pentad.components.base import IGNORE_INDEX, Batch
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
 from pentad.errors import ConfigError, UserError
 from pentad.layers.masks import attention_mask
 from pentad.layers.pooling import pool
@@ -135,7 +135,7 @@ def test_required_batch_fields_are_checked_at_build_time():
 
 
 def test_meta_build_counts_published_sizes():
-    from pentad.config.loader import load_config
+    from pentad.assembly import load_config
 
     counts = {name: count_parameters(build_model(load_config(name).model, device="meta"))
               for name in ("bert/base", "gpt2/base", "roberta/base")}

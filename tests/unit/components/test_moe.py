@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from pentad.builder import build_model
 from pentad.components.base import Batch
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
 from pentad.errors import ConfigError
 from pentad.layers.feed_forward import FeedForward
 from pentad.layers.moe import MoE

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 from torch import nn
 
 from pentad.builder import build_model
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
 from pentad.layers import norms
 from pentad.layers.norms import NORM_KINDS, RMSNorm, UnbiasedLayerNorm, make_norm, norm_kind_of
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pentad.assembly import load_config
 from pentad.builder import build_model
 from pentad.components.base import Batch
-from pentad.config.loader import load_config
 from pentad.errors import ConfigError
 
 SMALL = ["model.embedding.parts.0.image_size=32", "model.embedding.parts.0.patch_size=8", "model.max_seq_length=17",

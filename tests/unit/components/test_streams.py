@@ -14,14 +14,14 @@ from torch import nn
 
 from pentad.builder import build_model, summarize
 from pentad.components.base import Batch, PooledPair
+from pentad.components.model_config import model_config_class
 from pentad.components.targets.clr import ClrTarget
 from pentad.components.targets.cosine import CosineTarget
 from pentad.components.targets.pair_cls import PairClsTarget
-from pentad.config.loader import validate_raw
-from pentad.config.model import model_config_class
 from pentad.errors import UserError
 from pentad.layers.pooling import pool
 from pentad.model import count_parameters
+from pentad.run_config import validate_raw
 
 V, H = 40, 16
 TRANSFORMER = {"type": "transformer", "num_layers": 2, "num_heads": 2, "ffn_size": 32, "dropout": 0.0}
@@ -383,7 +383,7 @@ def test_missing_pair_data_is_named():
 
 
 def test_streams_config_round_trips_and_has_a_schema():
-    from pentad.config.run import run_config_class
+    from pentad.assembly import run_config_class
 
     cls = model_config_class()
     cfg = cls.model_validate(dual_dict(tie=False, encoder=LSTM, hidden_size=24, embedding={"parts": ["word"]}))
@@ -526,7 +526,7 @@ def test_clr_logits_in_eval_mode_give_each_pair_its_cosine():
 
 
 def test_clr_with_fixed_temperature_survives_a_saved_config():
-    from pentad.config.model import model_config_class
+    from pentad.components.model_config import model_config_class
 
     cfg = model_config_class().model_validate(dual_dict(targets=[{"type": "clr", "temperature": 0.05}]))
     again = model_config_class().model_validate(cfg.model_dump())  # a run's config.yaml spells out defaults

@@ -10,7 +10,7 @@ import torch
 
 from pentad.builder import build_model
 from pentad.components.base import Batch
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
 from pentad.layers.attention import AttentionInputs, SelfAttention
 from pentad.layers.cache import KVCache
 from pentad.layers.feed_forward import FeedForward

@@ -9,7 +9,7 @@ import torch
 
 from pentad.builder import build_model
 from pentad.components.base import Batch
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
 from pentad.errors import ConfigError
 
 H = 32

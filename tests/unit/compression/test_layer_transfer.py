@@ -9,9 +9,9 @@ import copy
 import pytest
 import torch
 
+from pentad.assembly import load_config
 from pentad.builder import build_model
 from pentad.components.base import TargetOutput
-from pentad.config.loader import load_config
 from pentad.errors import UserError
 from pentad.layers.attention import attention_probabilities
 from pentad.training.distill import LayerTransfer, attention_loss, default_layer_map, hidden_loss

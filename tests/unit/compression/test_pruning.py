@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pentad.assembly import load_config
 from pentad.builder import build_model
 from pentad.compression.prune import choose, parse_prune, prunable_blocks
-from pentad.config.loader import load_config
 from pentad.config.model import CompressionConfig
 from pentad.errors import ConfigError, UserError
 from pentad.layers.attention import Attention

@@ -8,9 +8,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from pentad.assembly import load_config
 from pentad.builder import build_model
 from pentad.components.base import Batch
-from pentad.config.loader import load_config
 from pentad.layers.quantized import QuantizedLinear, quantizable_linears, quantize_linears, quantize_weight
 from pentad.training import checkpoint as ckpt
 

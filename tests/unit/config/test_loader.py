@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from pentad.config.loader import dump_config, load_config, zoo_names
+from pentad.assembly import load_config
+from pentad.config.loader import dump_config, zoo_names
 from pentad.errors import ConfigError, UserError
 
 
@@ -139,7 +140,7 @@ def test_config_file_size_is_bounded(tmp_path, monkeypatch):
 
 
 def test_values_in_messages_are_shown_without_building_their_whole_repr():
-    from pentad.config.loader import validate_raw
+    from pentad.run_config import validate_raw
 
     class Trap:
         """A value deeper or later than a message shows: building its repr fails the test."""
@@ -161,7 +162,7 @@ def test_values_in_messages_are_shown_without_building_their_whole_repr():
 
 
 def test_a_long_list_of_problems_is_counted_past_fifty():
-    from pentad.config.loader import validate_raw
+    from pentad.run_config import validate_raw
 
     with pytest.raises(ConfigError) as info:
         validate_raw({f"key{i}": i for i in range(500)}, {}, "many.yaml")

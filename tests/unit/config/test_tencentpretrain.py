@@ -1,7 +1,7 @@
 import pytest
 
+from pentad.assembly import load_config
 from pentad.builder import build_model
-from pentad.config.loader import load_config
 from pentad.errors import UserError
 from pentad.model import count_parameters
 

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from pentad.assembly import load_config
 from pentad.builder import build_model
 from pentad.cli.main import main
-from pentad.config.loader import load_config
-from pentad.config.model import model_config_class
-from pentad.config.tencentpretrain import import_config
+from pentad.components.model_config import model_config_class
 from pentad.errors import UserError
 from pentad.model import count_parameters
 from pentad.registry import TARGETS
+from pentad.tencentpretrain.config import import_config
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 
@@ -368,7 +368,7 @@ def test_emb_size_without_factorisation_is_refused(tmp_path):
 
 
 def test_dual_configs_say_not_yet_without_the_dual_encoder(shared_data, monkeypatch):
-    from pentad.config import tencentpretrain
+    from pentad.tencentpretrain import config as tencentpretrain
 
     monkeypatch.setattr(tencentpretrain, "_dual_available", lambda: False)
     with pytest.raises(UserError, match="encoder 'dual'.*dual encoder is not available yet"):

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
+from pentad.assembly import load_config
 from pentad.components.base import IGNORE_INDEX
-from pentad.config.loader import load_config
 from pentad.data.image_tokenizer import ImageTokenizer
 from pentad.data.objectives.beit import BeitObjective, BeitObjectiveConfig, block_mask, mask_blocks
 from pentad.data.shards import Instances, Ragged

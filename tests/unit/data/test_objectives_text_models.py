@@ -11,7 +11,7 @@ import torch
 from tests.conftest import tiny_model_dict
 
 from pentad.builder import build_model
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
 from pentad.data.objectives import (
     AlbertObjective,
     BartObjective,

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from pentad.builder import build_model
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
 from pentad.model import Model
 
 VOCAB = 61

@@ -161,7 +161,7 @@ def test_outputs_are_ordinary_tensors() -> None:
 def test_encoders_without_a_cache_re_run_the_sequence(encoder) -> None:
     """Recurrent and convolutional LMs have no key/value cache: generation falls back to re-running."""
     from pentad.builder import build_model
-    from pentad.config.model import model_config_class
+    from pentad.components.model_config import model_config_class
 
     cfg = model_config_class().model_validate({
         "hidden_size": 32, "vocab_size": 61, "tie_word_embeddings": False, "init_std": 0.3,

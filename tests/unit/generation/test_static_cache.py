@@ -81,7 +81,7 @@ def test_config_validation_messages() -> None:
 
 def test_static_refused_for_a_stack_without_a_cache() -> None:
     from pentad.builder import build_model
-    from pentad.config.model import model_config_class
+    from pentad.components.model_config import model_config_class
 
     config = model_config_class().model_validate({
         "hidden_size": 16, "vocab_size": 31, "max_seq_length": 32,

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from pentad.cli import generate as generate_cli
-from pentad.config.loader import validate_raw
 from pentad.errors import UserError
 from pentad.generation import TextGenerator, generate
 from pentad.generation.text import IncrementalText, StopStrings
+from pentad.layout import WEIGHTS
+from pentad.run_config import validate_raw
 from pentad.runs import prepare_run_dir
-from pentad.training.checkpoint import WEIGHTS, save_weights
+from pentad.training.checkpoint import save_weights
 
 from .models import CONFIGS, VOCAB, tiny_model
 
@@ -258,8 +259,8 @@ def test_cli_root_validator_messages_name_options() -> None:
 def test_cli_refuses_a_model_that_does_not_read_text(runs, tmp_path) -> None:
     """An asr run (speech embedding) has no text prompts to continue: one clear error, not a ValueError from
     the speech embedding's forward."""
+    from pentad.assembly import load_config
     from pentad.builder import build_model
-    from pentad.config.loader import load_config
     from pentad.data.tokenizers import load_tokenizer
 
     vocab = tmp_path / "vocab.txt"

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from pentad.builder import build_model
-from pentad.config.loader import validate_raw
 from pentad.data.tokenizers import load_tokenizer
+from pentad.run_config import validate_raw
 from pentad.runs import prepare_run_dir
 from pentad.training.checkpoint import save_weights
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 import pentad
-from pentad.config.loader import load_config, zoo_names
-from pentad.config.model import model_config_class
+from pentad.assembly import load_config
+from pentad.components.model_config import model_config_class
+from pentad.config.loader import zoo_names
 from pentad.interop import hf
 from pentad.interop.hf import HFFamily, KeyLayout
 from pentad.interop.hf.families import families, family_names, guess_family, guess_layout, registered

@@ -164,7 +164,7 @@ def test_old_style_pytorch_bin_checkpoint(tmp_path):
 
 
 def test_guess_family():
-    from pentad.config.model import model_config_class
+    from pentad.components.model_config import model_config_class
 
     def cfg(d):
         return model_config_class().model_validate(d)

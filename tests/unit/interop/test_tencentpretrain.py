@@ -10,12 +10,12 @@ import torch
 
 from pentad.builder import build_model
 from pentad.components.base import Batch
-from pentad.config.model import model_config_class
-from pentad.config.tencentpretrain import import_config
+from pentad.components.model_config import model_config_class
 from pentad.errors import UserError
 from pentad.interop import convert
-from pentad.interop.tencentpretrain import to_tencentpretrain
 from pentad.runs import load_run
+from pentad.tencentpretrain.checkpoint import to_tencentpretrain
+from pentad.tencentpretrain.config import import_config
 from pentad.training.checkpoint import find_weights, load_weights, read_weights, weights_to_save
 
 from .helpers import perturb, write_bpe, write_wordpiece
@@ -102,7 +102,7 @@ def test_verify_says_what_it_checked_and_compares_the_round_trip_bitwise(tmp_pat
 
 def test_verify_reports_each_failed_exact_check(tmp_path, monkeypatch):
     """A round trip that changes one value, one dtype and drops one name fails three checks, named."""
-    from pentad.interop import tencentpretrain
+    from pentad.tencentpretrain import checkpoint as tencentpretrain
 
     tp_checkpoint(tmp_path / "tp", BERT)
     original = tencentpretrain.to_tencentpretrain

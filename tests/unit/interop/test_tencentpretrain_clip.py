@@ -228,8 +228,8 @@ def test_clip_stream_with_one_embedding_norm_is_not_written_as_tencentpretrain(s
 def test_converted_clip_checkpoint_loads_strictly_into_the_imported_config(shared_data, tmp_path):
     """The config import builds the architecture the checkpoint conversion keeps: the same CLIP
     TencentPretrain config imported alone gives a model its converted weights load into strictly."""
-    from pentad.config.model import model_config_class
-    from pentad.config.tencentpretrain import import_config
+    from pentad.components.model_config import model_config_class
+    from pentad.tencentpretrain.config import import_config
 
     tp_clip(tmp_path / "tp", shared_data)
     raw = json.loads((tmp_path / "tp" / "config.json").read_text(encoding="utf-8"))

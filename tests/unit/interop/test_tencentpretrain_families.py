@@ -122,7 +122,7 @@ def test_export_stores_tied_tensors_once_and_import_takes_both_forms(tmp_path):
 
 
 def test_verify_fails_when_tied_tensors_are_written_apart(tmp_path, monkeypatch):
-    from pentad.interop import tencentpretrain
+    from pentad.tencentpretrain import checkpoint as tencentpretrain
 
     fake_checkpoint(tmp_path / "tp", "t5")
     convert("tencentpretrain-to-pentad", tmp_path / "tp", tmp_path / "run")

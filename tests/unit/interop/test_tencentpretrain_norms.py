@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from pentad.builder import build_model
-from pentad.config.model import model_config_class
-from pentad.config.tencentpretrain import import_config
+from pentad.components.model_config import model_config_class
 from pentad.errors import UserError
 from pentad.interop import convert
 from pentad.layers.norms import norm_kind_of
 from pentad.runs import load_run
+from pentad.tencentpretrain.config import import_config
 
 from .helpers import BERT as PENTAD_BERT
 from .helpers import make_run

@@ -18,7 +18,7 @@ import soundfile  # noqa: E402
 
 from pentad.cli.main import main  # noqa: E402
 from pentad.errors import UserError  # noqa: E402
-from pentad.runs import LOCK  # noqa: E402
+from pentad.layout import LOCK
 
 WORDS = ["zero", "one", "two", "three"]
 S2T = ["model.hidden_size=32", "model.encoder.num_layers=1", "model.decoder.num_layers=1",
@@ -49,7 +49,7 @@ def _tsv(root: Path, name: str, texts: list[str]) -> Path:
 
 
 def _task(root: Path, tokenizer: str, *overrides: str):
-    from pentad.config.loader import load_config
+    from pentad.assembly import load_config
     from pentad.data.tokenizers import load_tokenizer
     from pentad.registry import TASKS
 

@@ -11,7 +11,7 @@ from tests.conftest import tiny_model_dict
 
 from pentad.builder import build_model
 from pentad.components.base import Batch
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
 from pentad.data.tokenizers import load_tokenizer
 from pentad.errors import UserError
 from pentad.tasks.embed import Embedder, Whitening, cosine_rows, read_texts

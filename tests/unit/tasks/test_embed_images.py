@@ -15,10 +15,10 @@ from PIL import Image
 
 from pentad.builder import build_model
 from pentad.components.base import Batch
-from pentad.config.loader import validate_raw
 from pentad.data.images import NORMALISE, to_pixels
 from pentad.errors import UserError
 from pentad.layers.pooling import pool
+from pentad.run_config import validate_raw
 from pentad.runs import prepare_run_dir
 from pentad.tasks.embed import ImageEmbedder, embed_file
 from pentad.training.checkpoint import save_weights

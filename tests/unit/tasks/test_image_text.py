@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pentad.config.loader import load_config
+from pentad.assembly import load_config
 from pentad.errors import ConfigError
 
 

@@ -167,8 +167,8 @@ def test_choice_head_scores_each_choice_and_never_picks_a_dummy():
 def test_the_choice_head_is_checked_against_the_data_at_build_time():
     from tests.conftest import tiny_model_dict
 
+    from pentad.assembly import run_config_class
     from pentad.builder import build_model
-    from pentad.config.run import run_config_class
 
     model_cfg = run_config_class().model_validate({"model": tiny_model_dict(targets=[{"type": "choice"}])}).model
     with pytest.raises(UserError, match="target 'choice' needs Batch.group_padding_mask"):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from tests.conftest import tiny_model_dict
 
 from pentad.builder import build_model
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
 from pentad.data.tokenizers import load_tokenizer
 from pentad.errors import UserError
 from pentad.tasks.correlation import average_ranks, pearson, spearman

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from pentad.assembly import load_config
 from pentad.builder import build_model
 from pentad.components.base import IGNORE_INDEX
-from pentad.config.loader import load_config
 from pentad.data.tokenizers import load_tokenizer
 from pentad.errors import UserError
 from pentad.tasks.text2text import (

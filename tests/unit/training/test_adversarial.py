@@ -9,7 +9,7 @@ from tests.conftest import tiny_model_dict
 
 from pentad.builder import build_model
 from pentad.components.base import Batch
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
 from pentad.errors import UserError
 from pentad.model import total_loss
 from pentad.training.adversarial import Adversary, embedding_parameters, project, unit_step

@@ -5,8 +5,9 @@ import pytest
 import torch
 from tests.conftest import tiny_model_dict
 
+from pentad import layout
 from pentad.builder import build_model
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
 from pentad.errors import UserError
 from pentad.training import checkpoint as ckpt
 
@@ -55,11 +56,11 @@ def test_new_head_must_be_named(tmp_path):
 def test_truncated_files_are_clear_errors(tmp_path):
     model = make()
     final = ckpt.save_checkpoint(tmp_path, 5, model, {"step": 5, "rng": torch.get_rng_state()})
-    weights = final / ckpt.WEIGHTS
+    weights = final / layout.WEIGHTS
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(UserError, match="truncated or corrupt"):
         ckpt.read_weights(weights)
-    state = final / ckpt.STATE
+    state = final / layout.STATE
     state.write_bytes(state.read_bytes()[:100])
     with pytest.raises(UserError, match="truncated or corrupt"):
         ckpt.load_state(final)
@@ -69,9 +70,9 @@ def test_checkpoints_rotate_and_latest_points_at_the_newest(tmp_path):
     model = make()
     for step in (1, 2, 3):
         ckpt.save_checkpoint(tmp_path, step, model, {"step": step}, keep=2)
-    assert ckpt.latest_checkpoint(tmp_path).name == "step-00000003"
+    assert layout.latest_checkpoint(tmp_path).name == "step-00000003"
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*")) == ["step-00000002", "step-00000003"]
-    assert ckpt.find_weights(tmp_path) == tmp_path / "checkpoints" / "step-00000003" / ckpt.WEIGHTS
+    assert ckpt.find_weights(tmp_path) == tmp_path / "checkpoints" / "step-00000003" / layout.WEIGHTS
     assert not list((tmp_path / "checkpoints").glob(".*"))  # no temp leftovers
 
 
@@ -84,11 +85,11 @@ def test_rotation_orders_by_step_and_keeps_the_checkpoint_just_written(tmp_path)
     shutil.rmtree(written)
     ckpt.save_checkpoint(tmp_path, 100, model, {"step": 100}, keep=2)
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*")) == ["step-00000100", "step-10"]
-    assert ckpt.latest_checkpoint(tmp_path).name == "step-00000100" and ckpt.checkpoint_steps(tmp_path) == [10, 100]
+    assert layout.latest_checkpoint(tmp_path).name == "step-00000100" and layout.checkpoint_steps(tmp_path) == [10, 100]
     # a later checkpoint left from another course never makes rotation delete the one just written
     ckpt.save_checkpoint(tmp_path, 50, model, {"step": 50}, keep=1)
     assert [p.name for p in (tmp_path / "checkpoints").glob("step-*")] == ["step-00000050"]
-    assert ckpt.latest_checkpoint(tmp_path).name == "step-00000050"
+    assert layout.latest_checkpoint(tmp_path).name == "step-00000050"
 
 
 def test_missing_or_dangling_latest_falls_back_to_the_newest_complete_checkpoint(tmp_path):
@@ -96,15 +97,15 @@ def test_missing_or_dangling_latest_falls_back_to_the_newest_complete_checkpoint
     for step in (2, 4):
         ckpt.save_checkpoint(tmp_path, step, model, {"step": step}, keep=3)
     (tmp_path / "checkpoints" / "step-00000006").mkdir()  # not complete (no state, no weights): never chosen
-    pointer = tmp_path / "checkpoints" / ckpt.LATEST
-    assert ckpt.latest_problem(tmp_path) is None
+    pointer = tmp_path / "checkpoints" / layout.LATEST
+    assert layout.latest_problem(tmp_path) is None
     pointer.unlink()
-    assert ckpt.latest_checkpoint(tmp_path).name == "step-00000004"
-    assert "latest is missing" in ckpt.latest_problem(tmp_path)
+    assert layout.latest_checkpoint(tmp_path).name == "step-00000004"
+    assert "latest is missing" in layout.latest_problem(tmp_path)
     pointer.write_text("step-00000008\n")
-    assert ckpt.latest_checkpoint(tmp_path).name == "step-00000004"
-    assert "names 'step-00000008', which is not a checkpoint directory" in ckpt.latest_problem(tmp_path)
-    assert ckpt.find_weights(tmp_path) == tmp_path / "checkpoints" / "step-00000004" / ckpt.WEIGHTS
+    assert layout.latest_checkpoint(tmp_path).name == "step-00000004"
+    assert "names 'step-00000008', which is not a checkpoint directory" in layout.latest_problem(tmp_path)
+    assert ckpt.find_weights(tmp_path) == tmp_path / "checkpoints" / "step-00000004" / layout.WEIGHTS
 
 
 class Evil:
@@ -112,7 +113,7 @@ class Evil:
 
 
 def test_state_refuses_arbitrary_objects(tmp_path):
-    torch.save({"x": Evil()}, tmp_path / ckpt.STATE)
+    torch.save({"x": Evil()}, tmp_path / layout.STATE)
     with pytest.raises(UserError):
         ckpt.load_state(tmp_path)
 
@@ -121,16 +122,16 @@ def test_a_finished_fine_tune_without_its_best_model_is_not_read_from_another_ch
     model = make()
     for step in (2, 4):
         ckpt.save_checkpoint(tmp_path, step, model, {"step": step}, keep=3)
-    latest = tmp_path / "checkpoints" / "step-00000004" / ckpt.WEIGHTS
+    latest = tmp_path / "checkpoints" / "step-00000004" / layout.WEIGHTS
     assert ckpt.find_weights(tmp_path) == latest  # no results: a pre-training run, its latest checkpoint
-    (tmp_path / ckpt.RESULTS).write_text(json.dumps({"best_step": 2}))
+    (tmp_path / layout.RESULTS).write_text(json.dumps({"best_step": 2}))
     with pytest.raises(UserError, match=r"best model, .*best/model.safetensors \(step 2 in .*results.json\), is "
                                         r"missing; its latest checkpoint, step-00000004, is another model"):
         ckpt.find_weights(tmp_path)
     assert ckpt.find_weights(tmp_path / "checkpoints" / "step-00000004") == latest  # named: used as it is
-    (tmp_path / ckpt.RESULTS).write_text(json.dumps({"best_step": 4}))
+    (tmp_path / layout.RESULTS).write_text(json.dumps({"best_step": 4}))
     assert ckpt.find_weights(tmp_path) == latest
     assert "best is missing; reading the latest checkpoint, step-00000004, which is of the best step" in \
         capsys.readouterr().err
-    ckpt.save_weights(model, tmp_path / ckpt.BEST / ckpt.WEIGHTS)
-    assert ckpt.find_weights(tmp_path) == tmp_path / ckpt.BEST / ckpt.WEIGHTS
+    ckpt.save_weights(model, tmp_path / layout.BEST / layout.WEIGHTS)
+    assert ckpt.find_weights(tmp_path) == tmp_path / layout.BEST / layout.WEIGHTS

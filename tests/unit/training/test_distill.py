@@ -15,7 +15,7 @@ from tests.conftest import tiny_model_dict
 
 from pentad.builder import build_model
 from pentad.components.base import IGNORE_INDEX, Batch, TargetOutput
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
 from pentad.errors import UserError
 from pentad.layers.soft_labels import binary_soft_label_loss, soft_label_loss
 from pentad.registry import TARGETS

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pentad.assembly import load_config
 from pentad.builder import build_model
 from pentad.components.base import IGNORE_INDEX, Batch
-from pentad.config.loader import load_config
 from pentad.errors import UserError
 from pentad.model import total_loss
 from pentad.training.grow import check_configs, grow_model

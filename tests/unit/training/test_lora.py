@@ -10,10 +10,10 @@ import pytest
 import torch
 from tests.conftest import tiny_model_dict
 
+from pentad.assembly import load_config
 from pentad.builder import build_model
 from pentad.components.base import Batch
-from pentad.config.loader import load_config
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
 from pentad.errors import UserError
 from pentad.layers.lora import LoraLinear
 from pentad.training import checkpoint as ckpt

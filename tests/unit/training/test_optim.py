@@ -132,7 +132,7 @@ def test_finetuning_defaults_apply_only_to_unset_keys():
 
 
 def test_finetuning_defaults_from_a_loaded_config():
-    from pentad.config.loader import load_config
+    from pentad.assembly import load_config
     from pentad.training.config import FINETUNE_DEFAULTS
 
     cfg = load_config("bert/tiny", ["train.adam_bias_correction=true"])

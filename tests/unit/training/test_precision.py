@@ -12,6 +12,7 @@ import torch
 from safetensors import safe_open
 from tests.unit.test_zoo import batch_for, shrunk_model_config
 
+from pentad import layout
 from pentad.builder import build_model
 from pentad.components.base import Batch
 from pentad.errors import UserError
@@ -204,7 +205,7 @@ def test_bf16_true_trains_saves_bf16_resumes_and_loads_into_fp32(tmp_path):
     trainer.train(_stream(model))
     state = trainer.optimizer.state_dict()["state"]
     assert all(s["exp_avg"].dtype == torch.bfloat16 for s in state.values())
-    path = ckpt.latest_checkpoint(tmp_path) / ckpt.WEIGHTS
+    path = layout.latest_checkpoint(tmp_path) / layout.WEIGHTS
     with safe_open(str(path), "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -219,7 +220,7 @@ def test_bf16_true_trains_saves_bf16_resumes_and_loads_into_fp32(tmp_path):
     assert last["step"] == 4 and torch.isfinite(torch.tensor(last["loss"]))
     # a bf16-true run's weights load into an fp32 model (fine-tuning, inference, generation, convert)
     fp32 = build_model(shrunk_model_config(name))
-    ckpt.load_weights(fp32, ckpt.read_weights(ckpt.latest_checkpoint(tmp_path) / ckpt.WEIGHTS), "bf16 run")
+    ckpt.load_weights(fp32, ckpt.read_weights(layout.latest_checkpoint(tmp_path) / layout.WEIGHTS), "bf16 run")
     assert all(p.dtype == torch.float32 for p in fp32.parameters())
     for (key, a), b in zip(again.state_dict().items(), fp32.state_dict().values()):
         assert torch.equal(a.float(), b), key

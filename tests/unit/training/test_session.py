@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pentad.config.loader import load_config
+from pentad.assembly import load_config
 from pentad.config.model import CompressionConfig
 from pentad.runs import prepare_run_dir
 from pentad.training.session import _compressed_init_error

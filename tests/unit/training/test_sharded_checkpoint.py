@@ -7,9 +7,10 @@ import pytest
 import torch
 from tests.conftest import tiny_model_dict
 
+from pentad import files, layout
 from pentad.builder import build_model
 from pentad.cli.main import main
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
 from pentad.errors import UserError
 from pentad.training import checkpoint as ckpt
 
@@ -29,10 +30,10 @@ def write_dcp(checkpoint, model):
     optimizer = build_optimizer(model, TrainConfig())
     model_state, optim_state = get_state_dict(model, optimizer)
     with pytest.warns(UserWarning, match="single process"):
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(checkpoint / ckpt.DCP))
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(checkpoint / layout.DCP))
     aliases = [head for head, _ in model.tied]
-    torch.save({"step": 3, ckpt.FORMAT_KEY: {"format": ckpt.DCP, "aliases": aliases, "world_size": 1}},
-               checkpoint / ckpt.STATE)
+    torch.save({"step": 3, ckpt.FORMAT_KEY: {"format": layout.DCP, "aliases": aliases, "world_size": 1}},
+               checkpoint / layout.STATE)
 
 
 def test_dcp_checkpoint_consolidates_to_the_weights_file_contents(tmp_path):
@@ -42,7 +43,7 @@ def test_dcp_checkpoint_consolidates_to_the_weights_file_contents(tmp_path):
     expected = ckpt.weights_to_save(model)
     assert sorted(tensors) == sorted(expected)  # the tied head is stored once, as in model.safetensors
     assert all(torch.equal(tensors[k], expected[k]) for k in expected)
-    assert ckpt.checkpoint_format(tmp_path) == "dcp" and ckpt.read_weights(tmp_path).keys() == tensors.keys()
+    assert layout.checkpoint_format(tmp_path) == "dcp" and ckpt.read_weights(tmp_path).keys() == tensors.keys()
     other = make()
     ckpt.load_weights(other, tensors, str(tmp_path))
     assert other.targets["mlm"].output.weight is other.embedding.word.weight
@@ -50,12 +51,12 @@ def test_dcp_checkpoint_consolidates_to_the_weights_file_contents(tmp_path):
 
 def test_run_directory_of_a_sharded_run_finds_its_latest_checkpoint(tmp_path):
     run = tmp_path / "run"
-    step = ckpt.checkpoint_dir(run, 3)
+    step = layout.checkpoint_dir(run, 3)
     step.mkdir(parents=True)
     write_dcp(step, make())
-    ckpt.atomic_write_text(run / ckpt.CHECKPOINTS / ckpt.LATEST, step.name + "\n")
+    files.atomic_write_text(run / layout.CHECKPOINTS / layout.LATEST, step.name + "\n")
     assert ckpt.find_weights(run) == step and ckpt.find_weights(step) == step
-    assert ckpt.checkpoint_steps(run) == [3]
+    assert layout.checkpoint_steps(run) == [3]
     assert set(ckpt.read_weights(ckpt.find_weights(run))) == set(ckpt.weights_to_save(make()))
 
 
@@ -63,11 +64,11 @@ def test_metadata_with_a_foreign_object_is_refused_not_unpickled(tmp_path):
     write_dcp(tmp_path, make())
     # a .metadata that would call os.system when unpickled
     evil = b"cos\nsystem\n(S'echo pwned'\ntR."
-    (tmp_path / ckpt.DCP / ".metadata").write_bytes(evil)
+    (tmp_path / layout.DCP / ".metadata").write_bytes(evil)
     with pytest.raises(UserError, match="unreadable .metadata.*os.system is not part"):
         ckpt.read_checkpoint_weights(tmp_path)
     # nor what DCP's metadata module imports (it imports os)
-    (tmp_path / ckpt.DCP / ".metadata").write_bytes(b"ctorch.distributed.checkpoint.metadata\nos\n.")
+    (tmp_path / layout.DCP / ".metadata").write_bytes(b"ctorch.distributed.checkpoint.metadata\nos\n.")
     with pytest.raises(UserError, match="metadata.os is not part"):
         ckpt.read_checkpoint_weights(tmp_path)
     assert pickle.loads(pickle.dumps(1)) == 1  # (the module's own pickle use is untouched)
@@ -75,11 +76,11 @@ def test_metadata_with_a_foreign_object_is_refused_not_unpickled(tmp_path):
 
 def test_truncated_shard_and_missing_metadata_are_user_errors(tmp_path):
     write_dcp(tmp_path, make())
-    shard = next((tmp_path / ckpt.DCP).glob("*.distcp"))
+    shard = next((tmp_path / layout.DCP).glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:100])
     with pytest.raises(UserError, match="truncated or corrupt"):
         ckpt.read_checkpoint_weights(tmp_path)
-    (tmp_path / ckpt.DCP / ".metadata").unlink()
+    (tmp_path / layout.DCP / ".metadata").unlink()
     with pytest.raises(UserError, match="not completely written"):
         ckpt.read_checkpoint_weights(tmp_path)
 

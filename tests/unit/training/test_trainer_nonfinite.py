@@ -5,10 +5,10 @@ import pytest
 import torch
 from tests.conftest import tiny_model_dict
 
+from pentad import layout
 from pentad.builder import build_model
-from pentad.config.model import model_config_class
+from pentad.components.model_config import model_config_class
 from pentad.errors import Diverged
-from pentad.training import checkpoint as ckpt
 from pentad.training.config import TrainConfig
 from pentad.training.trainer import Trainer
 
@@ -25,5 +25,5 @@ def test_non_finite_weights_are_never_saved(tmp_path, policy):
     trainer.step = 4
     with pytest.raises(Diverged, match="after step 4 the model's weights are not finite"):
         trainer.save()
-    assert ckpt.checkpoint_steps(tmp_path) == [3] and ckpt.latest_checkpoint(tmp_path).name == "step-00000003"
+    assert layout.checkpoint_steps(tmp_path) == [3] and layout.latest_checkpoint(tmp_path).name == "step-00000003"
     assert Diverged.exit_code == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pentad import layout
 from pentad.errors import UserError
 from pentad.training import zero_checkpoint as zero
 
@@ -16,7 +17,7 @@ class Odd:
 
 
 def _files(tmp_path, payload):
-    directory = tmp_path / "step-00000005" / zero.DIRECTORY / zero.TAG
+    directory = tmp_path / "step-00000005" / layout.DEEPSPEED / zero.TAG
     directory.mkdir(parents=True)
     torch.save(payload, directory / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     return tmp_path / "step-00000005"
@@ -40,7 +41,7 @@ def test_other_objects_are_refused_before_deepspeed_reads_them(tmp_path):
 
 def test_truncated_and_missing_files(tmp_path):
     checkpoint = _files(tmp_path, {"flat": torch.zeros(3)})
-    path = checkpoint / zero.DIRECTORY / zero.TAG / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    path = checkpoint / layout.DEEPSPEED / zero.TAG / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(UserError, match="is truncated or corrupt"):
         zero.check_files(checkpoint)
@@ -70,7 +71,7 @@ def test_a_pickle_anywhere_in_the_tree_is_refused_before_deepspeed_reads_it(tmp_
     # the whole folder and unpickles every file whose name starts with mp_rank_, in any sub-folder,
     # with any suffix: such a file is refused by name, and its code never runs
     checkpoint = tmp_path / "step-00000005"
-    directory = checkpoint / zero.DIRECTORY / zero.TAG
+    directory = checkpoint / layout.DEEPSPEED / zero.TAG
     (directory / "nested").mkdir(parents=True)
     _clean(directory)
     marker = tmp_path / "ran"
@@ -92,10 +93,10 @@ def test_a_pickle_anywhere_in_the_tree_is_refused_before_deepspeed_reads_it(tmp_
                                    "universal/"])
 def test_every_entry_deepspeed_does_not_write_is_refused_by_name(tmp_path, entry):
     checkpoint = tmp_path / "step-00000005"
-    directory = checkpoint / zero.DIRECTORY / zero.TAG
+    directory = checkpoint / layout.DEEPSPEED / zero.TAG
     directory.mkdir(parents=True)
     _clean(directory)
-    path = checkpoint / zero.DIRECTORY / entry
+    path = checkpoint / layout.DEEPSPEED / entry
     if entry.endswith("/"):
         path.mkdir()
     else:
@@ -107,7 +108,7 @@ def test_every_entry_deepspeed_does_not_write_is_refused_by_name(tmp_path, entry
 
 def test_what_deepspeed_writes_passes(tmp_path):
     checkpoint = tmp_path / "step-00000005"
-    directory = checkpoint / zero.DIRECTORY / zero.TAG
+    directory = checkpoint / layout.DEEPSPEED / zero.TAG
     directory.mkdir(parents=True)
     names = ["bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt", "mp_rank_00_model_states.pt",
              "zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
@@ -115,7 +116,7 @@ def test_what_deepspeed_writes_passes(tmp_path):
         torch.save({"module": {"encoder.weight": torch.zeros(2)},
                     "param_shapes": [{"encoder.weight": torch.Size([2])}]}, directory / name)
     for script in zero.SCRIPTS:  # DeepSpeed's recovery scripts, copied beside the tag
-        (checkpoint / zero.DIRECTORY / script).write_text("# a script\n")
+        (checkpoint / layout.DEEPSPEED / script).write_text("# a script\n")
     assert [p.name for p in zero.check_files(checkpoint)] == names
 
 
@@ -136,6 +137,6 @@ def test_parameter_names_that_lead_outside_deepspeeds_folder_are_refused(tmp_pat
 
 def test_a_link_to_a_folder_is_refused_without_following_it(tmp_path):
     checkpoint = _files(tmp_path, {"flat": torch.zeros(3)})
-    (checkpoint / zero.DIRECTORY / zero.TAG / "elsewhere").symlink_to(tmp_path, target_is_directory=True)
+    (checkpoint / layout.DEEPSPEED / zero.TAG / "elsewhere").symlink_to(tmp_path, target_is_directory=True)
     with pytest.raises(UserError, match=r"holds the folder \S+/zero/elsewhere, which the deepspeed strategy"):
         zero.check_files(checkpoint)

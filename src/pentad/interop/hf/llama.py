@@ -9,7 +9,7 @@ pentad's ``qkv`` [(A + 2K)*D, H].
 
 Rotary embedding: transformers and pentad both pair dimension i with i + D/2 ("rotate half"), so
 the query and key weights copy unchanged (Meta's original checkpoints and TencentPretrain pair
-(2i, 2i+1) and need a row permutation, which :mod:`pentad.interop.tencentpretrain` applies).
+(2i, 2i+1) and need a row permutation, which :mod:`pentad.tencentpretrain.checkpoint` applies).
 ``rope_theta`` is pentad's ``rotary_base``; RoPE scaling variants (linear, dynamic, YaRN, llama3)
 are not converted.
 """

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pentad import layout
 from pentad.errors import UserError, writing
 from pentad.training import checkpoint as ckpt
 from pentad.training import zero_checkpoint as zero
@@ -215,13 +216,13 @@ class DeepSpeedStrategy(Strategy):
     # ------------------------------------------------------------------ state
     def save(self, directory: Path, state: dict[str, Any], metadata: dict[str, str]) -> None:
         # a LoRA model's checkpoint holds what trains (adapters, trained heads); its frozen base is init's
-        self.engine.save_checkpoint(str(directory / zero.DIRECTORY), tag=zero.TAG, client_state={}, save_latest=False,
+        self.engine.save_checkpoint(str(directory / layout.DEEPSPEED), tag=zero.TAG, client_state={}, save_latest=False,
                                     exclude_frozen_parameters=self._adapted)
         if self.dist.is_main:
             with writing(directory, needed=0):
                 torch.save({**state, "strategy": "deepspeed", "zero_stage": self.cfg.deepspeed.stage,
                             "weights_metadata": {**metadata, **ckpt.model_metadata(self.module)}},
-                           directory / ckpt.STATE)
+                           directory / layout.STATE)
 
     @property
     def _adapted(self) -> bool:
@@ -231,9 +232,9 @@ class DeepSpeedStrategy(Strategy):
     def load(self, directory: Path) -> dict[str, Any]:
         state = ckpt.load_state(directory)
         saved_world = int(state.get("world_size", 1))
-        if not (directory / zero.DIRECTORY).is_dir():
+        if not (directory / layout.DEEPSPEED).is_dir():
             raise UserError(f"checkpoint {directory} was not written by the deepspeed strategy (it has no "
-                            f"{zero.DIRECTORY}/); resume it with the train.strategy it was trained with, or start "
+                            f"{layout.DEEPSPEED}/); resume it with the train.strategy it was trained with, or start "
                             f"from its weights: pentad export, then init=")
         # DeepSpeed unpickles its files: the main rank checks first that they hold only tensors and
         # DeepSpeed's own records, and every rank stops with its message otherwise
@@ -254,7 +255,7 @@ class DeepSpeedStrategy(Strategy):
                             "weights with a fresh optimizer: pentad export RUN OUT, then init=OUT in a new run")
         ckpt.check_adapter_base(self.module, directory)
         if saved_world == self.dist.world_size:
-            path, _ = self.engine.load_checkpoint(str(directory / zero.DIRECTORY), tag=zero.TAG,
+            path, _ = self.engine.load_checkpoint(str(directory / layout.DEEPSPEED), tag=zero.TAG,
                                                   load_module_strict=not self._adapted, load_optimizer_states=True,
                                                   load_lr_scheduler_states=False)
         elif self._adapted:
@@ -265,7 +266,7 @@ class DeepSpeedStrategy(Strategy):
         else:
             path = self._load_resharded(directory, saved_world)
         if path is None:
-            raise UserError(f"DeepSpeed could not load checkpoint {directory / zero.DIRECTORY} (tag {zero.TAG}); "
+            raise UserError(f"DeepSpeed could not load checkpoint {directory / layout.DEEPSPEED} (tag {zero.TAG}); "
                             "it is incomplete")
         for key in ("strategy", "zero_stage", "weights_metadata"):
             state.pop(key, None)

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pentad import layout
 from pentad.errors import UserError, writing
 from pentad.training import checkpoint as ckpt
 from pentad.training.strategies.base import STRATEGIES, OptimizerFactory, Strategy
@@ -109,21 +110,21 @@ class FsdpStrategy(Strategy):
 
         model_state, optim_state = get_state_dict(self.module, self.optimizer)
         model_state = ckpt.saved_part(self.module, model_state) if _adapted(self.module) else model_state
-        with writing(directory / ckpt.DCP):
-            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / ckpt.DCP))
+        with writing(directory / layout.DCP):
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / layout.DCP))
         if self.dist.is_main:
-            marker = {"format": ckpt.DCP, "world_size": self.dist.world_size, "aliases": self._aliases(),
+            marker = {"format": layout.DCP, "world_size": self.dist.world_size, "aliases": self._aliases(),
                       "metadata": {**metadata, **ckpt.model_metadata(self.module)}}
-            with writing(directory / ckpt.STATE):
-                torch.save({**state, ckpt.FORMAT_KEY: marker}, directory / ckpt.STATE)
+            with writing(directory / layout.STATE):
+                torch.save({**state, ckpt.FORMAT_KEY: marker}, directory / layout.STATE)
 
     def load(self, directory: Path) -> dict[str, Any]:
-        fmt = ckpt.checkpoint_format(directory)
-        if fmt == ckpt.DCP:
+        fmt = layout.checkpoint_format(directory)
+        if fmt == layout.DCP:
             return load_sharded(self.module, self.optimizer, directory)
         if fmt == "safetensors":
             return self._load_whole(directory)
-        raise UserError(f"checkpoint {directory} holds {fmt or 'no weights'} ({ckpt.WEIGHTS} or {ckpt.DCP}/ "
+        raise UserError(f"checkpoint {directory} holds {fmt or 'no weights'} ({layout.WEIGHTS} or {layout.DCP}/ "
                         "expected): train.strategy=fsdp cannot resume it; start a new run from its weights "
                         "with init=DIR, or resume it with the strategy that wrote it")
 
@@ -141,8 +142,8 @@ class FsdpStrategy(Strategy):
         outcome: tuple[str, Any] = ("ok", None)
         if self.dist.is_main:
             try:
-                ckpt.check_adapter_base(self.module, directory / ckpt.WEIGHTS)
-                weights = ckpt.read_weights(directory / ckpt.WEIGHTS, merge_adapters=False)
+                ckpt.check_adapter_base(self.module, directory / layout.WEIGHTS)
+                weights = ckpt.read_weights(directory / layout.WEIGHTS, merge_adapters=False)
                 state = ckpt.load_state(directory)
                 optimizer = _by_name(self.module, self.optimizer, state.pop("optimizer"))
                 ckpt.load_weights(self.module, weights, str(directory), check_only=True)

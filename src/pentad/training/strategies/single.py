@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pentad import layout
 from pentad.training import checkpoint as ckpt
 from pentad.training.strategies.base import STRATEGIES, OptimizerFactory, Strategy
 
@@ -38,15 +39,15 @@ class SingleStrategy(Strategy):
                                         metadata)
 
     def load(self, directory: Path) -> dict[str, Any]:
-        if ckpt.checkpoint_format(directory) == ckpt.DCP:  # an fsdp run's: resharded to the whole model
+        if layout.checkpoint_format(directory) == layout.DCP:  # an fsdp run's: resharded to the whole model
             from pentad.training.strategies.fsdp import load_sharded
 
             return load_sharded(self.module, self.optimizer, directory)
-        if ckpt.checkpoint_format(directory) == "deepspeed":  # a deepspeed run's: its partitions made whole
+        if layout.checkpoint_format(directory) == layout.DEEPSPEED:  # a deepspeed run's: its partitions made whole
             return self._load_deepspeed(directory)
         # as saved: a LoRA run's adapters stay adapters (its frozen base is loaded already)
-        ckpt.check_adapter_base(self.module, directory / ckpt.WEIGHTS)
-        ckpt.load_weights(self.module, ckpt.read_weights(directory / ckpt.WEIGHTS, merge_adapters=False),
+        ckpt.check_adapter_base(self.module, directory / layout.WEIGHTS)
+        ckpt.load_weights(self.module, ckpt.read_weights(directory / layout.WEIGHTS, merge_adapters=False),
                           str(directory))
         state = ckpt.load_state(directory)
         self.optimizer.load_state_dict(state.pop("optimizer"))

@@ -4,7 +4,7 @@ A TencentPretrain config such as ``models/bert/base_config.json`` names modules 
 (``"embedding": ["word", "pos", "seg"]``, ``"encoder": "transformer"``, ``"target": ["mlm", "sp"]``)
 and flat sizes. Every key maps to a place in pentad's nested config, and the imported model is the
 one TencentPretrain's ``build_model`` builds from the same file: the same modules with the same
-parameter shapes, so its checkpoints convert tensor for tensor (``pentad.interop.tencentpretrain``).
+parameter shapes, so its checkpoints convert tensor for tensor (``pentad.tencentpretrain.checkpoint``).
 The mapping, key by key, and the few places where pentad deliberately differs are listed in
 ``docs/tencentpretrain_import.md``; in short:
 

@@ -2,7 +2,7 @@
 
 A TencentPretrain model is a ``.bin`` state dict written by ``torch.save`` (read here with
 ``weights_only=True``) plus the flat JSON config it was trained with, which loads through
-:func:`pentad.config.tencentpretrain.import_config` into the same architecture. Put both (and the
+:func:`pentad.tencentpretrain.config.import_config` into the same architecture. Put both (and the
 vocabulary file the model was trained with) in one directory and convert it; the way back writes
 the three files again (``pentad convert pentad-to-tencentpretrain``).
 
@@ -85,7 +85,7 @@ pentad's one shared slot.
 **Numerics.** TencentPretrain's ``normal`` LayerNorm divides by ``std + eps`` with the *unbiased*
 standard deviation, unlike torch's (``sqrt(var + eps)``, biased variance): its checkpoints import with
 pentad's ``layernorm_unbiased`` norm wherever TencentPretrain builds that LayerNorm (the import of the
-config decides, see :mod:`pentad.config.tencentpretrain`), so they reproduce TencentPretrain's forward
+config decides, see :mod:`pentad.tencentpretrain.config`), so they reproduce TencentPretrain's forward
 pass, and export back as ``normal``. A pentad model with torch's LayerNorm exports as ``normal`` too,
 which TencentPretrain computes slightly differently (a note says where, and the conversion measures by
 how much). The other differences of behaviour (T5 without output rescaling, ALiBi, sinusoidal
@@ -608,8 +608,8 @@ def write_state_dict(path: Path, state: dict[str, Tensor]) -> None:
 
 def find_files(in_dir: Path) -> tuple[Path, Path]:
     """(weights file, JSON config) of a TencentPretrain directory."""
-    from pentad.config.tencentpretrain import is_tencentpretrain_config
     from pentad.interop.hf import read_json
+    from pentad.tencentpretrain.config import is_tencentpretrain_config
 
     if not in_dir.is_dir():
         raise UserError(f"{in_dir} is not a directory (expected a TencentPretrain .bin checkpoint and its "
@@ -637,7 +637,7 @@ def find_tokenizer(in_dir: Path, raw: dict[str, Any],
     special tokens in the text are tokenized as text (``special_tokens_in_text: split``), as
     TencentPretrain's own tokenizers do (SentencePiece matches pieces as sentencepiece does, in both).
     """
-    from pentad.config.tencentpretrain import SPECIAL_TOKENS_IN_TEXT
+    from pentad.tencentpretrain.config import SPECIAL_TOKENS_IN_TEXT
 
     merges = sorted(in_dir.glob("*merges*.txt"))
     vocabs = sorted(p for p in in_dir.glob("*vocab*") if p.suffix in (".txt", ".json"))
@@ -721,7 +721,7 @@ def _dual_plan(raw: dict[str, Any], state: dict[str, Tensor], label: str
     the cap (TencentPretrain has none)."""
     import math
 
-    from pentad.config.tencentpretrain import import_config
+    from pentad.tencentpretrain.config import import_config
 
     words = [state.get(f"{DUAL_PREFIX}embedding_{i}.word.embedding.weight") for i in (0, 1)]
     word = next((w for w in words if w is not None), None)
@@ -762,7 +762,7 @@ def plan(raw: dict[str, Any], state: dict[str, Tensor], label: str, tags: bool =
     """(run-config dict, checkpoint layout, notes) of a TencentPretrain config + state dict. ``tags``: a
     ``label2id.json`` lies beside the checkpoint, so an ``output_layer`` of 2 outputs is a tagger's
     (run_ner.py), not the start/end layer of run_cmrc.py."""
-    from pentad.config.tencentpretrain import import_config
+    from pentad.tencentpretrain.config import import_config
 
     word = state.get("embedding.word.embedding.weight")
     if word is None and any(k.startswith(DUAL_PREFIX) for k in state):
@@ -841,7 +841,7 @@ def plan(raw: dict[str, Any], state: dict[str, Tensor], label: str, tags: bool =
     return out, layout, notes
 
 
-# TencentPretrain's names for pentad's (the inverse of pentad.config.tencentpretrain's tables).
+# TencentPretrain's names for pentad's (the inverse of pentad.tencentpretrain.config's tables).
 _ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_fast", "relu": "relu", "silu": "silu", "linear": "linear"}
 _MASKS = {"bidirectional": "fully_visible", "causal": "causal", "prefix": "causal_with_prefix"}
 # TencentPretrain has no option for torch's LayerNorm: "layernorm" exports as "normal", with a note.
