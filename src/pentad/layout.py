@@ -82,7 +82,7 @@ RUN_OUTPUTS = (CHECKPOINTS, BEST, RESULTS, METRICS, LOSS_PLOT, WEIGHTS)
 CARRIED = (CONFIG, TOKENIZER_DIR, TARGET_TOKENIZER_DIR, LABELS, INTEROP)
 # What a run directory holds that its readers need: a file output inside an input run must not be one.
 RUN_PARTS = frozenset({CONFIG, WEIGHTS, CHECKPOINTS, BEST, TOKENIZER_DIR, TARGET_TOKENIZER_DIR, LABELS, INTEROP,
-                       METRICS, "extra_weights.safetensors", LOCK, COMPRESSION_STEPS})
+                       METRICS, INTEROP_EXTRA, LOCK, COMPRESSION_STEPS})
 
 
 # ------------------------------------------------------------------------------------- checkpoints

@@ -5,16 +5,19 @@ filled here by importing those packages (they stand below this floor). The task 
 tasks registered when the class is made: tasks stand above this floor (they train and generate), so
 they are registered by whoever imports them — the task runner, or the top floor's
 :func:`pentad.assembly.fill_registries`, which the command line calls first. Reading a saved run
-therefore imports no task module; a run config that names a task needs the tasks registered.
+therefore imports no task module. Where no task is registered (a library caller below the task floor:
+generation from a fine-tuned run), a task section is kept as the mapping it is, unchecked, as
+``pentad preprocess`` keeps the model section: nothing below the task floor reads it, and whatever
+does (the runner, distillation, pruning) stands where the tasks are registered and validates it.
 """
 
 from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BeforeValidator, Field, ValidationError, create_model
+from pydantic import Field, ValidationError, create_model
 
 import pentad.data.objectives  # noqa: F401  (registers objectives)
 import pentad.data.tokenizers  # noqa: F401  (registers tokenizers)
@@ -40,18 +43,11 @@ def run_config_class() -> Any:
     return _run_config_class(tuple(TASKS.names()))
 
 
-def _no_task_registered(value: Any) -> Any:
-    if value is not None:
-        raise ValueError("no task is registered, so a task section cannot be read: import pentad.tasks first "
-                         "(pentad.assembly.fill_registries does; the pentad command always has)")
-    return value
-
-
 @cache
 def _run_config_class(tasks: tuple[str, ...]) -> Any:
     from pentad.components.model_config import model_config_class  # (torch: not for preprocess_config_class)
 
-    task = registry_union(TASKS) | None if tasks else Annotated[None, BeforeValidator(_no_task_registered)]
+    task = registry_union(TASKS) | None if tasks else dict[str, Any] | None
     return _run_config("RunConfig", model=(model_config_class(), ...), task=(task, None))
 
 

@@ -44,7 +44,7 @@ def test_paths_are_compared_resolved(run, tmp_path):
 
 def test_a_file_output_may_lie_beside_a_runs_files_but_not_be_one(run):
     check_apart(run / "predictions.tsv", "--output", [("run directory", run)], file_output=True)
-    for part in ("config.yaml", "checkpoints/latest", "model.safetensors"):
+    for part in ("config.yaml", "checkpoints/latest", "model.safetensors", "interop_extra.safetensors"):
         with pytest.raises(UserError, match="lies inside the run directory"):
             check_apart(run / part, "--output", [("run directory", run)], file_output=True)
     data = run.parent / "test.tsv"

@@ -16,7 +16,6 @@ are rewritten so that the model's own ids are the ones the HF tokenizer gives (:
 from __future__ import annotations
 
 import json
-import os
 import re
 import tempfile
 from collections.abc import Callable, Iterable
@@ -29,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from pentad.errors import UserError
+from pentad.files import atomic_path, write_json
 from pentad.interop.keymap import Rule
 from pentad.training.checkpoint import read_torch_state_dict
 
@@ -474,21 +474,10 @@ def read_weights(in_dir: Path) -> tuple[dict[str, Tensor], str]:
     return renamed, name
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False, sort_keys=False) + "\n", encoding="utf-8")
-
-
 def write_safetensors(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) -> None:
     """Atomic write; ``format: pt`` is the metadata ``transformers`` requires."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata={"format": "pt", **(metadata or {})})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # ------------------------------------------------------------------------------------- tokenizers
