@@ -193,6 +193,11 @@ class Hook:
         """Called once before the first step of :meth:`Trainer.train` (``trainer.step`` is where the run
         starts: 0, or the resumed checkpoint's step)."""
 
+    def on_log(self, trainer: Trainer) -> dict[str, Any]:
+        """Values this hook adds to each logged record of ``metrics.jsonl`` (after ``lr``), at the step just
+        done (``trainer.step``); on every rank, at the logging steps only."""
+        return {}
+
     def after_step(self, trainer: Trainer, done: bool) -> bool:
         """Called after each optimizer step, once that step's metrics are logged and before its checkpoint
         (``done``: the step is the run's last). Returns True to stop training after this step, with a
@@ -216,13 +221,11 @@ class Trainer:
     ``train.adversarial`` adds an adversarial forward and backward to each micro-batch
     (:mod:`pentad.training.adversarial`); ``distiller`` (:mod:`pentad.training.distill`), when given,
     runs a teacher on each micro-batch and mixes soft-label losses into the heads' losses.
-    ``lengths`` (:class:`pentad.data.curriculum.LengthSchedule`), with ``train.curriculum``: the stream
-    already cuts its batches; the trainer logs each interval's length as ``seq_length``.
     """
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, run_dir: Path, total_steps: int,
                  strategy: Strategy | None = None, weights_metadata: dict[str, str] | None = None,
-                 description: str = "train", distiller: Any = None, lengths: Any = None):
+                 description: str = "train", distiller: Any = None):
         if strategy is None:  # one process, as a library caller builds it
             strategy = SingleStrategy(cfg, Dist(device=pick_device(cfg.device)))
         self.strategy = strategy
@@ -264,7 +267,6 @@ class Trainer:
         if self.adversary is not None and self.dist.is_main:
             print(self.adversary.describe(), file=sys.stderr)
         self.distiller = distiller
-        self.lengths = lengths  # train.curriculum: its LengthSchedule; the length of each logged step is recorded
         self.schedule = build_schedule(self.optimizer, cfg, total_steps)
         # the configured hyper-parameters of each group, re-applied over a loaded checkpoint's
         self._configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
@@ -601,7 +603,7 @@ class Trainer:
                     signum, agreed_timed = self.dist.agree_max([float(stop.signum), float(timed)])
                     signum, timed = int(signum), bool(agreed_timed)
                 if self.step % cfg.log_every == 0 or done or signum:
-                    last = self._record(sums, interval_steps, tokens, interval_start, lr, seq_len)
+                    last = self._record(sums, interval_steps, tokens, interval_start, lr, seq_len, hooks)
                     if main:
                         self._write(last)
                     self._check_finite()
@@ -710,7 +712,7 @@ class Trainer:
                 add(f"aux_{name}", value)
 
     def _record(self, sums: dict[str, torch.Tensor], steps: int, tokens: torch.Tensor, interval_start: float,
-                lr: float, seq_len: int = 0) -> dict[str, Any]:
+                lr: float, seq_len: int = 0, hooks: Sequence[Hook] = ()) -> dict[str, Any]:
         if self.dist.world_size > 1:  # sums over ranks: losses are shares of the global mean (x world), counts add up
             keys = sorted(sums)
             packed = torch.stack([sums[k].to(self.device).float().reshape(()) for k in keys]
@@ -739,8 +741,8 @@ class Trainer:
         if skipped:  # steps of the interval left out for a non-finite loss or gradient norm
             record["skipped_steps"] = skipped
         record["lr"] = lr
-        if self.lengths is not None:  # the curriculum's length of the interval's last step
-            record["seq_length"] = self.lengths.length(self.step - 1)
+        for hook in hooks:
+            record.update(hook.on_log(self))
         record["tokens_per_s"] = float(tokens) / elapsed if elapsed > 0 else 0.0
         if self.peak_tflops is not None and elapsed > 0:
             # model FLOPs of the interval over what the devices of every rank could have done
