@@ -141,12 +141,12 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
              f"{cfg.train.epochs} epoch(s) of {steps_per_epoch:,} steps = {total:,} steps; set train.epochs to "
              "change it")
     info(f"train {len(train):,} examples, {total:,} steps ({cfg.train.epochs} epochs) on {device}")
-    trainer = session.trainer(model, total, "finetune", distiller=distiller)
+    trainer = session.trainer(model, total, "finetune")
     evaluator.resume(session, trainer.resume(changes), trainer.step)
     start = time.perf_counter()
     stopped = evaluator.stopped(trainer.step)  # a resumed run that had already stopped early stays stopped
     if not stopped:
-        trainer.train(batches.iterate, hooks=[evaluator])
+        trainer.train(batches.iterate, hooks=[evaluator] if distiller is None else [distiller, evaluator])
         stopped = trainer.stopped_early
     if session.is_main:
         plot_losses(run_dir / layout.METRICS, run_dir / layout.LOSS_PLOT)

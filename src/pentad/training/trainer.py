@@ -193,6 +193,15 @@ class Hook:
         """Called once before the first step of :meth:`Trainer.train` (``trainer.step`` is where the run
         starts: 0, or the resumed checkpoint's step)."""
 
+    def before_forward(self, trainer: Trainer, batch: Batch) -> None:
+        """Called with each micro-batch (this rank's rows, on the device) before its forward."""
+
+    def transform(self, trainer: Trainer, outputs: dict[str, Any], batch: Batch) -> dict[str, Any]:
+        """The heads' outputs of a forward of ``batch`` (under autocast), changed before their losses are
+        summed (distillation mixes soft-label losses in); every forward of the micro-batch passes here,
+        the adversarial one too. Returns them unchanged by default."""
+        return outputs
+
     def on_log(self, trainer: Trainer) -> dict[str, Any]:
         """Values this hook adds to each logged record of ``metrics.jsonl`` (after ``lr``), at the step just
         done (``trainer.step``); on every rank, at the logging steps only."""
@@ -219,13 +228,12 @@ class Trainer:
     :meth:`evaluate` (its metrics are logged) and may stop training after a step (with a checkpoint).
 
     ``train.adversarial`` adds an adversarial forward and backward to each micro-batch
-    (:mod:`pentad.training.adversarial`); ``distiller`` (:mod:`pentad.training.distill`), when given,
-    runs a teacher on each micro-batch and mixes soft-label losses into the heads' losses.
+    (:mod:`pentad.training.adversarial`).
     """
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, run_dir: Path, total_steps: int,
                  strategy: Strategy | None = None, weights_metadata: dict[str, str] | None = None,
-                 description: str = "train", distiller: Any = None):
+                 description: str = "train"):
         if strategy is None:  # one process, as a library caller builds it
             strategy = SingleStrategy(cfg, Dist(device=pick_device(cfg.device)))
         self.strategy = strategy
@@ -266,7 +274,6 @@ class Trainer:
             if cfg.adversarial.method != "none" else None
         if self.adversary is not None and self.dist.is_main:
             print(self.adversary.describe(), file=sys.stderr)
-        self.distiller = distiller
         self.schedule = build_schedule(self.optimizer, cfg, total_steps)
         # the configured hyper-parameters of each group, re-applied over a loaded checkpoint's
         self._configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
@@ -276,6 +283,7 @@ class Trainer:
         self.micro_batches = 0  # the data position: (global) micro-batches consumed
         self.stopped_early = False  # a hook asked to stop (fine-tuning's early stopping)
         self._bar: Any = None  # the progress bar of the running loop (messages are written through it)
+        self._hooks: Sequence[Hook] = ()  # the running loop's hooks
         self._pointer_problem: str | None = None  # what was wrong with checkpoints/latest (resume)
         # non-finite steps, counted on the device (read at logging, evaluation and saving: no sync per step):
         # the step counter, the first non-finite step, the current and the longest run of them in a row
@@ -471,18 +479,18 @@ class Trainer:
         # auxiliary losses (MoE) are means over this rank's tokens: averaging over ranks averages them
         return sum(shares.values()) + aux_loss(outputs), shares
 
-    def _losses(self, model: nn.Module, batch: Batch, weight: float, teacher: Any = None
+    def _losses(self, model: nn.Module, batch: Batch, weight: float
                 ) -> tuple[dict[str, Any], torch.Tensor, dict[str, torch.Tensor] | None]:
         """Forward of ``batch`` through ``model`` under autocast: (outputs, this rank's loss, its
-        per-target shares); with a distiller, each head's loss mixed with its soft-label loss against
-        the ``teacher`` outputs."""
+        per-target shares); the outputs pass through each hook's :meth:`Hook.transform` first."""
         with self.autocast():
             outputs = model(batch)
-            if self.distiller is not None:
+            for hook in self._hooks:
                 aux = outputs if isinstance(outputs, ModelOutput) else ModelOutput()
-                outputs = self.distiller.combine(self.model, outputs, teacher, batch)
-                if not isinstance(outputs, ModelOutput):  # keep the auxiliary losses beside the mixed heads
-                    outputs = ModelOutput(outputs, aux.aux_losses, aux.aux_metrics)
+                changed = hook.transform(self, outputs, batch)
+                if changed is not outputs and not isinstance(changed, ModelOutput):
+                    changed = ModelOutput(changed, aux.aux_losses, aux.aux_metrics)  # the auxiliary losses kept
+                outputs = changed
             if self.dist.world_size > 1:
                 loss, shares = self._rank_loss(outputs, batch.batch_size, weight)
             else:
@@ -545,7 +553,7 @@ class Trainer:
         last: dict[str, Any] = {}
         bar = tqdm(total=self.total_steps, initial=self.step, desc=self.description, unit="step",
                    disable=not (cfg.progress and main), dynamic_ncols=True, file=sys.stderr)
-        self._bar = bar
+        self._bar, self._hooks = bar, hooks
         stop = StopRequest()
         self.events.open(self.step)
         for hook in hooks:
@@ -566,15 +574,16 @@ class Trainer:
                     self.micro_batches += 1
                     last_micro = micro == cfg.grad_accum - 1
                     adversary = self.adversary
-                    teacher = self.distiller.teach(batch, self.autocast) if self.distiller is not None else None
+                    for hook in hooks:
+                        hook.before_forward(self, batch)
                     # with an adversarial pass to come, its backward is the one that reduces gradients
                     with strategy.accumulate(last=last_micro and adversary is None), \
                             (adversary.capture() if adversary is not None else nullcontext()):
-                        outputs, loss, shares = self._losses(self.forward_model, batch, weight, teacher)
+                        outputs, loss, shares = self._losses(self.forward_model, batch, weight)
                         strategy.backward(loss / cfg.grad_accum)
                     if adversary is not None:
                         adversarial = adversary.attack(
-                            lambda module, b=batch, w=weight, t=teacher: self._losses(module, b, w, t)[1], last_micro)
+                            lambda module, b=batch, w=weight: self._losses(module, b, w)[1], last_micro)
                     with torch.no_grad():
                         step_loss += loss.detach().float()
                         self._accumulate(sums, outputs, loss, weight, shares)
@@ -629,7 +638,7 @@ class Trainer:
             stop.restore()
             self.events.close()
             bar.close()
-            self._bar = None
+            self._bar, self._hooks = None, ()
         return last
 
     def _count_nonfinite(self, skipped: torch.Tensor, sums: dict[str, torch.Tensor]) -> None:
