@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 
 from pentad import files, layout
 from pentad.builder import build_model, check_memory
-from pentad.errors import UserError, shown
+from pentad.errors import UserError
 from pentad.registry import TASKS
 from pentad.runs import absolute_paths, complete_vocab, info, load_run, load_tokenizer
 from pentad.tasks import search
@@ -20,6 +19,7 @@ from pentad.tasks.base import Task, window_size, write_lines
 from pentad.training import checkpoint as ckpt
 from pentad.training.distill import make_distiller
 from pentad.training.distributed import pick_device
+from pentad.training.evaluation import BestModel, Evaluation
 from pentad.training.session import Session
 from pentad.training.trainer import plot_losses
 
@@ -133,19 +133,7 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
     if patience is not None and "dev" not in evaluation:
         raise UserError(f"train.early_stopping={patience} stops when the dev score stops improving, but there is no "
                         "dev set: give data.dev, or leave train.early_stopping unset")
-
-    def stale(step: int) -> int:
-        """Dev evaluations up to ``step`` since the best one (all of them before any best)."""
-        return sum(1 for s in eval_steps if s <= step and (best.step is None or s > best.step))
-
-    def keep_best(step: int, metrics: dict[str, float]) -> bool:
-        value = task.selection_score(metrics) if metrics else float(step)
-        best.offer(trainer, step, value, metrics)
-        if patience is not None and step < total and stale(step) >= patience:
-            info(f"early stopping at step {step}: {patience} dev evaluation(s) without improving on step "
-                 f"{best.step}'s {best.score:.4f}")
-            return True
-        return False
+    evaluator = Evaluation(evaluate, eval_steps, task.selection_score, best, total, patience)
 
     # set by the user (pre-training's length), not used here; a run's config.yaml spells out every default
     if "steps" in cfg.train.model_fields_set and cfg.train.steps != type(cfg.train).model_fields["steps"].default:
@@ -153,19 +141,12 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
              f"{cfg.train.epochs} epoch(s) of {steps_per_epoch:,} steps = {total:,} steps; set train.epochs to "
              "change it")
     info(f"train {len(train):,} examples, {total:,} steps ({cfg.train.epochs} epochs) on {device}")
-    trainer = session.trainer(model, total, "finetune", distiller=distiller)
-    if trainer.resume(changes):
-        evaluated = sorted(s for s in eval_steps if s <= trainer.step)
-        session.on_main(lambda: best.restore(evaluated, trainer.step))
-        best.share()
-    else:
-        session.on_main(best.clear)  # an earlier attempt's best model belongs to a trajectory being redone
+    trainer = session.trainer(model, total, "finetune")
+    evaluator.resume(session, trainer.resume(changes), trainer.step)
     start = time.perf_counter()
-    # a resumed run that had already stopped early stays stopped
-    stopped = patience is not None and 0 < trainer.step < total and best.step is not None \
-        and stale(trainer.step) >= patience
+    stopped = evaluator.stopped(trainer.step)  # a resumed run that had already stopped early stays stopped
     if not stopped:
-        trainer.train(batches.iterate, evaluate=evaluate, eval_steps=eval_steps, on_eval=keep_best)
+        trainer.train(batches.iterate, hooks=[evaluator] if distiller is None else [distiller, evaluator])
         stopped = trainer.stopped_early
     if session.is_main:
         plot_losses(run_dir / layout.METRICS, run_dir / layout.LOSS_PLOT)
@@ -218,81 +199,6 @@ def _evaluate_only(cfg: Any, session: Session, task: Any, model: Any, evaluation
     ckpt.save_weights(model, run_dir / layout.WEIGHTS)
     files.write_json(run_dir / layout.RESULTS, results)
     return results
-
-
-class BestModel:
-    """The best model on dev so far, in ``RUN/best``: weights, and ``best.json`` (step and metrics).
-
-    Its record (step, score, dev metrics) also travels in the weights file's metadata, written in
-    one atomic rename with the weights, and is read back when a run resumes, so a resumed run keeps
-    comparing against the best model it already has instead of overwriting it with a worse one.
-    In a distributed run every rank keeps the record; the main rank writes the files.
-    """
-
-    KEY = "pentad_best"
-
-    def __init__(self, directory: Path, session: Session | None = None):
-        self.directory = directory
-        self.session = session
-        self.weights = directory / layout.WEIGHTS
-        self.step: int | None = None
-        self.score = -math.inf
-        self.metrics: dict[str, float] = {}
-
-    def offer(self, trainer: Any, step: int, score: float, metrics: dict[str, float]) -> bool:
-        """Keep the trainer's model if ``score`` beats the best so far (every rank calls)."""
-        if score <= self.score:
-            return False
-        record = {"step": step, "score": score, "metrics": metrics}
-        tensors = trainer.strategy.full_state_dict()  # gathered on the main rank
-        if tensors is not None:
-            tensors = ckpt.saved_part(trainer.model, tensors)  # no tied aliases; a LoRA run's adapters only
-            ckpt.save_tensors(tensors, self.weights,
-                              {self.KEY: json.dumps(record), **ckpt.model_metadata(trainer.model)})
-            files.write_json(self.directory / layout.BEST_RECORD, {"step": step, **metrics})
-        self.step, self.score, self.metrics = step, score, dict(metrics)
-        return True
-
-    def restore(self, evaluated: Sequence[int] = (), step: int = 0) -> None:
-        """Read the record of the best model a resumed run already has (none: keep the defaults).
-        ``evaluated``: the steps at which the run evaluated before its checkpoint (of ``step``), each of
-        which kept a best model: when that model is missing, the run is refused, not silently re-judged
-        on the later evaluations only."""
-        if not self.weights.is_file():
-            if evaluated:
-                steps = ", ".join(map(str, evaluated[:8])) + (", ..." if len(evaluated) > 8 else "")
-                raise UserError(f"{self.weights} is missing, but this run evaluated at step(s) {steps} before the "
-                                f"checkpoint it resumes from (step {step}): its best model so far is lost, and going "
-                                "on would pick a best model among the later evaluations only and report it as the "
-                                f"run's. Put {self.directory} back, or start afresh with --overwrite (or another "
-                                "output directory)")
-            return
-        raw = ckpt.read_metadata(self.weights).get(self.KEY)
-        if raw is None:  # written before the record was kept in the weights file
-            info(f"{self.weights} has no record of its step and score; the next evaluation replaces it")
-            return
-        try:
-            record = json.loads(raw)
-            step, score, metrics = record["step"], float(record["score"]), record["metrics"]
-            if (not isinstance(step, int) or isinstance(step, bool) or step < 0 or not math.isfinite(score)
-                    or not isinstance(metrics, dict)):
-                raise ValueError
-        except (ValueError, TypeError, KeyError, RecursionError):
-            raise UserError(f"{self.weights}: its record of the best model (metadata '{self.KEY}') is corrupt: "
-                            "expected JSON {\"step\": int, \"score\": number, \"metrics\": {...}}, found "
-                            f"{shown(raw)}. Delete {self.directory} to resume without it (the best model is then "
-                            "chosen among the evaluations still to come).") from None
-        self.step, self.score, self.metrics = step, score, metrics
-        info(f"best model so far: step {self.step}, score {self.score:.4f}")
-
-    def share(self) -> None:
-        """The main rank's record on every rank (after :meth:`restore`, which reads files on the main rank)."""
-        if self.session is not None:
-            self.step, self.score, self.metrics = self.session.dist.broadcast_object(
-                (self.step, self.score, self.metrics))
-
-    def clear(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: bool | None = None,

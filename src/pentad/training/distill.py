@@ -42,6 +42,7 @@ from pentad.runs import info, load_run
 from pentad.training import checkpoint as ckpt
 from pentad.training.config import TrainConfig
 from pentad.training.precision import param_dtype, resolve
+from pentad.training.trainer import Hook, Trainer
 
 
 @dataclass
@@ -157,9 +158,10 @@ class LogitsTransfer:
         return found
 
 
-class Distiller:
+class Distiller(Hook):
     """Runs the teacher on each micro-batch (:meth:`teach`) and mixes the transfers' losses into the
-    student's heads (:meth:`combine`), for the Trainer.
+    student's heads (:meth:`combine`): a hook of the training loop (before each forward, the teacher's
+    outputs; the student's outputs transformed).
 
     A head's loss becomes ``(1 - alpha) * hard + alpha * soft``; its metrics gain ``distill_loss`` (soft)
     and ``hard_loss``, logged as ``<head>_distill_loss`` and ``<head>_hard_loss``. Heads the transfers
@@ -172,6 +174,7 @@ class Distiller:
         self.transfers = list(transfers)
         self.task = task
         self._checked = False
+        self._taught: dict[str, TargetOutput] = {}  # the teacher's outputs on the current micro-batch
 
     def attach(self, student: nn.Module) -> None:
         """Let the transfers that read the student's inner states (:class:`LayerTransfer`) hook into it;
@@ -183,6 +186,12 @@ class Distiller:
     def teach(self, batch: Batch, autocast: Callable[[], AbstractContextManager[Any]]) -> dict[str, TargetOutput]:
         with autocast():
             return self.teacher.outputs(batch)
+
+    def before_forward(self, trainer: Trainer, batch: Batch) -> None:
+        self._taught = self.teach(batch, trainer.autocast)
+
+    def transform(self, trainer: Trainer, outputs: dict[str, Any], batch: Batch) -> dict[str, Any]:
+        return self.combine(trainer.model, outputs, self._taught, batch)
 
     def combine(self, student: nn.Module, outputs: dict[str, TargetOutput], teacher: dict[str, TargetOutput],
                 batch: Batch) -> dict[str, TargetOutput]:

@@ -11,7 +11,7 @@ from pentad.errors import UserError
 from pentad.registry import OBJECTIVES
 from pentad.runs import absolute_paths, complete_vocab, info, load_tokenizer
 from pentad.training.session import Session
-from pentad.training.trainer import plot_losses
+from pentad.training.trainer import Hook, Trainer, plot_losses
 
 
 def pretrain(cfg: Any) -> dict[str, Any]:
@@ -30,6 +30,17 @@ def pretrain(cfg: Any) -> dict[str, Any]:
     absolute_paths(cfg)
     with Session(cfg, "pretrain") as session:
         return _pretrain(cfg, session)
+
+
+class LoggedLength(Hook):
+    """``train.curriculum``: the stream already cuts its batches to the schedule's lengths; this hook logs
+    the length of each interval's last step as ``seq_length``."""
+
+    def __init__(self, lengths: Any):
+        self.lengths = lengths  # a pentad.data.curriculum.LengthSchedule
+
+    def on_log(self, trainer: Trainer) -> dict[str, Any]:
+        return {"seq_length": self.lengths.length(trainer.step - 1)}
 
 
 def _pretrain(cfg: Any, session: Session) -> dict[str, Any]:
@@ -75,10 +86,10 @@ def _pretrain(cfg: Any, session: Session) -> dict[str, Any]:
     if shortest:
         info(f"curriculum: the first {curriculum.shortest_first:,} steps take the {shortest:,} shortest instances, "
              "shortest first")
-    trainer = session.trainer(model, cfg.train.steps, "pretrain", lengths=lengths)
+    trainer = session.trainer(model, cfg.train.steps, "pretrain")
     trainer.resume(changes)
     start = time.perf_counter()
-    last = trainer.train(batches.iterate)
+    last = trainer.train(batches.iterate, hooks=[LoggedLength(lengths)] if lengths is not None else [])
     if session.is_main:
         plot_losses(Path(cfg.output) / layout.METRICS, Path(cfg.output) / layout.LOSS_PLOT)
     if trainer.step < cfg.train.steps:

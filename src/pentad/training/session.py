@@ -263,13 +263,10 @@ class Session:
         """``pentad.runs.prepare_run_dir`` on the main rank; the accepted changes on every rank."""
         return self.on_main(lambda: runs.prepare_run_dir(Path(self.cfg.output), self.cfg, tokenizer, **options))
 
-    def trainer(self, model: nn.Module, total_steps: int, description: str, distiller: Any = None,
-                lengths: Any = None) -> Trainer:
-        """The Trainer of this run; ``distiller``: a :class:`pentad.training.distill.Distiller` (fine-tuning
-        from a teacher run), or None; ``lengths``: the curriculum's
-        :class:`~pentad.data.curriculum.LengthSchedule` (pre-training), whose length is logged."""
+    def trainer(self, model: nn.Module, total_steps: int, description: str) -> Trainer:
+        """The Trainer of this run (its optional behaviours are hooks given to ``Trainer.train``)."""
         return Trainer(model, self.cfg.train, Path(self.cfg.output), total_steps, self.strategy,
-                       description=description, distiller=distiller, lengths=lengths)
+                       description=description)
 
 
 def _compressed_init_error(init: Path, model_cfg: Any) -> UserError | None:

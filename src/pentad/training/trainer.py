@@ -1,7 +1,9 @@
 """One Trainer with one generic step, for pre-training and fine-tuning alike.
 
 Objective-specific work lives in objectives (data -> Batch) and targets (hidden -> loss); the
-trainer only sums target losses, accumulates gradients, clips, steps, logs and checkpoints.
+trainer only sums target losses, accumulates gradients, clips, steps, logs and checkpoints. What some
+runs add is a :class:`Hook` the session or the runner registers: evaluation with a best model and early
+stopping is one (:mod:`pentad.training.evaluation`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -180,6 +182,38 @@ class StopRequest:
         self.previous = {}
 
 
+class Hook:
+    """An optional behaviour of the training loop; every method does nothing by default.
+
+    Every rank calls the same hooks at the same steps, and a hook's decisions must be alike on every
+    rank (computed from values every rank shares), or the ranks would part ways.
+    """
+
+    def on_start(self, trainer: Trainer) -> None:
+        """Called once before the first step of :meth:`Trainer.train` (``trainer.step`` is where the run
+        starts: 0, or the resumed checkpoint's step)."""
+
+    def before_forward(self, trainer: Trainer, batch: Batch) -> None:
+        """Called with each micro-batch (this rank's rows, on the device) before its forward."""
+
+    def transform(self, trainer: Trainer, outputs: dict[str, Any], batch: Batch) -> dict[str, Any]:
+        """The heads' outputs of a forward of ``batch`` (under autocast), changed before their losses are
+        summed (distillation mixes soft-label losses in); every forward of the micro-batch passes here,
+        the adversarial one too. Returns them unchanged by default."""
+        return outputs
+
+    def on_log(self, trainer: Trainer) -> dict[str, Any]:
+        """Values this hook adds to each logged record of ``metrics.jsonl`` (after ``lr``), at the step just
+        done (``trainer.step``); on every rank, at the logging steps only."""
+        return {}
+
+    def after_step(self, trainer: Trainer, done: bool) -> bool:
+        """Called after each optimizer step, once that step's metrics are logged and before its checkpoint
+        (``done``: the step is the run's last). Returns True to stop training after this step, with a
+        checkpoint (early stopping)."""
+        return False
+
+
 class Trainer:
     """Trains a model for ``total_steps`` optimizer steps on batches from a ``BatchStream``, through a
     :class:`~pentad.training.strategies.base.Strategy` (one process, or every rank of a launch).
@@ -189,20 +223,17 @@ class Trainer:
     share of that target's items (tokens or examples), so a step's gradient is the one a single
     process computes on the whole batch.
 
-    evaluate(step) -> dict of metrics is called (on every rank) at the steps in ``eval_steps``; its
-    result is logged, and ``on_eval(step, metrics)`` may save a best model and, by returning True, stop
-    training there (with a checkpoint: early stopping).
+    Optional behaviours are hooks (:class:`Hook`) given to :meth:`train`: evaluation
+    with a best model and early stopping is :class:`~pentad.training.evaluation.Evaluation`, which calls
+    :meth:`evaluate` (its metrics are logged) and may stop training after a step (with a checkpoint).
 
     ``train.adversarial`` adds an adversarial forward and backward to each micro-batch
-    (:mod:`pentad.training.adversarial`); ``distiller`` (:mod:`pentad.training.distill`), when given,
-    runs a teacher on each micro-batch and mixes soft-label losses into the heads' losses.
-    ``lengths`` (:class:`pentad.data.curriculum.LengthSchedule`), with ``train.curriculum``: the stream
-    already cuts its batches; the trainer logs each interval's length as ``seq_length``.
+    (:mod:`pentad.training.adversarial`).
     """
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, run_dir: Path, total_steps: int,
                  strategy: Strategy | None = None, weights_metadata: dict[str, str] | None = None,
-                 description: str = "train", distiller: Any = None, lengths: Any = None):
+                 description: str = "train"):
         if strategy is None:  # one process, as a library caller builds it
             strategy = SingleStrategy(cfg, Dist(device=pick_device(cfg.device)))
         self.strategy = strategy
@@ -243,8 +274,6 @@ class Trainer:
             if cfg.adversarial.method != "none" else None
         if self.adversary is not None and self.dist.is_main:
             print(self.adversary.describe(), file=sys.stderr)
-        self.distiller = distiller
-        self.lengths = lengths  # train.curriculum: its LengthSchedule; the length of each logged step is recorded
         self.schedule = build_schedule(self.optimizer, cfg, total_steps)
         # the configured hyper-parameters of each group, re-applied over a loaded checkpoint's
         self._configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
@@ -252,7 +281,9 @@ class Trainer:
         self.events = EventLog(run_dir, cfg.tensorboard and self.dist.is_main)
         self.step = 0
         self.micro_batches = 0  # the data position: (global) micro-batches consumed
-        self.stopped_early = False  # on_eval asked to stop (fine-tuning's early stopping)
+        self.stopped_early = False  # a hook asked to stop (fine-tuning's early stopping)
+        self._bar: Any = None  # the progress bar of the running loop (messages are written through it)
+        self._hooks: Sequence[Hook] = ()  # the running loop's hooks
         self._pointer_problem: str | None = None  # what was wrong with checkpoints/latest (resume)
         # non-finite steps, counted on the device (read at logging, evaluation and saving: no sync per step):
         # the step counter, the first non-finite step, the current and the longest run of them in a row
@@ -448,34 +479,49 @@ class Trainer:
         # auxiliary losses (MoE) are means over this rank's tokens: averaging over ranks averages them
         return sum(shares.values()) + aux_loss(outputs), shares
 
-    def _losses(self, model: nn.Module, batch: Batch, weight: float, teacher: Any = None
+    def _losses(self, model: nn.Module, batch: Batch, weight: float
                 ) -> tuple[dict[str, Any], torch.Tensor, dict[str, torch.Tensor] | None]:
         """Forward of ``batch`` through ``model`` under autocast: (outputs, this rank's loss, its
-        per-target shares); with a distiller, each head's loss mixed with its soft-label loss against
-        the ``teacher`` outputs."""
+        per-target shares); the outputs pass through each hook's :meth:`Hook.transform` first."""
         with self.autocast():
             outputs = model(batch)
-            if self.distiller is not None:
+            for hook in self._hooks:
                 aux = outputs if isinstance(outputs, ModelOutput) else ModelOutput()
-                outputs = self.distiller.combine(self.model, outputs, teacher, batch)
-                if not isinstance(outputs, ModelOutput):  # keep the auxiliary losses beside the mixed heads
-                    outputs = ModelOutput(outputs, aux.aux_losses, aux.aux_metrics)
+                changed = hook.transform(self, outputs, batch)
+                if changed is not outputs and not isinstance(changed, ModelOutput):
+                    changed = ModelOutput(changed, aux.aux_losses, aux.aux_metrics)  # the auxiliary losses kept
+                outputs = changed
             if self.dist.world_size > 1:
                 loss, shares = self._rank_loss(outputs, batch.batch_size, weight)
             else:
                 loss, shares = total_loss(outputs), None
         return outputs, loss, shares
 
-    def train(self, stream: BatchStream, evaluate: Callable[[int], dict[str, float]] | None = None,
-              eval_steps: set[int] | None = None,
-              on_eval: Callable[[int, dict[str, float]], bool | None] | None = None) -> dict[str, Any]:
+    def evaluate(self, evaluate: Callable[[int], dict[str, float]]) -> dict[str, float]:
+        """``evaluate(step)`` of the current step (every rank calls; a hook's evaluation), logged as
+        ``dev_<metric>``; the model goes back to training mode after it. A diverged model is never
+        evaluated (and so never kept as the best)."""
+        self._check_finite(weights=True)
+        metrics = evaluate(self.step)
+        self.forward_model.train()
+        if self.dist.is_main:
+            self._write({"step": self.step, **{f"dev_{k}": v for k, v in metrics.items()}})
+            message = f"step {self.step}: " + ", ".join(f"dev {k} {v:.4f}" for k, v in metrics.items())
+            if self._bar is not None:  # with the other progress messages, not into the command's output
+                self._bar.write(message, file=sys.stderr)
+            else:
+                print(message, file=sys.stderr)
+        return metrics
+
+    def train(self, stream: BatchStream, hooks: Sequence[Hook] = ()) -> dict[str, Any]:
         """Train to ``total_steps`` (or ``train.stop_at``), saving a checkpoint every ``save_every`` steps,
         every ``save_minutes`` minutes and at the end. SIGINT (Ctrl-C) or SIGTERM stops at the next step
         boundary with a checkpoint and raises :class:`Interrupted`; a second Ctrl-C stops at once.
         With several ranks, the ranks agree on stopping and on timed saves at every step, and a rank
-        that fails or dies makes the others stop with :class:`~pentad.errors.RankFailure`."""
+        that fails or dies makes the others stop with :class:`~pentad.errors.RankFailure`.
+        ``hooks``: the run's optional behaviours, called in this order (:class:`Hook`)."""
         try:
-            return self._train(stream, evaluate, eval_steps, on_eval)
+            return self._train(stream, hooks)
         except (UserError, Interrupted, KeyboardInterrupt):
             raise
         except Exception as e:
@@ -489,9 +535,7 @@ class Trainer:
                     + f" [{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}]") from None
             raise
 
-    def _train(self, stream: BatchStream, evaluate: Callable[[int], dict[str, float]] | None,
-               eval_steps: set[int] | None, on_eval: Callable[[int, dict[str, float]], bool | None] | None
-               ) -> dict[str, Any]:
+    def _train(self, stream: BatchStream, hooks: Sequence[Hook]) -> dict[str, Any]:
         from tqdm import tqdm
 
         cfg = self.cfg
@@ -509,8 +553,11 @@ class Trainer:
         last: dict[str, Any] = {}
         bar = tqdm(total=self.total_steps, initial=self.step, desc=self.description, unit="step",
                    disable=not (cfg.progress and main), dynamic_ncols=True, file=sys.stderr)
+        self._bar, self._hooks = bar, hooks
         stop = StopRequest()
         self.events.open(self.step)
+        for hook in hooks:
+            hook.on_start(self)
         try:
             end = min(self.total_steps, cfg.stop_at or self.total_steps)
             while self.step < end:
@@ -527,15 +574,16 @@ class Trainer:
                     self.micro_batches += 1
                     last_micro = micro == cfg.grad_accum - 1
                     adversary = self.adversary
-                    teacher = self.distiller.teach(batch, self.autocast) if self.distiller is not None else None
+                    for hook in hooks:
+                        hook.before_forward(self, batch)
                     # with an adversarial pass to come, its backward is the one that reduces gradients
                     with strategy.accumulate(last=last_micro and adversary is None), \
                             (adversary.capture() if adversary is not None else nullcontext()):
-                        outputs, loss, shares = self._losses(self.forward_model, batch, weight, teacher)
+                        outputs, loss, shares = self._losses(self.forward_model, batch, weight)
                         strategy.backward(loss / cfg.grad_accum)
                     if adversary is not None:
                         adversarial = adversary.attack(
-                            lambda module, b=batch, w=weight, t=teacher: self._losses(module, b, w, t)[1], last_micro)
+                            lambda module, b=batch, w=weight: self._losses(module, b, w)[1], last_micro)
                     with torch.no_grad():
                         step_loss += loss.detach().float()
                         self._accumulate(sums, outputs, loss, weight, shares)
@@ -564,7 +612,7 @@ class Trainer:
                     signum, agreed_timed = self.dist.agree_max([float(stop.signum), float(timed)])
                     signum, timed = int(signum), bool(agreed_timed)
                 if self.step % cfg.log_every == 0 or done or signum:
-                    last = self._record(sums, interval_steps, tokens, interval_start, lr, seq_len)
+                    last = self._record(sums, interval_steps, tokens, interval_start, lr, seq_len, hooks)
                     if main:
                         self._write(last)
                     self._check_finite()
@@ -573,16 +621,9 @@ class Trainer:
                     tokens = torch.zeros((), dtype=torch.long, device=self.device)
                     synchronize(self.device)
                     interval_start = time.perf_counter()
-                if evaluate is not None and (eval_steps is not None and self.step in eval_steps):
-                    self._check_finite(weights=True)  # a diverged model is never evaluated and kept as the best
-                    metrics = evaluate(self.step)
-                    self.forward_model.train()
-                    if main:
-                        self._write({"step": self.step, **{f"dev_{k}": v for k, v in metrics.items()}})
-                        bar.write(f"step {self.step}: " + ", ".join(f"dev {k} {v:.4f}" for k, v in metrics.items()),
-                                  file=sys.stderr)  # with the other progress messages, not into the command's output
-                    if on_eval is not None and on_eval(self.step, metrics):
-                        self.stopped_early = done = True  # every rank decides alike (same metrics)
+                for hook in hooks:
+                    if hook.after_step(self, done):
+                        self.stopped_early = done = True  # every rank decides alike (hooks decide on shared values)
                 if (cfg.save_every and self.step % cfg.save_every == 0) or done or timed or signum:
                     saved = self.save()
                     last_save = time.monotonic()
@@ -597,6 +638,7 @@ class Trainer:
             stop.restore()
             self.events.close()
             bar.close()
+            self._bar, self._hooks = None, ()
         return last
 
     def _count_nonfinite(self, skipped: torch.Tensor, sums: dict[str, torch.Tensor]) -> None:
@@ -679,7 +721,7 @@ class Trainer:
                 add(f"aux_{name}", value)
 
     def _record(self, sums: dict[str, torch.Tensor], steps: int, tokens: torch.Tensor, interval_start: float,
-                lr: float, seq_len: int = 0) -> dict[str, Any]:
+                lr: float, seq_len: int = 0, hooks: Sequence[Hook] = ()) -> dict[str, Any]:
         if self.dist.world_size > 1:  # sums over ranks: losses are shares of the global mean (x world), counts add up
             keys = sorted(sums)
             packed = torch.stack([sums[k].to(self.device).float().reshape(()) for k in keys]
@@ -708,8 +750,8 @@ class Trainer:
         if skipped:  # steps of the interval left out for a non-finite loss or gradient norm
             record["skipped_steps"] = skipped
         record["lr"] = lr
-        if self.lengths is not None:  # the curriculum's length of the interval's last step
-            record["seq_length"] = self.lengths.length(self.step - 1)
+        for hook in hooks:
+            record.update(hook.on_log(self))
         record["tokens_per_s"] = float(tokens) / elapsed if elapsed > 0 else 0.0
         if self.peak_tflops is not None and elapsed > 0:
             # model FLOPs of the interval over what the devices of every rank could have done

@@ -168,8 +168,8 @@ def _train(tmp_path: Path, distiller: Distiller | None) -> tuple[list[dict], dic
     model = _model(0)
     cfg = TrainConfig(batch_size=4, lr=1e-2, progress=False, log_every=1, tensorboard=False, warmup=0,
                       save_minutes=None)
-    trainer = Trainer(model, cfg, tmp_path, 3, distiller=distiller)
-    trainer.train(_batches)
+    trainer = Trainer(model, cfg, tmp_path, 3)
+    trainer.train(_batches, hooks=[distiller] if distiller is not None else [])
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     return records, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
