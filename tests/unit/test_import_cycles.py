@@ -2,41 +2,14 @@
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-import pentad
-
-ROOT = Path(pentad.__file__).parent
-
-
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+from tests.unit.test_layers import imports, modules
 
 
 def _graph() -> dict[str, set[str]]:
-    modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
-    graph: dict[str, set[str]] = {name: set() for name in modules}
-    for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join(anchor + ([base] if base else []))
-                # ``from package import module`` depends on the module; ``from module import name`` on the module
-                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
-                           for alias in node.names]
-            for target in targets:
-                while target and target not in modules:  # a name imported from a module: that module
-                    target = target.rpartition(".")[0]
-                if target and target != name:
-                    graph[name].add(target)
+    """Each module's imported modules (``if TYPE_CHECKING:`` imports too: a cycle there still ties the two)."""
+    graph: dict[str, set[str]] = {name: set() for name in modules()}
+    for name, _, target in imports(type_checking=True):
+        graph[name].add(target)
     return graph
 
 

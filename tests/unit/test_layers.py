@@ -40,14 +40,20 @@ def _type_checking_only(tree: ast.Module) -> set[int]:
             for stmt in top.body for n in ast.walk(stmt)}
 
 
-def imports() -> list[tuple[str, int, str]]:
-    """``(module, line, imported module)`` for every import of a pentad module inside src/pentad."""
-    modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
+def modules() -> dict[str, Path]:
+    """Every module of src/pentad by dotted name."""
+    return {_module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def imports(type_checking: bool = False) -> list[tuple[str, int, str]]:
+    """``(module, line, imported module)`` for every import of a pentad module inside src/pentad, those
+    inside functions included; ``type_checking``: also those under ``if TYPE_CHECKING:``."""
+    modules_ = modules()
     found = []
-    for name, path in sorted(modules.items()):
+    for name, path in sorted(modules_.items()):
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        skip = _type_checking_only(tree)
+        skip = set() if type_checking else _type_checking_only(tree)
         for node in ast.walk(tree):
             if id(node) in skip:
                 continue
@@ -59,10 +65,10 @@ def imports() -> list[tuple[str, int, str]]:
                 if node.level:
                     anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(anchor + ([base] if base else []))
-                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules_ else base
                            for alias in node.names]
             for target in targets:
-                while target and target not in modules:  # a name imported from a module: that module
+                while target and target not in modules_:  # a name imported from a module: that module
                     target = target.rpartition(".")[0]
                 if target and target != name:
                     found.append((name, node.lineno, target))

@@ -257,12 +257,18 @@ class SelfAttention(Attention):
         q, k, v = self.qkv(x).split((self.q_dim, self.kv_dim, self.kv_dim), dim=-1)
         return self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
 
-    def forward(self, x: Tensor, inputs: AttentionInputs, cache: LayerCache | None = None,
-                carried: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    def positioned(self, x: Tensor, inputs: AttentionInputs, cache: LayerCache | None
+                   ) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`project`, rotary positions applied and the cache's keys and values in front."""
         q, k, v = self.project(x)
         q, k = inputs.rotate(q, k)
         if cache is not None:
             k, v = cache.append(k, v)
+        return q, k, v
+
+    def forward(self, x: Tensor, inputs: AttentionInputs, cache: LayerCache | None = None,
+                carried: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        q, k, v = self.positioned(x, inputs, cache)
         context, _, probs = attend(q, k, v, inputs, self.scale, self._dropout_p())
         return self._output(context), probs
 
@@ -277,10 +283,7 @@ class ResidualAttention(SelfAttention):
 
     def forward(self, x: Tensor, inputs: AttentionInputs, cache: LayerCache | None = None,
                 carried: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        q, k, v = self.project(x)
-        q, k = inputs.rotate(q, k)
-        if cache is not None:
-            k, v = cache.append(k, v)
+        q, k, v = self.positioned(x, inputs, cache)
         context, scores, _ = attend(q, k, v, inputs, self.scale, self._dropout_p(), prev_scores=carried,
                                     explicit=True)
         return self._output(context), scores
@@ -443,6 +446,5 @@ def attention_probabilities(attention: Attention, x: Tensor, inputs: AttentionIn
     (through a forward hook, so the block's own forward is untouched). Differentiable."""
     if not isinstance(attention, SelfAttention):
         raise ValueError("attention_probabilities reads self-attention blocks")
-    q, k, _ = attention.project(x)
-    q, k = inputs.rotate(q, k)
+    q, k, _ = attention.positioned(x, inputs, None)
     return attention_scores(q, k, inputs.mask, inputs.is_causal, attention.scale)[1]
