@@ -64,3 +64,15 @@ def classification_run(english, tmp_path_factory) -> Path:
     assert main(["finetune", "--task", "classification", "--config", "bert/tiny", *tiny(english["vocab"]),
                  f"data.train={english['train']}", "train.epochs=1", f"output={out}"]) == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def bert_dataset(english, tmp_path_factory) -> Path:
+    """``english``'s BERT corpus preprocessed for the tiny bert recipe (shared by the modules that pre-train
+    on it; read only)."""
+    from pentad.cli.main import main
+
+    out = tmp_path_factory.mktemp("bert_dataset") / "ds"
+    assert main(["preprocess", "--config", "bert/tiny", *tiny(english["vocab"]), f"data.corpus={english['bert']}",
+                 f"data.output={out}"]) == 0
+    return out

@@ -24,11 +24,8 @@ def run(*argv) -> int:
 
 
 @pytest.fixture(scope="module")
-def dataset(english, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("nonfinite") / "ds"
-    assert run("preprocess", "--config", "bert/tiny", *tiny(english["vocab"]), f"data.corpus={english['bert']}",
-               f"data.output={out}") == 0
-    return out
+def dataset(bert_dataset) -> Path:
+    return bert_dataset
 
 
 def pretrain_args(english, dataset, output, *extra) -> list[str]:

@@ -33,11 +33,8 @@ def losses(run_dir: Path) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def dataset(english, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("runs") / "ds"
-    assert run("preprocess", "--config", "bert/tiny", *tiny(english["vocab"]), f"data.corpus={english['bert']}",
-               f"data.output={out}") == 0
-    return out
+def dataset(bert_dataset) -> Path:
+    return bert_dataset
 
 
 def pretrain_args(english, dataset, output, *extra) -> list[str]:
