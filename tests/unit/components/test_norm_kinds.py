@@ -8,9 +8,9 @@ from torch import nn
 
 from pentad.builder import build_model
 from pentad.components.model_config import model_config_class
-from pentad.layers import norms
 from pentad.components.norms import make_norm, norm_description, norm_kind_of, norm_kinds
 from pentad.errors import UserError
+from pentad.layers import norms
 from pentad.layers.norms import RMSNorm, UnbiasedLayerNorm
 from pentad.registry import NORMS
 
