@@ -152,3 +152,12 @@ def test_every_norm_place_takes_the_kind_from_config():
 def test_an_unknown_norm_kind_is_a_config_error_naming_the_kinds():
     with pytest.raises(ValidationError, match="layernorm_unbiased"):
         cfg(embedding={"parts": ["word"], "norm_kind": "unbiased"})
+
+
+def test_the_embedding_config_is_built_after_the_norms_register(monkeypatch):
+    from pentad.config import embedding
+    from pentad.registry import Registry
+
+    monkeypatch.setattr(embedding, "NORMS", Registry("norms", "norm"))
+    with pytest.raises(RuntimeError, match="before any norm is registered: import pentad.components"):
+        embedding.embedding_config_class.__wrapped__()
