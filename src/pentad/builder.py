@@ -123,7 +123,7 @@ def init_weights(model: nn.Module, std: float) -> None:
     feed-forward, experts, position bias) and embedding parts (a patch projection is a convolution)
     initialise themselves (``Block.reset_parameters``, ``EmbeddingPart.initialise``)."""
     from pentad.components.base import EmbeddingPart
-    from pentad.layers.norms import RMSNorm, UnbiasedLayerNorm
+    from pentad.components.norms import is_norm
 
     for module in _preorder(model, set()):
         if isinstance(module, Block):
@@ -132,12 +132,7 @@ def init_weights(model: nn.Module, std: float) -> None:
             nn.init.normal_(module.weight, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
-            if module.weight is not None:
-                nn.init.ones_(module.weight)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, (RMSNorm, UnbiasedLayerNorm)):
+        elif is_norm(module):  # a registered norm kind's module (components/norms): unit scale, zero bias
             module.reset_parameters()
         elif isinstance(module, EmbeddingPart):
             module.initialise(std)

@@ -16,12 +16,12 @@ from pentad.components.base import (
     TargetOutput,
     leading_positions,
 )
+from pentad.components.norms import make_norm
 from pentad.components.stream import Stream, StreamPlan, run_stream, stacked
 from pentad.layers.block import Block
 from pentad.layers.cache import KVCache
 from pentad.layers.dropout import Dropout
 from pentad.layers.moe import MoE
-from pentad.layers.norms import make_norm
 from pentad.layers.pooling import pool
 
 

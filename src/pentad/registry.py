@@ -12,7 +12,9 @@ adding one file; nothing else has to learn its name.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 from pentad.errors import UserError, closest
@@ -76,8 +78,18 @@ TOKENIZERS: Registry[Any] = Registry("tokenizers")
 ATTENTION_BLOCKS: Registry[Any] = Registry("attention blocks", "attention block")
 FFN_BLOCKS: Registry[Any] = Registry("feed-forward blocks", "feed-forward block")
 POSITION_SCHEMES: Registry[Any] = Registry("position schemes", "position scheme")
+# The norms the configs name (``norm``, ``final_norm_kind``, ``norm_kind``), one file each in ``components/norms/``.
+NORMS: Registry[Any] = Registry("norms", "norm")
 
 ALL = {
     r.kind: r
     for r in (EMBEDDINGS, ENCODERS, DECODERS, TARGETS, OBJECTIVES, TASKS, TOKENIZERS)
 }
+
+
+def import_package_modules(package: str, path: Iterable[str]) -> None:
+    """Import every module of the package ``package`` (its ``__name__``) found on ``path`` (its
+    ``__path__``), in name order: how a package of registered parts (attention variants, position
+    schemes, norms) registers each of its files, so a new part is one new file."""
+    for name in sorted(m.name for m in pkgutil.iter_modules(path)):
+        importlib.import_module(f"{package}.{name}")

@@ -1,3 +1,3 @@
 """Registered slot implementations. Importing this package registers every component."""
 
-from pentad.components import decoders, embeddings, encoders, targets  # noqa: F401
+from pentad.components import decoders, embeddings, encoders, norms, targets  # noqa: F401

@@ -4,9 +4,9 @@ The transformer encoder and decoder configs name a block kind per role (``ffn: d
 the mixture of experts configured by the ``moe`` section); attention has one registered variant per
 kind of layer (``components/attention``: ``self``, ``residual``, ``reuse``, ``cross``), chosen by the
 stack config. Each registered class turns the stack config into a ``BlockFactory`` (layer index ->
-module). :func:`stack_parts` builds every layer from those factories (with its norms, dropout and
-stochastic depth), the position scheme (``components/positions``) and the final norm, and hands them
-to ``TransformerStack`` built; the stack and its layers read no config.
+module). :func:`stack_parts` builds every layer from those factories (with its norms, registered in
+``components/norms``, dropout and stochastic depth), the position scheme (``components/positions``) and
+the final norm, and hands them to ``TransformerStack`` built; the stack and its layers read no config.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pydantic import Field
 from torch import nn
 
 from pentad.components.attention import self_attention_kind
+from pentad.components.norms import make_norm, norm_factory
 from pentad.config.base import StrictModel
 from pentad.layers.feed_forward import FeedForward
 from pentad.layers.moe import MoE, RouterInput, Routing
-from pentad.layers.norms import make_norm
 from pentad.layers.transformer import BlockFactory, TransformerLayer, drop_path_rate
 from pentad.registry import ATTENTION_BLOCKS, FFN_BLOCKS, POSITION_SCHEMES
 
@@ -34,9 +34,7 @@ def stack_parts(cfg: Any, model: Any, mask: str, cross_attention: bool = False) 
     cross = ATTENTION_BLOCKS.get("cross").factory(cfg, model) if cross_attention else None
     ffn = FFN_BLOCKS.get(cfg.ffn).factory(cfg, model)
     hidden = model.hidden_size
-
-    def norm() -> nn.Module:
-        return make_norm(cfg.norm, hidden, cfg.layer_norm_eps)
+    norm = norm_factory(cfg.norm, hidden, cfg.layer_norm_eps)  # each sub-layer's own norm, from ``NORMS``
 
     def layer(index: int) -> TransformerLayer:
         self_attention = attention(index)

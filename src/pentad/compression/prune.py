@@ -2,12 +2,13 @@
 
 Importance (Michel et al. 2019, "Are Sixteen Heads Really Better than One?"): a gate of ones multiplies
 each attention head's output (before the output projection) and each feed-forward unit (before the down
-projection); the importance of a head or unit is the sum over labelled batches of ``|dL / d gate|``, the
-first-order change of the task loss if it were removed. Head scores are normalised per layer (L2), as in
-the paper, unit scores too; the least important ``fraction`` of all heads (of all units) is removed,
-keeping at least one per block. Removal is physical (:mod:`pentad.layers.pruning`): smaller ``qkv``,
-``out``, ``up``/``gate`` and ``down`` matrices, so the pruned model is smaller and faster. The kept sizes
-go to ``model.compression.heads`` / ``.ffn`` of OUT's config, which rebuilds the shapes when it is read.
+projection; both found through the blocks' ``roles()``); the importance of a head or unit is the sum
+over labelled batches of ``|dL / d gate|``, the first-order change of the task loss if it were removed.
+Head scores are normalised per layer (L2), as in the paper, unit scores too; the least important
+``fraction`` of all heads (of all units) is removed, keeping at least one per block. Removal is physical
+(:mod:`pentad.layers.pruning`): smaller ``qkv``, ``out``, ``up``/``gate`` and ``down`` matrices, so the
+pruned model is smaller and faster. The kept sizes go to ``model.compression.heads`` / ``.ffn`` of OUT's
+config, which rebuilds the shapes when it is read.
 
 Unstructured magnitude sparsity (``sparsity=0.5``) zeroes the smallest weights of every linear layer of
 the stacks, each matrix on its own; it changes no shape (and so no speed without sparse kernels).
@@ -30,7 +31,14 @@ from pentad.compression.store import check_output, load_run_model, weights_bytes
 from pentad.errors import UserError
 from pentad.layers.attention import Attention
 from pentad.layers.feed_forward import FeedForward
-from pentad.layers.pruning import keep_heads, keep_neurons, magnitude_sparsify, prunable_heads
+from pentad.layers.pruning import (
+    ffn_size,
+    keep_heads,
+    keep_neurons,
+    magnitude_sparsify,
+    prunable_heads,
+    reading_projection,
+)
 from pentad.layers.transformer import TransformerStack
 from pentad.model import total_loss
 from pentad.registry import TASKS
@@ -108,10 +116,11 @@ def importance(model: nn.Module, batches: Iterable[Batch], heads: dict[str, Atte
 
     for name, attention in heads.items():
         gates[f"h:{name}"] = torch.ones(attention.num_heads, requires_grad=True)
-        hooks.append(attention.out.register_forward_pre_hook(gate_hook(gates[f"h:{name}"], attention.head_size)))
+        hooks.append(reading_projection(attention).register_forward_pre_hook(
+            gate_hook(gates[f"h:{name}"], attention.head_size)))
     for name, ffn in ffns.items():
-        gates[f"f:{name}"] = torch.ones(ffn.down.in_features, requires_grad=True)
-        hooks.append(ffn.down.register_forward_pre_hook(gate_hook(gates[f"f:{name}"], 1)))
+        gates[f"f:{name}"] = torch.ones(ffn_size(ffn), requires_grad=True)
+        hooks.append(reading_projection(ffn).register_forward_pre_hook(gate_hook(gates[f"f:{name}"], 1)))
     scores = {k: torch.zeros_like(g) for k, g in gates.items()}
     was_training = model.training
     flags = {p: p.requires_grad for p in model.parameters()}
@@ -241,12 +250,12 @@ def prune_model(model: nn.Module, fractions: dict[str, float], batches: Iterable
                 kept_heads[name] = heads[name].num_heads
             result.heads = (sum(a.num_heads for a in heads.values()), before)
         if want_ffn:
-            before = sum(f.down.in_features for f in ffns.values())
+            before = sum(ffn_size(f) for f in ffns.values())
             for name, keep in choose(unit_scores, want_ffn).items():
-                if len(keep) < ffns[name].down.in_features:
+                if len(keep) < ffn_size(ffns[name]):
                     keep_neurons(ffns[name], keep)
-                kept_ffn[name] = ffns[name].down.in_features
-            result.units = (sum(f.down.in_features for f in ffns.values()), before)
+                kept_ffn[name] = ffn_size(ffns[name])
+            result.units = (sum(ffn_size(f) for f in ffns.values()), before)
     if fractions.get("sparsity"):
         result.zeroed = magnitude_sparsify(model, fractions["sparsity"])
     return kept_heads, kept_ffn, result

@@ -40,6 +40,7 @@ from torch import Tensor
 
 from pentad.builder import build_model
 from pentad.components.model_config import model_config_class
+from pentad.components.norms import norm_kind_of
 from pentad.config.loader import problems_from_validation
 from pentad.conversions import DIRECTIONS
 from pentad.data.tokenizers import load_tokenizer
@@ -49,7 +50,6 @@ from pentad.interop import hf as hfio
 from pentad.interop.hf import sbert
 from pentad.interop.hf.families import family_for, guess_family, guess_layout
 from pentad.interop.verify import Check, bitwise_checks, hf_scope, pentad_model, sample_batch, shown_keys, verify_hf
-from pentad.layers.norms import norm_kind_of
 from pentad.layout import INTEROP, INTEROP_EXTRA, LABELS, TOKENIZER_DIR, WEIGHTS
 from pentad.outputs import OutputLock, check_apart
 from pentad.run_config import validate_raw

@@ -189,6 +189,15 @@ class Attention(Block):
         from outside (LoRA targets, ``training/lora.py``) reads the layout here."""
         return {**self._input_roles(), "out": {"o": (0, self.out.out_features)}}
 
+    def resize_heads(self, num_heads: int) -> None:
+        """Record that the projections, cut from outside (:func:`~pentad.layers.pruning.keep_heads`), now
+        hold ``num_heads`` heads (of queries, and of keys and values: pruning needs as many of each)."""
+        if self.num_kv_heads != self.num_heads:
+            raise ValueError(f"cannot resize the heads of a block with {self.num_heads} query heads and "
+                             f"{self.num_kv_heads} key/value heads (grouped-query attention)")
+        self.num_heads = self.num_kv_heads = num_heads
+        self.q_dim = self.kv_dim = num_heads * self.head_size
+
     def reset_parameters(self, std: float = 0.02, scheme: InitScheme = "normal") -> None:
         """``normal``: N(0, std) projections, zero biases. ``t5`` (Mesh TensorFlow): queries
         N(0, (H * head_size)^-1/2), keys and values N(0, H^-1/2), output N(0, q_dim^-1/2): T5 has no

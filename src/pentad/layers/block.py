@@ -11,7 +11,10 @@ A block is a plain ``nn.Module`` that
   self-attention that :class:`~pentad.layers.attention.LeadingQueries` can view, as the last layer of a
   stack whose heads read only those positions does);
 * reports auxiliary losses and metrics of its last forward through ``pop_aux`` (``has_aux``):
-  MoE load balancing and router z-loss, which the model output carries beside the targets'.
+  MoE load balancing and router z-loss, which the model output carries beside the targets';
+* names its projections by role where it has plain ones (``roles()``: projection attribute ->
+  {role: (first row, end row)}; attention's ``q``/``k``/``v``/``o``, a feed-forward's
+  ``gate``/``up``/``down``), which is all that adapts (LoRA) or cuts (pruning) them from outside reads.
 
 Blocks build their projections as plain ``nn.Linear``; what replaces or wraps one from outside
 (LoRA, int8 quantisation) and changes how its output is computed says how to compute some of its

@@ -48,6 +48,12 @@ class FeedForward(Block):
             if linear is not None and linear.bias is not None:
                 nn.init.zeros_(linear.bias)
 
+    def roles(self) -> dict[str, dict[str, tuple[int, int]]]:
+        """Projection name -> {role: (first row, end row)} (the :class:`Block` contract): each projection is
+        one role of its own name, ``gate`` (gated only), ``up`` and ``down``."""
+        return {name: {name: (0, linear.out_features)} for name in ("gate", "up", "down")
+                if (linear := getattr(self, name)) is not None}
+
     def forward(self, x: Tensor) -> Tensor:
         if self.act_in_place is not None and not torch.is_grad_enabled():
             if self.gate is not None:

@@ -1,20 +1,14 @@
-"""Normalisation layers: LayerNorm, TencentPretrain's LayerNorm, and RMSNorm (LLaMA, and T5's
-"layer norm", the same formula)."""
+"""Normalisation layers: TencentPretrain's LayerNorm and RMSNorm (LLaMA, and T5's "layer norm", the
+same formula); torch's ``nn.LayerNorm`` is the third kind. Config-free: the kinds a config names are
+registered in ``components/norms/``, which builds these."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
-
-NormKind = Literal["layernorm", "layernorm_unbiased", "rmsnorm", "t5"]
-NORM_KINDS = ("layernorm", "layernorm_unbiased", "rmsnorm", "t5")
-# What each kind computes, for config descriptions and messages.
-NORM_DESCRIPTION = ("layernorm: (x - mean) / sqrt(biased var + eps) * weight + bias (torch, Hugging Face); "
-                    "layernorm_unbiased: (x - mean) / (unbiased std + eps) * weight + bias (TencentPretrain's "
-                    "'normal' LayerNorm); rmsnorm / t5: x / sqrt(mean(x^2) + eps) * weight")
 
 
 class RMSNorm(nn.Module):
@@ -110,26 +104,3 @@ class _UnbiasedNormalize(torch.autograd.Function):
                              0.0)
         centred_grad = grad - grad.mean(-1, keepdim=True)
         return torch.addcmul(centred_grad, normed, spread, value=-1.0).mul_(inv), None
-
-
-def make_norm(kind: str, size: int, eps: float) -> nn.Module:
-    """``layernorm`` -> nn.LayerNorm (weight and bias); ``layernorm_unbiased`` -> UnbiasedLayerNorm
-    (weight and bias); ``rmsnorm`` / ``t5`` -> RMSNorm (weight)."""
-    if kind == "layernorm":
-        return nn.LayerNorm(size, eps=eps)
-    if kind == "layernorm_unbiased":
-        return UnbiasedLayerNorm(size, eps=eps)
-    if kind in ("rmsnorm", "t5"):
-        return RMSNorm(size, eps=eps)
-    raise ValueError(f"unknown norm {kind!r}; expected one of {', '.join(NORM_KINDS)}")
-
-
-def norm_kind_of(module: nn.Module) -> str | None:
-    """The kind ``make_norm`` builds ``module`` for (``rmsnorm`` for RMSNorm), or None for other modules."""
-    if isinstance(module, nn.LayerNorm):
-        return "layernorm"
-    if isinstance(module, UnbiasedLayerNorm):
-        return "layernorm_unbiased"
-    if isinstance(module, RMSNorm):
-        return "rmsnorm"
-    return None

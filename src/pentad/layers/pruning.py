@@ -3,7 +3,10 @@
 
 :func:`keep_heads` and :func:`keep_neurons` slice a block's weights to the heads / neurons in ``keep``
 (in that order); a model built at full size and cut with ``keep = range(n)`` has the shapes of a pruned
-one, which is how a pruned model is rebuilt before its weights are read.
+one, which is how a pruned model is rebuilt before its weights are read. Both find the projections
+through the block's ``roles()`` (:class:`~pentad.layers.block.Block`): the rows of every role that
+produces heads or units are cut, and the columns of the projection that reads them (``o``, ``down``),
+whatever the block calls its projections and however it lays out their rows.
 """
 
 from __future__ import annotations
@@ -32,6 +35,35 @@ def _slice_linear(linear: nn.Linear, rows: Tensor | None = None, cols: Tensor | 
     return new
 
 
+# The roles whose projection reads the heads (attention's output) or the units (a feed-forward's down
+# projection): their columns are cut; every other role's rows.
+READING_ROLES = ("o", "down")
+
+
+def reading_projection(block: nn.Module) -> nn.Module:
+    """The projection of ``block`` that reads its heads or units (its ``roles()`` name ``o`` or ``down``):
+    where a gate per head or unit goes, before it; its ``in_features`` is the heads' or units' width."""
+    name = next(name for name, roles in block.roles().items() if any(role in READING_ROLES for role in roles))
+    return getattr(block, name)
+
+
+def _keep_units(block: nn.Module, keep: Tensor, width: int) -> None:
+    """Cut every projection ``block.roles()`` names to the units ``keep`` (``width`` rows each: a head's
+    head_size, a feed-forward unit's 1): their rows in each role that produces them (the roles in row
+    order), their columns in the projection that reads them."""
+    roles = block.roles()
+    device = getattr(block, next(iter(roles))).weight.device
+    keep = keep.to(device)
+    within = (keep[:, None] * width + torch.arange(width, device=device)[None]).reshape(-1)
+    for name, parts in roles.items():
+        linear = getattr(block, name)
+        if any(role in READING_ROLES for role in parts):
+            setattr(block, name, _slice_linear(linear, cols=within))
+        else:
+            rows = torch.cat([within + start for start, _ in sorted(parts.values())])
+            setattr(block, name, _slice_linear(linear, rows=rows))
+
+
 def prunable_heads(attention: Attention) -> str | None:
     """Why the heads of ``attention`` cannot be pruned, or None when they can."""
     if attention.cross:
@@ -44,22 +76,16 @@ def prunable_heads(attention: Attention) -> str | None:
 
 
 def keep_heads(attention: Attention, keep: list[int] | Tensor) -> None:
-    """Keep the heads ``keep`` of a self-attention block (in place): fewer rows of ``qkv``, fewer columns
-    of ``out``. At least one head stays."""
+    """Keep the heads ``keep`` of a self-attention block (in place): fewer rows of its query, key and value
+    projections (``qkv``), fewer columns of its output projection (``out``). At least one head stays."""
     why = prunable_heads(attention)
     if why is not None:
         raise ValueError(f"cannot prune the heads of this attention block: {why}")
     keep = torch.as_tensor(keep, dtype=torch.long)
     if keep.numel() < 1:
         raise ValueError("at least one attention head must stay")
-    d, q_dim = attention.head_size, attention.q_dim
-    device = attention.qkv.weight.device
-    within = (keep[:, None] * d + torch.arange(d)[None]).reshape(-1).to(device)
-    rows = torch.cat([within, within + q_dim, within + 2 * q_dim])
-    attention.qkv = _slice_linear(attention.qkv, rows=rows)
-    attention.out = _slice_linear(attention.out, cols=within)
-    attention.num_heads = attention.num_kv_heads = int(keep.numel())
-    attention.q_dim = attention.kv_dim = attention.num_heads * d
+    _keep_units(attention, keep, attention.head_size)
+    attention.resize_heads(int(keep.numel()))
 
 
 def keep_neurons(ffn: FeedForward, keep: list[int] | Tensor) -> None:
@@ -68,15 +94,11 @@ def keep_neurons(ffn: FeedForward, keep: list[int] | Tensor) -> None:
     keep = torch.as_tensor(keep, dtype=torch.long)
     if keep.numel() < 1:
         raise ValueError("at least one feed-forward unit must stay")
-    keep = keep.to(ffn.up.weight.device)
-    ffn.up = _slice_linear(ffn.up, rows=keep)
-    if ffn.gate is not None:
-        ffn.gate = _slice_linear(ffn.gate, rows=keep)
-    ffn.down = _slice_linear(ffn.down, cols=keep)
+    _keep_units(ffn, keep, 1)
 
 
 def ffn_size(ffn: FeedForward) -> int:
-    return ffn.up.out_features
+    return reading_projection(ffn).in_features
 
 
 def magnitude_sparsify(model: nn.Module, fraction: float, prefixes: tuple[str, ...] = ("encoder.", "decoder.")

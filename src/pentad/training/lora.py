@@ -62,13 +62,10 @@ def candidates(model: nn.Module) -> dict[str, dict[str, tuple[int, int]]]:
     found: dict[str, dict[str, tuple[int, int]]] = {}
     for name, module in model.named_modules():
         prefix = f"{name}." if name else ""
-        if isinstance(module, Attention):  # each variant says which rows are queries, keys, values, output
+        # each attention variant says which rows are queries, keys, values, output; a feed-forward names
+        # its gate, up and down projections
+        if isinstance(module, (Attention, FeedForward)):
             found.update({prefix + projection: roles for projection, roles in module.roles().items()})
-        elif isinstance(module, FeedForward):
-            for role in ("gate", "up", "down"):
-                linear = getattr(module, role)
-                if linear is not None:
-                    found[prefix + role] = {role: (0, linear.out_features)}
     return found
 
 

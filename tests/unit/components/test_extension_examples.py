@@ -1,14 +1,21 @@
-"""The worked examples of docs/architecture.md (a new position scheme, a new attention variant) run as
-written: each is one file's code, registered in a fresh registry here so the real ones stay as they are."""
+"""The worked examples of docs/architecture.md (a new position scheme, a new attention variant, a new
+norm) run as written: each is one file's code, registered in a fresh registry here so the real ones stay
+as they are."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 from pentad import registry
+from pentad.builder import build_model, init_weights
+from pentad.components import norms
+from pentad.components.encoders.transformer import TransformerStackConfig
+from pentad.components.model_config import model_config_class
+from pentad.components.targets.mlm import MlmTargetConfig
 from pentad.layers.attention import AttentionInputs, SelfAttention
 from pentad.layers.feed_forward import FeedForward
 from pentad.layers.transformer import TransformerLayer, TransformerStack
@@ -26,7 +33,9 @@ def _example(path: str) -> str:
 
 def _run(path: str, monkeypatch, name: str) -> dict:
     fresh = registry.Registry(name)
-    monkeypatch.setattr(registry, "POSITION_SCHEMES" if "positions" in path else "ATTENTION_BLOCKS", fresh)
+    which = next(kind for folder, kind in (("positions", "POSITION_SCHEMES"), ("attention", "ATTENTION_BLOCKS"),
+                                           ("norms", "NORMS")) if f"/{folder}/" in path)
+    monkeypatch.setattr(registry, which, fresh)
     namespace: dict = {"__name__": "example"}
     exec(compile(_example(path), path, "exec"), namespace)  # noqa: S102 - the documentation's own code
     namespace["registered"] = fresh
@@ -70,3 +79,43 @@ def test_a_new_attention_variant_is_one_file(monkeypatch):
     assert out.shape == (2, 5, 16) and not torch.allclose(out, plain(x, AttentionInputs(None, True))[0])
     with torch.no_grad():
         assert _stack(attention).run(x, None).shape == (2, 5, 16)
+
+
+def test_every_norm_field_offers_the_registered_norms():
+    names = tuple(registry.NORMS.names())
+    embedding = model_config_class().model_fields["embedding"].annotation
+    fields = [TransformerStackConfig.model_fields["norm"], MlmTargetConfig.model_fields["norm"],
+              embedding.model_fields["norm_kind"]]
+    for field in fields:
+        assert field.annotation.__args__ == names
+    final = TransformerStackConfig.model_fields["final_norm_kind"].annotation.__args__[0]
+    assert final.__args__ == names
+
+
+def test_a_new_norm_is_one_file(monkeypatch):
+    example = _run("src/pentad/components/norms/scale.py", monkeypatch, "norms")
+    kind = example["registered"].get("scalenorm")
+    norm = kind.build(16, 1e-6)
+    x = torch.randn(2, 3, 16)
+    torch.testing.assert_close(norm(x).norm(dim=-1), torch.full((2, 3), 4.0))
+    # In the real registry (what the file does when the package imports it), every place that builds a
+    # norm builds it: the layers' and final norms, the embedding slot, the mlm head; the builder's
+    # initialisation resets it.
+    monkeypatch.setitem(norms.NORMS._entries, "scalenorm", kind)
+    assert norms.make_norm("scalenorm", 8, 1e-6).weight.item() == pytest.approx(8 ** 0.5)
+    cfg = model_config_class().model_validate(
+        {"hidden_size": 16, "vocab_size": 40, "max_seq_length": 8, "embedding": {"parts": ["word"]},
+         "encoder": {"type": "transformer", "num_layers": 2, "num_heads": 2, "ffn_size": 32,
+                     "norm_position": "pre"},
+         "targets": [{"type": "mlm"}]})
+    for section, key in ((cfg.encoder, "norm"), (cfg.embedding, "norm_kind"), (cfg.targets[0], "norm")):
+        object.__setattr__(section, key, "scalenorm")  # past the choices fixed when the classes were built
+    model = build_model(cfg)
+    built = [name for name, module in model.named_modules() if norms.norm_kind_of(module) == "scalenorm"]
+    assert built == ["embedding.norm", "encoder.layers.0.attention_norm", "encoder.layers.0.ffn_norm",
+                     "encoder.layers.1.attention_norm", "encoder.layers.1.ffn_norm", "encoder.final_norm",
+                     "targets.mlm.norm"]
+    with torch.no_grad():
+        model.encoder.final_norm.weight.fill_(0.5)
+    init_weights(model, 0.02)
+    assert model.encoder.final_norm.weight.item() == pytest.approx(16 ** 0.5)

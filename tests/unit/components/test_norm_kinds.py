@@ -8,8 +8,11 @@ from torch import nn
 
 from pentad.builder import build_model
 from pentad.components.model_config import model_config_class
+from pentad.components.norms import make_norm, norm_description, norm_kind_of, norm_kinds
+from pentad.errors import UserError
 from pentad.layers import norms
-from pentad.layers.norms import NORM_KINDS, RMSNorm, UnbiasedLayerNorm, make_norm, norm_kind_of
+from pentad.layers.norms import RMSNorm, UnbiasedLayerNorm
+from pentad.registry import NORMS
 
 
 def tencentpretrain_formula(x, gamma, beta, eps):
@@ -96,15 +99,17 @@ def test_unbiased_layernorm_gradients_are_the_formulas():
 
 
 def test_make_norm_builds_every_kind_with_matching_parameter_names():
-    assert NORM_KINDS == ("layernorm", "layernorm_unbiased", "rmsnorm", "t5")
-    for kind in NORM_KINDS:
+    assert norm_kinds() == ("layernorm", "layernorm_unbiased", "rmsnorm", "t5") == tuple(NORMS.names())
+    for kind in norm_kinds():
         module = make_norm(kind, 8, 1e-6)
         assert norm_kind_of(module) == ("rmsnorm" if kind == "t5" else kind)
     # The same keys as torch's LayerNorm: a checkpoint loads into either kind.
     assert set(make_norm("layernorm_unbiased", 8, 1e-6).state_dict()) == set(nn.LayerNorm(8).state_dict())
     assert isinstance(make_norm("t5", 8, 1e-6), RMSNorm)
-    with pytest.raises(ValueError, match="layernorm_unbiased"):
+    with pytest.raises(UserError, match="unknown norm 'unbiased'.*layernorm_unbiased"):
         make_norm("unbiased", 8, 1e-6)
+    assert norm_kind_of(nn.Linear(2, 2)) is None
+    assert norm_description().endswith("; rmsnorm / t5: x / sqrt(mean(x^2) + eps) * weight")
 
 
 def cfg(**over):
@@ -147,3 +152,12 @@ def test_every_norm_place_takes_the_kind_from_config():
 def test_an_unknown_norm_kind_is_a_config_error_naming_the_kinds():
     with pytest.raises(ValidationError, match="layernorm_unbiased"):
         cfg(embedding={"parts": ["word"], "norm_kind": "unbiased"})
+
+
+def test_the_embedding_config_is_built_after_the_norms_register(monkeypatch):
+    from pentad.config import embedding
+    from pentad.registry import Registry
+
+    monkeypatch.setattr(embedding, "NORMS", Registry("norms", "norm"))
+    with pytest.raises(RuntimeError, match="before any norm is registered: import pentad.components"):
+        embedding.embedding_config_class.__wrapped__()

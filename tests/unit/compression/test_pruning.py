@@ -12,9 +12,9 @@ from pentad.builder import build_model
 from pentad.compression.prune import choose, parse_prune, prunable_blocks
 from pentad.config.model import CompressionConfig
 from pentad.errors import ConfigError, UserError
-from pentad.layers.attention import Attention
+from pentad.layers.attention import Attention, AttentionInputs, SelfAttention
 from pentad.layers.feed_forward import FeedForward
-from pentad.layers.pruning import keep_heads, keep_neurons, magnitude_sparsify
+from pentad.layers.pruning import keep_heads, keep_neurons, magnitude_sparsify, reading_projection
 from pentad.training import checkpoint as ckpt
 
 from .test_quantized import _batch
@@ -119,3 +119,62 @@ def test_bad_prune_options(text, needle):
     with pytest.raises(UserError, match=needle):
         parse_prune(text)
     assert parse_prune("heads=0.3, ffn=0.25") == {"heads": 0.3, "ffn": 0.25}
+
+
+def test_pruning_keeps_the_rows_and_columns_of_the_kept_heads_and_units_bit_for_bit():
+    torch.manual_seed(0)
+    attention, ffn = SelfAttention(32, 4), FeedForward(32, 16, "silu", gated=True)
+    qkv, out = attention.qkv.weight.clone(), attention.out.weight.clone()
+    qkv_bias = attention.qkv.bias.clone()
+    up, gate, down = ffn.up.weight.clone(), ffn.gate.weight.clone(), ffn.down.weight.clone()
+    keep_heads(attention, [3, 1])
+    within = torch.cat([torch.arange(24, 32), torch.arange(8, 16)])  # heads 3 and 1, 8 rows each
+    rows = torch.cat([within, within + 32, within + 64])  # their queries, keys and values in qkv
+    assert torch.equal(attention.qkv.weight, qkv[rows]) and torch.equal(attention.qkv.bias, qkv_bias[rows])
+    assert torch.equal(attention.out.weight, out[:, within])
+    assert (attention.num_heads, attention.num_kv_heads, attention.q_dim, attention.kv_dim) == (2, 2, 16, 16)
+    assert attention.roles() == {"qkv": {"q": (0, 16), "k": (16, 32), "v": (32, 48)}, "out": {"o": (0, 32)}}
+    keep_neurons(ffn, [0, 5, 9])
+    assert torch.equal(ffn.up.weight, up[[0, 5, 9]]) and torch.equal(ffn.gate.weight, gate[[0, 5, 9]])
+    assert torch.equal(ffn.down.weight, down[:, [0, 5, 9]])
+    assert ffn.roles() == {"gate": {"gate": (0, 3)}, "up": {"up": (0, 3)}, "down": {"down": (0, 32)}}
+    assert FeedForward(32, 16).roles() == {"up": {"up": (0, 16)}, "down": {"down": (0, 32)}}
+    assert reading_projection(attention) is attention.out and reading_projection(ffn) is ffn.down
+
+
+class SplitAttention(SelfAttention):
+    """Self-attention with separate query, key and value projections under names of its own: pruning
+    knows them only through ``roles()``."""
+
+    def _input_projections(self, hidden_size, bias):
+        self.wq = torch.nn.Linear(hidden_size, self.q_dim, bias=bias)
+        self.wkv = torch.nn.Linear(hidden_size, 2 * self.kv_dim, bias=bias)
+
+    def input_projections(self):
+        return (self.wq, self.wkv)
+
+    def _input_roles(self):
+        return {"wq": {"q": (0, self.q_dim)}, "wkv": {"k": (0, self.kv_dim), "v": (self.kv_dim, 2 * self.kv_dim)}}
+
+    def project(self, x):
+        k, v = self.wkv(x).split(self.kv_dim, dim=-1)
+        return (self._heads(self.wq(x), self.num_heads), self._heads(k, self.num_kv_heads),
+                self._heads(v, self.num_kv_heads))
+
+
+def test_pruning_finds_the_projections_through_roles():
+    torch.manual_seed(0)
+    fused, split = SelfAttention(32, 4), SplitAttention(32, 4)
+    with torch.no_grad():
+        split.wq.weight.copy_(fused.qkv.weight[:32])
+        split.wq.bias.copy_(fused.qkv.bias[:32])
+        split.wkv.weight.copy_(fused.qkv.weight[32:])
+        split.wkv.bias.copy_(fused.qkv.bias[32:])
+        split.out.load_state_dict(fused.out.state_dict())
+    for block in (fused, split):
+        keep_heads(block, [0, 2])
+    assert split.wq.weight.shape == (16, 32) and split.wkv.weight.shape == (32, 32)
+    assert torch.equal(split.wkv.weight, fused.qkv.weight[16:])
+    x, inputs = torch.randn(2, 5, 32), AttentionInputs(None, True)
+    with torch.no_grad():
+        torch.testing.assert_close(split(x, inputs)[0], fused(x, inputs)[0])

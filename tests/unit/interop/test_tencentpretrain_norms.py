@@ -9,9 +9,9 @@ import torch
 
 from pentad.builder import build_model
 from pentad.components.model_config import model_config_class
+from pentad.components.norms import norm_kind_of
 from pentad.errors import UserError
 from pentad.interop import convert
-from pentad.layers.norms import norm_kind_of
 from pentad.runs import load_run
 from pentad.tencentpretrain.config import import_config
 

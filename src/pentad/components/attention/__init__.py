@@ -10,11 +10,9 @@ package, so a new variant is one new file (docs/architecture.md shows one).
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import Any
 
-from pentad.registry import ATTENTION_BLOCKS
+from pentad.registry import ATTENTION_BLOCKS, import_package_modules
 
 
 def attention_sizes(cfg: Any, model: Any) -> dict[str, Any]:
@@ -30,5 +28,4 @@ def self_attention_kind(cfg: Any) -> str:
     return next((name for name, block in ATTENTION_BLOCKS.items() if block.applies(cfg)), "self")
 
 
-for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    importlib.import_module(f"{__name__}.{_module}")
+import_package_modules(__name__, __path__)

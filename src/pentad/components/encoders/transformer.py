@@ -16,15 +16,15 @@ from pentad.components import positions as _positions  # noqa: F401  (registers 
 from pentad.components.attention.reuse import AttentionReuseConfig
 from pentad.components.base import Encoder
 from pentad.components.blocks import FFN_BLOCKS, MoEConfig, stack_parts
+from pentad.components.norms import norm_description, norm_kinds
 from pentad.config.base import StrictModel
 from pentad.layers.activations import ACTIVATION_NAMES
 from pentad.layers.cache import KVCache
-from pentad.layers.norms import NORM_DESCRIPTION, NORM_KINDS
 from pentad.layers.transformer import TransformerStack
 from pentad.registry import ENCODERS, POSITION_SCHEMES
 
 Activation = Literal[ACTIVATION_NAMES]  # type: ignore[valid-type]
-Norm = Literal[NORM_KINDS]  # type: ignore[valid-type]
+Norm = Literal[norm_kinds()]  # type: ignore[valid-type]
 FfnKind = Literal[tuple(FFN_BLOCKS.names())]  # type: ignore[valid-type]
 PositionKind = Literal[tuple(POSITION_SCHEMES.names())]  # type: ignore[valid-type]
 
@@ -43,7 +43,7 @@ class TransformerStackConfig(StrictModel):
     moe: MoEConfig | None = Field(None, description="the mixture of experts of ffn: moe (docs/moe.md); default "
                                   "8 experts, top-2, gated, dropless")
     activation: Activation = "gelu"
-    norm: Norm = Field("layernorm", description=f"the layers' norms: {NORM_DESCRIPTION}")
+    norm: Norm = Field("layernorm", description=f"the layers' norms (components/norms): {norm_description()}")
     norm_position: Literal["post", "pre"] = "post"
     final_norm: bool | None = Field(None, description="norm after the last layer; default: True for pre-norm")
     final_norm_kind: Norm | None = Field(None, description="kind of the final norm; default: norm (TencentPretrain's "

@@ -9,11 +9,9 @@ one new file (docs/architecture.md shows one).
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import Any
 
-from pentad.registry import POSITION_SCHEMES
+from pentad.registry import POSITION_SCHEMES, import_package_modules
 
 
 @POSITION_SCHEMES.register("none")
@@ -25,5 +23,4 @@ class NoPositions:
         return None
 
 
-for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    importlib.import_module(f"{__name__}.{_module}")
+import_package_modules(__name__, __path__)

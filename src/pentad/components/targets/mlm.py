@@ -8,18 +8,18 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pentad.components.base import Batch, Target, TargetOutput
+from pentad.components.norms import make_norm, norm_description, norm_kinds
 from pentad.components.targets.common import TargetConfigBase
 from pentad.layers.activations import ACTIVATION_NAMES, get_activation
 from pentad.layers.cross_entropy import linear_cross_entropy, scored_rows
-from pentad.layers.norms import NORM_DESCRIPTION, NORM_KINDS, make_norm
 from pentad.registry import TARGETS
 
 
 class MlmTargetConfig(TargetConfigBase):
     type: Literal["mlm"] = "mlm"
     activation: Literal[ACTIVATION_NAMES] = "gelu"  # type: ignore[valid-type]
-    norm: Literal[NORM_KINDS] = Field(  # type: ignore[valid-type]
-        "layernorm", description=f"the head's norm: {NORM_DESCRIPTION}")
+    norm: Literal[norm_kinds()] = Field(  # type: ignore[valid-type]
+        "layernorm", description=f"the head's norm: {norm_description()}")
     layer_norm_eps: float = Field(1e-12, gt=0.0)
 
 
