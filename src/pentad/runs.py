@@ -149,11 +149,12 @@ def absolute_paths(cfg: Any) -> Any:
     return visit(cfg)
 
 
-def _flatten(data: Any, prefix: str) -> dict[str, Any]:
+def flatten(data: Any, prefix: str) -> dict[str, Any]:
+    """``data`` (nested mappings) as ``{dotted key: value}`` under ``prefix``."""
     if isinstance(data, dict) and data:
         out: dict[str, Any] = {}
         for key, value in data.items():
-            out.update(_flatten(value, f"{prefix}.{key}"))
+            out.update(flatten(value, f"{prefix}.{key}"))
         return out
     return {prefix: data}
 
@@ -163,12 +164,12 @@ def _guarded(raw: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in (raw.get("train") or {}).items():
         if key not in FREE_TRAIN_KEYS:
-            out.update(_flatten(value, f"train.{key}"))
+            out.update(flatten(value, f"train.{key}"))
     data = raw.get("data") or {}
     for key in GUARDED_DATA_KEYS:
-        out.update(_flatten(data.get(key), f"data.{key}"))
+        out.update(flatten(data.get(key), f"data.{key}"))
     for key in ("init", "task", "tokenizer"):
-        out.update(_flatten(raw.get(key), key))
+        out.update(flatten(raw.get(key), key))
     return out
 
 

@@ -87,3 +87,29 @@ def test_pretrain_print_config_resolves_what_it_can(english, tmp_path, capsys):
     assert main(["pretrain", "--config", "bert/tiny", *tiny(english["vocab"]), "--print-config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["model"]["vocab_size"] is not None and printed["data"]["dataset"] is None
+
+
+def test_init_run_rebuilds_its_model(english, classification_run, tmp_path, capsys):
+    """``init=RUN`` with no model in the config takes the run's model (sizes, tokenizer), as
+    ``from_pretrained`` does; fine-tuning's own train defaults still apply; ``model.*`` overrides apply on
+    top of the run's model."""
+    out = tmp_path / "again"
+    assert main(["finetune", "--task", "classification", f"init={classification_run}", f"data.train={english['train']}",
+                 "train.epochs=1", "train.batch_size=8", "train.progress=false", "train.threads=1",
+                 "model.encoder.dropout=0.0", f"output={out}"]) == 0
+    recorded = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8"))
+    first = yaml.safe_load((classification_run / "config.yaml").read_text(encoding="utf-8"))
+    assert recorded["model"]["hidden_size"] == first["model"]["hidden_size"] == 32
+    assert recorded["model"]["encoder"]["num_layers"] == first["model"]["encoder"]["num_layers"]
+    assert recorded["model"]["encoder"]["dropout"] == 0.0 != first["model"]["encoder"]["dropout"]
+    assert recorded["tokenizer"] == first["tokenizer"]
+    assert recorded["train"]["adam_bias_correction"] is False
+
+
+def test_init_run_with_another_model_names_the_keys(english, classification_run, tmp_path, capsys):
+    # bert/tiny's own sizes (hidden 128, ffn 512) against the run's (32, 64)
+    assert main(["finetune", "--task", "classification", "--config", "bert/tiny", f"init={classification_run}",
+                 f"data.train={english['train']}", "train.progress=false", f"output={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert "is a run with another model" in err and "model.hidden_size: 128 here, 32 in the run" in err
+    assert "model.encoder.ffn_size: 512 here, 64 in the run" in err and "takes that run's model" in err
