@@ -6,6 +6,8 @@ floors below read what is registered and never import upward (docs/architecture.
   when it is made, so a command that reads task sections calls this first (the ``pentad`` command does).
 * :func:`load_config` loads a run config from a file (YAML, JSON, a zoo recipe name, or a TencentPretrain
   JSON config), applies ``key.path=value`` overrides and validates it strictly, reporting every problem.
+  A run initialised from a run directory (``init=RUN``) takes that run's model as its own when the config
+  gives none (:func:`with_init_model`): the run rebuilds its model, as ``from_pretrained`` does.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pentad.config.loader import load_raw
+from pentad import layout
+from pentad.config.loader import load_raw, read_config_file
 from pentad.run_config import validate_raw
 
 
@@ -53,9 +56,60 @@ def load_config(config: str | Path | None, overrides: list[str] | tuple[str, ...
     """Load, override and validate a run config (a ``RunConfig``; ``preprocess_only``: the model and task
     sections kept as given, see :func:`pentad.run_config.preprocess_config_class`, and no torch imported)."""
     raw, applied, label = load_raw_config(config, overrides)
+    raw, label = with_init_model(raw, applied, label)
     if not preprocess_only:
         fill_registries()
     return validate_raw(raw, applied, label, preprocess_only)
+
+
+def with_init_model(raw: dict[str, Any], applied: dict[str, str], label: str) -> tuple[dict[str, Any], str]:
+    """``raw`` with the model of the run it is initialised from: when ``init`` names a run directory (one
+    with a ``config.yaml``) and the config has no ``model`` section, that run's ``model`` (and, when the
+    config has neither an objective nor a dataset, its ``data.objective``, whose sequence length
+    fine-tuning uses) becomes this config's; overrides of ``model.*`` keys apply on top of it (they were
+    applied to an empty section: they are merged into the run's; ``applied`` names them). Only those
+    sections are taken: the training settings stay this command's own (fine-tuning's defaults among them).
+    Returns (raw, label)."""
+    init = raw.get("init")
+    if not isinstance(init, str) or not init.strip():
+        return raw, label
+    saved = Path(init).expanduser() / layout.CONFIG
+    given = raw.get("model")
+    if not saved.is_file() or not _from_overrides(given, applied):
+        return raw, label
+    run = read_config_file(saved, "run config")
+    if not isinstance(run.get("model"), dict):
+        return raw, label
+    raw = dict(raw)
+    raw["model"] = _merged(run["model"], given or {})
+    data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+    run_data = run.get("data") if isinstance(run.get("data"), dict) else {}
+    if "objective" not in data and "dataset" not in data and isinstance(run_data.get("objective"), dict):
+        raw["data"] = {**data, "objective": run_data["objective"]}
+    return raw, f"{label} (model from {saved})"
+
+
+def _from_overrides(model: Any, applied: dict[str, str]) -> bool:
+    """Whether the model section is absent or made only of ``model.*`` overrides (no config file gave one)."""
+    if model is None:
+        return True
+    if not isinstance(model, dict):
+        return False
+
+    def paths(node: dict[str, Any], prefix: str) -> list[str]:
+        out: list[str] = []
+        for key, value in node.items():
+            out += paths(value, f"{prefix}.{key}") if isinstance(value, dict) and value else [f"{prefix}.{key}"]
+        return out
+
+    return all(any(path == key or path.startswith(key + ".") for key in applied) for path in paths(model, "model"))
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def run_config_class() -> Any:

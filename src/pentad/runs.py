@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from pentad.config.base import freeze
 from pentad.config.loader import dump_config, read_config_file
 from pentad.errors import UserError, clipped, shown
 from pentad.files import LockBusy, atomic_write_text, record_holder, release_lock, take_lock, write_json
@@ -34,7 +37,7 @@ from pentad.layout import (
     latest_problem,
     remove_temporaries,
 )
-from pentad.log import info, set_quiet  # noqa: F401  (re-exported: callers use runs.info)
+from pentad.log import info, set_quiet  # (re-exported: callers use runs.info)
 from pentad.outputs import OutputLock, check_apart
 from pentad.run_config import validate_raw
 
@@ -76,6 +79,20 @@ class RunLock:
             self._fd = None
 
 
+@contextmanager
+def main_rank_speaks() -> Iterator[None]:
+    """Progress messages from the main rank of a launch only (``RANK`` unset or 0), for the work done
+    before a :class:`~pentad.training.session.Session` connects the ranks (resolving the run)."""
+    quiet = os.environ.get("RANK", "0") not in ("", "0")
+    if quiet:
+        set_quiet(True)
+    try:
+        yield
+    finally:
+        if quiet:
+            set_quiet(False)
+
+
 def load_tokenizer(cfg: Any):
     """The tokenizer a config names, or None."""
     if cfg.tokenizer is None:
@@ -107,8 +124,9 @@ GUARDED_DATA_KEYS = ("dataset", "train", "dev", "objective")
 
 
 def absolute_paths(cfg: Any) -> Any:
-    """Make every path of a config absolute (in place), so that the ``config.yaml`` of a run works
-    from any directory. Symbolic links are kept as given."""
+    """Make every path of a config absolute (in place: run on the copy a run resolves), so that the
+    ``config.yaml`` of a run works from any directory. Symbolic links are kept as given; paths that
+    are absolute already are not touched."""
     from pydantic import BaseModel
 
     def visit(node: Any) -> Any:
@@ -118,22 +136,25 @@ def absolute_paths(cfg: Any) -> Any:
             for name in type(node).model_fields:
                 value = getattr(node, name)
                 new = visit(value)
-                if new is not value:
+                if new is not value and new != value:
                     setattr(node, name, new)
             return node
         if isinstance(node, list):
             for i, item in enumerate(node):
-                node[i] = visit(item)
+                new = visit(item)
+                if new is not item and new != item:
+                    node[i] = new
         return node
 
     return visit(cfg)
 
 
-def _flatten(data: Any, prefix: str) -> dict[str, Any]:
+def flatten(data: Any, prefix: str) -> dict[str, Any]:
+    """``data`` (nested mappings) as ``{dotted key: value}`` under ``prefix``."""
     if isinstance(data, dict) and data:
         out: dict[str, Any] = {}
         for key, value in data.items():
-            out.update(_flatten(value, f"{prefix}.{key}"))
+            out.update(flatten(value, f"{prefix}.{key}"))
         return out
     return {prefix: data}
 
@@ -143,12 +164,12 @@ def _guarded(raw: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in (raw.get("train") or {}).items():
         if key not in FREE_TRAIN_KEYS:
-            out.update(_flatten(value, f"train.{key}"))
+            out.update(flatten(value, f"train.{key}"))
     data = raw.get("data") or {}
     for key in GUARDED_DATA_KEYS:
-        out.update(_flatten(data.get(key), f"data.{key}"))
+        out.update(flatten(data.get(key), f"data.{key}"))
     for key in ("init", "task", "tokenizer"):
-        out.update(_flatten(raw.get(key), key))
+        out.update(flatten(raw.get(key), key))
     return out
 
 
@@ -240,14 +261,14 @@ def prepare_run_dir(run_dir: Path, cfg: Any, tokenizer, extra: dict[str, Any] | 
     ``init``, ``task``, ``tokenizer``) must be the run's: a change is an error listing each one, unless
     ``train.allow_changes`` accepts them; ``unused`` names keys the command does not read. Returns the
     accepted changes (``key: (old, new)``).
+    ``cfg`` is not changed (a run's is frozen); what is recorded is a copy with every path absolute.
     """
 
-    absolute_paths(cfg)
     saved = run_dir / CONFIG
     # resume_from and overwrite are one-off instructions, not settings of the run: a later command reusing
     # this config.yaml must not go back to that step again (discarding the checkpoints made since), nor
     # delete the run it resumes
-    recorded = cfg.model_copy(deep=True)
+    recorded = absolute_paths(cfg.model_copy(deep=True))
     recorded.train.resume_from = None
     recorded.train.overwrite = False
     text = dump_config(recorded)
@@ -307,7 +328,8 @@ def _show(value: Any) -> str:
 
 
 def load_run(run_dir: Path) -> tuple[Any, Any]:
-    """(config, tokenizer) of a run directory."""
+    """(config, tokenizer) of a run directory; the config frozen (:func:`pentad.config.base.freeze`:
+    derive a copy to change it)."""
     from pentad.data.tokenizers import load_tokenizer as load
 
     if not run_dir.is_dir():
@@ -316,7 +338,7 @@ def load_run(run_dir: Path) -> tuple[Any, Any]:
     if not saved.is_file():
         raise UserError(f"{run_dir} is not a pentad run directory: it has no {CONFIG}")
     raw = read_config_file(saved, "run config")
-    cfg = validate_raw(raw, {}, str(saved))
+    cfg = freeze(validate_raw(raw, {}, str(saved)))  # a run's config is what it was: read, never changed
     tokenizer = None
     tok_cfg = run_dir / TOKENIZER_DIR / TOKENIZER_CONFIG
     if tok_cfg.is_file():

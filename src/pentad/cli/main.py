@@ -170,11 +170,26 @@ def _load(args: argparse.Namespace, extra: Sequence[str] = ()):
     # unless the whole resolved config is to be printed
     preprocess_only = args.command == "preprocess" and not getattr(args, "print_config", False)
     cfg = load_config(args.config, list(extra) + list(args.overrides), preprocess_only=preprocess_only)
-    if args.command == "finetune":  # its train defaults, so that --print-config shows what would run
-        cfg.train = cfg.train.for_finetuning()
     if getattr(args, "print_config", False):
-        print(dump_config(cfg), end="")
+        print(dump_config(_plan(args.command, cfg)), end="")
         return None
+    return cfg
+
+
+def _plan(command: str, cfg: Any) -> Any:
+    """What ``--print-config`` prints: the run as resolved before it starts (what its ``config.yaml``
+    records), as far as the config says enough to resolve it (a missing dataset, task input or output is
+    left unset rather than refused)."""
+    if command == "pretrain":
+        from pentad.training.pretrain import plan_pretrain
+
+        return plan_pretrain(cfg, partial=True).cfg
+    if command == "finetune":
+        from pentad.tasks.runner import plan_finetune, settle_finetune
+
+        if cfg.train.grid or cfg.train.folds:  # each trial and fold is resolved when it runs
+            return settle_finetune(cfg, partial=True)
+        return plan_finetune(cfg, partial=True).cfg
     return cfg
 
 

@@ -6,14 +6,16 @@ import json
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pentad import files, layout
 from pentad.builder import build_model, check_memory
+from pentad.config.base import freeze
 from pentad.errors import UserError
 from pentad.registry import TASKS
-from pentad.runs import absolute_paths, complete_vocab, info, load_run, load_tokenizer
+from pentad.runs import absolute_paths, complete_vocab, info, load_run, load_tokenizer, main_rank_speaks
 from pentad.tasks import search
 from pentad.tasks.base import Task, window_size, write_lines
 from pentad.training import checkpoint as ckpt
@@ -29,31 +31,85 @@ from pentad.training.trainer import plot_losses
 INFER_WINDOW = 1024
 
 
-def _init_source(cfg: Any) -> tuple[Any, Any]:
-    """(model config, tokenizer): from the init run directory when there is one, else the config."""
-    tokenizer = load_tokenizer(cfg)
-    model_cfg = cfg.model
-    if cfg.init is not None and (Path(cfg.init) / layout.CONFIG).is_file():
+@dataclass(frozen=True)
+class FinetunePlan:
+    """A fine-tuning run resolved before it starts (:func:`plan_finetune`): ``cfg`` is the complete run
+    config, frozen (paths absolute, fine-tuning's train defaults, the tokenizer, the vocabulary size,
+    the task's heads in ``model.targets``), which the run only reads and ``config.yaml`` records; beside
+    it what resolving it made: the tokenizer and the task, fitted on the training input."""
+
+    cfg: Any
+    tokenizer: Any
+    task: Task | None  # None only in a partial plan (``--print-config`` without a task)
+    sources: dict[str, Any]
+    seq_length: int
+
+
+def settle_finetune(cfg: Any, partial: bool = False) -> Any:
+    """The part of resolving a fine-tuning config that a grid search or cross-validation shares with each
+    of its runs: checks, absolute paths, fine-tuning's train defaults, the tokenizer of the ``init`` run
+    when the config names none. Returns a frozen config; ``partial``: see :func:`plan_finetune`."""
+    if not partial:
+        if cfg.task is None:
+            raise UserError("task is not set (e.g. --task classification)")
+        TASKS.get(cfg.task.type).sources(cfg.task, cfg.data)  # a missing input fails before the run starts
+        if cfg.output is None:
+            raise UserError("output is not set: give the run directory, e.g. output=runs/finetune")
+    cfg = absolute_paths(cfg.model_copy(deep=True))
+    cfg.train = cfg.train.for_finetuning()
+    if cfg.tokenizer is None and cfg.init is not None and (Path(cfg.init) / layout.CONFIG).is_file():
+        init_cfg, _ = load_run(Path(cfg.init))
+        cfg.tokenizer = init_cfg.tokenizer
+    return freeze(cfg)
+
+
+def _tokenizer(cfg: Any) -> Any:
+    """The tokenizer of a settled config: its own, or the ``init`` run's saved one."""
+    if cfg.tokenizer is not None and cfg.init is not None and (Path(cfg.init) / layout.CONFIG).is_file():
         init_cfg, init_tok = load_run(Path(cfg.init))
-        if tokenizer is None:
-            tokenizer = init_tok
-            cfg.tokenizer = init_cfg.tokenizer
-    needs = cfg.task is None or TASKS.get(cfg.task.type).needs_tokenizer
-    if tokenizer is None and needs:
-        raise UserError("no tokenizer: set `tokenizer` in the config or initialise from a run directory (init=DIR)")
-    return model_cfg, tokenizer
+        if init_tok is not None and init_cfg.tokenizer == cfg.tokenizer:
+            return init_tok  # (read from the run's tokenizer/ folder, where its files are)
+    return load_tokenizer(cfg)
+
+
+def plan_finetune(cfg: Any, partial: bool = False) -> FinetunePlan:
+    """``cfg`` resolved into the fine-tuning run it describes (:class:`FinetunePlan`): settled
+    (:func:`settle_finetune`), ``model.vocab_size`` from the tokenizer, the task made, bound to the run
+    and fitted on the training input, its heads put into the model config; then frozen. ``partial``
+    (``--print-config``): what is missing to run (the task, its inputs, the output) is left unset
+    instead of refused, and what depends on it unresolved."""
+    with main_rank_speaks():
+        cfg = settle_finetune(cfg, partial).model_copy(deep=True)
+        tokenizer = _tokenizer(cfg)
+        needs = cfg.task is None or TASKS.get(cfg.task.type).needs_tokenizer
+        if tokenizer is None and needs and not partial:
+            raise UserError("no tokenizer: set `tokenizer` in the config or initialise from a run directory "
+                            "(init=DIR)")
+        complete_vocab(cfg, tokenizer)
+        seq_length = cfg.data.objective.seq_length if cfg.data.objective is not None else cfg.model.max_seq_length
+        seq_length = min(seq_length, cfg.model.max_seq_length)
+        if cfg.task is None or (tokenizer is None and needs):
+            return FinetunePlan(freeze(cfg), tokenizer, None, {}, seq_length)
+        task = TASKS.get(cfg.task.type)(cfg.task, tokenizer, seq_length)
+        task.bind(cfg)
+        sources = task.sources(cfg.task, cfg.data)
+        if partial and sources.get("train") is None and task.trains:
+            return FinetunePlan(freeze(cfg), tokenizer, None, sources, seq_length)
+        task.fit(sources["train"])
+        described = task.describe()
+        info(f"{cfg.task.type}: {described}" if described else f"task {cfg.task.type}")
+        model_dict = cfg.model.model_dump()
+        model_dict["targets"] = task.head_configs()
+        model_dict = task.model_config(model_dict)
+        cfg.model = type(cfg.model).model_validate(model_dict)
+    return FinetunePlan(freeze(cfg), tokenizer, task, sources, seq_length)
 
 
 def finetune(cfg: Any) -> dict[str, Any]:
     """Fine-tune on the training input (``data.train``, or what the task's ``sources`` names), pick the
-    best model on dev, report dev and test scores (one process, or every rank of a launch)."""
-    if cfg.task is None:
-        raise UserError("task is not set (e.g. --task classification)")
-    TASKS.get(cfg.task.type).sources(cfg.task, cfg.data)  # a missing input fails before the run starts
-    if cfg.output is None:
-        raise UserError("output is not set: give the run directory, e.g. output=runs/finetune")
-    absolute_paths(cfg)
-    cfg.train = cfg.train.for_finetuning()
+    best model on dev, report dev and test scores (one process, or every rank of a launch). Each run
+    (each trial and fold of a search) is resolved first (:func:`plan_finetune`) and reads its plan."""
+    cfg = settle_finetune(cfg)
     if cfg.train.grid:
         return search.grid_search(cfg, _finetune_once, _finetune_or_cv)
     return _finetune_or_cv(cfg)
@@ -66,8 +122,9 @@ def _finetune_or_cv(cfg: Any) -> dict[str, Any]:
 
 
 def _finetune_once(cfg: Any) -> dict[str, Any]:
-    with Session(cfg, "finetune") as session:
-        return _finetune(cfg, session)
+    plan = plan_finetune(cfg)
+    with Session(plan.cfg, "finetune") as session:
+        return _finetune(plan, session)
 
 
 def _predict_heldout(cfg: Any):
@@ -77,22 +134,9 @@ def _predict_heldout(cfg: Any):
     return predict
 
 
-def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
-    _, tokenizer = _init_source(cfg)
-    complete_vocab(cfg, tokenizer)
+def _finetune(plan: FinetunePlan, session: Session) -> dict[str, Any]:
+    cfg, tokenizer, task, sources, seq_length = plan.cfg, plan.tokenizer, plan.task, plan.sources, plan.seq_length
     session.seed()
-    seq_length = cfg.data.objective.seq_length if cfg.data.objective is not None else cfg.model.max_seq_length
-    seq_length = min(seq_length, cfg.model.max_seq_length)
-    task = TASKS.get(cfg.task.type)(cfg.task, tokenizer, seq_length)
-    task.bind(cfg)
-    sources = task.sources(cfg.task, cfg.data)
-    task.fit(sources["train"])
-    described = task.describe()
-    info(f"{cfg.task.type}: {described}" if described else f"task {cfg.task.type}")
-    model_dict = cfg.model.model_dump()
-    model_dict["targets"] = task.head_configs()
-    model_dict = task.model_config(model_dict)
-    cfg.model = type(cfg.model).model_validate(model_dict)
     train = task.read(sources["train"]) if task.trains else None
     evaluation = {name: task.read(sources[name]) for name in ("dev", "test") if sources.get(name) is not None}
     distiller = make_distiller(cfg.train, task_type=cfg.task.type, task_state=task.state(), tokenizer=tokenizer,
@@ -219,7 +263,7 @@ def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: 
         raise UserError(f"--task {task} does not match the run: {model_dir} was fine-tuned for {cfg.task.type} "
                         f"(use --task {cfg.task.type}, or leave --task out: the run's task is used)")
     if task_options:
-        cfg.task = inference_task_config(cfg.task, task_options, model_dir)
+        cfg = cfg.model_copy(update={"task": inference_task_config(cfg.task, task_options, model_dir)})
     seq_length = cfg.data.objective.seq_length if cfg.data.objective is not None else cfg.model.max_seq_length
     task = TASKS.get(cfg.task.type)(cfg.task, tokenizer, min(seq_length, cfg.model.max_seq_length),
                                     read_task_state(model_dir))

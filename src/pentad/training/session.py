@@ -212,7 +212,8 @@ class Session:
                 try:
                     notes = ckpt.load_weights(model, tensors, str(init), adapt=True, **load_options)
                 except UserError as mismatch:
-                    raise _compressed_init_error(Path(init), model_cfg) or mismatch from None
+                    raise _compressed_init_error(Path(init), model_cfg) or \
+                        _other_model_error(Path(init), model_cfg, mismatch) or mismatch from None
                 if adapters is None:
                     return notes, {}
                 # a LoRA run records its base: the weights it starts from, a fingerprint of them, and
@@ -267,6 +268,33 @@ class Session:
         """The Trainer of this run (its optional behaviours are hooks given to ``Trainer.train``)."""
         return Trainer(model, self.cfg.train, Path(self.cfg.output), total_steps, self.strategy,
                        description=description)
+
+
+# model keys that change no weight's shape: they may differ from the init run's without a mismatch
+_FREE_MODEL_KEYS = ("dropout", "attention_dropout", "drop_path", "targets", "compression", "init_std")
+
+
+def _other_model_error(init: Path, model_cfg: Any, mismatch: UserError) -> UserError | None:
+    """Why the weights of the run ``init`` do not fit: the keys of this config's model that differ from the
+    run's (e.g. ``--config t5/small init=RUN`` for a run made with other sizes), or None when ``init`` is
+    not a run directory or the models agree (the tensor list then says what is wrong)."""
+    try:
+        init_cfg, _ = runs.load_run(init)
+    except UserError:
+        return None
+    ours = runs.flatten(model_cfg.model_dump(mode="json"), "model")
+    theirs = runs.flatten(init_cfg.model.model_dump(mode="json"), "model")
+    differ = [key for key in sorted(set(ours) | set(theirs)) if ours.get(key) != theirs.get(key)
+              and not any(part in _FREE_MODEL_KEYS for part in key.split("."))]
+    if not differ:
+        return None
+    shown = "; ".join(f"{key}: {ours.get(key)!r} here, {theirs.get(key)!r} in the run" for key in differ[:12])
+    more = f" (and {len(differ) - 12} more)" if len(differ) > 12 else ""
+    first = str(mismatch).split(";")[0].split("\n")[0][:200]
+    return UserError(f"init={init} is a run with another model than this config's, so its weights do not fit "
+                     f"({first} ...): {shown}{more}. Leave the model out (no --config, or a config without a "
+                     f"model section): a run initialised from a run directory takes that run's model; or give "
+                     f"the run's values (its model is in {init / layout.CONFIG}).")
 
 
 def _compressed_init_error(init: Path, model_cfg: Any) -> UserError | None:
