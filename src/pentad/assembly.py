@@ -7,7 +7,9 @@ floors below read what is registered and never import upward (docs/architecture.
 * :func:`load_config` loads a run config from a file (YAML, JSON, a zoo recipe name, or a TencentPretrain
   JSON config), applies ``key.path=value`` overrides and validates it strictly, reporting every problem.
   A run initialised from a run directory (``init=RUN``) takes that run's model as its own when the config
-  gives none (:func:`with_init_model`): the run rebuilds its model, as ``from_pretrained`` does.
+  gives none (:func:`with_init_model`): the run rebuilds its model, as ``from_pretrained`` does; a run on
+  a preprocessed dataset (``data.dataset=DIR``) takes the objective and tokenizer the dataset was made
+  with when the config gives none (:func:`with_dataset_description`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def load_config(config: str | Path | None, overrides: list[str] | tuple[str, ...
     sections kept as given, see :func:`pentad.run_config.preprocess_config_class`, and no torch imported)."""
     raw, applied, label = load_raw_config(config, overrides)
     raw, label = with_init_model(raw, applied, label)
+    raw, label = with_dataset_description(raw, applied, label)
     if not preprocess_only:
         fill_registries()
     return validate_raw(raw, applied, label, preprocess_only)
@@ -89,12 +92,39 @@ def with_init_model(raw: dict[str, Any], applied: dict[str, str], label: str) ->
     return raw, f"{label} (model from {saved})"
 
 
-def _from_overrides(model: Any, applied: dict[str, str]) -> bool:
-    """Whether the model section is absent or made only of ``model.*`` overrides (no config file gave one)."""
-    if model is None:
+def with_dataset_description(raw: dict[str, Any], applied: dict[str, str], label: str
+                             ) -> tuple[dict[str, Any], str]:
+    """``raw`` with what its preprocessed dataset records (``data.dataset``'s ``manifest.json``): the objective
+    (type, sequence length and every option it was built with) when the config gives none, overrides of
+    ``data.objective.*`` merged on top; the tokenizer when the config gives none. A value that contradicts
+    the dataset is refused when the dataset is opened, naming the key and both values. Returns (raw, label)."""
+    from pentad.data.shards import MANIFEST, read_manifest  # (numpy only: no torch for preprocess)
+
+    data = raw.get("data")
+    dataset = data.get("dataset") if isinstance(data, dict) else None
+    if not isinstance(dataset, str) or not (Path(dataset).expanduser() / MANIFEST).is_file():
+        return raw, label
+    manifest = read_manifest(Path(dataset).expanduser())
+    taken = []
+    raw = dict(raw)
+    built = (manifest.get("objective") or {}).get("config")
+    if isinstance(built, dict) and _from_overrides(data.get("objective"), applied, "data.objective"):
+        raw["data"] = {**data, "objective": _merged(built, data.get("objective") or {})}
+        taken.append("objective")
+    tokenizer = (manifest.get("tokenizer") or {}).get("config")
+    if isinstance(tokenizer, dict) and raw.get("tokenizer") is None:
+        raw["tokenizer"] = tokenizer
+        taken.append("tokenizer")
+    return raw, f"{label} ({' and '.join(taken)} from {dataset}/{MANIFEST})" if taken else label
+
+
+def _from_overrides(section: Any, applied: dict[str, str], name: str = "model") -> bool:
+    """Whether the section ``name`` is absent or made only of ``name.*`` overrides (no config file gave one)."""
+    if section is None:
         return True
-    if not isinstance(model, dict):
+    if not isinstance(section, dict):
         return False
+    model = section
 
     def paths(node: dict[str, Any], prefix: str) -> list[str]:
         out: list[str] = []
@@ -102,7 +132,7 @@ def _from_overrides(model: Any, applied: dict[str, str]) -> bool:
             out += paths(value, f"{prefix}.{key}") if isinstance(value, dict) and value else [f"{prefix}.{key}"]
         return out
 
-    return all(any(path == key or path.startswith(key + ".") for key in applied) for path in paths(model, "model"))
+    return all(any(path == key or path.startswith(key + ".") for key in applied) for path in paths(model, name))
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

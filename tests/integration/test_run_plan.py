@@ -113,3 +113,22 @@ def test_init_run_with_another_model_names_the_keys(english, classification_run,
     err = capsys.readouterr().err
     assert "is a run with another model" in err and "model.hidden_size: 128 here, 32 in the run" in err
     assert "model.encoder.ffn_size: 512 here, 64 in the run" in err and "takes that run's model" in err
+
+
+def test_a_dataset_describes_itself(english, bert_dataset, tmp_path, capsys):
+    """``pretrain data.dataset=DIR`` with a config that gives only the model: the objective (with its
+    sequence length) and the tokenizer come from the dataset's manifest; an override that contradicts the
+    dataset names the key and both values."""
+    model = load_config("bert/tiny", tiny(english["vocab"])).model.model_dump(mode="json")
+    config = tmp_path / "model.yaml"
+    config.write_text(yaml.safe_dump({"model": model}), encoding="utf-8")
+    out = tmp_path / "run"
+    args = ["pretrain", "--config", str(config), f"data.dataset={bert_dataset}", "train.steps=2",
+            "train.batch_size=8", "train.progress=false", "train.threads=1", "train.tensorboard=false"]
+    assert main([*args, f"output={out}"]) == 0
+    recorded = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8"))
+    manifest = yaml.safe_load((bert_dataset / "manifest.json").read_text(encoding="utf-8"))
+    assert recorded["data"]["objective"]["type"] == "bert" and recorded["data"]["objective"]["seq_length"] == 32
+    assert recorded["tokenizer"]["vocab"] == manifest["tokenizer"]["config"]["vocab"]
+    assert main([*args, f"output={tmp_path / 'other'}", "data.objective.seq_length=48"]) == 2
+    assert "objective.seq_length: dataset 32, config 48" in capsys.readouterr().err

@@ -59,11 +59,16 @@ def open_dataset(path: Path, tokenizer: Any, objective: Objective) -> ShardDatas
         raise UserError(f"tokenizer is not set: objective '{objective.name}' needs the tokenizer dataset {path} was "
                         f"made with ({built_tok.get('config')})")
     if built_tok.get("fingerprint") != tokenizer.fingerprint():
+        theirs, ours = built_tok.get("config"), _config_of(tokenizer)
+        if isinstance(theirs, dict) and isinstance(ours, dict):
+            keys = [k for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
+            what = ("; ".join(f"tokenizer.{k}: dataset {theirs.get(k)!r}, config {ours.get(k)!r}" for k in keys)
+                    if keys else "the same settings, but the vocabulary files' contents differ")
+        else:
+            what = f"dataset {theirs}, config {ours}"
         raise UserError(
-            f"dataset {path} was tokenized with a different tokenizer: the dataset's tokenizer "
-            f"{built_tok.get('config')} has fingerprint {built_tok.get('fingerprint')}, this run's "
-            f"{_config_of(tokenizer)} has fingerprint {tokenizer.fingerprint()}. Use the same "
-            f"vocabulary files and options, or preprocess again.")
+            f"dataset {path} was tokenized with a different tokenizer ({what}). Leave the tokenizer out "
+            f"of the config (a run takes the dataset's), use the dataset's values, or preprocess again.")
     return ShardDataset(path, manifest)
 
 

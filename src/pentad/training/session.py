@@ -315,7 +315,8 @@ def _compressed_init_error(init: Path, model_cfg: Any) -> UserError | None:
         advice = ("A quantized model is for inference only and cannot train: initialise from the run it was "
                   "quantized from (compress.json in it names the source, where there is one)")
     else:
-        advice = f"Fine-tune it with its own model config, which records the pruned sizes: --config {saved} init={init}"
+        advice = (f"Fine-tune it with its own model, which records the pruned sizes: leave the model out of the "
+                  f"config (init={init} then takes the run's), or --config {saved}")
     return UserError(f"init={init} is a compressed run ({', '.join(done) or 'model.compression is set'}; "
                      f"model.compression in {saved}): its weights fit only a model compressed the same way, and "
                      f"this config's model is not. {advice}.")

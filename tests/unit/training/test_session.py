@@ -21,5 +21,6 @@ def test_a_pruned_init_run_is_named_with_the_config_that_fits_it(tmp_path):
     assert str(error) == (
         f"init={pruned} is a compressed run (attention heads pruned in 1 block(s), feed-forward units pruned in 1 "
         f"block(s); model.compression in {pruned / 'config.yaml'}): its weights fit only a model compressed the same "
-        f"way, and this config's model is not. Fine-tune it with its own model config, which records the pruned "
-        f"sizes: --config {pruned / 'config.yaml'} init={pruned}.")
+        f"way, and this config's model is not. Fine-tune it with its own model, which records the pruned sizes: "
+        f"leave the model out of the config (init={pruned} then takes the run's), or --config "
+        f"{pruned / 'config.yaml'}.")
