@@ -10,17 +10,8 @@ import torch
 from torch import nn
 
 from pentad import memory
-from pentad.components.stream import Stream, StreamPlan
+from pentad.components.stream import build_streams, stream_problems
 from pentad.config.sizes import SlotSizes
-from pentad.config.streams import (
-    shares,
-    stream_embedding,
-    stream_encoder,
-    stream_names,
-    stream_problems,
-    stream_sizes,
-    target_streams,
-)
 from pentad.errors import ConfigError, ConfigProblem, UserError
 from pentad.layers.attention import Attention
 from pentad.layers.block import Block
@@ -67,7 +58,7 @@ def model_problems(cfg: Any) -> list[ConfigProblem]:
             continue
         for key, msg in getattr(sub, "check", lambda m: [])(cfg):
             problems.append(ConfigProblem(f"{path}.{key}", msg))
-    problems += [ConfigProblem(path, msg) for path, msg in stream_problems(cfg, (ENCODERS, TARGETS, EMBEDDINGS))]
+    problems += [ConfigProblem(path, msg) for path, msg in stream_problems(cfg)]
     seen: set[str] = set()
     for i, target in enumerate(cfg.targets):
         if target.target_name in seen:
@@ -84,25 +75,12 @@ def _reads_embedding_width(encoder_cfg: Any) -> bool:
     return bool(getattr(ENCODERS.get(encoder_cfg.type), "takes_embedding_width", False))
 
 
-def build_streams(cfg: Any) -> tuple[dict[str, Stream], StreamPlan | None]:
-    """The second stream's own modules (none when it shares the first's) and the layout of a model with
-    ``model.streams``; ({}, None) for a one-stream model."""
-    names = stream_names(cfg)
-    if not names:
-        return {}, None
-    reads = {t.target_name: target_streams(cfg, t, bool(getattr(TARGETS.get(t.type), "reads_pair", False)))
-             for t in cfg.targets}
-    plan = StreamPlan((names[0], names[1]), {n: cfg.streams[n].pooling for n in names}, shares(cfg), reads)
-    if plan.shared:
-        return {}, plan
-    name = plan.second
-    sizes = stream_sizes(cfg, name)
-    encoder_cfg = stream_encoder(cfg, name)
+def _input_slot(slot_cfg: Any, sizes: Any, encoder_cfg: Any) -> EmbeddingSlot:
+    """The embedding slot of a stream (the model's own, or a second stream's with the sizes it sees)
+    feeding an encoder of config ``encoder_cfg``."""
     width = sizes.embedding_size or sizes.hidden_size
-    embedding = _embedding_slot(stream_embedding(cfg, name), sizes, SlotSizes(sizes, hidden_size=width),
-                                not _reads_embedding_width(encoder_cfg))
-    encoder = ENCODERS.get(encoder_cfg.type).from_config(encoder_cfg, sizes)
-    return {name: Stream(embedding, encoder)}, plan
+    return _embedding_slot(slot_cfg, sizes, SlotSizes(sizes, hidden_size=width),
+                           not _reads_embedding_width(encoder_cfg))
 
 
 def _preorder(module: nn.Module, seen: set[int]) -> Iterable[nn.Module]:
@@ -174,10 +152,9 @@ def build_model(cfg: Any, provided: Iterable[str] | None = None, device: str | t
     with torch.device(device) if device is not None else nullcontext():
         # The first (or only) stream is the embedding and encoder slots; a second stream's own modules
         # are built after them (the order modules are built and initialised in).
-        embedding = _embedding_slot(cfg.embedding, cfg, SlotSizes(cfg, hidden_size=width),
-                                    not _reads_embedding_width(cfg.encoder))
+        embedding = _input_slot(cfg.embedding, cfg, cfg.encoder)
         encoder = ENCODERS.get(cfg.encoder.type).from_config(cfg.encoder, cfg)
-        streams, plan = build_streams(cfg)
+        streams, plan = build_streams(cfg, _input_slot)
         target_embedding = decoder = None
         if cfg.decoder is not None:
             target_vocab = cfg.target_vocab_size or cfg.vocab_size
@@ -275,13 +252,8 @@ def check_requirements(model: Model, provided: set[str], training: bool = True) 
         if f not in provided:
             missing.append(f"encoder '{model.encoder.registry_name}' needs Batch.{f}")
     plan = model.stream_plan
-    if plan is not None and plan.second in plan.needed():
-        embedding, encoder = model.stream_slots(plan.second)
-        who = f"stream '{plan.second}'"
-        needs = [(f"{who} embedding part '{name}'", f"pair.{f}")
-                 for name in embedding.part_names for f in getattr(embedding, name).requires]
-        needs += [(f"{who} encoder '{encoder.registry_name}'", f"pair.{f}") for f in getattr(encoder, "requires", ())]
-        missing += [f"{what} needs Batch.{f}" for what, f in needs if f not in provided]
+    if plan is not None:
+        missing += [f"{what} needs Batch.{f}" for what, f in plan.requirements(model) if f not in provided]
     if model.target_embedding is not None:
         for part_name in model.target_embedding.part_names:
             part = getattr(model.target_embedding, part_name)
@@ -292,27 +264,10 @@ def check_requirements(model: Model, provided: set[str], training: bool = True) 
             if f not in provided:
                 missing.append(f"target '{name}' needs Batch.{f}")
     if missing:
-        pair_hint = (f" Stream '{plan.second}' reads its input from Batch.pair, which pair-aware data fills "
-                     "(for classification: task.pair_input=separate)." if plan is not None else "")
+        pair_hint = plan.requirements_hint() if plan is not None else ""
         raise UserError("the data does not provide what the model reads: " + "; ".join(missing)
                         + f". The objective/task provides: {', '.join(sorted(provided)) or 'nothing'}. "
                         "Pick an objective that provides these fields, or change the model's slots." + pair_hint)
-
-
-def describe_streams(model: Model) -> str:
-    """One line of ``summarize`` for a two-stream model: the streams, their modules, pooling and readers."""
-    plan = model.stream_plan
-    first, second = plan.names
-    if plan.shared:
-        other = f"{second} (Batch.pair) through {first}'s modules"
-    else:
-        own = model.streams[second]
-        n = sum(p.numel() for p in own.parameters())
-        other = (f"{second} (Batch.pair): embedding {'+'.join(own.embedding.part_names)}, encoder "
-                 f"{own.encoder.registry_name} ({n:,})")
-    readers = "; ".join(f"{t} reads {', '.join(names)}" for t, names in plan.reads.items())
-    return (f"streams: {first} (the embedding and encoder slots), {other}; pooling "
-            f"{plan.pooling[first]} / {plan.pooling[second]}; {readers}")
 
 
 def summarize(model: Model) -> str:
@@ -331,7 +286,7 @@ def summarize(model: Model) -> str:
                                                      if layers is not None else "")
                  + (f", mask {enc.mask_kind}" if hasattr(enc, "mask_kind") else "") + f" ({n(enc)})")
     if model.stream_plan is not None:
-        lines.append(describe_streams(model))
+        lines.append(model.stream_plan.describe(model))
     if model.decoder is not None:
         lines.append("target embedding: " + ", ".join(
             f"{name} ({n(getattr(model.target_embedding, name))})" for name in model.target_embedding.part_names))

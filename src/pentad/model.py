@@ -17,12 +17,11 @@ from pentad.components.base import (
     leading_positions,
 )
 from pentad.components.norms import make_norm
-from pentad.components.stream import Stream, StreamPlan, run_stream, stacked
+from pentad.components.stream import Stream, StreamPlan, run_stream
 from pentad.layers.block import Block
 from pentad.layers.cache import KVCache
 from pentad.layers.dropout import Dropout
 from pentad.layers.moe import MoE
-from pentad.layers.pooling import pool
 
 
 class EmbeddingSlot(nn.Module):
@@ -134,7 +133,8 @@ class Model(nn.Module):
     negatives, ``Batch.negative``) through those same modules (shared) or its own
     (``streams[name]``, a :class:`~pentad.components.stream.Stream`). Each target reads the streams
     the plan gives it: a pair target a :class:`PooledPair` of two pooled streams, another the first
-    stream's token states. ``encode`` still gives the first stream's token states.
+    stream's token states; the plan runs them (:mod:`pentad.components.stream`). ``encode`` still
+    gives the first stream's token states.
     """
 
     def __init__(self, embedding: EmbeddingSlot, encoder: Encoder, targets: dict[str, Target],
@@ -181,65 +181,23 @@ class Model(nn.Module):
         return self.stream_plan
 
     def stream_slots(self, stream: int | str) -> tuple[EmbeddingSlot, Encoder]:
-        """(embedding slot, encoder) of a stream, by name or index: the model's own for the first
-        stream and a shared second one, else the second stream's own modules."""
-        plan = self._plan()
-        name = plan.name(stream)
-        if name == plan.first or plan.shared:
-            return self.embedding, self.encoder
-        own = self.streams[name]
-        return own.embedding, own.encoder
+        """(embedding slot, encoder) of a stream, by name or index (:meth:`StreamPlan.slots`)."""
+        return self._plan().slots(self, stream)
 
     def stream_states(self, batch: Batch, names: set[str] | None = None
                       ) -> dict[str, tuple[Tensor, Tensor | None]]:
-        """Token states (hidden [B,S,H], padding_mask) of the streams ``names`` (default: those the
-        targets read): the first over ``batch``, the second over ``batch.pair`` and, under the key
-        ``"negative"``, over ``batch.negative`` when it is set. Inputs of shared modules run as one
-        stacked batch where their fields allow."""
-        plan = self._plan()
-        names = plan.needed() if names is None else names
-        inputs: dict[str, Batch] = {}
-        if plan.first in names:
-            inputs[plan.first] = batch
-        if plan.second in names:
-            for key, part in (("pair", batch.pair), ("negative", batch.negative)):
-                if part is not None and part.batch_size != batch.batch_size:
-                    raise ValueError(f"batch.{key} has {part.batch_size} rows, the batch {batch.batch_size}; "
-                                     f"stream '{plan.second}' needs one {key} row per row")
-            if batch.pair is None:
-                raise ValueError(f"stream '{plan.second}' reads its input from batch.pair, which is not set")
-            inputs[plan.second] = batch.pair
-            if batch.negative is not None:
-                inputs["negative"] = batch.negative
-        keys, parts = list(inputs), list(inputs.values())
-        merged = stacked(parts) if plan.shared and len(parts) > 1 else None
-        if merged is not None:
-            hidden, mask = run_stream(self.embedding, self.encoder, merged[0])
-            rows = batch.batch_size
-            return {key: (hidden[i * rows:(i + 1) * rows, :length],
-                          None if mask is None else mask[i * rows:(i + 1) * rows, :length])
-                    for i, (key, length) in enumerate(zip(keys, merged[1]))}
-        return {key: run_stream(*self.stream_slots(plan.second if key == "negative" else key), part)
-                for key, part in inputs.items()}
-
-    def _pooled(self, states: dict[str, tuple[Tensor, Tensor | None]]) -> dict[str, Tensor]:
-        plan = self._plan()
-        return {key: pool(*value, plan.pooling[plan.second if key == "negative" else key])
-                for key, value in states.items()}
+        """Token states of the streams ``names`` (default: those the targets read; :meth:`StreamPlan.states`)."""
+        return self._plan().states(self, batch, names)
 
     def encode_pair(self, batch: Batch) -> PooledPair:
         """Both streams of a two-stream model, pooled: first [B,H0] from ``batch``, second [B,H1]
         from ``batch.pair`` (and its hard negatives from ``batch.negative``)."""
-        plan = self._plan()
-        pooled = self._pooled(self.stream_states(batch, set(plan.names)))
-        return PooledPair(pooled[plan.first], pooled[plan.second], pooled.get("negative"))
+        return self._plan().pair(self, batch)
 
     def encode_stream(self, batch: Batch, stream: int | str) -> Tensor:
         """One stream (by name or index) over ``batch`` alone (its own input, not ``batch.pair``),
         pooled [B,H]: texts and images encoded separately, as retrieval and zero-shot need."""
-        plan = self._plan()
-        name = plan.name(stream)
-        return pool(*run_stream(*self.stream_slots(name), batch), plan.pooling[name])
+        return self._plan().encode(self, batch, stream)
 
     def adapt_checkpoint(self, tensors: dict[str, Tensor]) -> list[str]:
         """Adapt ``tensors`` (a checkpoint about to be loaded) where a slot can (image position tables
@@ -262,7 +220,7 @@ class Model(nn.Module):
     def forward(self, batch: Batch) -> ModelOutput:
         """{target name: TargetOutput}, with the blocks' auxiliary losses and metrics of this forward."""
         if self.stream_plan is not None:
-            return self._output(self._stream_forward(batch))
+            return self._output(self.stream_plan.forward(self, batch))
         if self.decoder is not None:
             hidden, padding_mask = self.encode(batch)
             hidden = self.decode(batch, hidden, padding_mask)
@@ -270,21 +228,6 @@ class Model(nn.Module):
             keep = None if self.all_positions else leading_positions(self.targets.values())
             hidden, padding_mask = run_stream(self.embedding, self.encoder, batch, output_positions=keep)
         return self._output({name: target(hidden, batch) for name, target in self.targets.items()})
-
-    def _stream_forward(self, batch: Batch) -> dict[str, TargetOutput]:
-        plan = self._plan()
-        states = self.stream_states(batch)
-        pooled: dict[str, Tensor] | None = None
-        out: dict[str, TargetOutput] = {}
-        for name, target in self.targets.items():
-            reads = plan.reads[name]
-            if target.reads_pair:
-                pooled = self._pooled(states) if pooled is None else pooled
-                negative = pooled.get("negative") if reads[1] == plan.second else None
-                out[name] = target(PooledPair(pooled[reads[0]], pooled[reads[1]], negative), batch)
-            else:
-                out[name] = target(states[reads[0]][0], batch)
-        return out
 
     def _output(self, targets: dict[str, TargetOutput]) -> ModelOutput:
         if self._aux_blocks is None:

@@ -51,7 +51,7 @@ def _embedding(slot: Any, width: int | None) -> str:
 
 def _streams(m: Any) -> str:
     """One cell for the two streams of a model with ``model.streams``."""
-    from pentad.config.streams import stream_embedding, stream_encoder, stream_sizes
+    from pentad.components.stream import stream_embedding, stream_encoder, stream_sizes
 
     (first, one), (second, two) = m.streams.items()
     text = f"{first}: {_embedding(m.embedding, m.embedding_size)} → {_stack(m.encoder, m.hidden_size)}, {one.pooling}"

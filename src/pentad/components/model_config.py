@@ -1,6 +1,7 @@
 """``ModelConfig``: the model section of a run config with its slot unions filled from the component
-registries (every component imported first). The schema parts (``ModelConfigBase``, stream and embedding
-configs) are in ``pentad.config``; this is where they meet the registered components."""
+registries (every component imported first). The schema parts (``ModelConfigBase``, embedding configs)
+are in ``pentad.config``, the stream section's in :mod:`pentad.components.stream`; this is where they meet
+the registered components."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import Any
 from pydantic import Field, create_model
 
 import pentad.components  # noqa: F401  (registers every component)
+from pentad.components.stream import StreamConfigBase
 from pentad.config.embedding import embedding_config_class
 from pentad.config.model import ModelConfigBase
-from pentad.config.streams import StreamConfigBase
 from pentad.config.unions import registry_union
 from pentad.registry import DECODERS, ENCODERS, TARGETS
 

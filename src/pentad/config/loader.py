@@ -13,8 +13,8 @@ from typing import Any, Protocol
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from pentad.config.dual_layout import legacy_overrides
 from pentad.config.schema import class_at
-from pentad.config.streams import legacy_overrides
 from pentad.errors import ConfigProblem, UserError, clipped, closest, shown
 
 ZOO_PREFIX = "zoo:"

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from pentad.config.base import StrictModel
-from pentad.config.streams import from_dual_encoder
+from pentad.config.dual_layout import from_dual_encoder
 
 
 class CompressionConfig(StrictModel):

@@ -23,7 +23,7 @@ from torch import Tensor
 from pentad.builder import build_model
 from pentad.components.base import Batch
 from pentad.components.embeddings.speech import subsampled_lengths
-from pentad.config.streams import stream_embedding, stream_names
+from pentad.components.stream import stream_embedding, stream_names
 from pentad.errors import UserError
 from pentad.interop import hf as hfio
 from pentad.layers.pooling import pool

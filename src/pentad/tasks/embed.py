@@ -262,7 +262,7 @@ class ImageEmbedder:
 
     def __init__(self, model: Any, cfg: Any, pooling: PoolingKind | None, device: torch.device,
                  projected: bool = False, run_dir: Path | None = None):
-        from pentad.config.streams import stream_embedding, stream_names
+        from pentad.components.stream import stream_embedding, stream_names
         from pentad.data.images import NORMALISE
 
         where = run_dir or Path("RUN")

@@ -24,7 +24,7 @@ import torch
 from pydantic import Field, field_validator
 
 from pentad.components.base import Batch
-from pentad.config.streams import shares, stream_embedding, stream_names
+from pentad.components.stream import shares, stream_embedding, stream_names
 from pentad.data.config import DEFAULT_MAX_IMAGE_PIXELS
 from pentad.data.images import NORMALISE, AugmentConfig, augment, load_images, to_pixels
 from pentad.data.shards import Instances

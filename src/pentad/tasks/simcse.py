@@ -37,7 +37,7 @@ import torch
 from pydantic import Field
 
 from pentad.components.base import Batch
-from pentad.config.streams import from_dual_encoder
+from pentad.config.dual_layout import from_dual_encoder
 from pentad.data.shards import Instances
 from pentad.errors import UserError
 from pentad.layers.pooling import PoolingKind

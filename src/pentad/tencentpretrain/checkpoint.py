@@ -103,7 +103,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pentad.config.streams import shares, stream_embedding, stream_encoder, stream_names, stream_sizes
+from pentad.components.stream import shares, stream_embedding, stream_encoder, stream_names, stream_sizes
 from pentad.errors import UserError
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand, to_foreign
 

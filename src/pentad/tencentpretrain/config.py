@@ -39,7 +39,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from pentad.config.streams import default_names
+from pentad.config.dual_layout import default_names
 from pentad.errors import UserError, closest, shown
 
 # Keys that mark a file as a TencentPretrain config (pentad configs nest everything under model/...).

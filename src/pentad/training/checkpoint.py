@@ -31,7 +31,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from pentad.config.streams import legacy_key
+from pentad.config.dual_layout import legacy_key
 from pentad.errors import UserError, writing
 from pentad.files import atomic_path, atomic_write_text
 from pentad.layout import (

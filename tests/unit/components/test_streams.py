@@ -394,12 +394,74 @@ def test_streams_config_round_trips_and_has_a_schema():
     assert "StreamConfig" in str(schema)
 
 
+# ----------------------------------------------------------------------------- one owner
+def test_the_stream_section_is_its_components():
+    """The stream section's schema is beside the streams' code (pentad.components.stream), not in config/."""
+    import importlib.util
+
+    from pentad.components.stream import StreamConfigBase
+
+    cfg = model_config_class().model_validate(dual_dict(tie=False, encoder=LSTM))
+    assert all(isinstance(stream, StreamConfigBase) for stream in cfg.streams.values())
+    assert importlib.util.find_spec("pentad.config.streams") is None
+
+
+def test_streams_are_built_with_the_builders_embedding_slot():
+    from pentad.components.stream import StreamPlan, build_streams
+
+    calls = []
+
+    def slot(slot_cfg, sizes, encoder_cfg):
+        calls.append((slot_cfg, sizes.hidden_size, encoder_cfg.type))
+        return nn.Identity()
+
+    own = model_config_class().model_validate(dual_dict(tie=False, hidden_size=24, encoder=LSTM))
+    modules, plan = build_streams(own, slot)
+    assert calls == [(own.embedding, 24, "lstm")] and list(modules) == ["b"]
+    assert modules["b"].encoder.registry_name == "lstm" and isinstance(modules["b"].embedding, nn.Identity)
+    assert plan == StreamPlan(("a", "b"), {"a": "mean", "b": "mean"}, False, {"pair_cls": ("a", "b")})
+    calls.clear()
+    assert build_streams(model_config_class().model_validate(dual_dict(tie=True)), slot) == (
+        {}, StreamPlan(("a", "b"), {"a": "mean", "b": "mean"}, True, {"pair_cls": ("a", "b")}))
+    one = {k: v for k, v in dual_dict(targets=[{"type": "mlm"}]).items() if k != "streams"}
+    assert build_streams(model_config_class().model_validate(one), slot) == ({}, None) and calls == []
+
+
+def test_the_plan_runs_the_models_streams():
+    """Model's stream methods are the plan's, over the model's modules."""
+    model = build(dual_dict(tie=False, targets=[{"type": "pair_cls", "num_labels": 3, "dropout": 0.0},
+                                                 {"type": "mlm", "streams": ["a"]}]))
+    batch, plan = pair_batch(), model.stream_plan
+    with torch.no_grad():
+        states = plan.states(model, batch)
+        assert set(states) == {"a", "b"} and states["b"][0].shape == (4, 5, H)
+        pooled = plan.pooled(states)
+        torch.testing.assert_close(pooled["b"], model.encode_stream(batch.pair, "b"), rtol=0, atol=0)
+        torch.testing.assert_close(plan.pair(model, batch).first, model.encode_pair(batch).first, rtol=0, atol=0)
+        assert plan.requirements(model) == [("stream 'b' embedding part 'word'", "pair.tokens"),
+                                            ("stream 'b' embedding part 'seg'", "pair.segments")]
+        assert plan.describe(model) in summarize(model) and set(plan.forward(model, batch)) == {"pair_cls", "mlm"}
+
+
+def test_the_former_dual_layout_is_read_without_torch():
+    """Reading a config (the loader, the TencentPretrain importer) rewrites the former dual layout and imports
+    no torch (pentad preprocess needs none)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, pentad.config.loader, pentad.config.model, pentad.tencentpretrain.config; "
+            "from pentad.config.dual_layout import from_dual_encoder; "
+            "assert 'streams' in from_dual_encoder({'encoder': {'type': 'dual', 'stream_0': {}}}); "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
 # ----------------------------------------------------------------------------- the former dual encoder
 @pytest.mark.parametrize("tie", [True, False])
 def test_dual_encoder_configs_load_as_streams(tie, capsys):
-    from pentad.config import streams
+    from pentad.config import dual_layout
 
-    streams._warned.clear()
+    dual_layout._warned.clear()
     second = {} if tie else {"hidden_size": 24, "encoder": {**TRANSFORMER, "num_heads": 4}}
     legacy = model_config_class().model_validate(legacy_dict(tie=tie, pooling="first", **second))
     assert "model.encoder type 'dual' (stream_0 / stream_1) is now model.streams (text_a, text_b)" in \

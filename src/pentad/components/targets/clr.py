@@ -34,8 +34,8 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pentad.components.base import Batch, PooledPair, Target, TargetOutput
+from pentad.components.stream import pair_widths
 from pentad.components.targets.common import TargetConfigBase
-from pentad.config.streams import pair_widths
 from pentad.layers.soft_labels import SoftLoss
 from pentad.registry import TARGETS
 

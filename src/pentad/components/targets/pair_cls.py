@@ -16,8 +16,8 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pentad.components.base import Batch, PooledPair, Target, TargetOutput
+from pentad.components.stream import pair_widths
 from pentad.components.targets.common import TargetConfigBase, classification_loss
-from pentad.config.streams import pair_widths
 from pentad.layers.dropout import Dropout
 from pentad.registry import TARGETS
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pentad.config.streams import shares, stream_embedding, stream_encoder, stream_names, stream_sizes
+from pentad.components.stream import shares, stream_embedding, stream_encoder, stream_names, stream_sizes
 from pentad.errors import UserError
 from pentad.interop.hf import (
     ExportPlan,
