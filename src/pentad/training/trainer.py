@@ -3,7 +3,8 @@
 Objective-specific work lives in objectives (data -> Batch) and targets (hidden -> loss); the
 trainer only sums target losses, accumulates gradients, clips, steps, logs and checkpoints. What some
 runs add is a :class:`Hook` the session or the runner registers: evaluation with a best model and early
-stopping is one (:mod:`pentad.training.evaluation`).
+stopping is one (:mod:`pentad.training.evaluation`); adversarial training is one the trainer makes from
+its config (:class:`AdversarialTraining`). When to save is :class:`SaveSchedule`'s decision.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,12 @@ def batch_tokens(batch: Batch) -> torch.Tensor:
     if batch.padding_mask is None:
         return torch.tensor(ref.numel(), device=ref.device)
     return (~batch.padding_mask).sum()
+
+
+def _add(sums: dict[str, torch.Tensor], key: str, value: torch.Tensor) -> None:
+    """Add ``value`` (detached, as float32) to ``sums[key]``, or start it."""
+    value = value.detach().float()
+    sums[key] = sums[key] + value if key in sums else value
 
 
 class MetricsLog:
@@ -199,8 +206,28 @@ class Hook:
     def transform(self, trainer: Trainer, outputs: dict[str, Any], batch: Batch) -> dict[str, Any]:
         """The heads' outputs of a forward of ``batch`` (under autocast), changed before their losses are
         summed (distillation mixes soft-label losses in); every forward of the micro-batch passes here,
-        the adversarial one too. Returns them unchanged by default."""
+        those of a hook's :meth:`backward` too. Returns them unchanged by default."""
         return outputs
+
+    def around_backward(self, trainer: Trainer, batch: Batch) -> AbstractContextManager[Any]:
+        """A context the micro-batch's own forward and backward run in (adversarial training keeps the
+        gradient that backward gives the tables it perturbs); by default nothing."""
+        return nullcontext()
+
+    #: True when :meth:`backward` adds a backward pass of its own to every micro-batch
+    adds_backward: bool = False
+
+    def backward(self, trainer: Trainer, loss_of: Callable[[nn.Module], torch.Tensor],
+                 reduce: bool) -> dict[str, torch.Tensor]:
+        """With ``adds_backward``: a backward pass after the micro-batch's own (and after those of the hooks
+        before it), whose gradients add to the step's (adversarial training's perturbed loss).
+        ``loss_of(module)``: the micro-batch's loss through ``module``, computed as the loop computes its
+        own (``trainer.forward_model`` for gradients that count, ``trainer.model`` for others).
+        ``reduce``: this backward is the one that reduces gradients across ranks (the last backward of a
+        step's last micro-batch); run it under ``trainer.strategy.accumulate(last=reduce)``. Returns
+        detached ``<name>_loss`` values, summed over the logging interval and logged as means per
+        micro-batch like the heads' losses (other values are :meth:`on_log`'s)."""
+        return {}
 
     def on_log(self, trainer: Trainer) -> dict[str, Any]:
         """Values this hook adds to each logged record of ``metrics.jsonl`` (after ``lr``), at the step just
@@ -212,6 +239,65 @@ class Hook:
         (``done``: the step is the run's last). Returns True to stop training after this step, with a
         checkpoint (early stopping)."""
         return False
+
+
+class AdversarialTraining(Hook):
+    """``train.adversarial`` (:mod:`pentad.training.adversarial`): after each micro-batch's backward, the
+    backward of its loss with the embedding tables perturbed, logged as ``adv_loss``. The trainer adds it
+    to its own hooks when the config asks for it."""
+
+    adds_backward = True
+
+    def __init__(self, adversary: Adversary):
+        self.adversary = adversary
+
+    def around_backward(self, trainer: Trainer, batch: Batch) -> AbstractContextManager[Any]:
+        return self.adversary.capture()
+
+    def backward(self, trainer: Trainer, loss_of: Callable[[nn.Module], torch.Tensor],
+                 reduce: bool) -> dict[str, torch.Tensor]:
+        return {"adv_loss": self.adversary.attack(loss_of, reduce)}
+
+
+class SaveSchedule:
+    """When the loop saves a checkpoint: every ``every`` steps (``train.save_every``), once ``minutes``
+    (``train.save_minutes``) have passed since the last save or the start, and at the run's last step.
+    Each rank reads the time on its own clock (:meth:`timed`); the loop agrees on it across the ranks
+    before it asks :meth:`due`."""
+
+    def __init__(self, every: int | None, minutes: float | None):
+        self.every = every
+        self.minutes = minutes
+        self.last = time.monotonic()
+
+    def timed(self) -> bool:
+        """Whether ``minutes`` have passed since the last save (on this rank's clock)."""
+        return self.minutes is not None and time.monotonic() - self.last >= 60 * self.minutes
+
+    def due(self, step: int, done: bool, timed: bool) -> bool:
+        """Whether to save after ``step`` (``done``: the run's last step; ``timed``: as the ranks agreed)."""
+        return bool(self.every and step % self.every == 0) or done or timed
+
+    def saved(self) -> None:
+        self.last = time.monotonic()
+
+
+class Interval:
+    """What the loop gathers between two logged records, on the device (no host sync): the sums of the
+    losses and metrics, the real tokens trained on and the steps done; when the interval started, and
+    the last micro-batch's sequence length (for the model FLOPs)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.seq_len = 0
+        self.restart()
+
+    def restart(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.tokens = torch.zeros((), dtype=torch.long, device=self.device)
+        self.steps = 0
+        synchronize(self.device)
+        self.start = time.perf_counter()
 
 
 class Trainer:
@@ -226,9 +312,8 @@ class Trainer:
     Optional behaviours are hooks (:class:`Hook`) given to :meth:`train`: evaluation
     with a best model and early stopping is :class:`~pentad.training.evaluation.Evaluation`, which calls
     :meth:`evaluate` (its metrics are logged) and may stop training after a step (with a checkpoint).
-
-    ``train.adversarial`` adds an adversarial forward and backward to each micro-batch
-    (:mod:`pentad.training.adversarial`).
+    ``hooks`` holds those the trainer makes from its config, run before them: ``train.adversarial`` is
+    :class:`AdversarialTraining` (an adversarial forward and backward for each micro-batch).
     """
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, run_dir: Path, total_steps: int,
@@ -270,10 +355,12 @@ class Trainer:
         self.peak_tflops = peak_tflops(self.precision, self.device, cfg.peak_tflops)
         self.forward_model = strategy.setup(model, lambda m: build_optimizer(m, cfg))
         self.optimizer = strategy.optimizer
-        self.adversary = Adversary(cfg.adversarial, strategy, cfg.grad_accum) \
-            if cfg.adversarial.method != "none" else None
-        if self.adversary is not None and self.dist.is_main:
-            print(self.adversary.describe(), file=sys.stderr)
+        self.hooks: list[Hook] = []  # the optional behaviours the config asks for, run before those of train()
+        if cfg.adversarial.method != "none":
+            adversary = Adversary(cfg.adversarial, strategy, cfg.grad_accum)
+            if self.dist.is_main:
+                print(adversary.describe(), file=sys.stderr)
+            self.hooks.append(AdversarialTraining(adversary))
         self.schedule = build_schedule(self.optimizer, cfg, total_steps)
         # the configured hyper-parameters of each group, re-applied over a loaded checkpoint's
         self._configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
@@ -519,7 +606,8 @@ class Trainer:
         boundary with a checkpoint and raises :class:`Interrupted`; a second Ctrl-C stops at once.
         With several ranks, the ranks agree on stopping and on timed saves at every step, and a rank
         that fails or dies makes the others stop with :class:`~pentad.errors.RankFailure`.
-        ``hooks``: the run's optional behaviours, called in this order (:class:`Hook`)."""
+        ``hooks``: the run's optional behaviours (:class:`Hook`), called in this order after the trainer's
+        own (:attr:`hooks`)."""
         try:
             return self._train(stream, hooks)
         except (UserError, Interrupted, KeyboardInterrupt):
@@ -539,20 +627,14 @@ class Trainer:
         from tqdm import tqdm
 
         cfg = self.cfg
-        strategy = self.strategy
-        main = self.dist.is_main
-        several = self.dist.world_size > 1
+        hooks = [*self.hooks, *hooks]
         batches = stream(self.micro_batches)
         self.forward_model.train()
-        sums: dict[str, torch.Tensor] = {}
-        tokens = torch.zeros((), dtype=torch.long, device=self.device)
-        seq_len = 0  # the last micro-batch's sequence length, for the model FLOPs
-        synchronize(self.device)
-        interval_start, interval_steps = time.perf_counter(), 0
-        last_save = time.monotonic()
+        interval = Interval(self.device)
+        saves = SaveSchedule(cfg.save_every, cfg.save_minutes)
         last: dict[str, Any] = {}
         bar = tqdm(total=self.total_steps, initial=self.step, desc=self.description, unit="step",
-                   disable=not (cfg.progress and main), dynamic_ncols=True, file=sys.stderr)
+                   disable=not (cfg.progress and self.dist.is_main), dynamic_ncols=True, file=sys.stderr)
         self._bar, self._hooks = bar, hooks
         stop = StopRequest()
         self.events.open(self.step)
@@ -563,70 +645,20 @@ class Trainer:
             while self.step < end:
                 step_loss = torch.zeros((), device=self.device)
                 for micro in range(cfg.grad_accum):
-                    try:
-                        batch = next(batches)
-                    except StopIteration:
-                        raise UserError("the data ran out before the last step") from None
-                    batch, weight = self._rank_rows(batch)
-                    batch = self.to_device(batch)
-                    ref = batch.tokens if batch.tokens is not None else batch.decoder_tokens
-                    seq_len = ref.shape[-1] if ref is not None else seq_len
-                    self.micro_batches += 1
-                    last_micro = micro == cfg.grad_accum - 1
-                    adversary = self.adversary
-                    for hook in hooks:
-                        hook.before_forward(self, batch)
-                    # with an adversarial pass to come, its backward is the one that reduces gradients
-                    with strategy.accumulate(last=last_micro and adversary is None), \
-                            (adversary.capture() if adversary is not None else nullcontext()):
-                        outputs, loss, shares = self._losses(self.forward_model, batch, weight)
-                        strategy.backward(loss / cfg.grad_accum)
-                    if adversary is not None:
-                        adversarial = adversary.attack(
-                            lambda module, b=batch, w=weight: self._losses(module, b, w)[1], last_micro)
-                    with torch.no_grad():
-                        step_loss += loss.detach().float()
-                        self._accumulate(sums, outputs, loss, weight, shares)
-                        if adversary is not None:
-                            sums["adv_loss"] = sums["adv_loss"] + adversarial.float() if "adv_loss" in sums \
-                                else adversarial.float()
-                        if weight:
-                            tokens += batch_tokens(batch)
-                loss_nonfinite = (~torch.isfinite(step_loss)).float()
-                if several:  # every rank leaves the step out alike
-                    self.dist.all_reduce(loss_nonfinite, op="max")
-                norm = strategy.step(cfg.clip_grad_norm, loss_nonfinite)
-                if norm is not None:
-                    sums["grad_norm"] = sums.get("grad_norm", 0) + norm.detach().float()
-                if strategy.skipped is not None:
-                    self._count_nonfinite(strategy.skipped, sums)
-                lr = self.schedule.get_last_lr()[0]
-                self.schedule.step()
-                self.step += 1
-                interval_steps += 1
+                    step_loss += self._micro_batch(batches, micro == cfg.grad_accum - 1, interval)
+                lr = self._optimizer_step(step_loss, interval)
                 bar.update(1)
                 done = self.step == end
-                timed = cfg.save_minutes is not None and time.monotonic() - last_save >= 60 * cfg.save_minutes
-                signum = stop.signum
-                if several:  # every rank stops and saves at the same step
-                    signum, agreed_timed = self.dist.agree_max([float(stop.signum), float(timed)])
-                    signum, timed = int(signum), bool(agreed_timed)
+                signum, timed = self._agreed(stop.signum, saves.timed())
                 if self.step % cfg.log_every == 0 or done or signum:
-                    last = self._record(sums, interval_steps, tokens, interval_start, lr, seq_len, hooks)
-                    if main:
-                        self._write(last)
-                    self._check_finite()
+                    last = self._log(interval, lr)
                     bar.set_postfix(loss=f"{last['loss']:.4f}")
-                    sums, interval_steps = {}, 0
-                    tokens = torch.zeros((), dtype=torch.long, device=self.device)
-                    synchronize(self.device)
-                    interval_start = time.perf_counter()
                 for hook in hooks:
                     if hook.after_step(self, done):
                         self.stopped_early = done = True  # every rank decides alike (hooks decide on shared values)
-                if (cfg.save_every and self.step % cfg.save_every == 0) or done or timed or signum:
+                if signum or saves.due(self.step, done, timed):
                     saved = self.save()
-                    last_save = time.monotonic()
+                    saves.saved()
                     if signum and not done:
                         raise Interrupted(
                             f"stopped by {signal.Signals(signum).name} after step {self.step} of "
@@ -640,6 +672,79 @@ class Trainer:
             bar.close()
             self._bar, self._hooks = None, ()
         return last
+
+    def _micro_batch(self, batches: Iterator[Batch], last: bool, interval: Interval) -> torch.Tensor:
+        """The next micro-batch's forward and backward, then the backward passes the hooks add (on the step's
+        ``last`` micro-batch, the last backward reduces gradients across ranks); its losses and metrics are
+        summed into ``interval``. Returns its loss (detached, float32)."""
+        try:
+            batch = next(batches)
+        except StopIteration:
+            raise UserError("the data ran out before the last step") from None
+        batch, weight = self._rank_rows(batch)
+        batch = self.to_device(batch)
+        ref = batch.tokens if batch.tokens is not None else batch.decoder_tokens
+        interval.seq_len = ref.shape[-1] if ref is not None else interval.seq_len
+        self.micro_batches += 1
+        backwards = [hook for hook in self._hooks if hook.adds_backward]
+        for hook in self._hooks:
+            hook.before_forward(self, batch)
+        with self.strategy.accumulate(last=last and not backwards), ExitStack() as around:
+            for hook in self._hooks:
+                around.enter_context(hook.around_backward(self, batch))
+            outputs, loss, shares = self._losses(self.forward_model, batch, weight)
+            self.strategy.backward(loss / self.cfg.grad_accum)
+        added = [hook.backward(self, lambda module: self._losses(module, batch, weight)[1],
+                               last and hook is backwards[-1]) for hook in backwards]
+        with torch.no_grad():
+            self._accumulate(interval.sums, outputs, loss, weight, shares)
+            for hook, values in zip(backwards, added):
+                for key, value in values.items():
+                    if not key.endswith("_loss"):
+                        raise ValueError(f"{type(hook).__name__}.backward returned {key!r}: the values a hook's "
+                                         "backward returns are logged as losses, so their names end in '_loss' "
+                                         "(other values: Hook.on_log)")
+                    _add(interval.sums, key, value)
+            if weight:
+                interval.tokens += batch_tokens(batch)
+        return loss.detach().float()
+
+    def _optimizer_step(self, step_loss: torch.Tensor, interval: Interval) -> float:
+        """The optimizer step (left out on every rank alike when the loss of one is not finite), the schedule
+        advanced and the step counted; returns the learning rate the step used."""
+        loss_nonfinite = (~torch.isfinite(step_loss)).float()
+        if self.dist.world_size > 1:  # every rank leaves the step out alike
+            self.dist.all_reduce(loss_nonfinite, op="max")
+        norm = self.strategy.step(self.cfg.clip_grad_norm, loss_nonfinite)
+        if norm is not None:
+            interval.sums["grad_norm"] = interval.sums.get("grad_norm", 0) + norm.detach().float()
+        if self.strategy.skipped is not None:
+            self._count_nonfinite(self.strategy.skipped, interval.sums)
+        lr = self.schedule.get_last_lr()[0]
+        self.schedule.step()
+        self.step += 1
+        interval.steps += 1
+        return lr
+
+    def _agreed(self, signum: int, timed: bool) -> tuple[int, bool]:
+        """A stop signal and a timed save (:meth:`SaveSchedule.timed`) as every rank takes them: each rank
+        may catch a signal or reach the time on its own, and all must stop and save at the same step (one
+        collective per step with several ranks)."""
+        if self.dist.world_size == 1:
+            return signum, timed
+        agreed_signum, agreed_timed = self.dist.agree_max([float(signum), float(timed)])
+        return int(agreed_signum), bool(agreed_timed)
+
+    def _log(self, interval: Interval, lr: float) -> dict[str, Any]:
+        """The interval's record (computed on every rank, written by the main rank), the check that the run
+        has not diverged (``train.on_nonfinite``), and a new interval."""
+        record = self._record(interval.sums, interval.steps, interval.tokens, interval.start, lr, interval.seq_len,
+                              self._hooks)
+        if self.dist.is_main:
+            self._write(record)
+        self._check_finite()
+        interval.restart()
+        return record
 
     def _count_nonfinite(self, skipped: torch.Tensor, sums: dict[str, torch.Tensor]) -> None:
         """Count a step left out for a non-finite loss or gradient norm (``skipped``: 1.0 or 0.0 on the
@@ -704,8 +809,7 @@ class Trainer:
     def _accumulate(sums: dict[str, torch.Tensor], outputs, loss: torch.Tensor, weight: float = 1.0,
                     shares: dict[str, torch.Tensor] | None = None) -> None:
         def add(key: str, value: torch.Tensor) -> None:
-            value = value.detach().float()
-            sums[key] = sums[key] + value if key in sums else value
+            _add(sums, key, value)
 
         add("loss", loss)
         add("micro_batches", torch.ones(()))
