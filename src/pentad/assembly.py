@@ -19,6 +19,7 @@ from typing import Any
 
 from pentad import layout
 from pentad.config.loader import load_raw, read_config_file
+from pentad.errors import UserError
 from pentad.run_config import validate_raw
 
 
@@ -78,7 +79,12 @@ def with_init_model(raw: dict[str, Any], applied: dict[str, str], label: str) ->
         return raw, label
     saved = Path(init).expanduser() / layout.CONFIG
     given = raw.get("model")
-    if not saved.is_file() or not _from_overrides(given, applied):
+    if not _from_overrides(given, applied):
+        return raw, label
+    if not Path(init).expanduser().exists():  # the first cause, before "model: field required"
+        raise UserError(f"init={init} does not exist (expected a run directory, whose model this run would "
+                        "take, or a checkpoint file with a config giving the model)")
+    if not saved.is_file():
         return raw, label
     run = read_config_file(saved, "run config")
     if not isinstance(run.get("model"), dict):

@@ -93,6 +93,20 @@ def main_rank_speaks() -> Iterator[None]:
             set_quiet(False)
 
 
+def check_inputs_exist(cfg: Any, keys: tuple[str, ...] = ("init", "data.dataset")) -> None:
+    """UserError naming the first of ``keys`` (dotted paths of the run config) whose path is given but does not
+    exist: the first real cause, before the errors that would follow from it (no tokenizer, no dataset
+    manifest)."""
+    for key in keys:
+        value: Any = cfg
+        for part in key.split("."):
+            value = getattr(value, part, None)
+        if value is not None and not Path(value).exists():
+            what = {"init": "a run directory or checkpoint file to initialise from",
+                    "data.dataset": "the directory written by `pentad preprocess`"}.get(key, "a file")
+            raise UserError(f"{key}={value} does not exist (expected {what})")
+
+
 def load_tokenizer(cfg: Any):
     """The tokenizer a config names, or None."""
     if cfg.tokenizer is None:

@@ -132,3 +132,16 @@ def test_a_dataset_describes_itself(english, bert_dataset, tmp_path, capsys):
     assert recorded["tokenizer"]["vocab"] == manifest["tokenizer"]["config"]["vocab"]
     assert main([*args, f"output={tmp_path / 'other'}", "data.objective.seq_length=48"]) == 2
     assert "objective.seq_length: dataset 32, config 48" in capsys.readouterr().err
+
+
+def test_errors_name_the_first_real_cause(english, tmp_path, capsys):
+    """A missing init or dataset is reported as such, not as what follows from it (no tokenizer, no model)."""
+    missing = tmp_path / "nowhere"
+    assert main(["finetune", "--task", "classification", f"init={missing}", f"data.train={english['train']}",
+                 f"output={tmp_path / 'ft'}"]) == 2
+    assert f"init={missing} does not exist" in capsys.readouterr().err
+    assert main(["finetune", "--task", "classification", "--config", "bert/tiny", f"init={missing}",
+                 f"data.train={english['train']}", f"output={tmp_path / 'ft'}"]) == 2
+    assert f"init={missing} does not exist" in capsys.readouterr().err
+    assert main(["pretrain", "--config", "bert/tiny", f"data.dataset={missing}", f"output={tmp_path / 'pt'}"]) == 2
+    assert f"data.dataset={missing} does not exist" in capsys.readouterr().err

@@ -15,7 +15,15 @@ from pentad.builder import build_model, check_memory
 from pentad.config.base import freeze
 from pentad.errors import UserError
 from pentad.registry import TASKS
-from pentad.runs import absolute_paths, complete_vocab, info, load_run, load_tokenizer, main_rank_speaks
+from pentad.runs import (
+    absolute_paths,
+    check_inputs_exist,
+    complete_vocab,
+    info,
+    load_run,
+    load_tokenizer,
+    main_rank_speaks,
+)
 from pentad.tasks import search
 from pentad.tasks.base import Task, window_size, write_lines
 from pentad.training import checkpoint as ckpt
@@ -55,6 +63,7 @@ def settle_finetune(cfg: Any, partial: bool = False) -> Any:
         TASKS.get(cfg.task.type).sources(cfg.task, cfg.data)  # a missing input fails before the run starts
         if cfg.output is None:
             raise UserError("output is not set: give the run directory, e.g. output=runs/finetune")
+    check_inputs_exist(cfg, ("init", "train.distill.teacher"))
     cfg = absolute_paths(cfg.model_copy(deep=True))
     cfg.train = cfg.train.for_finetuning()
     if cfg.tokenizer is None and cfg.init is not None and (Path(cfg.init) / layout.CONFIG).is_file():

@@ -11,7 +11,7 @@ from pentad import layout
 from pentad.config.base import freeze
 from pentad.errors import UserError
 from pentad.registry import OBJECTIVES
-from pentad.runs import absolute_paths, complete_vocab, info, load_tokenizer, main_rank_speaks
+from pentad.runs import absolute_paths, check_inputs_exist, complete_vocab, info, load_tokenizer, main_rank_speaks
 from pentad.training.session import Session
 from pentad.training.trainer import Hook, Trainer, plot_losses
 
@@ -40,6 +40,7 @@ def plan_pretrain(cfg: Any, partial: bool = False) -> PretrainPlan:
             raise UserError("data.objective is not set (e.g. data.objective=bert)")
         if cfg.output is None:
             raise UserError("output is not set: give the run directory, e.g. output=runs/pretrain")
+    check_inputs_exist(cfg)
     for key in ("early_stopping", "folds", "grid"):
         if getattr(cfg.train, key) is not None:
             raise UserError(f"train.{key} is a fine-tuning option (pentad finetune); pre-training has no dev set "
