@@ -132,6 +132,12 @@ def test_a_dataset_describes_itself(english, bert_dataset, tmp_path, capsys):
     assert recorded["tokenizer"]["vocab"] == manifest["tokenizer"]["config"]["vocab"]
     assert main([*args, f"output={tmp_path / 'other'}", "data.objective.seq_length=48"]) == 2
     assert "objective.seq_length: dataset 32, config 48" in capsys.readouterr().err
+    # a run and a dataset say everything: no config at all
+    again = ["pretrain", f"init={out}", f"data.dataset={bert_dataset}", f"output={tmp_path / 'again'}",
+             *args[4:]]
+    assert main(again) == 0
+    again_cfg = yaml.safe_load((tmp_path / "again" / "config.yaml").read_text(encoding="utf-8"))
+    assert again_cfg["model"] == recorded["model"]
 
 
 def test_errors_name_the_first_real_cause(english, tmp_path, capsys):
