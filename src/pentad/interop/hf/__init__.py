@@ -283,10 +283,10 @@ class Field:
     spelled: Callable[[Any, Any], Any] | None = None
 
 
-def activation_field(hf: str, path: str) -> Field:
+def activation_field(hf: str, path: str, *also: str) -> Field:
     """The row of an activation: HF's name -> pentad's on import (checked beforehand with
     :func:`activation`), and back with the imported config's own spelling where it means the same function."""
-    return Field(hf, path, lambda name: HF_ACTIVATIONS[str(name)],
+    return Field(hf, path, lambda name: HF_ACTIVATIONS[str(name)], also=also,
                  spelled=lambda value, imported: activation_name(imported, value))
 
 
