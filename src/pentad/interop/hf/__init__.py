@@ -268,8 +268,9 @@ class Field:
     Import (:func:`import_fields`): ``read`` of the config value (the family's defaults filled in) is
     set at ``path`` and at each path of ``also`` (one HF key for several pentad options, e.g. one dropout
     for the embedding and the layers). Export (:func:`export_fields`), first that applies: a value the
-    family computed; with ``kept``, the value of the config.json the model was imported from, where it has
-    the key (an option pentad does not hold); ``write(model)`` of the pentad ``ModelConfig``; the value at
+    family computed; with ``kept``, the value of the config.json the model was imported from (through
+    ``read``), where it has the key (an option pentad does not hold); ``write(model)`` of the pentad
+    ``ModelConfig``; the value at
     ``path``, through ``spelled(value, imported)`` when the HF spelling is not ``read``'s inverse (an
     activation, whose imported name is kept when it means the same function), else through ``read``. A
     table's rows are config.json's keys in the order they are written."""
@@ -312,7 +313,7 @@ def export_fields(table: list[Field], model: Any, base: dict[str, Any] | None = 
         if row.hf in given:
             values[row.hf] = given[row.hf]
         elif row.kept and row.hf in base:
-            values[row.hf] = base[row.hf]
+            values[row.hf] = row.read(base[row.hf])
         elif row.write is not None:
             values[row.hf] = row.write(model)
         elif row.path is None:
