@@ -151,3 +151,24 @@ def test_field_rows_with_several_paths_list_items_kept_keys_and_activations():
     # an imported name of another function is not kept; a value the family computed wins over all
     assert export_fields(table, built, {"hidden_act": "relu"}, pooler_size=5) == \
         {"drop": 0.1, "channels": 1, "hidden_act": "gelu_new", "pooler_size": 5}
+
+
+def test_every_family_declares_its_config_table():
+    """Each family module holds a Field table whose keys its export owns (a relative without one reads
+    the table of the family it subclasses: RoBERTa BERT's, Pegasus BART's)."""
+    import importlib
+
+    from pentad.interop.hf import Field
+    from pentad.interop.hf.families import registered
+
+    for name, family in registered().items():
+        module = importlib.import_module(f"pentad.interop.hf.{name}")
+        if not hasattr(module, "FIELDS"):
+            assert name in ("pegasus", "roberta"), f"{name} declares no FIELDS table"
+            continue
+        table = module.FIELDS
+        assert table and all(isinstance(row, Field) for row in table), name
+        keys = [row.hf for row in table]
+        assert len(keys) == len(set(keys)), f"{name}: a config.json key twice in FIELDS"
+        owned = set(getattr(family, "owned", None) or module.OWNED)
+        assert set(keys) <= owned, f"{name}: FIELDS rows its export does not own: {set(keys) - owned}"
