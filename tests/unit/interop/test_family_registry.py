@@ -126,3 +126,49 @@ def test_field_tables_translate_both_ways_in_table_order():
     assert [r.hf for r in changed] == ["n_layer", "eps", "act", "width", "extra"]
     assert export_fields(changed, built, act="x")["eps"] == 0.5
     assert owned_keys(table, "rope") == ("architectures", "model_type", "n_layer", "eps", "act", "width", "rope")
+
+
+def test_field_rows_with_several_paths_list_items_kept_keys_and_activations():
+    from types import SimpleNamespace
+
+    from pentad.interop.hf import Field, activation_field, export_fields, import_fields
+
+    table = [Field("drop", "encoder.dropout", float, also=("embedding.dropout",)),
+             Field("channels", "embedding.parts.0.channels", int),
+             activation_field("hidden_act", "encoder.activation"),
+             Field("pooler_size", kept=True, write=lambda m: None)]
+    model = import_fields(table, {"drop": 0, "channels": "3", "hidden_act": "gelu_pytorch_tanh", "pooler_size": 7},
+                          {"embedding": {"parts": [{"type": "patch"}, {"type": "pos"}]}})
+    assert model == {"encoder": {"dropout": 0.0, "activation": "gelu_tanh"},
+                     "embedding": {"parts": [{"type": "patch", "channels": 3}, {"type": "pos"}], "dropout": 0.0}}
+    built = SimpleNamespace(encoder=SimpleNamespace(dropout=0.1, activation="gelu_tanh"),
+                            embedding=SimpleNamespace(parts=[SimpleNamespace(channels=1)]))
+    # no imported config: pentad's names and the writers' values
+    assert export_fields(table, built) == {"drop": 0.1, "channels": 1, "hidden_act": "gelu_new", "pooler_size": None}
+    # the imported config's spelling of the same function and its own value of a key pentad does not hold
+    assert export_fields(table, built, {"hidden_act": "gelu_pytorch_tanh", "pooler_size": 7}) == \
+        {"drop": 0.1, "channels": 1, "hidden_act": "gelu_pytorch_tanh", "pooler_size": 7}
+    # an imported name of another function is not kept; a value the family computed wins over all
+    assert export_fields(table, built, {"hidden_act": "relu"}, pooler_size=5) == \
+        {"drop": 0.1, "channels": 1, "hidden_act": "gelu_new", "pooler_size": 5}
+
+
+def test_every_family_declares_its_config_table():
+    """Each family module holds a Field table whose keys its export owns (a relative without one reads
+    the table of the family it subclasses: RoBERTa BERT's, Pegasus BART's)."""
+    import importlib
+
+    from pentad.interop.hf import Field
+    from pentad.interop.hf.families import registered
+
+    for name, family in registered().items():
+        module = importlib.import_module(f"pentad.interop.hf.{name}")
+        if not hasattr(module, "FIELDS"):
+            assert name in ("pegasus", "roberta"), f"{name} declares no FIELDS table"
+            continue
+        table = module.FIELDS
+        assert table and all(isinstance(row, Field) for row in table), name
+        keys = [row.hf for row in table]
+        assert len(keys) == len(set(keys)), f"{name}: a config.json key twice in FIELDS"
+        owned = set(getattr(family, "owned", None) or module.OWNED)
+        assert set(keys) <= owned, f"{name}: FIELDS rows its export does not own: {set(keys) - owned}"

@@ -262,39 +262,58 @@ def one_segment_with_positions(model: Any) -> bool:
 @dataclass(frozen=True)
 class Field:
     """One row of a family's config table: the config.json key ``hf`` and the pentad model config path
-    ``path`` it translates to (dotted, below ``model``; None: a key the family computes on import).
+    ``path`` it translates to (dotted, below ``model``; a number indexes a list, ``embedding.parts.0.channels``;
+    None: a key the family computes on import).
 
     Import (:func:`import_fields`): ``read`` of the config value (the family's defaults filled in) is
-    set at ``path``. Export (:func:`export_fields`): ``write(model)`` of the pentad ``ModelConfig``, or
-    where there is none the value at ``path`` through ``read``; a table's rows are config.json's keys in
-    the order they are written."""
+    set at ``path`` and at each path of ``also`` (one HF key for several pentad options, e.g. one dropout
+    for the embedding and the layers). Export (:func:`export_fields`), first that applies: a value the
+    family computed; with ``kept``, the value of the config.json the model was imported from (through
+    ``read``), where it has the key (an option pentad does not hold); ``write(model)`` of the pentad
+    ``ModelConfig``; the value at
+    ``path``, through ``spelled(value, imported)`` when the HF spelling is not ``read``'s inverse (an
+    activation, whose imported name is kept when it means the same function), else through ``read``. A
+    table's rows are config.json's keys in the order they are written."""
 
     hf: str
     path: str | None = None
     read: Callable[[Any], Any] = lambda value: value
     write: Callable[[Any], Any] | None = None
+    also: tuple[str, ...] = ()
+    kept: bool = False
+    spelled: Callable[[Any, Any], Any] | None = None
+
+
+def activation_field(hf: str, path: str, *also: str) -> Field:
+    """The row of an activation: HF's name -> pentad's on import (checked beforehand with
+    :func:`activation`), and back with the imported config's own spelling where it means the same function."""
+    return Field(hf, path, lambda name: HF_ACTIVATIONS[str(name)], also=also,
+                 spelled=lambda value, imported: activation_name(imported, value))
 
 
 def import_fields(table: list[Field], config: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
     """Set each row's pentad value from ``config`` into the (nested) pentad model dict ``model``; returns it."""
     for row in table:
-        if row.path is None:
-            continue
-        *parents, leaf = row.path.split(".")
-        node = model
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = row.read(config[row.hf])
+        for path in ((row.path, *row.also) if row.path is not None else ()):
+            *parents, leaf = path.split(".")
+            node: Any = model
+            for key in parents:
+                node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
+            node[leaf] = row.read(config[row.hf])
     return model
 
 
-def export_fields(table: list[Field], model: Any, **given: Any) -> dict[str, Any]:
+def export_fields(table: list[Field], model: Any, base: dict[str, Any] | None = None, **given: Any) -> dict[str, Any]:
     """config.json's values of the rows of ``table``, in its order, for a pentad ``ModelConfig``
-    (``given``: values the family computed, by config.json key, e.g. ``hidden_act``)."""
+    (``base``: the config.json it was imported from; ``given``: values the family computed, by
+    config.json key, e.g. ``hidden_act``)."""
+    base = base or {}
     values: dict[str, Any] = {}
     for row in table:
         if row.hf in given:
             values[row.hf] = given[row.hf]
+        elif row.kept and row.hf in base:
+            values[row.hf] = row.read(base[row.hf])
         elif row.write is not None:
             values[row.hf] = row.write(model)
         elif row.path is None:
@@ -302,8 +321,8 @@ def export_fields(table: list[Field], model: Any, **given: Any) -> dict[str, Any
         else:
             value = model
             for key in row.path.split("."):
-                value = getattr(value, key)
-            values[row.hf] = row.read(value)
+                value = value[int(key)] if key.isdigit() else getattr(value, key)
+            values[row.hf] = row.spelled(value, base.get(row.hf)) if row.spelled is not None else row.read(value)
     return values
 
 

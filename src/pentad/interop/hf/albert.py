@@ -27,8 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 from pentad.errors import UserError
-from pentad.interop.hf import ImportPlan, KeyLayout, shared_or_factorised, stack_problems, text_kind
-from pentad.interop.hf.bert import OWNED as BERT_OWNED
+from pentad.interop.hf import Field, ImportPlan, KeyLayout, owned_keys, shared_or_factorised, stack_problems, text_kind
+from pentad.interop.hf.bert import FIELDS as BERT_FIELDS
 from pentad.interop.hf.bert import UNUSED_POOLER, BertLikeFamily
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
 
@@ -80,8 +80,18 @@ DEFAULTS: dict[str, Any] = {
     "classifier_dropout_prob": 0.1, "position_embedding_type": "absolute", "pad_token_id": 0,
     "tie_word_embeddings": True,
 }
-OWNED = tuple(k for k in BERT_OWNED if k not in ("is_decoder", "add_cross_attention", "classifier_dropout")) + (
-    "embedding_size", "num_hidden_groups", "inner_group_num", "classifier_dropout_prob")
+# config.json <-> pentad: BERT's rows but the decoder flags and classifier_dropout, then (after the labels)
+# ALBERT's own. Computed by the planners: the embedding width on import (set only where it is not the
+# hidden size), a classifier's dropout on export (else the imported config's, else AlbertConfig's).
+FIELDS: list[Field] = [row for row in BERT_FIELDS
+                       if row.hf not in ("is_decoder", "add_cross_attention", "classifier_dropout")]
+OWN_FIELDS: list[Field] = [
+    Field("embedding_size", write=lambda m: m.embedding_size or m.hidden_size),
+    Field("num_hidden_groups", write=lambda m: 1),
+    Field("inner_group_num", write=lambda m: 1),
+    Field("classifier_dropout_prob", read=float, kept=True, write=lambda m: DEFAULTS["classifier_dropout_prob"]),
+]
+OWNED = owned_keys(FIELDS, "id2label", "label2id", "num_labels", *(row.hf for row in OWN_FIELDS))
 
 
 class AlbertFamily(BertLikeFamily):
@@ -91,6 +101,8 @@ class AlbertFamily(BertLikeFamily):
     class_prefix = {"albert": "Albert"}
     base_prefix = "albert."
     defaults = DEFAULTS
+    fields = FIELDS
+    own_fields = OWN_FIELDS
     owned = OWNED
     tokenizer_kind = "sentencepiece"
     tokenizer_class = "AlbertTokenizer"
@@ -157,15 +169,8 @@ class AlbertFamily(BertLikeFamily):
         model["encoder"]["share_layers"] = True
         return model
 
-    def adjust_export(self, config: dict[str, Any], model: Any, base: dict[str, Any]) -> dict[str, Any]:
-        out = {k: v for k, v in config.items() if k not in ("is_decoder", "add_cross_attention", "classifier_dropout")}
-        out["embedding_size"] = model.embedding_size or model.hidden_size
-        out["num_hidden_groups"] = 1
-        out["inner_group_num"] = 1
-        heads = [t for t in model.targets if t.type in ("cls", "tagger")]
-        out["classifier_dropout_prob"] = float(heads[0].dropout) if heads else float(
-            base.get("classifier_dropout_prob", DEFAULTS["classifier_dropout_prob"]))
-        return out
+    def classifier_dropout(self, head: float, dropout: float) -> float | None:
+        return float(head)
 
     def export_problems(self, model: Any) -> list[str]:
         problems = stack_problems(model.encoder, "model.encoder", self.name, model.hidden_size, share_layers=True)

@@ -102,9 +102,10 @@ DEFAULTS: dict[str, Any] = {
     "initializer_range": 0.02, "layer_norm_eps": 1e-12, "pad_token_id": 0,
     "position_embedding_type": "absolute", "tie_word_embeddings": True, "classifier_dropout": None,
 }
-# config.json <-> pentad, in the order config.json is written (RoBERTa's and ALBERT's too). Computed by
-# the planners: the activation, the position table's size (offset, tokenizer limit), one layer_norm_eps
-# for every norm, the segment rows, the padding id and the classifier's dropout.
+# config.json <-> pentad, in the order config.json is written (RoBERTa's too; ALBERT's without the
+# decoder rows, see albert.py). Computed by the planners: the activation, the position table's size
+# (offset, tokenizer limit), one layer_norm_eps for every norm, the segment rows, the padding id and a
+# classifier's dropout.
 FIELDS: list[Field] = [
     Field("vocab_size", "vocab_size", int),
     Field("hidden_size", "hidden_size", int),
@@ -124,7 +125,7 @@ FIELDS: list[Field] = [
     Field("is_decoder", write=lambda m: False),
     Field("add_cross_attention", write=lambda m: False),
     Field("pad_token_id"),
-    Field("classifier_dropout"),
+    Field("classifier_dropout", kept=True, write=lambda m: None),  # a classifier's own: see classifier_dropout
 ]
 # Keys of config.json this module writes; the rest of an imported config.json is kept as it was.
 OWNED = owned_keys(FIELDS, "id2label", "label2id", "num_labels")
@@ -158,6 +159,8 @@ class BertLikeFamily(HFFamily):
     pooler_key = "pooler.dense.weight"  # under the base prefix
     sentence_target = "sp"  # pentad target of the next-sentence head (ALBERT: sop)
     classifier_dropout_key = "classifier_dropout"
+    fields: list[Field] = FIELDS
+    own_fields: list[Field] = []  # a relative's own config.json keys, written after the labels (ALBERT's)
     owned = OWNED
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -328,7 +331,7 @@ class BertLikeFamily(HFFamily):
             notes.append(f"position table: HF rows {offset}..{positions + offset - 1} are pentad positions "
                          f"0..{positions - 1}; HF rows 0..{offset - 1} (padding_idx {offset - 1} and below, never "
                          "used for a real token) are kept in interop_extra.safetensors for the way back")
-        model = import_fields(FIELDS, c, {
+        model = import_fields(self.fields, c, {
             "max_seq_length": seq_len,
             "embedding": {"parts": [{"type": "word"}, pos, {"type": "seg", "num_segments": int(c["type_vocab_size"])}],
                           "norm": True, "layer_norm_eps": eps, "dropout": dropout},
@@ -350,9 +353,10 @@ class BertLikeFamily(HFFamily):
         """Family-specific additions to the imported model config (ALBERT: factorised, shared)."""
         return model
 
-    def adjust_export(self, config: dict[str, Any], model: Any, base: dict[str, Any]) -> dict[str, Any]:
-        """Family-specific changes to the exported config.json values (ALBERT's own keys)."""
-        return config
+    def classifier_dropout(self, head: float, dropout: float) -> float | None:
+        """config.json's classifier dropout of a head with dropout ``head`` (BERT: None, HF's "use
+        hidden_dropout_prob", where it is the layers' ``dropout``)."""
+        return None if head == dropout else head
 
     def export_problems(self, model: Any) -> list[str]:
         """Options of the pentad model the HF architecture cannot express."""
@@ -448,17 +452,16 @@ class BertLikeFamily(HFFamily):
         if float(model.embedding.dropout) != dropout:
             notes.append(f"HF has one hidden_dropout_prob: wrote the encoder's {dropout}, not the embedding's "
                          f"{model.embedding.dropout} (training only)")
-        config = {
-            "architectures": [self.architecture(model_type, arch)], "model_type": model_type,
-            **export_fields(FIELDS, model, hidden_act=_activation_name(base.get("hidden_act"), enc.activation, act),
-                            max_position_embeddings=positions + offset, layer_norm_eps=eps.pop(), pad_token_id=pad,
-                            classifier_dropout=base.get("classifier_dropout")),
-        }
+        given: dict[str, Any] = {"hidden_act": _activation_name(base.get("hidden_act"), enc.activation, act),
+                                 "max_position_embeddings": positions + offset, "layer_norm_eps": eps.pop(),
+                                 "pad_token_id": pad}
         classifier = by_type.get("cls") or by_type.get("tagger")
         if classifier is not None:
-            head = classifier
-            config["classifier_dropout"] = None if head.dropout == dropout else head.dropout
-            n = int(head.num_labels or 2)
+            given[self.classifier_dropout_key] = self.classifier_dropout(classifier.dropout, dropout)
+        config = {"architectures": [self.architecture(model_type, arch)], "model_type": model_type,
+                  **export_fields(self.fields, model, base, **given)}
+        if classifier is not None:
+            n = int(classifier.num_labels or 2)
             old = base.get("id2label") if isinstance(base.get("id2label"), dict) else None
             names_ = labels if labels and len(labels) == n else (
                 [old[str(i)] for i in range(n)] if old and len(old) == n and all(str(i) in old for i in range(n))
@@ -467,7 +470,8 @@ class BertLikeFamily(HFFamily):
             config["label2id"] = {name: i for i, name in enumerate(names_)}
         elif "id2label" in base:
             config["id2label"], config["label2id"] = base["id2label"], base.get("label2id")
-        config = merge_config(base, self.owned, self.adjust_export(config, model, base))
+        config.update(export_fields(self.own_fields, model, base, **given))
+        config = merge_config(base, self.owned, config)
         if offset:
             notes.append(f"position table: pentad positions 0..{positions - 1} are HF rows "
                          f"{offset}..{positions + offset - 1}; HF rows 0..{offset - 1} come from "

@@ -29,20 +29,27 @@ end-of-text token and are padded after it, as the CLIP tokenizer writes them. pe
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
 from pentad.components.stream import shares, stream_embedding, stream_encoder, stream_names, stream_sizes
 from pentad.errors import UserError
 from pentad.interop.hf import (
     ExportPlan,
+    Field,
     HFFamily,
     ImportPlan,
     activation,
+    activation_field,
     activation_name,
+    export_fields,
     hinted_problems,
+    import_fields,
     media,
     merge_config,
+    owned_keys,
     stack_problems,
+    with_rows,
 )
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
 
@@ -87,24 +94,73 @@ VISION_DEFAULTS: dict[str, Any] = {
     "num_channels": 3, "image_size": 224, "patch_size": 32, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5,
     "attention_dropout": 0.0, "dropout": 0.0, "initializer_range": 0.02,
 }
-OWNED = ("architectures", "model_type", "projection_dim", "logit_scale_init_value", "text_config", "vision_config")
-TOWER_OWNED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "hidden_act",
-               "layer_norm_eps", "attention_dropout", "dropout", "initializer_range", "projection_dim")
 SUPPORTED = ("CLIPModel",)
 LOGIT_SCALE_INIT = 2.6592  # HF's default logit_scale_init_value, log(1 / 0.07) to 4 decimals
 
+# A tower's sub-config (text_config, vision_config) <-> pentad, in the order it is written. Paths are
+# below a tower: the text tower is the model itself; the image tower is the second stream (its hidden
+# size, embedding and encoder; pentad has one init_std, the text tower's, so the image tower's
+# initializer_range is read into nothing). CLIPModel reads the top-level projection_dim; a tower's own
+# is kept as it was. A tower's dropout is written after these rows, and only where it is not zero or
+# the imported sub-config has one (transformers 5 writes no dropout key).
+TOWER: dict[str, Any] = {"type": "transformer", "norm_position": "pre", "final_norm": True, "bias": True}
+TOWER_FIELDS: list[Field] = [
+    Field("hidden_size", "hidden_size", int),
+    Field("intermediate_size", "encoder.ffn_size", int, lambda t: t.encoder.ffn_size or 4 * t.hidden_size),
+    Field("projection_dim", kept=True, write=lambda t: int(t.targets[0].feature_size or t.hidden_size)),
+    Field("num_hidden_layers", "encoder.num_layers", int),
+    Field("num_attention_heads", "encoder.num_heads", int),
+    activation_field("hidden_act", "encoder.activation"),
+    Field("layer_norm_eps", "encoder.layer_norm_eps", float),
+    Field("attention_dropout", "encoder.attention_dropout", float,
+          lambda t: float(t.encoder.attention_dropout if t.encoder.attention_dropout is not None
+                          else t.encoder.dropout)),
+    Field("initializer_range", "init_std", float),
+]
+# The token ids are computed by the planner (the tokenizer's, else the imported config's, else CLIP's).
+TEXT_FIELDS: list[Field] = [
+    *TOWER_FIELDS,
+    Field("vocab_size", "vocab_size", int),
+    Field("max_position_embeddings", "max_seq_length", int),
+    Field("model_type", write=lambda t: "clip_text_model"),
+    Field("pad_token_id"), Field("eos_token_id"), Field("bos_token_id"),
+]
+# The image tower's patch part is parts.0 of its embedding, whose norm has the layers' eps.
+VISION_FIELDS: list[Field] = [
+    *with_rows(TOWER_FIELDS, Field("layer_norm_eps", "encoder.layer_norm_eps", float,
+                                   also=("embedding.layer_norm_eps",))),
+    Field("num_channels", "embedding.parts.0.channels", int),
+    Field("image_size", write=lambda t: t.embedding.parts[0].image_size[0]),
+    Field("patch_size", "embedding.parts.0.patch_size", int),
+    Field("model_type", write=lambda t: "clip_vision_model"),
+]
+# config.json <-> pentad: the clr target is targets.0; the towers' sub-configs are computed.
+FIELDS: list[Field] = [
+    Field("projection_dim", write=lambda m: int(m.targets[0].feature_size or m.hidden_size)),
+    Field("logit_scale_init_value", read=float, kept=True,
+          write=lambda m: round(math.log(1.0 / m.targets[0].init_temperature), 4)),
+    Field("text_config"),
+    Field("vision_config"),
+]
+OWNED = owned_keys(FIELDS)
 
-def _tower(c: dict[str, Any], which: str, hidden: int, mask: str, problems: list[str]) -> dict[str, Any]:
-    """pentad's transformer config of one CLIP tower (HF's sub-config ``c``, defaults applied)."""
-    act = activation(c["hidden_act"], problems, f"{which}_config.hidden_act")
-    heads = int(c["num_attention_heads"])
+
+def _tower_problems(c: dict[str, Any], which: str, problems: list[str]) -> None:
+    """What keeps one CLIP tower (HF's sub-config ``c``, defaults applied) from pentad's transformer."""
+    activation(c["hidden_act"], problems, f"{which}_config.hidden_act")
+    hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
     if hidden % heads:
         problems.append(f"{which}_config.hidden_size {hidden} is not divisible by num_attention_heads {heads}")
-    return {"type": "transformer", "num_layers": int(c["num_hidden_layers"]), "num_heads": heads,
-            "ffn_size": int(c["intermediate_size"]), "activation": act, "norm_position": "pre", "final_norm": True,
-            "mask": mask, "dropout": float(c.get("dropout") or 0.0),
-            "attention_dropout": float(c["attention_dropout"]), "bias": True,
-            "layer_norm_eps": float(c["layer_norm_eps"])}
+
+
+def _tower_config(table: list[Field], tower: Any, old: Any, dropout: float, **ids: Any) -> dict[str, Any]:
+    """One tower's sub-config: ``old`` (the imported one) with the table's rows written over it."""
+    old = dict(old) if isinstance(old, dict) else {}
+    own = export_fields(table, tower, old, **ids)
+    if dropout or "dropout" in old:
+        own["dropout"] = dropout
+    kept = {k: v for k, v in old.items() if k not in own and k not in ("dropout", "transformers_version")}
+    return {**kept, **own}
 
 
 class CLIPFamily(HFFamily):
@@ -149,9 +205,8 @@ class CLIPFamily(HFFamily):
         if not isinstance(text_raw, dict) or not isinstance(vision_raw, dict):
             raise UserError(f"cannot convert {label} (clip): text_config and vision_config must be JSON objects.")
         text, vision = {**TEXT_DEFAULTS, **text_raw}, {**VISION_DEFAULTS, **vision_raw}
-        text_hidden, vision_hidden = int(text["hidden_size"]), int(vision["hidden_size"])
-        text_stack = _tower(text, "text", text_hidden, "causal", problems)
-        vision_stack = _tower(vision, "vision", vision_hidden, "bidirectional", problems)
+        _tower_problems(text, "text", problems)
+        _tower_problems(vision, "vision", problems)
         image, patch = vision["image_size"], vision["patch_size"]
         if not isinstance(image, int) or not isinstance(patch, int):
             problems.append(f"vision_config image_size {image!r} / patch_size {patch!r} (CLIP's are one integer each)")
@@ -162,29 +217,28 @@ class CLIPFamily(HFFamily):
             problems.append("no text_projection / visual_projection in the weights (only a whole CLIPModel converts)")
         if problems:
             raise UserError(f"cannot convert {label} (clip): " + "; ".join(problems) + ".")
-        projection = int(keys["text_projection.weight"][0])
         init = config.get("logit_scale_init_value", LOGIT_SCALE_INIT)
         init = float(init) if isinstance(init, (int, float)) else LOGIT_SCALE_INIT
-        positions = int(text["max_position_embeddings"])
-        vision_embedding = {
-            "parts": [{"type": "patch", "image_size": [image, image], "patch_size": patch,
-                       "channels": int(vision["num_channels"]), "bias": False}, {"type": "pos"}],
-            "norm": True, "layer_norm_eps": float(vision["layer_norm_eps"]), "dropout": 0.0}
-        model = {
-            "hidden_size": text_hidden, "vocab_size": int(text["vocab_size"]), "max_seq_length": positions,
-            "tie_word_embeddings": False, "init_std": float(text["initializer_range"]),
+        vision_tower = import_fields(VISION_FIELDS, vision, {
+            "embedding": {"parts": [{"type": "patch", "image_size": [image, image], "bias": False}, {"type": "pos"}],
+                          "norm": True, "dropout": 0.0},
+            "encoder": {**TOWER, "mask": "bidirectional", "dropout": float(vision.get("dropout") or 0.0)}})
+        model = import_fields(TEXT_FIELDS, text, {
+            "tie_word_embeddings": False,
             "embedding": {"parts": ["word", {"type": "pos"}], "norm": False, "dropout": 0.0},
-            "encoder": text_stack,
+            "encoder": {**TOWER, "mask": "causal", "dropout": float(text.get("dropout") or 0.0)},
             "streams": {"text": {"pooling": "last"},
-                        "image": {"hidden_size": vision_hidden, "max_seq_length": (image // patch) ** 2 + 1,
-                                  "embedding": vision_embedding, "encoder": vision_stack, "pooling": "first"}},
-            "targets": [{"type": "clr", "projection": True, "feature_size": projection,
+                        "image": {"hidden_size": vision_tower["hidden_size"],
+                                  "max_seq_length": (image // patch) ** 2 + 1, "embedding": vision_tower["embedding"],
+                                  "encoder": vision_tower["encoder"], "pooling": "first"}},
+            "targets": [{"type": "clr", "projection": True, "feature_size": int(keys["text_projection.weight"][0]),
                          "init_temperature": math.exp(-init), "max_logit_scale": 100.0}],
-        }
+        })
         notes = ["text pooling: pentad pools the last real token; Hugging Face CLIP pools the end-of-text token. "
                  "They agree on texts that end with the end-of-text token and are padded after it, as the CLIP "
                  "tokenizer writes them"]
-        rules = self.rules(text_layers=text_stack["num_layers"], vision_layers=vision_stack["num_layers"], clr="clr")
+        rules = self.rules(text_layers=model["encoder"]["num_layers"],
+                           vision_layers=vision_tower["encoder"]["num_layers"], clr="clr")
         return ImportPlan(model, rules, "CLIPModel", [], notes)
 
     # -- export -----------------------------------------------------------------------------------
@@ -257,26 +311,6 @@ class CLIPFamily(HFFamily):
             raise UserError(f"cannot export {label} as clip: " + "; ".join(problems) + ".")
         assert target is not None
         base = dict(base_config or {})
-        feature = int(target.feature_size or model.hidden_size)
-        patch = parts["patch"]
-
-        def tower(old: Any, stack: Any, hidden: int, values: dict[str, Any], dropout: float) -> dict[str, Any]:
-            old = dict(old) if isinstance(old, dict) else {}
-            own = {"hidden_size": hidden, "intermediate_size": stack.ffn_size or 4 * hidden,
-                   # CLIPModel reads the top-level projection_dim; a tower's own is kept as it was
-                   "projection_dim": old.get("projection_dim", feature), "num_hidden_layers": stack.num_layers,
-                   "num_attention_heads": stack.num_heads, "hidden_act": activation_name(old.get("hidden_act"),
-                                                                                         stack.activation),
-                   "layer_norm_eps": float(stack.layer_norm_eps),
-                   "attention_dropout": float(stack.attention_dropout if stack.attention_dropout is not None
-                                              else stack.dropout),
-                   "initializer_range": model.init_std, **values}
-            if dropout or "dropout" in old:  # transformers 5 writes no dropout key (it has none)
-                own["dropout"] = dropout
-            kept = {k: v for k, v in old.items() if k not in TOWER_OWNED and k not in values
-                    and k != "transformers_version"}
-            return {**kept, **own}
-
         old_text = base.get("text_config") if isinstance(base.get("text_config"), dict) else {}
         ids: dict[str, Any] = {}
         for key, value, fallback in (("pad_token_id", pad_id, 1), ("eos_token_id", eos_id, model.vocab_size - 1),
@@ -285,21 +319,15 @@ class CLIPFamily(HFFamily):
         if "eos_token_id" not in old_text and eos_id is None:
             notes.append(f"text_config.eos_token_id is {ids['eos_token_id']} (the last id, as in CLIP's vocabulary): "
                          "Hugging Face pools the text at this token; set it to your tokenizer's end-of-text id")
-        text_cfg = tower(old_text, text_stack, model.hidden_size,
-                         {"vocab_size": model.vocab_size, "max_position_embeddings": model.max_seq_length,
-                          "model_type": "clip_text_model", **ids}, float(text_stack.dropout))
-        vision_cfg = tower(base.get("vision_config"), vision_stack, vision_hidden,
-                           {"num_channels": patch.channels, "image_size": patch.image_size[0],
-                            "patch_size": patch.patch_size, "model_type": "clip_vision_model"},
-                           float(vision_stack.dropout))
+        image_tower = SimpleNamespace(hidden_size=vision_hidden, init_std=model.init_std, targets=model.targets,
+                                      embedding=vision_embedding, encoder=vision_stack)
+        text_cfg = _tower_config(TEXT_FIELDS, model, old_text, float(text_stack.dropout), **ids)
+        vision_cfg = _tower_config(VISION_FIELDS, image_tower, base.get("vision_config"), float(vision_stack.dropout))
         for name, drop in (("text", model.embedding.dropout), ("image", vision_embedding.dropout)):
             if float(drop):
                 notes.append(f"the {name} embedding's dropout {drop} has no place in CLIP's config (training only)")
-        config = merge_config(base, OWNED, {
-            "architectures": ["CLIPModel"], "model_type": "clip", "projection_dim": feature,
-            "logit_scale_init_value": float(base.get("logit_scale_init_value",
-                                                     round(math.log(1.0 / target.init_temperature), 4))),
-            "text_config": text_cfg, "vision_config": vision_cfg})
+        config = merge_config(base, OWNED, {"architectures": ["CLIPModel"], "model_type": "clip", **export_fields(
+            FIELDS, model, base, text_config=text_cfg, vision_config=vision_cfg)})
         if target.max_logit_scale != 100.0:
             notes.append(f"max_logit_scale {target.max_logit_scale:g}: Hugging Face's CLIPModel does not cap the "
                          "logit scale in its forward")

@@ -49,15 +49,20 @@ from typing import Any
 from pentad.errors import UserError
 from pentad.interop.hf import (
     ExportPlan,
+    Field,
     HFFamily,
     ImportPlan,
     KeyLayout,
     activation,
+    activation_field,
     activation_name,
     encoder_decoder_problems,
+    export_fields,
     hinted_problems,
+    import_fields,
     media,
     merge_config,
+    owned_keys,
     part_types,
     read_json,
     write_json,
@@ -84,13 +89,46 @@ DEFAULTS: dict[str, Any] = {
     "conv_channels": 1024, "input_feat_per_channel": 80, "input_channels": 1, "tie_word_embeddings": True,
     "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0,
 }
-OWNED = ("architectures", "model_type", "vocab_size", "encoder_layers", "encoder_ffn_dim", "encoder_attention_heads",
-         "decoder_layers", "decoder_ffn_dim", "decoder_attention_heads", "activation_function", "d_model", "dropout",
-         "attention_dropout", "init_std", "scale_embedding", "pad_token_id", "max_source_positions",
-         "max_target_positions", "num_conv_layers", "conv_kernel_sizes", "conv_channels", "input_feat_per_channel",
-         "input_channels", "tie_word_embeddings", "is_encoder_decoder")
+# config.json <-> pentad, in the order config.json is written: the encoder embedding is [speech,
+# sinusoidal], the decoder's [word, sinusoidal]; one activation, dropout and scale_embedding for both.
+# Computed by the planners: the position offset (pad_token_id + 1), the subsampler's channels and
+# feature split, tying on import.
+FIELDS: list[Field] = [
+    Field("vocab_size", "vocab_size", int),
+    Field("d_model", "hidden_size", int),
+    Field("encoder_layers", "encoder.num_layers", int),
+    Field("encoder_ffn_dim", "encoder.ffn_size", int, lambda m: m.encoder.ffn_size or 4 * m.hidden_size),
+    Field("encoder_attention_heads", "encoder.num_heads", int),
+    Field("decoder_layers", "decoder.num_layers", int),
+    Field("decoder_ffn_dim", "decoder.ffn_size", int, lambda m: m.decoder.ffn_size or 4 * m.hidden_size),
+    Field("decoder_attention_heads", "decoder.num_heads", int),
+    activation_field("activation_function", "encoder.activation", "decoder.activation"),
+    Field("dropout", "encoder.dropout", float,
+          also=("decoder.dropout", "embedding.dropout", "target_embedding.dropout")),
+    Field("attention_dropout", "encoder.attention_dropout", float,
+          lambda m: float(m.encoder.attention_dropout if m.encoder.attention_dropout is not None
+                          else m.encoder.dropout), also=("decoder.attention_dropout",)),
+    Field("init_std", "init_std", float),
+    Field("scale_embedding", "embedding.parts.0.scale", bool, also=("target_embedding.parts.0.scale",)),
+    Field("pad_token_id", write=lambda m: m.embedding.parts[1].offset - 1),
+    Field("max_source_positions", "embedding.parts.1.max_positions", int,
+          lambda m: m.embedding.parts[1].max_positions or m.max_seq_length),
+    Field("max_target_positions", "target_embedding.parts.1.max_positions", int,
+          lambda m: m.target_embedding.parts[1].max_positions or m.max_seq_length),
+    Field("num_conv_layers", write=lambda m: len(m.embedding.parts[0].kernel_sizes)),
+    Field("conv_kernel_sizes", "embedding.parts.0.kernel_sizes", lambda sizes: [int(k) for k in sizes]),
+    Field("conv_channels"),
+    Field("input_feat_per_channel"),
+    Field("input_channels"),
+    Field("tie_word_embeddings", write=lambda m: bool(m.tie_word_embeddings)),
+    Field("is_encoder_decoder", write=lambda m: True),
+]
+OWNED = owned_keys(FIELDS)
 ARCHITECTURES = ("Speech2TextForConditionalGeneration", "Speech2TextModel")
 VOCAB = "vocab.json"
+# pentad's stacks besides the FIELDS: pre-norm with a final LayerNorm, biases everywhere.
+STACK: dict[str, Any] = {"type": "transformer", "norm_position": "pre", "final_norm": True, "bias": True,
+                         "layer_norm_eps": LAYER_NORM_EPS}
 
 
 def _positive_int(c: dict[str, Any], key: str, problems: list[str], minimum: int = 1) -> int:
@@ -200,7 +238,7 @@ class Speech2TextFamily(HFFamily):
                     max_length: int | None) -> ImportPlan:
         c = {**DEFAULTS, **config}
         problems = hinted_problems(config, ARCHITECTURES)
-        act = activation(c["activation_function"], problems, "activation_function")
+        activation(c["activation_function"], problems, "activation_function")
         hidden = _positive_int(c, "d_model", problems)
         kernels = c["conv_kernel_sizes"]
         if not isinstance(kernels, (list, tuple)) or not kernels or \
@@ -230,37 +268,23 @@ class Speech2TextFamily(HFFamily):
             problems.append("pad_token_id 0: transformers' encoder marks real frames 0 and padding 1 and reads the "
                             "zero row of its position table wherever that mark equals pad_token_id, so with 0 its "
                             "real frames get no position at all, which pentad does not convert")
-        sources, targets = (_positive_int(c, "max_source_positions", problems),
-                            _positive_int(c, "max_target_positions", problems))
+        _positive_int(c, "max_source_positions", problems)
+        targets = _positive_int(c, "max_target_positions", problems)
         tied = c.get("tie_word_embeddings", True) is not False
         head = "lm_head.weight" in keys or (tied and any(k.startswith("model.") for k in keys))
         if problems:
             raise UserError(f"cannot convert {label} ({self.name}): " + "; ".join(problems) + ".")
         prefix = "model." if any(k.startswith("model.") for k in keys) else ""
-        dropout = float(c["dropout"])
-        scale = bool(c["scale_embedding"])
-        stack = {"type": "transformer", "activation": act, "norm_position": "pre", "final_norm": True,
-                 "dropout": dropout, "attention_dropout": float(c["attention_dropout"]), "bias": True,
-                 "layer_norm_eps": LAYER_NORM_EPS}
-
-        def positions(size: int) -> dict[str, Any]:
-            return {"type": "sinusoidal", "max_positions": size, "interleave": False, "spacing": "tensor2tensor",
-                    "offset": pad + 1}
-
-        speech = {"type": "speech", "feature_size": features, "conv_channels": [channels] * (convs - 1) + [2 * hidden],
-                  "kernel_sizes": kernels, "activation": "glu", "scale": scale}
-        model = {
-            "hidden_size": hidden, "vocab_size": int(c["vocab_size"]), "max_seq_length": targets,
-            "tie_word_embeddings": tied, "init_std": float(c["init_std"]),
-            "embedding": {"parts": [speech, positions(sources)], "norm": False, "dropout": dropout},
-            "target_embedding": {"parts": [{"type": "word", "scale": scale}, positions(targets)], "norm": False,
-                                 "dropout": dropout},
-            "encoder": {**stack, "num_layers": int(c["encoder_layers"]), "num_heads": int(c["encoder_attention_heads"]),
-                        "ffn_size": int(c["encoder_ffn_dim"]), "mask": "bidirectional"},
-            "decoder": {**stack, "num_layers": int(c["decoder_layers"]), "num_heads": int(c["decoder_attention_heads"]),
-                        "ffn_size": int(c["decoder_ffn_dim"])},
+        table = {"type": "sinusoidal", "interleave": False, "spacing": "tensor2tensor", "offset": pad + 1}
+        model = import_fields(FIELDS, c, {
+            "max_seq_length": targets, "tie_word_embeddings": tied,
+            "embedding": {"parts": [{"type": "speech", "feature_size": features,
+                                     "conv_channels": [channels] * (convs - 1) + [2 * hidden], "activation": "glu"},
+                                    dict(table)], "norm": False},
+            "target_embedding": {"parts": [{"type": "word"}, dict(table)], "norm": False},
+            "encoder": {**STACK, "mask": "bidirectional"}, "decoder": dict(STACK),
             "targets": [{"type": "lm", "bias": False}],
-        }
+        })
         notes = [f"positions: rows {pad + 1}.. of transformers' sinusoidal tables (offset pad_token_id + 1), computed "
                  "by pentad; the checkpoint holds no weights for them"]
         for key in ("activation_dropout", "encoder_layerdrop", "decoder_layerdrop"):
@@ -355,29 +379,18 @@ class Speech2TextFamily(HFFamily):
         if problems:
             raise UserError(f"cannot export {label} as {self.name}: " + "; ".join(problems) + ".")
         assert speech is not None and word is not None and offset is not None
-        channels, kernels = list(speech.conv_channels), list(speech.kernel_sizes)
+        channels = list(speech.conv_channels)
         input_channels = base.get("input_channels", 1)
         if not isinstance(input_channels, int) or input_channels < 1 or speech.feature_size % input_channels:
             input_channels = 1
-        config = {
-            "architectures": [ARCHITECTURES[0]], "model_type": self.model_types[0],
-            "vocab_size": model.vocab_size, "d_model": hidden,
-            "encoder_layers": enc.num_layers, "encoder_ffn_dim": enc.ffn_size or 4 * hidden,
-            "encoder_attention_heads": enc.num_heads, "decoder_layers": dec.num_layers,
-            "decoder_ffn_dim": dec.ffn_size or 4 * hidden, "decoder_attention_heads": dec.num_heads,
-            "activation_function": act, "dropout": float(enc.dropout),
-            "attention_dropout": float(enc.attention_dropout if enc.attention_dropout is not None else enc.dropout),
-            "init_std": model.init_std, "scale_embedding": bool(speech.scale), "pad_token_id": offset - 1,
-            "max_source_positions": sizes[0], "max_target_positions": sizes[1], "num_conv_layers": len(kernels),
-            "conv_kernel_sizes": kernels, "conv_channels": channels[0] if len(channels) > 1 else base.get(
-                "conv_channels", DEFAULTS["conv_channels"]),
-            "input_feat_per_channel": speech.feature_size // input_channels, "input_channels": input_channels,
-            "tie_word_embeddings": bool(model.tie_word_embeddings), "is_encoder_decoder": True,
-        }
+        config = {"architectures": [ARCHITECTURES[0]], "model_type": self.model_types[0], **export_fields(
+            FIELDS, model, base, input_feat_per_channel=speech.feature_size // input_channels,
+            input_channels=input_channels, conv_channels=channels[0] if len(channels) > 1
+            else base.get("conv_channels", DEFAULTS["conv_channels"]))}
         if "eos_token_id" not in base and eos_id is not None:
             config["eos_token_id"] = eos_id
         config = merge_config(base, OWNED, config)
-        rules = self.rules(prefix="model.", convs=len(kernels), encoder_layers=enc.num_layers,
+        rules = self.rules(prefix="model.", convs=len(speech.kernel_sizes), encoder_layers=enc.num_layers,
                            decoder_layers=dec.num_layers, lm=targets[0].target_name, head=True,
                            tied=bool(model.tie_word_embeddings))
         return ExportPlan(config, rules, ARCHITECTURES[0], set(), [])

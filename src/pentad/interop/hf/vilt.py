@@ -39,14 +39,18 @@ from typing import Any
 from pentad.errors import UserError
 from pentad.interop.hf import (
     ExportPlan,
+    Field,
     HFFamily,
     ImportPlan,
-    activation_name,
+    export_fields,
+    import_fields,
     media,
     merge_config,
+    owned_keys,
     seq_length,
+    with_rows,
 )
-from pentad.interop.hf.vit import LAYERS, encoder_config, encoder_problems, read_config
+from pentad.interop.hf.vit import ENCODER, ENCODER_FIELDS, LAYERS, encoder_problems, read_config
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
 
 # {prefix}: "vilt." inside a model with a head, "" for a bare ViltModel checkpoint.
@@ -81,10 +85,23 @@ DEFAULTS: dict[str, Any] = {
     "initializer_range": 0.02, "layer_norm_eps": 1e-12, "image_size": 384, "patch_size": 32, "num_channels": 3,
     "qkv_bias": True, "max_image_length": -1, "tie_word_embeddings": True,
 }
-OWNED = ("architectures", "model_type", "vocab_size", "type_vocab_size", "modality_type_vocab_size",
-         "max_position_embeddings", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-         "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range", "layer_norm_eps",
-         "image_size", "patch_size", "num_channels", "qkv_bias", "tie_word_embeddings")
+# config.json <-> pentad, in the order config.json is written: the word_patch part is parts.0 (its
+# image part .patch), the modality types' seg part parts.1; one layer_norm_eps for the caption's norm and
+# the layers. Computed by the planners: the sequence length, the image size (square) on import.
+FIELDS: list[Field] = [
+    Field("vocab_size", "vocab_size", int),
+    Field("type_vocab_size", "embedding.parts.0.text_segments", int),
+    Field("modality_type_vocab_size", "embedding.parts.1.num_segments", int),
+    Field("max_position_embeddings", "embedding.parts.0.text_positions", int),
+    *with_rows(ENCODER_FIELDS, Field("layer_norm_eps", "encoder.layer_norm_eps", float,
+                                     also=("embedding.parts.0.layer_norm_eps",))),
+    Field("image_size", write=lambda m: m.embedding.parts[0].patch.image_size[0]),
+    Field("patch_size", "embedding.parts.0.patch.patch_size", int),
+    Field("num_channels", "embedding.parts.0.patch.channels", int),
+    Field("qkv_bias", write=lambda m: True),
+    Field("tie_word_embeddings", write=lambda m: True),
+]
+OWNED = owned_keys(FIELDS)
 SUPPORTED = ("ViltModel", "ViltForMaskedLM", "ViltForImageAndTextRetrieval")
 RANK_MARKER = "rank_output.weight"
 MLM_MARKER = "mlm_score.transform.dense.weight"
@@ -152,7 +169,6 @@ class ViltFamily(HFFamily):
         if problems:
             raise UserError(f"cannot convert {label} (vilt): " + "; ".join(problems) + ".")
         eps = float(c["layer_norm_eps"])
-        dropout = float(c["hidden_dropout_prob"])
         notes: list[str] = []
         synthesized: list[str] = []
         heads: set[str] = {"pooler"} if has_pooler else set()
@@ -185,20 +201,14 @@ class ViltFamily(HFFamily):
         positions = int(c["max_position_embeddings"])
         notes.append("Hugging Face shuffles the image positions (visual_embed's random patch order), so --verify "
                      "compares the caption positions and the heads over them")
-        model = {
-            "hidden_size": int(c["hidden_size"]), "vocab_size": int(c["vocab_size"]),
+        model = import_fields(FIELDS, c, {
             "max_seq_length": seq_length(max_length, positions) + image_length, "tie_word_embeddings": True,
-            "init_std": float(c["initializer_range"]),
-            "embedding": {"parts": [{"type": "word_patch",
-                                     "patch": {"image_size": [image, image], "patch_size": patch,
-                                               "channels": int(c["num_channels"]), "bias": True},
-                                     "text_positions": positions, "text_segments": int(c["type_vocab_size"]),
-                                     "text_norm": True, "image_positions": True, "layer_norm_eps": eps},
-                                    {"type": "seg", "num_segments": int(c["modality_type_vocab_size"])}],
-                          "norm": False, "dropout": dropout},
-            "encoder": encoder_config(c, act, dropout, eps),
+            "embedding": {"parts": [{"type": "word_patch", "patch": {"image_size": [image, image], "bias": True},
+                                     "text_norm": True, "image_positions": True}, {"type": "seg"}],
+                          "norm": False},
+            "encoder": dict(ENCODER),
             "targets": targets,
-        }
+        })
         names = {t["type"]: t["type"] for t in targets}
         rules = self.rules(prefix=prefix, num_layers=model["encoder"]["num_layers"], heads=heads, names=names)
         return ImportPlan(model, rules, arch, synthesized, notes)
@@ -299,24 +309,11 @@ class ViltFamily(HFFamily):
         if regression is not None:
             heads.add("rank")
         base = dict(base_config or {})
-        patch = word_patch.patch
         dropout = float(enc.dropout)
         if float(model.embedding.dropout) != dropout:
             notes.append(f"HF has one hidden_dropout_prob: wrote the encoder's {dropout}, not the embedding's "
                          f"{model.embedding.dropout} (training only)")
-        config: dict[str, Any] = {
-            "architectures": [arch], "model_type": "vilt", "vocab_size": model.vocab_size,
-            "type_vocab_size": word_patch.text_segments, "modality_type_vocab_size": parts["seg"].num_segments,
-            "max_position_embeddings": word_patch.text_positions, "hidden_size": model.hidden_size,
-            "num_hidden_layers": enc.num_layers, "num_attention_heads": enc.num_heads,
-            "intermediate_size": enc.ffn_size or 4 * model.hidden_size,
-            "hidden_act": activation_name(base.get("hidden_act"), enc.activation), "hidden_dropout_prob": dropout,
-            "attention_probs_dropout_prob": float(enc.attention_dropout if enc.attention_dropout is not None
-                                                  else enc.dropout),
-            "initializer_range": model.init_std, "layer_norm_eps": eps.pop(), "image_size": patch.image_size[0],
-            "patch_size": patch.patch_size, "num_channels": patch.channels, "qkv_bias": True,
-            "tie_word_embeddings": True,
-        }
+        config: dict[str, Any] = {"architectures": [arch], "model_type": "vilt", **export_fields(FIELDS, model, base)}
         if "pad_token_id" not in base and pad_id is not None:
             config["pad_token_id"] = pad_id
         config = merge_config(base, OWNED, config)

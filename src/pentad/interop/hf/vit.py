@@ -31,13 +31,18 @@ from typing import Any
 from pentad.errors import UserError
 from pentad.interop.hf import (
     ExportPlan,
+    Field,
     HFFamily,
     ImportPlan,
     activation,
+    activation_field,
     activation_name,
+    export_fields,
     hinted_problems,
+    import_fields,
     media,
     merge_config,
+    owned_keys,
     stack_problems,
 )
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand
@@ -56,13 +61,25 @@ def read_config(config: dict[str, Any], defaults: dict[str, Any], supported: Any
     return c, problems, act
 
 
-def encoder_config(c: dict[str, Any], act: str, dropout: float, eps: float) -> dict[str, Any]:
-    """pentad's encoder section for a timm-style vision config ``c`` (ViT, ViLT): pre-norm layers with
-    a final norm, bidirectional, biases everywhere."""
-    return {"type": "transformer", "num_layers": int(c["num_hidden_layers"]),
-            "num_heads": int(c["num_attention_heads"]), "ffn_size": int(c["intermediate_size"]), "activation": act,
-            "norm_position": "pre", "final_norm": True, "mask": "bidirectional", "dropout": dropout,
-            "attention_dropout": float(c["attention_probs_dropout_prob"]), "bias": True, "layer_norm_eps": eps}
+# pentad's encoder of HF's timm-style vision encoders (ViT, ViLT), besides its ENCODER_FIELDS: pre-norm
+# layers with a final norm, bidirectional, biases everywhere.
+ENCODER: dict[str, Any] = {"type": "transformer", "norm_position": "pre", "final_norm": True, "mask": "bidirectional",
+                           "bias": True}
+# config.json <-> pentad rows that ViT and ViLT share, in the order both write them (hidden_dropout_prob is
+# the embedding's dropout too).
+ENCODER_FIELDS: list[Field] = [
+    Field("hidden_size", "hidden_size", int),
+    Field("num_hidden_layers", "encoder.num_layers", int),
+    Field("num_attention_heads", "encoder.num_heads", int),
+    Field("intermediate_size", "encoder.ffn_size", int, lambda m: m.encoder.ffn_size or 4 * m.hidden_size),
+    activation_field("hidden_act", "encoder.activation"),
+    Field("hidden_dropout_prob", "encoder.dropout", float, also=("embedding.dropout",)),
+    Field("attention_probs_dropout_prob", "encoder.attention_dropout", float,
+          lambda m: float(m.encoder.attention_dropout if m.encoder.attention_dropout is not None
+                          else m.encoder.dropout)),
+    Field("initializer_range", "init_std", float),
+    Field("layer_norm_eps", "encoder.layer_norm_eps", float),
+]
 
 
 def encoder_problems(model: Any, name: str, problems: list[str]) -> str | None:
@@ -113,10 +130,20 @@ DEFAULTS: dict[str, Any] = {
     "initializer_range": 0.02, "layer_norm_eps": 1e-12, "image_size": 224, "patch_size": 16, "num_channels": 3,
     "qkv_bias": True, "pooler_output_size": None, "pooler_act": "tanh",
 }
-OWNED = ("architectures", "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
-         "intermediate_size", "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob",
-         "initializer_range", "layer_norm_eps", "image_size", "patch_size", "num_channels", "qkv_bias",
-         "pooler_output_size", "pooler_act", "id2label", "label2id", "num_labels")
+# config.json <-> pentad, in the order config.json is written. Computed by the planners: the image size
+# (one number or [height, width]) on import; the patch part is parts.0.
+FIELDS: list[Field] = [
+    *ENCODER_FIELDS,
+    Field("image_size", write=lambda m: m.embedding.parts[0].image_size[0]
+          if m.embedding.parts[0].image_size[0] == m.embedding.parts[0].image_size[1]
+          else list(m.embedding.parts[0].image_size)),
+    Field("patch_size", "embedding.parts.0.patch_size", int),
+    Field("num_channels", "embedding.parts.0.channels", int),
+    Field("qkv_bias", write=lambda m: True),
+    Field("pooler_output_size", kept=True, write=lambda m: None),  # pentad's pooler is H -> H
+    Field("pooler_act", write=lambda m: "tanh"),
+]
+OWNED = owned_keys(FIELDS, "id2label", "label2id", "num_labels")
 SUPPORTED = ("ViTForImageClassification", "ViTModel")
 
 
@@ -162,7 +189,7 @@ class ViTFamily(HFFamily):
     # -- import -----------------------------------------------------------------------------------
     def plan_import(self, config: dict[str, Any], keys: dict[str, tuple[int, ...]], label: str,
                     max_length: int | None) -> ImportPlan:
-        c, problems, act = read_config(config, DEFAULTS, SUPPORTED)
+        c, problems, _ = read_config(config, DEFAULTS, SUPPORTED)
         hidden = int(c["hidden_size"])
         if c.get("pooler_output_size") not in (None, hidden) or c.get("pooler_act", "tanh") != "tanh":
             problems.append(f"a pooler of width {c.get('pooler_output_size')} or activation "
@@ -210,16 +237,13 @@ class ViTFamily(HFFamily):
                             "checkpoint has no pooler)")
                          + "; fine-tune it for a task (left out again on export while still zero)")
         rows, cols = image[0] // patch, image[1] // patch
-        positions = rows * cols + 1
-        eps = float(c["layer_norm_eps"])
-        model = {
-            "hidden_size": hidden, "max_seq_length": positions, "init_std": float(c["initializer_range"]),
-            "embedding": {"parts": [{"type": "patch", "image_size": image, "patch_size": patch,
-                                     "channels": int(c["num_channels"]), "bias": proj_bias}, {"type": "pos"}],
-                          "norm": False, "dropout": dropout},
-            "encoder": encoder_config(c, act, dropout, eps),
+        model = import_fields(FIELDS, c, {
+            "max_seq_length": rows * cols + 1,
+            "embedding": {"parts": [{"type": "patch", "image_size": image, "bias": proj_bias}, {"type": "pos"}],
+                          "norm": False},
+            "encoder": dict(ENCODER),
             "targets": [target],
-        }
+        })
         if not proj_bias:
             notes.append("the patch projection has no bias in the checkpoint (patch part bias: false)")
         rules = self.rules(prefix=prefix, num_layers=model["encoder"]["num_layers"], heads=heads, cls="cls",
@@ -270,20 +294,8 @@ class ViTFamily(HFFamily):
             raise UserError(f"cannot export {label} as vit: " + "; ".join(problems) + ".")
         assert target is not None and act is not None
         base = dict(base_config or {})
-        patch = parts["patch"]
-        image: Any = patch.image_size[0] if patch.image_size[0] == patch.image_size[1] else list(patch.image_size)
-        config: dict[str, Any] = {
-            "architectures": ["ViTModel" if headless else "ViTForImageClassification"], "model_type": "vit",
-            "hidden_size": model.hidden_size, "num_hidden_layers": enc.num_layers, "num_attention_heads": enc.num_heads,
-            "intermediate_size": enc.ffn_size or 4 * model.hidden_size,
-            "hidden_act": activation_name(base.get("hidden_act"), enc.activation),
-            "hidden_dropout_prob": float(enc.dropout),
-            "attention_probs_dropout_prob": float(enc.attention_dropout if enc.attention_dropout is not None
-                                                  else enc.dropout),
-            "initializer_range": model.init_std, "layer_norm_eps": float(enc.layer_norm_eps), "image_size": image,
-            "patch_size": patch.patch_size, "num_channels": patch.channels, "qkv_bias": True,
-            "pooler_output_size": base.get("pooler_output_size"), "pooler_act": "tanh",
-        }
+        config: dict[str, Any] = {"architectures": ["ViTModel" if headless else "ViTForImageClassification"],
+                                  "model_type": "vit", **export_fields(FIELDS, model, base)}
         if float(model.embedding.dropout) != float(enc.dropout):
             notes.append(f"HF has one hidden_dropout_prob: wrote the encoder's {enc.dropout}, not the embedding's "
                          f"{model.embedding.dropout} (training only)")

@@ -28,16 +28,21 @@ from torch import Tensor
 from pentad.errors import UserError
 from pentad.interop.hf import (
     ExportPlan,
+    Field,
     HFFamily,
     ImportPlan,
     KeyLayout,
     activation,
+    activation_field,
     activation_name,
     bart,
     encoder_decoder_problems,
+    export_fields,
     hinted_problems,
+    import_fields,
     media,
     merge_config,
+    owned_keys,
     part_types,
     read_json,
 )
@@ -81,13 +86,40 @@ DEFAULTS: dict[str, Any] = {
     "max_target_positions": 448, "pad_token_id": 50256, "bos_token_id": 50256, "eos_token_id": 50256,
     "decoder_start_token_id": 50257, "begin_suppress_tokens": [220, 50256], "tie_word_embeddings": True,
 }
-OWNED = ("architectures", "model_type", "vocab_size", "num_mel_bins", "encoder_layers", "encoder_attention_heads",
-         "decoder_layers", "decoder_attention_heads", "decoder_ffn_dim", "encoder_ffn_dim", "activation_function",
-         "d_model", "dropout", "attention_dropout", "init_std", "scale_embedding", "max_source_positions",
-         "max_target_positions", "tie_word_embeddings", "is_encoder_decoder")
 LAYER_NORM_EPS = 1e-5
 GENERATION_CONFIG = "generation_config.json"
 STEM = {"conv_channels": None, "kernel_sizes": [3, 3], "strides": [1, 2], "activation": "gelu", "scale": False}
+# pentad's stacks besides the FIELDS: pre-norm with a final LayerNorm, biases everywhere.
+STACK: dict[str, Any] = {"type": "transformer", "norm_position": "pre", "final_norm": True, "bias": True,
+                         "layer_norm_eps": LAYER_NORM_EPS}
+# config.json <-> pentad, in the order config.json is written: the encoder embedding is [speech,
+# sinusoidal], the decoder's [word, pos]; one activation and dropout for both stacks and embeddings.
+FIELDS: list[Field] = [
+    Field("vocab_size", "vocab_size", int, lambda m: m.target_vocab_size or m.vocab_size),
+    Field("num_mel_bins", "embedding.parts.0.feature_size", int),
+    Field("d_model", "hidden_size", int),
+    Field("encoder_layers", "encoder.num_layers", int),
+    Field("encoder_attention_heads", "encoder.num_heads", int),
+    Field("encoder_ffn_dim", "encoder.ffn_size", int, lambda m: m.encoder.ffn_size or 4 * m.hidden_size),
+    Field("decoder_layers", "decoder.num_layers", int),
+    Field("decoder_attention_heads", "decoder.num_heads", int),
+    Field("decoder_ffn_dim", "decoder.ffn_size", int, lambda m: m.decoder.ffn_size or 4 * m.hidden_size),
+    activation_field("activation_function", "encoder.activation", "decoder.activation"),
+    Field("dropout", "encoder.dropout", float,
+          also=("decoder.dropout", "embedding.dropout", "target_embedding.dropout")),
+    Field("attention_dropout", "encoder.attention_dropout", float,
+          lambda m: float(m.encoder.attention_dropout if m.encoder.attention_dropout is not None
+                          else m.encoder.dropout), also=("decoder.attention_dropout",)),
+    Field("init_std", "init_std", float),
+    Field("scale_embedding", "target_embedding.parts.0.scale", bool),
+    Field("max_source_positions", "embedding.parts.1.max_positions", int,
+          lambda m: m.embedding.parts[1].max_positions),
+    Field("max_target_positions", "target_embedding.parts.1.max_positions", int,
+          lambda m: m.target_embedding.parts[1].max_positions),
+    Field("tie_word_embeddings", write=lambda m: True),
+    Field("is_encoder_decoder", write=lambda m: True),
+]
+OWNED = owned_keys(FIELDS)
 
 
 def decoding(config: dict[str, Any], in_dir: Path | None) -> tuple[dict[str, Any], list[str]]:
@@ -161,7 +193,7 @@ class WhisperFamily(HFFamily):
                     max_length: int | None) -> ImportPlan:
         c = {**DEFAULTS, **config}
         problems = hinted_problems(config, ("WhisperForConditionalGeneration", "WhisperModel"))
-        act = activation(c["activation_function"], problems, "activation_function")
+        activation(c["activation_function"], problems, "activation_function")
         if not c.get("tie_word_embeddings", True):
             problems.append("tie_word_embeddings false (an output layer apart from the decoder's word table): pentad "
                             "converts Whisper with the tied one")
@@ -170,26 +202,15 @@ class WhisperFamily(HFFamily):
         prefix = "model." if any(k.startswith("model.") for k in keys) else ""
         head = prefix == "model."  # a WhisperModel's keys have no prefix; proj_out is tied (often not saved)
         hidden, source, target = int(c["d_model"]), int(c["max_source_positions"]), int(c["max_target_positions"])
-        dropout = float(c["dropout"])
-        stack = {"type": "transformer", "activation": act, "norm_position": "pre", "final_norm": True,
-                 "dropout": dropout, "attention_dropout": float(c["attention_dropout"]), "bias": True,
-                 "layer_norm_eps": LAYER_NORM_EPS}
-        speech = {"type": "speech", "feature_size": int(c["num_mel_bins"]), **STEM, "conv_channels": [hidden, hidden]}
-        model = {
-            "hidden_size": hidden, "vocab_size": int(c["vocab_size"]), "max_seq_length": target,
-            "tie_word_embeddings": True, "init_std": float(c["init_std"]),
-            "embedding": {"parts": [speech, {"type": "sinusoidal", "max_positions": source, "interleave": False,
-                                             "spacing": "tensor2tensor"}],
-                          "norm": False, "dropout": dropout},
-            "target_embedding": {"parts": [{"type": "word", "scale": bool(c["scale_embedding"])},
-                                           {"type": "pos", "max_positions": target}],
-                                 "norm": False, "dropout": dropout},
-            "encoder": {**stack, "num_layers": int(c["encoder_layers"]), "num_heads": int(c["encoder_attention_heads"]),
-                        "ffn_size": int(c["encoder_ffn_dim"]), "mask": "bidirectional"},
-            "decoder": {**stack, "num_layers": int(c["decoder_layers"]), "num_heads": int(c["decoder_attention_heads"]),
-                        "ffn_size": int(c["decoder_ffn_dim"])},
+        model = import_fields(FIELDS, c, {
+            "max_seq_length": target, "tie_word_embeddings": True,
+            "embedding": {"parts": [{"type": "speech", **STEM, "conv_channels": [hidden, hidden]},
+                                    {"type": "sinusoidal", "interleave": False, "spacing": "tensor2tensor"}],
+                          "norm": False},
+            "target_embedding": {"parts": [{"type": "word"}, {"type": "pos"}], "norm": False},
+            "encoder": {**STACK, "mask": "bidirectional"}, "decoder": dict(STACK),
             "targets": [{"type": "lm", "bias": False}],
-        }
+        })
         notes = ["key projections: Whisper's have no bias; pentad's fused projections hold a zero one (the export "
                  "drops it)"]
         if float(c.get("activation_dropout", 0.0)):
@@ -243,20 +264,8 @@ class WhisperFamily(HFFamily):
             problems.append(f"activation '{enc.activation}' has no HF name")
         if problems:
             raise UserError(f"cannot export {label} as whisper: " + "; ".join(problems) + ".")
-        word, pos = target_parts
-        speech = parts[0]
-        config = {
-            "architectures": ["WhisperForConditionalGeneration"], "model_type": "whisper",
-            "vocab_size": model.target_vocab_size or model.vocab_size, "num_mel_bins": speech.feature_size,
-            "d_model": hidden, "encoder_layers": enc.num_layers, "encoder_attention_heads": enc.num_heads,
-            "encoder_ffn_dim": enc.ffn_size or 4 * hidden, "decoder_layers": dec.num_layers,
-            "decoder_attention_heads": dec.num_heads, "decoder_ffn_dim": dec.ffn_size or 4 * hidden,
-            "activation_function": act, "dropout": float(enc.dropout),
-            "attention_dropout": float(enc.attention_dropout if enc.attention_dropout is not None else enc.dropout),
-            "init_std": model.init_std, "scale_embedding": bool(getattr(word, "scale", False)),
-            "max_source_positions": source, "max_target_positions": pos.max_positions,
-            "tie_word_embeddings": True, "is_encoder_decoder": True,
-        }
+        config = {"architectures": ["WhisperForConditionalGeneration"], "model_type": "whisper",
+                  **export_fields(FIELDS, model, base)}
         for key, value in (("pad_token_id", pad_id), ("eos_token_id", eos_id)):
             if key not in base and value is not None:
                 config[key] = value
