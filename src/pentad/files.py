@@ -4,6 +4,10 @@
   and renamed over ``NAME`` only once it is complete, so a crash leaves the old file or the new one,
   never half of one (:func:`atomic_write_text`, :func:`atomic_open`, :func:`write_json`).
   :func:`is_temporary` recognises the temporaries an interrupted write leaves.
+* Temporaries that honour the umask: :func:`temporary_file` and :func:`temporary_dir` make what an
+  atomic write renames into place with the permissions an ordinary ``open``/``mkdir`` would give
+  (``0666``/``0777`` less the umask), not ``tempfile``'s private ``0600``/``0700``: colleagues on a shared
+  cluster read a run as they read any other file there.
 * Exclusive locks: :func:`take_lock` holds ``flock`` on a lock file and records the holder (pid,
   host, command, start) in it for the message a second process gets (:class:`LockBusy`). The kernel
   releases a lock however its holder ends; a forked child (a DataLoader worker) closes its copies,
@@ -27,6 +31,28 @@ from pentad.log import info
 
 
 # ----------------------------------------------------------------------------------- atomic writes
+def _umask() -> int:
+    mask = os.umask(0o022)  # (the only portable way to read it; set back at once)
+    os.umask(mask)
+    return mask
+
+
+def temporary_file(directory: Path, prefix: str, suffix: str = "") -> tuple[int, str]:
+    """``tempfile.mkstemp`` in ``directory`` (descriptor, name), with the permissions the umask gives a new
+    file instead of ``0600``."""
+    fd, name = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=suffix)
+    os.fchmod(fd, 0o666 & ~_umask())
+    return fd, name
+
+
+def temporary_dir(directory: Path, prefix: str, suffix: str = "") -> Path:
+    """``tempfile.mkdtemp`` in ``directory``, with the permissions the umask gives a new directory instead
+    of ``0700``."""
+    made = Path(tempfile.mkdtemp(dir=directory, prefix=prefix, suffix=suffix))
+    made.chmod(0o777 & ~_umask())
+    return made
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically, making its directory if needed."""
     with atomic_open(path) as f:
@@ -40,7 +66,7 @@ def atomic_open(path: Path, binary: bool = False) -> Iterator[Any]:
     bad input line part way leaves no half-written file under the final name (streamed inference and
     embedding write their rows as the windows are done)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = temporary_file(path.parent, f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as f:
             yield f
@@ -58,7 +84,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     (``safetensors.save_file``, ``torch.save``): renamed to ``path`` when the block ends without an
     error, removed otherwise."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = temporary_file(path.parent, f".{path.name}.")
     os.close(fd)
     try:
         yield Path(tmp)

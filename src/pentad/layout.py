@@ -34,10 +34,9 @@ run directory asks this one; none spells a name itself.
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
-from pentad.files import is_temporary
+from pentad.files import is_temporary, temporary_dir
 
 CONFIG = "config.yaml"
 LOCK = ".lock"
@@ -97,7 +96,7 @@ def staging_dir(run_dir: Path, step: int) -> Path:
     run dies first)."""
     final = checkpoint_dir(run_dir, step)
     final.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    return temporary_dir(final.parent, f".{final.name}.")
 
 
 def step_dirs(run_dir: Path) -> list[tuple[int, Path]]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from pentad.compression.prune import prune_run
 from pentad.compression.quantize import quantize_run
 from pentad.compression.store import check_output, load_run_model, weights_bytes, write_run
 from pentad.errors import UserError
+from pentad.files import temporary_dir
 from pentad.layout import COMPRESSION_RECORD, COMPRESSION_STEPS, CONFIG, RESULTS
 from pentad.outputs import OutputLock, check_apart
 from pentad.runs import load_run
@@ -130,7 +130,7 @@ def _compress(run: Path, out: Path, options: CompressOptions, overwrite: bool) -
     out.parent.mkdir(parents=True, exist_ok=True)
     for left in out.parent.glob(f".{out.name}.steps.*"):  # a killed earlier compress's (we hold OUT's lock)
         shutil.rmtree(left, ignore_errors=True)
-    steps = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.steps."))  # this process's own
+    steps = temporary_dir(out.parent, f".{out.name}.steps.")  # this process's own
     try:
         done = _run_steps(run, out, steps, options)
     except BaseException:

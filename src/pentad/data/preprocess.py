@@ -19,7 +19,6 @@ import multiprocessing
 import os
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter, deque
@@ -46,6 +45,7 @@ from pentad.data.shards import (
 )
 from pentad.data.tsv import LabelMap
 from pentad.errors import UserError
+from pentad.files import temporary_dir
 
 DEFAULT_CHUNK_BYTES = 1 << 20
 DEFAULT_SHARD_TOKENS = 1 << 28
@@ -281,7 +281,7 @@ def preprocess(objective: Objective, tokenizer: Any, tokenizer_config: dict[str,
     job = _Job(objective, context, str(corpus), on_bad_line, seed)
     output.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_partials(output)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
+    tmp = temporary_dir(output.parent, f".{output.name}.", ".partial")
     lock = _lock_partial(tmp)
     try:
         manifest = _write_dataset(job, tokenizer, corpus, size, tmp, workers, progress,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +25,7 @@ from tokenizers import models, normalizers, pre_tokenizers, trainers
 
 from pentad.data.tokenizers import ByteLevelBPETokenizer, WordPieceTokenizer, load_tokenizer
 from pentad.errors import UserError
+from pentad.files import temporary_dir
 
 WORDPIECE_SPECIALS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 BPE_SPECIALS: tuple[str, ...] = ("<|endoftext|>",)
@@ -164,7 +164,7 @@ def build_vocab(
     # Written into a temporary directory beside the output, checked, then renamed into place: a
     # failure (a full disk, Ctrl-C) leaves no half-written vocabulary that a new attempt would refuse.
     output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=output_dir.parent, prefix=f".{output_dir.name}.partial."))
+    staging = temporary_dir(output_dir.parent, f".{output_dir.name}.partial.")
     try:
         if kind == "wordpiece":
             _write_vocab_txt(backend, staging / "vocab.txt")

@@ -18,7 +18,6 @@ import contextlib
 import itertools
 import math
 import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 
 from pentad.errors import UserError
+from pentad.files import temporary_file
 from pentad.layers.pooling import PoolingKind, pool
 
 POOLINGS: tuple[str, ...] = ("first", "mean", "max", "last")
@@ -647,7 +647,7 @@ class Scratch:
 
     def _file(self, side: int) -> Any:
         while len(self.files) <= side:
-            fd, name = tempfile.mkstemp(dir=self.output.parent, prefix=f".{self.output.name}.", suffix=".raw")
+            fd, name = temporary_file(self.output.parent, f".{self.output.name}.", ".raw")
             self.paths.append(Path(name))
             self.files.append(os.fdopen(fd, "w+b"))
         return self.files[side]

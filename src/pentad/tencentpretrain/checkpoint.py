@@ -105,6 +105,7 @@ from torch import Tensor
 
 from pentad.components.stream import shares, stream_embedding, stream_encoder, stream_names, stream_sizes
 from pentad.errors import UserError
+from pentad.files import atomic_path
 from pentad.interop.keymap import WB, Rule, RuleSpec, expand, to_foreign
 
 WEIGHTS_NAME = "model.bin"
@@ -589,10 +590,7 @@ def read_state_dict(path: Path) -> dict[str, Tensor]:
 
 def write_state_dict(path: Path, state: dict[str, Tensor]) -> None:
     """``torch.save`` of an ordered state dict, atomically, as TencentPretrain's ``save_model`` writes it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:
-        tmp = Path(handle.name)
-    try:
+    with atomic_path(path) as tmp:
         # One contiguous tensor per distinct input tensor: names that share a tensor still share it
         # in the file (torch.save stores each storage once).
         contiguous: dict[int, Tensor] = {}
@@ -600,10 +598,6 @@ def write_state_dict(path: Path, state: dict[str, Tensor]) -> None:
             (k, contiguous.setdefault(id(v), v.contiguous())) for k, v in state.items())
         with tmp.open("wb") as out:  # a file object: records named archive/..., not after the temporary name
             torch.save(ordered, out)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def find_files(in_dir: Path) -> tuple[Path, Path]:

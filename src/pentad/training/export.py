@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from pentad import files, layout
 from pentad.builder import build_model
 from pentad.config.loader import dump_config
 from pentad.errors import UserError, writing
+from pentad.files import temporary_dir
 from pentad.layout import CONFIG
 from pentad.outputs import OutputLock, check_apart, check_replaceable
 from pentad.runs import load_run
@@ -38,7 +38,7 @@ def write_derived_run(source: Path, out: Path, cfg: Any, write_weights: Callable
     ``out`` is never half-written; an existing ``out`` is replaced only once all of it is written."""
     source, out = Path(source), Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    staged = temporary_dir(out.parent, f".{out.name}.")
     try:
         for name in layout.CARRIED:
             item = source / name
@@ -121,7 +121,7 @@ def _export_run(run: Path, out: Path, step: int | None, overwrite: bool) -> Expo
     record = {"run": str(run.resolve()), "step": step_number, "format": fmt}
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    staged = temporary_dir(out.parent, f".{out.name}.")
     try:
         for name in layout.CARRIED:
             item = run / name

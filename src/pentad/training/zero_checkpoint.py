@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from pentad.errors import UserError
+from pentad.files import temporary_dir
 from pentad.layout import DEEPSPEED
 
 TAG = "zero"             # DeepSpeed's checkpoint tag (one DeepSpeed checkpoint per pentad checkpoint)
@@ -197,9 +198,8 @@ def read_adam_states(checkpoint: Path, names: list[str]) -> tuple[torch.Tensor, 
     (``single``, ``ddp``) resuming a ``deepspeed`` run. Converted through DeepSpeed's universal
     checkpoint in a temporary directory beside the checkpoint; every file read with ``weights_only=True``."""
     import shutil
-    import tempfile
 
-    staged = Path(tempfile.mkdtemp(dir=checkpoint.parent, prefix=f".{checkpoint.name}.universal."))
+    staged = temporary_dir(checkpoint.parent, f".{checkpoint.name}.universal.")
     try:
         to_universal(checkpoint, staged / UNIVERSAL_TAG)
         root = staged / UNIVERSAL_TAG / "zero"

@@ -35,6 +35,7 @@ from torch import nn
 
 from pentad import layout
 from pentad.errors import UserError, writing
+from pentad.files import temporary_dir
 from pentad.training import checkpoint as ckpt
 from pentad.training import zero_checkpoint as zero
 from pentad.training.strategies.base import STRATEGIES, OptimizerFactory, Strategy
@@ -277,11 +278,10 @@ class DeepSpeedStrategy(Strategy):
         (each parameter's fp32 value and optimizer state whole, ``ds_to_universal``), made by the main
         rank in a temporary directory beside the checkpoint, then read into this launch's partitions."""
         import shutil
-        import tempfile
 
         staged = None
         if self.dist.is_main:
-            staged = tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.universal.")
+            staged = str(temporary_dir(directory.parent, f".{directory.name}.universal."))
             try:
                 zero.to_universal(directory, Path(staged) / zero.UNIVERSAL_TAG)
             except BaseException:
