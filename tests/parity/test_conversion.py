@@ -420,7 +420,8 @@ def test_chat_template_travels_to_hf_and_back(tmp_path):
     template = ("{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}{% endfor %}"
                 "{% if add_generation_prompt %}assistant:{% endif %}")
     (tmp_path / "chat.jinja").write_text(template, encoding="utf-8")
-    make_run(tmp_path / "run", GPT2, tokenizer={**write_bpe(tmp_path / "tok"), "chat_template": str(tmp_path / "chat.jinja")})
+    tokenizer = {**write_bpe(tmp_path / "tok"), "chat_template": str(tmp_path / "chat.jinja")}
+    make_run(tmp_path / "run", GPT2, tokenizer=tokenizer)
     convert("pentad-to-hf", tmp_path / "run", tmp_path / "hf", family="gpt2")
     _, ours = load_run(tmp_path / "run")
     messages = [{"role": "user", "content": "the quick fox"}, {"role": "assistant", "content": "a lazy dog"},
