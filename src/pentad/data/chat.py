@@ -28,6 +28,7 @@ the reasoning of earlier turns) and the turns cannot be found: an error says whi
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -280,10 +281,29 @@ def render(tokenizer: Any, messages: Sequence[Mapping[str, Any]], add_generation
                                               special_tokens=special_token_context(tokenizer), **context)
 
 
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """The ids of a rendered conversation, the special tokens the template wrote included. Rust-backed
+    tokenizers find them in the text themselves; a SentencePiece model never matches its control pieces
+    (``<s>``) in text, so the text is cut at the special tokens (longest first) and the pieces between
+    are encoded one by one, as a ``transformers`` tokenizer with those added tokens does."""
+    if getattr(tokenizer, "registry_name", None) != "sentencepiece":
+        return tokenizer.encode(text)
+    specials = sorted({t for t in tokenizer.special_tokens.values() if t}, key=len, reverse=True)
+    if not specials:
+        return tokenizer.encode(text)
+    ids: list[int] = []
+    for i, piece in enumerate(re.split("(" + "|".join(map(re.escape, specials)) + ")", text)):
+        if i % 2:
+            ids.append(int(tokenizer.token_to_id(piece)))
+        elif piece:
+            ids += tokenizer.encode(piece)
+    return ids
+
+
 def encode(tokenizer: Any, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False,
            tools: Any = None, **context: Any) -> list[int]:
     """The token ids of :func:`render`'s text (no special tokens added: the template writes them)."""
-    return tokenizer.encode(render(tokenizer, messages, add_generation_prompt, tools, **context))
+    return encode_text(tokenizer, render(tokenizer, messages, add_generation_prompt, tools, **context))
 
 
 def check_messages(messages: Any, field: str = "messages") -> list[dict[str, Any]]:
@@ -327,7 +347,7 @@ def assistant_mask(tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools:
     def ids(upto: int, prompt: bool) -> list[int]:
         text = template.render(messages[:upto], add_generation_prompt=prompt, tools=tools, special_tokens=tokens,
                                **context)
-        return tokenizer.encode(text)
+        return encode_text(tokenizer, text)
 
     full = ids(len(messages), False)
     mask = [False] * len(full)

@@ -185,3 +185,17 @@ def test_sandbox_and_helpers(tokenizer_file, tmp_path):
     with pytest.raises(ChatTemplateError, match="failed to render"):
         load_tokenizer({"type": "tokenizer_json", "file": str(tokenizer_file),
                         "chat_template": str(escape)}).apply_chat_template(CONVERSATION)
+
+
+def test_sentencepiece_special_tokens_written_by_the_template(shared_data, tmp_path):
+    """A SentencePiece model never matches <s> in text: the template's special tokens become their ids."""
+    template = ("{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}"
+                "{% if m.role == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}")
+    tok = load_tokenizer({"type": "sentencepiece", "model": str(shared_data / "models/sentencepiece.bpe.model"),
+                          "chat_template": str(write_template(tmp_path, template))})
+    messages = [{"role": "user", "content": "hello world"}, {"role": "assistant", "content": "a reply"},
+                {"role": "user", "content": "more"}]
+    expected = [tok.bos_id, *tok.encode("user: hello worldassistant: a reply"), tok.eos_id, *tok.encode("user: more")]
+    assert tok.apply_chat_template(messages) == expected
+    ids, mask = assistant_mask(tok, messages[:2])
+    assert ids[-1] == tok.eos_id and mask[-1] and not mask[0]
