@@ -412,3 +412,30 @@ def test_all_minilm_l6_v2_embeddings(tmp_path):
     convert("pentad-to-hf", tmp_path / "minilm", tmp_path / "exported")
     again = transformers.AutoModel.from_pretrained(tmp_path / "exported", local_files_only=True)
     assert all(torch.equal(a, b) for a, b in zip(hf.state_dict().values(), again.state_dict().values()))
+
+
+def test_chat_template_travels_to_hf_and_back(tmp_path):
+    """A run's chat template is written into tokenizer_config.json and read back, with the same text and
+    ids as transformers' apply_chat_template (from tokenizer_config.json and from chat_template.jinja)."""
+    template = ("{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}{% endfor %}"
+                "{% if add_generation_prompt %}assistant:{% endif %}")
+    (tmp_path / "chat.jinja").write_text(template, encoding="utf-8")
+    tokenizer = {**write_bpe(tmp_path / "tok"), "chat_template": str(tmp_path / "chat.jinja")}
+    make_run(tmp_path / "run", GPT2, tokenizer=tokenizer)
+    convert("pentad-to-hf", tmp_path / "run", tmp_path / "hf", family="gpt2")
+    _, ours = load_run(tmp_path / "run")
+    messages = [{"role": "user", "content": "the quick fox"}, {"role": "assistant", "content": "a lazy dog"},
+                {"role": "user", "content": "the dog"}]
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", local_files_only=True)
+    assert theirs.chat_template == template
+    expected = theirs.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    assert ours.apply_chat_template(messages, add_generation_prompt=True) == expected
+    theirs.save_pretrained(tmp_path / "fast")  # transformers 5 writes chat_template.jinja
+    assert (tmp_path / "fast" / "chat_template.jinja").is_file()
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / "fast" / name).write_bytes((tmp_path / "hf" / name).read_bytes())
+    for source in ("hf", "fast"):
+        convert("hf-to-pentad", tmp_path / source, tmp_path / f"back-{source}")
+        cfg, back = load_run(tmp_path / f"back-{source}")
+        assert cfg.tokenizer.chat_template is not None and back.chat_template.templates == {"default": template}
+        assert back.apply_chat_template(messages, add_generation_prompt=True) == expected, source

@@ -1,13 +1,15 @@
 """``pentad generate``: continue prompts with a trained or converted model.
 
-    pentad generate RUN_DIR (--prompt TEXT | --prompts FILE | --jsonl FILE) [--max-new-tokens N]
+    pentad generate RUN_DIR (--prompt TEXT | --prompts FILE | --jsonl FILE | --chat FILE) [--max-new-tokens N]
         [--greedy | --sample [--temperature T] [--top-k K] [--top-p P]]
         [--num-beams N [--length-penalty X] [--early-stopping [true|false|never]]]
         [--num-return-sequences N] [--repetition-penalty X] [--seed S] [--stop TEXT ...]
         [--output FILE.jsonl] [--stream] [--device DEV] [--no-cache | --cache {dynamic,static} [--compile]]
 
 Completions go to stdout as text, or with ``--output`` to a JSONL file (one record per completion,
-with token ids, score and finish reason; ``--output -`` writes the JSONL to stdout). ``--stream``
+with token ids, score and finish reason; ``--output -`` writes the JSONL to stdout). ``--chat FILE``
+reads conversations (JSON lines ``{"messages": [...], "tools": [...]}``) and writes the assistant's next
+message of each, through the tokenizer's chat template (``pentad.generation.chat``). ``--stream``
 prints the tokens of a single prompt as they are produced. Mistakes (a missing run directory, an
 empty prompt file, a malformed JSONL line, contradictory options) raise ``UserError`` (exit 2).
 
@@ -47,6 +49,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     source.add_argument("--jsonl", type=Path, metavar="FILE",
                         help='JSON lines, each an object with a "prompt" string (other keys are copied to the '
                              'output records under "input")')
+    source.add_argument("--chat", type=Path, metavar="FILE",
+                        help='JSON lines, each a conversation {"messages": [{"role": ..., "content": ...}, ...]} '
+                             '(optional "tools"); the reply is the assistant\'s next message, through the '
+                             "tokenizer's chat template (the record goes to the output under \"input\")")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="tokens to generate at most")
     p.add_argument("--min-new-tokens", type=int, default=0, metavar="N", help="no stop token before N tokens")
     mode = p.add_mutually_exclusive_group()
@@ -98,6 +104,8 @@ def read_prompts(args: argparse.Namespace) -> tuple[list[str], list[dict[str, An
     """(prompts, extra JSONL fields per prompt, where each prompt came from) from the options."""
     if args.prompt is not None:
         return [args.prompt], [None], ["--prompt"]
+    if getattr(args, "chat", None) is not None:
+        return read_conversations(args.chat)
     if args.prompts is not None:
         text = _read_text(args.prompts, "prompt file")
         lines = text.splitlines()
@@ -134,6 +142,40 @@ def read_prompts(args: argparse.Namespace) -> tuple[list[str], list[dict[str, An
     if not prompts:
         raise UserError(f"JSONL file {path} has no records: expected one object like {{\"prompt\": \"...\"}} per line")
     return prompts, extras, origins
+
+
+def read_conversations(path: Path) -> tuple[list[str], list[dict[str, Any] | None], list[str]]:
+    """``--chat FILE``: (a placeholder prompt per conversation, its record, where it came from); the
+    records are checked here (roles, empty assistant turns, tools), naming file, line and field."""
+    from pentad.data.chat import ChatTemplateError, check_messages
+
+    prompts, records, origins = [], [], []
+    for number, line in enumerate(_read_text(path, "conversation file").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"conversation file {path}, line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{where}: invalid JSON ({e.msg} at column {e.colno}); expected an object like "
+                            '{"messages": [{"role": "user", "content": "..."}]}') from None
+        if not isinstance(record, dict) or "messages" not in record:
+            found = f"keys {', '.join(record) or 'none'}" if isinstance(record, dict) else type(record).__name__
+            raise UserError(f'{where}: expected a JSON object with "messages", found {found}')
+        try:
+            check_messages(record["messages"])
+        except ChatTemplateError as e:
+            raise UserError(f"{where}: {e}") from None
+        tools = record.get("tools")
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise UserError(f'{where}: "tools" must be a list of objects (JSON schemas of functions)')
+        prompts.append("")
+        records.append(record)
+        origins.append(where)
+    if not records:
+        raise UserError(f"conversation file {path} has no records: expected one object like "
+                        '{"messages": [...]} per line')
+    return prompts, records, origins
 
 
 # ---------------------------------------------------------------------------------------- options
@@ -252,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output is not None and str(args.output) != "-":  # checked before the model is loaded and run
         claim = claim_output_file(args.output, args.overwrite, "--output", [
             ("run directory", args.run_dir), ("--prompts", getattr(args, "prompts", None)),
-            ("--jsonl", getattr(args, "jsonl", None))], "pentad generate")
+            ("--jsonl", getattr(args, "jsonl", None)), ("--chat", getattr(args, "chat", None))], "pentad generate")
     with claim:
         return _generate(args, prompts, extras, origins, config)
 
@@ -263,8 +305,24 @@ def _generate(args: argparse.Namespace, prompts: list[str], extras: list[Any], o
 
     device = _device(args.device)
     generator = TextGenerator.from_run(args.run_dir, device, decoder_start=args.decoder_start)
-    for prompt, origin in zip(prompts, origins):
-        if not generator.encode(prompt):
+    if getattr(args, "chat", None) is not None:  # the chat template's prompts, checked to fit
+        from pentad.generation import chat
+
+        chat.check_chat_model(generator, str(args.run_dir))
+        resolved = generator.config(config)
+        ids = []
+        for index, (record, origin) in enumerate(zip(extras, origins)):
+            ids.append(chat.prompt_ids(generator, record["messages"], record.get("tools")))
+            prompts[index] = generator.tokenizer.apply_chat_template(record["messages"], add_generation_prompt=True,
+                                                                     tools=record.get("tools"), tokenize=False)
+            try:
+                chat.check_length(generator, ids[-1], resolved, f'{origin}, "messages"')
+            except GenerationInputError as e:
+                raise UserError(_cli_terms(str(e))) from None
+    else:
+        ids = [generator.encode(prompt) for prompt in prompts]
+    for prompt_ids, origin in zip(ids, origins):
+        if not prompt_ids:
             raise UserError(f"{origin}: the prompt encodes to no tokens, and this model needs at least one "
                             "(it adds no start token); give a non-empty prompt")
     try:
@@ -273,12 +331,12 @@ def _generate(args: argparse.Namespace, prompts: list[str], extras: list[Any], o
                 sys.stdout.write(piece)
                 sys.stdout.flush()
 
-            completion = generator.generate_streaming(prompts[0], show, config, stop_strings=args.stop)
+            completion = generator.stream_ids(ids[0], show, config, stop_strings=args.stop)
             sys.stdout.write("\n")
             sys.stdout.flush()
             results = [[completion]]
         else:
-            results = generator.generate(prompts, config, stop_strings=args.stop, batch_size=args.batch_size)
+            results = generator.generate_ids(ids, config, stop_strings=args.stop, batch_size=args.batch_size)
     except GenerationInputError as e:  # options the model cannot serve, named as on the command line
         raise UserError(_cli_terms(str(e))) from None
     if args.output is not None:
@@ -290,6 +348,7 @@ def _generate(args: argparse.Namespace, prompts: list[str], extras: list[Any], o
         for i, group in enumerate(results):
             for j, completion in enumerate(group):
                 if not single:
-                    print(f"### prompt {i + 1}" + (f", sequence {j + 1}" if len(group) > 1 else ""))
+                    kind = "conversation" if getattr(args, "chat", None) else "prompt"
+                    print(f"### {kind} {i + 1}" + (f", sequence {j + 1}" if len(group) > 1 else ""))
                 print(completion.text, flush=True)
     return 0

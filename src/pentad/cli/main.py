@@ -134,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--output", "-o", required=True, type=Path)
     b.add_argument("--cased", action="store_true", help="keep case (default: lower-case)")
     b.add_argument("--min-frequency", type=int, default=2)
+    from pentad.cli import chat as chat_cli
     from pentad.cli import compress as compress_cli
     from pentad.cli import convert as convert_cli
     from pentad.cli import embed as embed_cli
@@ -149,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     grow_cli.add_parser(sub)
     compress_cli.add_parser(sub)
     generate_cli.add_parser(sub)
+    chat_cli.add_parser(sub)
     embed_cli.add_parser(sub)
     image_tokenizer_cli.add_parser(sub)
     p = sub.add_parser("demo", help="pre-train a small BERT on Wikipedia text, fine-tune on movie reviews")
@@ -220,7 +222,7 @@ def grid_option(items: Sequence[str]) -> dict[str, list[Any]]:
 # Commands that read run directories, whose configs may name a task: the task union of the run config has
 # the tasks registered (pentad.run_config), so these fill every registry first. (pretrain, finetune and
 # validate load their config through pentad.assembly.load_config, which does; infer runs the task runner.)
-READS_RUNS = frozenset({"convert", "compress", "export", "merge-lora", "grow", "generate", "embed", "demo"})
+READS_RUNS = frozenset({"convert", "compress", "export", "merge-lora", "grow", "generate", "chat", "embed", "demo"})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -273,6 +275,10 @@ def run(args: argparse.Namespace) -> int:
         from pentad.cli import generate as generate_cli
 
         return generate_cli.run(args)
+    if cmd == "chat":
+        from pentad.cli import chat as chat_cli
+
+        return chat_cli.run(args)
     if cmd == "image-tokenizer":
         from pentad.cli import image_tokenizer as image_tokenizer_cli
 

@@ -41,7 +41,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 import sentencepiece
 import tokenizers as hf_tokenizers
-from pydantic import AfterValidator, Field, ValidationError
+from pydantic import AfterValidator, Field, ValidationError, model_serializer
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 
 from pentad.config.base import StrictModel
@@ -65,6 +65,7 @@ _BERT_SPECIALS: dict[str, tuple[str, ...]] = {
 }
 
 _FINGERPRINT_FORMAT = 1  # bump when the fingerprint payload changes
+CHAT_TEMPLATE = "chat_template"  # the config field and source name of the chat template file
 
 
 def _check_roles(value: dict[str, str] | None) -> dict[str, str] | None:
@@ -89,6 +90,25 @@ SpecialTokens = Annotated[
     AfterValidator(_check_roles),
     Field(description="Override role -> token string, e.g. {mask: '<mask>'}; roles: " + ", ".join(ROLES)),
 ]
+
+ChatTemplateFile = Annotated[
+    Path | None,
+    Field(description="the chat template (pentad.data.chat): a .json file with a chat_template key (a Hugging Face "
+                      "tokenizer_config.json will do) or a Jinja file; conversations are rendered with it"),
+]
+
+
+class _TokenizerConfig(StrictModel):
+    """The base of the tokenizer configs: an unset ``chat_template`` is left out of what they write, so
+    the records of tokenizers without one read as they did before the option."""
+
+    @model_serializer(mode="wrap")
+    def _without_unset_template(self, handler: Any) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("chat_template", 0) is None:
+            del data["chat_template"]
+        return data
+
 
 PARSE, SPLIT = "parse", "split"
 SpecialTokensInText = Annotated[
@@ -297,12 +317,50 @@ class Tokenizer(abc.ABC):
         kwargs = {name: getattr(cfg, name) for name in type(cfg).model_fields if name != "type"}
         for name in cls._path_fields:
             kwargs[name] = _resolve_path(kwargs[name], base_dir)
-        return cls(**kwargs)
+        template = kwargs.pop(CHAT_TEMPLATE, None)
+        tokenizer = cls(**kwargs)
+        if template is not None:
+            tokenizer.set_chat_template(_resolve_path(template, base_dir))
+        return tokenizer
 
     def config(self) -> StrictModel:
         """The config that rebuilds this tokenizer (paths as they were loaded)."""
         paths = {name: source.path for name, source in self._sources.items()}
         return self.Config(**paths, **self._options)
+
+    # -- the chat template (pentad.data.chat) ---------------------------------------------
+
+    def set_chat_template(self, path: Path | str) -> None:
+        """Read the chat template file ``path`` (a ``.json`` file with a ``chat_template`` key, or a
+        Jinja file); it becomes part of this tokenizer's files, config and fingerprint."""
+        from pentad.data.chat import ChatTemplate
+
+        source = _read_source(Path(path), "chat template")
+        ChatTemplate.parse(source.data, source.path)  # a problem shows now, naming the file
+        self._sources[CHAT_TEMPLATE] = source
+        self.__dict__.pop("_chat", None)
+
+    @property
+    def chat_template(self) -> Any:
+        """The :class:`~pentad.data.chat.ChatTemplate` of this tokenizer, or None."""
+        source = self._sources.get(CHAT_TEMPLATE)
+        if source is None:
+            return None
+        if "_chat" not in self.__dict__:
+            from pentad.data.chat import ChatTemplate
+
+            self.__dict__["_chat"] = ChatTemplate.parse(source.data, source.path)
+        return self.__dict__["_chat"]
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False,
+                            tools: Any = None, tokenize: bool = True, **context: Any) -> list[int] | str:
+        """The conversation ``messages`` rendered by the chat template: token ids (``tokenize``) or text,
+        as ``transformers``' method of that name gives them."""
+        from pentad.data import chat
+
+        if tokenize:
+            return chat.encode(self, messages, add_generation_prompt, tools, **context)
+        return chat.render(self, messages, add_generation_prompt, tools, **context)
 
     def _set_special_tokens(
         self,
@@ -487,7 +545,7 @@ class Tokenizer(abc.ABC):
 
         Paths do not enter it, so the same files give the same fingerprint on every machine.
         """
-        options = self.config().model_dump(mode="json", exclude=set(self._path_fields))
+        options = self.config().model_dump(mode="json", exclude={*self._path_fields, CHAT_TEMPLATE})
         if options.get("special_tokens_in_text") == PARSE:  # the default: fingerprints from before the option
             del options["special_tokens_in_text"]
         payload = {
@@ -509,7 +567,7 @@ class Tokenizer(abc.ABC):
         cfg = self.config().model_dump(mode="json")
         # 'tokenizer.json' is the name a run directory gives this config itself (pentad.runs).
         used: set[str] = {"tokenizer.json"}
-        for name in self._path_fields:
+        for name in (*self._path_fields, *([CHAT_TEMPLATE] if CHAT_TEMPLATE in self._sources else [])):
             source = self._sources[name]
             filename = source.path.name
             if filename in used:  # two files with one name (vocab and merges both 'x.txt')
@@ -629,7 +687,7 @@ _SPACE_PIECES = re.compile("[^ ]+")
 PIECE_CACHE_SIZE = 1 << 18  # distinct pieces kept per tokenizer (a few tens of MB at most)
 
 
-class WordPieceConfig(StrictModel):
+class WordPieceConfig(_TokenizerConfig):
     """Config of the ``wordpiece`` tokenizer."""
 
     type: Literal["wordpiece"] = "wordpiece"
@@ -640,6 +698,7 @@ class WordPieceConfig(StrictModel):
     max_input_chars_per_word: int = Field(100, gt=0, description="longer words become unk")
     special_tokens: SpecialTokens = None
     special_tokens_in_text: SpecialTokensInText = PARSE
+    chat_template: ChatTemplateFile = None
 
 
 @TOKENIZERS.register("wordpiece")
@@ -772,7 +831,7 @@ def _byte_to_char() -> dict[int, str]:
 _BYTE_LEVEL_SPACES = frozenset(_byte_to_char()[b] for b in range(128) if chr(b).isspace())
 
 
-class BPEConfig(StrictModel):
+class BPEConfig(_TokenizerConfig):
     """Config of the ``bpe`` tokenizer."""
 
     type: Literal["bpe"] = "bpe"
@@ -782,6 +841,7 @@ class BPEConfig(StrictModel):
     add_prefix_space: bool = Field(False, description="treat the text as if it began with a space")
     special_tokens: SpecialTokens = None
     special_tokens_in_text: SpecialTokensInText = PARSE
+    chat_template: ChatTemplateFile = None
 
 
 @TOKENIZERS.register("bpe")
@@ -865,13 +925,14 @@ class _WordLevelTokenizer(_RustTokenizer):
         """Set the pre-tokenizer and decoder."""
 
 
-class CharConfig(StrictModel):
+class CharConfig(_TokenizerConfig):
     """Config of the ``char`` tokenizer."""
 
     type: Literal["char"] = "char"
     vocab: Path = Field(description="vocab.txt: one token per line, id = line number - 1")
     special_tokens: SpecialTokens = None
     special_tokens_in_text: SpecialTokensInText = PARSE
+    chat_template: ChatTemplateFile = None
 
 
 @TOKENIZERS.register("char")
@@ -887,13 +948,14 @@ class CharTokenizer(_WordLevelTokenizer):
         backend.decoder = decoders.Fuse()
 
 
-class SpaceConfig(StrictModel):
+class SpaceConfig(_TokenizerConfig):
     """Config of the ``space`` tokenizer."""
 
     type: Literal["space"] = "space"
     vocab: Path = Field(description="vocab.txt: one token per line, id = line number - 1")
     special_tokens: SpecialTokens = None
     special_tokens_in_text: SpecialTokensInText = PARSE
+    chat_template: ChatTemplateFile = None
 
 
 @TOKENIZERS.register("space")
@@ -911,7 +973,7 @@ class SpaceTokenizer(_WordLevelTokenizer):
 # SentencePiece.
 
 
-class SentencePieceConfig(StrictModel):
+class SentencePieceConfig(_TokenizerConfig):
     """Config of the ``sentencepiece`` tokenizer."""
 
     type: Literal["sentencepiece"] = "sentencepiece"
@@ -921,6 +983,7 @@ class SentencePieceConfig(StrictModel):
                                 "keep_accents)")
     replace_quotes: bool = Field(False, description="turn `` and '' into \" first (ALBERT)")
     special_tokens: SpecialTokens = None
+    chat_template: ChatTemplateFile = None
 
 
 @TOKENIZERS.register("sentencepiece")
@@ -1031,13 +1094,14 @@ class SentencePieceTokenizer(Tokenizer):
 # A Hugging Face tokenizer.json, used as it is.
 
 
-class TokenizerJsonConfig(StrictModel):
+class TokenizerJsonConfig(_TokenizerConfig):
     """Config of the ``tokenizer_json`` tokenizer."""
 
     type: Literal["tokenizer_json"] = "tokenizer_json"
     file: Path = Field(description="a Hugging Face tokenizer.json (any model, normaliser and pre-tokenizer)")
     special_tokens: SpecialTokens = None
     special_tokens_in_text: SpecialTokensInText = PARSE
+    chat_template: ChatTemplateFile = None
 
 
 @TOKENIZERS.register("tokenizer_json")

@@ -271,6 +271,14 @@ class TextGenerator:
         """Completions of each text (``num_return_sequences`` each, best first for beams), in
         batches of ``batch_size`` prompts. Stop strings end a row early with greedy and sampling;
         with beam search they only cut the returned text."""
+        return self.generate_ids([self.encode(t) for t in texts], config, stop_strings=stop_strings,
+                                 batch_size=batch_size, generator=generator, **overrides)
+
+    def generate_ids(self, prompts: Sequence[Sequence[int]], config: GenerationConfig | None = None, *,
+                     stop_strings: Sequence[str] = (), batch_size: int = 8, generator: torch.Generator | None = None,
+                     **overrides: Any) -> list[list[Completion]]:
+        """:meth:`generate` for prompts given as token ids, used as they are (no framing added: a chat
+        template's ids)."""
         cfg = self.config(config, **overrides)
         if cfg.do_sample and generator is None and cfg.seed is not None:
             # One generator across batches: the samples depend on the seed, not on batch_size splits
@@ -278,8 +286,8 @@ class TextGenerator:
             generator = torch.Generator(device=next(self.model.parameters()).device).manual_seed(cfg.seed)
         check = StopStrings(self.decoder, stop_strings) if stop_strings and cfg.strategy != "beam" else None
         results: list[list[Completion]] = []
-        for begin in range(0, len(texts), batch_size):
-            chunk = [self.encode(t) for t in texts[begin:begin + batch_size]]
+        for begin in range(0, len(prompts), batch_size):
+            chunk = [list(p) for p in prompts[begin:begin + batch_size]]
             output = generate(self.model, chunk, cfg, generator=generator, stop_check=check)
             flat = self._completions(output, stop_strings, cfg.stop_token_ids)
             n = output.num_return_sequences
@@ -291,6 +299,13 @@ class TextGenerator:
                            **overrides: Any) -> Completion:
         """Generate for one prompt, calling ``on_text`` with each new piece of text as it is
         produced; returns the whole completion (as ``generate`` would)."""
+        return self.stream_ids(self.encode(text), on_text, config, stop_strings=stop_strings, generator=generator,
+                               **overrides)
+
+    def stream_ids(self, prompt: Sequence[int], on_text: Callable[[str], None], config: GenerationConfig | None = None,
+                   *, stop_strings: Sequence[str] = (), generator: torch.Generator | None = None,
+                   **overrides: Any) -> Completion:
+        """:meth:`generate_streaming` for a prompt given as token ids, used as they are."""
         cfg = self.config(config, **overrides)
         if cfg.strategy == "beam" or cfg.num_return_sequences != 1:
             raise UserError("streaming shows one sequence as it grows: use greedy or sampling with one "
@@ -309,7 +324,7 @@ class TextGenerator:
                 on_text(piece)
 
         check = StopStrings(self.decoder, stop_strings) if stop_strings else None
-        output = generate(self.model, [self.encode(text)], cfg, generator=generator, on_step=on_step,
+        output = generate(self.model, [list(prompt)], cfg, generator=generator, on_step=on_step,
                           stop_check=check)
         rest = pieces.finish()
         if rest:

@@ -18,6 +18,17 @@ has no EOS); with ``too_long: skip`` it is a bad line, so preprocessing stops on
 ``data.on_bad_line=skip``, which skips it and counts it in the manifest's ``skipped_lines``.
 An example whose prompt alone leaves no room for a response token is a bad line either way:
 no instance ever has its whole response truncated away.
+
+A corpus whose first line is an object with ``"messages"`` holds conversations instead, one per line:
+``{"messages": [{"role": ..., "content": ...}, ...], "tools": [...]}`` (roles system, user, assistant,
+tool; ``tools`` optional, JSON schemas the template shows). The tokenizer's chat template
+(``tokenizer.chat_template``, :mod:`pentad.data.chat`) renders each, with no BOS or EOS added (the
+template writes its own), and only the tokens of the assistant turns are scored, found by rendering
+prefix by prefix (:func:`pentad.data.chat.assistant_mask`); they are stored as a ``scored`` array beside
+the tokens. Segments are 0 before the first assistant token and 1 from it on. A conversation longer
+than ``seq_length + 1`` tokens is cut at its end (``truncate``; a bad line when no assistant token is
+left) or is a bad line (``skip``). An unknown role, an empty assistant turn, a conversation without one,
+a template that fails to render or rewrites earlier turns: a bad line naming the field.
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ from pydantic import Field, model_validator
 from pentad.data.corpus import BadLine
 from pentad.data.objectives.base import Objective, ObjectiveConfig, new_batch, to_batch_tensor
 from pentad.data.objectives.lm import LmObjective, LmObjectiveConfig
-from pentad.data.shards import Instances
+from pentad.data.shards import Instances, Ragged
 from pentad.registry import OBJECTIVES
 
 if TYPE_CHECKING:
@@ -97,7 +108,9 @@ class LlmSftObjective(Objective):
         "entirely (leaving nothing to score)")
     provides: ClassVar[frozenset[str]] = frozenset({"tokens", "segments", "padding_mask", "labels.lm"})
     corpus_format: ClassVar[str] = ('JSON lines, one object {"instruction": "...", "input": "...", '
-                                    '"output": "..."} per line ("input" optional; UTF-8)')
+                                    '"output": "..."} per line ("input" optional; UTF-8), or, when the first '
+                                    'line is one, one conversation {"messages": [{"role": ..., "content": ...}, '
+                                    '...], "tools": [...]} per line ("tools" optional)')
     field_names: ClassVar[tuple[str, ...]] = ("split",)
     collate_options: ClassVar[frozenset[str]] = frozenset()
 
@@ -109,6 +122,23 @@ class LlmSftObjective(Objective):
         self.eos_id = int(eos)
         bos = tokenizer.bos_id
         self.bos_ids = [int(bos)] if bos is not None and int(bos) != self.eos_id else []
+        self.conversations = False  # set by begin_corpus: the corpus holds {"messages": ...} lines
+
+    def begin_corpus(self, first_line: str, path: Path) -> tuple[Any, bool]:
+        try:
+            record = json.loads(first_line)
+        except ValueError:
+            record = None
+        self.conversations = isinstance(record, dict) and "messages" in record
+        if self.conversations:
+            from pentad.data.chat import require_template
+
+            require_template(self.tokenizer, f"the tokenizer that reads the conversations of {path}")
+        return None, False
+
+    def array_specs(self) -> dict[str, dict[str, Any]]:
+        # conversations: for each token, whether it belongs to an assistant turn
+        return {"scored": {"dtype": "|u1", "shape": []}} if self.conversations else {}
 
     def prompt(self, instruction: str, input_text: str) -> str:
         """The prompt text of one example (placeholders replaced literally, not ``str.format``,
@@ -119,8 +149,9 @@ class LlmSftObjective(Objective):
             text = self.cfg.prompt_template_no_input
         return text.replace("{instruction}", instruction)
 
-    def parse_line(self, text: str, context: Any) -> tuple[list[int], list[int]] | None:
-        """``(prompt ids with BOS, response ids)`` of one example, None for a blank line.
+    def parse_line(self, text: str, context: Any) -> tuple[list[int], list[int]] | tuple[list[int], list[bool]] | None:
+        """``(prompt ids with BOS, response ids)`` of one example (of a conversation: its ids and which
+        are scored), None for a blank line.
 
         Tokenizes here because whether an example fits decides whether it is a bad line.
         """
@@ -130,9 +161,14 @@ class LlmSftObjective(Objective):
             record = json.loads(text)
         except ValueError as exc:
             raise BadLine(f"is not valid JSON ({exc})") from None
+        if self.conversations:
+            return self._conversation(record)
         if not isinstance(record, dict):
             raise BadLine(f"is JSON {type(record).__name__}, not an object with \"instruction\" "
                           f"and \"output\"")
+        if "messages" in record:
+            raise BadLine('is a conversation ("messages") in a corpus of instruction records (its first line '
+                          'is one); a corpus holds one kind: put conversations in a corpus of their own')
         for key, required in (("instruction", True), ("output", True), ("input", False)):
             value = record.get(key)
             if (required and not isinstance(value, str)) or not (value is None or isinstance(value, str)):
@@ -156,9 +192,45 @@ class LlmSftObjective(Objective):
                           f"'truncate' to truncate responses instead)")
         return prefix, response[:room]
 
-    def build(self, items: list[tuple[list[int], list[int]] | None],
-              rng: np.random.Generator) -> Instances:
+    def _conversation(self, record: Any) -> tuple[list[int], list[bool]]:
+        """(ids, scored) of one conversation line: the chat template's ids and, for each, whether it
+        belongs to an assistant turn."""
+        from pentad.data.chat import ChatTemplateError, assistant_mask, check_messages
+
+        if not isinstance(record, dict) or "messages" not in record:
+            found = f"keys {', '.join(record) or 'none'}" if isinstance(record, dict) else type(record).__name__
+            raise BadLine(f'is not a conversation {{"messages": [...]}} (found {found}); the corpus holds '
+                          "conversations (its first line is one)")
+        tools = record.get("tools")
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise BadLine(f'has a "tools" field that is not a list of objects (found {type(tools).__name__})')
+        try:
+            messages = check_messages(record["messages"])
+            if not any(m.get("role") == "assistant" for m in messages):
+                raise ChatTemplateError('"messages" has no assistant turn: nothing to learn')
+            ids, scored = assistant_mask(self.tokenizer, messages, tools=tools)
+        except ChatTemplateError as e:
+            raise BadLine(f"holds a conversation that cannot be used: {e}") from None
+        limit = self.seq_length + 1
+        if len(ids) > limit:
+            if self.cfg.too_long == "skip":
+                raise BadLine(f'has "messages" of {len(ids)} tokens, more than seq_length {self.seq_length} + 1, '
+                              "and objective.too_long is 'skip' (set it to 'truncate' to cut conversations at "
+                              "their end instead)")
+            ids, scored = ids[:limit], scored[:limit]
+        if not any(scored[1:]):
+            raise BadLine(f'has "messages" whose first assistant token comes after seq_length {self.seq_length} '
+                          "+ 1 tokens: nothing to learn is left within the length")
+        return ids, scored
+
+    def build(self, items: list[Any], rng: np.random.Generator) -> Instances:
         examples = [item for item in items if item is not None]
+        if self.conversations:
+            out = Instances.from_sequences([ids for ids, _ in examples],
+                                           split=[scored.index(True) for _, scored in examples])
+            out.arrays["scored"] = Ragged.from_arrays([np.asarray(scored, dtype=np.uint8) for _, scored in examples],
+                                                      "|u1", [])
+            return out
         return Instances.from_sequences([prefix + response for prefix, response in examples],
                                         split=[len(prefix) for prefix, _ in examples])
 
@@ -170,8 +242,12 @@ class LlmSftObjective(Objective):
         inputs = ids[:, :-1].copy()
         real = valid[:, 1:]  # input j is real exactly when token j+1 (its label) exists
         inputs[~real] = self.pad_id
-        # Token j+1 is a response token when j+1 >= split.
-        in_response = np.arange(1, ids.shape[1])[None, :] >= instances.fields["split"][:, None]
+        if "scored" in instances.arrays:  # conversations: token j+1 is scored when it is an assistant's
+            scored = np.zeros(valid.shape, dtype=bool)
+            scored[valid] = instances.arrays["scored"].data.astype(bool)
+            in_response = scored[:, 1:]
+        else:  # token j+1 is a response token when j+1 >= split
+            in_response = np.arange(1, ids.shape[1])[None, :] >= instances.fields["split"][:, None]
         labels = np.where(real & in_response, ids[:, 1:], IGNORE_INDEX).astype(np.int64)
         segments = (real & (np.arange(ids.shape[1] - 1)[None, :] >= instances.fields["split"][:, None]))
         return new_batch(tokens=to_batch_tensor(inputs),

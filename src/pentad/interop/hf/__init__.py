@@ -529,6 +529,44 @@ def _special_tokens(in_dir: Path, tokenizer_config: dict[str, Any], defaults: di
     return chosen
 
 
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+CHAT_TEMPLATE_DIR = "additional_chat_templates"
+CHAT_TEMPLATE_RECORD = "chat_template.json"  # the run's copy, in pentad.data.chat's JSON form
+
+
+def import_chat_template(in_dir: Path, tok_dir: Path) -> str | None:
+    """The chat template(s) of a HF directory written to ``tok_dir`` as ``chat_template.json``; its name,
+    or None when the directory has none. As ``transformers`` reads them: ``chat_template.jinja`` and
+    ``additional_chat_templates/NAME.jinja`` when present, else ``tokenizer_config.json``'s
+    ``chat_template`` (a string or a list of named templates); the record keeps the special tokens
+    those files name, which is what the template sees as ``bos_token``, ``eos_token``, ..."""
+    tok_cfg = read_json(in_dir / TOKENIZER_CONFIG) if (in_dir / TOKENIZER_CONFIG).is_file() else {}
+    templates: dict[str, str] = {}
+    if (in_dir / CHAT_TEMPLATE_FILE).is_file():
+        templates["default"] = (in_dir / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+    if (in_dir / CHAT_TEMPLATE_DIR).is_dir():
+        for path in sorted((in_dir / CHAT_TEMPLATE_DIR).glob("*.jinja")):
+            templates[path.name.removesuffix(".jinja")] = path.read_text(encoding="utf-8")
+    value: Any = (templates["default"] if list(templates) == ["default"]
+                  else [{"name": k, "template": v} for k, v in templates.items()]) if templates else None
+    if value is None:
+        value = tok_cfg.get("chat_template")
+    if not value:
+        return None
+    sources = [tok_cfg]
+    if (in_dir / SPECIAL_TOKENS_MAP).is_file():
+        sources.append(read_json(in_dir / SPECIAL_TOKENS_MAP))
+    record: dict[str, Any] = {"chat_template": value}
+    for role in ROLES:
+        token = next((t for t in (_token_text(source.get(f"{role}_token")) for source in sources) if t is not None),
+                     None)
+        if token is not None:
+            record[f"{role}_token"] = token
+    tok_dir.mkdir(parents=True, exist_ok=True)
+    write_json(tok_dir / CHAT_TEMPLATE_RECORD, record)
+    return CHAT_TEMPLATE_RECORD
+
+
 def import_tokenizer(in_dir: Path, tok_dir: Path, family: HFFamily,
                      model_type: str | None = None) -> tuple[dict[str, Any] | None, list[str]]:
     """Write the pentad tokenizer files of a HF directory into ``tok_dir``.
@@ -537,7 +575,18 @@ def import_tokenizer(in_dir: Path, tok_dir: Path, family: HFFamily,
     ``vocab.txt`` / ``vocab.json`` + ``merges.txt`` are copied byte for byte; when only a fast
     ``tokenizer.json`` exists its vocabulary (and merges) are written out in those formats.
     SentencePiece models are rewritten to the ids the HF tokenizer gives (:mod:`pentad.interop.spm`).
+    A chat template becomes the config's ``chat_template`` (:func:`import_chat_template`).
     """
+    cfg, notes = _import_tokenizer_files(in_dir, tok_dir, family, model_type)
+    if cfg is not None:
+        template = import_chat_template(in_dir, tok_dir)
+        if template is not None:
+            cfg["chat_template"] = template
+    return cfg, notes
+
+
+def _import_tokenizer_files(in_dir: Path, tok_dir: Path, family: HFFamily,
+                            model_type: str | None = None) -> tuple[dict[str, Any] | None, list[str]]:
     kind, layout = family.tokenizer_for(model_type)
     if not family.needs_tokenizer:
         return None, []
@@ -737,6 +786,8 @@ def export_tokenizer(tokenizer: Any, out_dir: Path, family: HFFamily, max_length
         tok_cfg["split_special_tokens"] = True
     for role, token in special.items():
         tok_cfg[f"{role}_token"] = token
+    if tokenizer.chat_template is not None:  # the form transformers reads (a string or named templates)
+        tok_cfg["chat_template"] = tokenizer.chat_template.to_json()["chat_template"]
     write_json(out_dir / TOKENIZER_CONFIG, tok_cfg)
     write_json(out_dir / SPECIAL_TOKENS_MAP, {f"{r}_token": t for r, t in special.items()})
     return notes
