@@ -2,8 +2,9 @@
 of every scaled ``rope_type`` converts to pentad, whose logits equal transformers' within 1e-5
 relative (fp32) at positions far beyond ``original_max_position_embeddings`` (16 of 48), in one
 forward and, for the kinds that depend on the sequence length seen (dynamic NTK, LongRoPE), in
-incremental decoding with a key/value cache; converted back, config.json's RoPE fields are the
-same. Without its scaling the converted model differs, so each comparison can fail.
+incremental decoding with a key/value cache; greedy generation from left-padded prompts past the
+original length gives transformers' tokens; converted back, config.json's RoPE fields are the same.
+Without its scaling the converted model differs, so each comparison can fail.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from pentad.builder import build_model
 from pentad.components.base import Batch
+from pentad.generation import generate
 from pentad.interop import convert
 from pentad.layers.cache import KVCache
 from pentad.runs import load_run
@@ -113,3 +115,19 @@ def test_scaled_rope_config_round_trips(converted, tmp_path):
     for key in ("rope_parameters", "max_position_embeddings"):
         assert after[key] == before[key], key
     assert "rope_scaling" not in after and "rope_theta" not in after
+
+
+def test_scaled_rope_generates_hf_tokens_past_the_original_length(converted):
+    """Left-padded prompts (explicit positions) and 24 new tokens: positions up to 29 of original 16."""
+    _, _, ours, tmp = converted
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp / "hf", local_files_only=True).eval()  # fresh RoPE state
+    prompts, new, stop = [[5, 6, 7, 8, 9, 10], [11, 12, 13]], 24, VOCAB - 1
+    ids, mask = torch.zeros(2, 6, dtype=torch.long), torch.zeros(2, 6, dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        ids[i, 6 - len(prompt):], mask[i, 6 - len(prompt):] = torch.tensor(prompt), 1
+    theirs = hf.generate(ids, attention_mask=mask, max_new_tokens=new, eos_token_id=stop,
+                         pad_token_id=0, do_sample=False)[:, 6:]
+    out = generate(ours, prompts, max_new_tokens=new, stop_token_ids=[stop], pad_token_id=0)
+    assert int(out.lengths.max()) > 16 - 6  # some row runs past the original length
+    for row, length in enumerate(out.lengths.tolist()):  # a stopped row's filler is each side's own
+        assert torch.equal(out.tokens[row, :length], theirs[row, :length]), row
