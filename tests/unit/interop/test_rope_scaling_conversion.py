@@ -59,8 +59,9 @@ def exported(model, base: dict[str, Any]) -> dict[str, Any]:
     {"rope_theta": 10000.0, "rope_scaling": {"type": "yarn", "rope_type": "yarn", "factor": 2.0,
                                              "original_max_position_embeddings": 32}},
     {"rope_scaling": {"type": "dynamic", "factor": 2.0}},
+    {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 1.0, "rope_theta": 10000.0}},
 ], ids=["linear", "dynamic", "yarn", "llama3", "longrope", "llama3-legacy", "linear-type", "yarn-both-tags",
-        "dynamic-no-theta"])
+        "dynamic-no-theta", "whole-heads"])
 def test_rope_fields_round_trip(rope):
     config = {**BASE, **copy.deepcopy(rope)}
     model = imported(config)

@@ -185,7 +185,7 @@ def rope_scaling(config: dict[str, Any], max_positions: int, max_seq_length: int
     return out
 
 
-def rope_export(enc: Any, max_seq_length: int, base: dict[str, Any]) -> dict[str, Any]:
+def rope_export(enc: Any, base: dict[str, Any]) -> dict[str, Any]:
     """config.json's RoPE keys of a pentad stack, in the spelling of ``base`` (the config.json it was imported
     from): transformers 5's ``rope_parameters``, or the older ``rope_theta`` with ``rope_scaling`` (its kind
     under ``type``, ``rope_type`` or both, as there)."""
@@ -196,6 +196,8 @@ def rope_export(enc: Any, max_seq_length: int, base: dict[str, Any]) -> dict[str
     else:
         fields = {k: v for k, v in scaling.model_dump().items()
                   if k in SCALING_KEYS[scaling.type] and v is not None}
+    if scaling is not None and "partial_rotary_factor" in rope_section(base):  # accepted on import only as 1.0
+        fields["partial_rotary_factor"] = rope_section(base)["partial_rotary_factor"]
     legacy = "rope_parameters" not in base and ("rope_theta" in base or isinstance(base.get("rope_scaling"), dict))
     if not legacy:
         if scaling is None:
@@ -212,9 +214,6 @@ def rope_export(enc: Any, max_seq_length: int, base: dict[str, Any]) -> dict[str
         out["rope_scaling"] = {**{t: scaling.type for t in tags}, **fields}
         if "rope_theta" in old:
             out["rope_scaling"]["rope_theta"] = theta
-    for key in ("partial_rotary_factor",):  # accepted on import only as 1.0
-        if key in old and isinstance(out["rope_scaling"], dict):
-            out["rope_scaling"][key] = old[key]
     return out
 
 
@@ -336,10 +335,9 @@ class LlamaFamily(HFFamily):
         notes = []
         if not has_head and not c["tie_word_embeddings"]:
             notes.append("LlamaModel has no lm_head: the pentad lm target uses the word embedding (tied)")
-        positions = int(c["max_position_embeddings"])
-        max_seq_length = seq_length(max_length, positions)
+        max_positions = int(c["max_position_embeddings"])
         head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
-        scaling = rope_scaling(config, positions, max_seq_length, head_dim, problems)
+        scaling = rope_scaling(config, max_positions, seq_length(max_length, max_positions), head_dim, problems)
         if problems:
             raise UserError(f"cannot convert {label} (llama): " + "; ".join(problems) + ".")
         model = body_model(c, act, base, max_length, tied, ffn="gated", bias=bool(c["attention_bias"]))
@@ -368,7 +366,7 @@ class LlamaFamily(HFFamily):
         config: dict[str, Any] = {
             "architectures": ["LlamaForCausalLM"], "model_type": "llama",
             **export_fields(FIELDS, model, hidden_act=act),
-            **rope_export(enc, model.max_seq_length, base),
+            **rope_export(enc, base),
         }
         if "max_position_embeddings" in base and int(base["max_position_embeddings"]) >= model.max_seq_length:
             config["max_position_embeddings"] = base["max_position_embeddings"]
