@@ -23,9 +23,9 @@ import time
 
 import torch
 
+from pentad.assembly import load_config
 from pentad.builder import build_model
 from pentad.components.base import Batch
-from pentad.config.loader import load_config
 from pentad.model import total_loss
 
 GPT2 = ["model.hidden_size=256", "model.encoder.num_layers=4", "model.encoder.num_heads=4",

@@ -9,7 +9,7 @@ attention reads: an additive score bias, rotary tables, or both.
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -51,9 +51,25 @@ def rotary_cos_sin(positions: Tensor, dim: int, base: float = 10000.0,
     rows of the query and key projections, which is what weight conversion does.
     """
     inv_freq = base ** (-torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim)
+    return rotary_tables(positions, inv_freq, dtype=dtype)
+
+
+def rotary_tables(positions: Tensor, inv_freq: Tensor, scale: float = 1.0,
+                  dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """cos/sin tables [B|1, 1, S, 2 * len(inv_freq)] of ``positions`` [B|1, S] rotated at the
+    frequencies ``inv_freq`` (one per dimension pair), both multiplied by ``scale`` when it is not 1."""
     angles = positions.float()[..., None] * inv_freq  # [B, S, dim/2]
     angles = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, S, dim]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    cos, sin = angles.cos(), angles.sin()
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    return cos.to(dtype), sin.to(dtype)
+
+
+def rotary_inv_freq(dim: int, base: float | Tensor, device: torch.device | None = None) -> Tensor:
+    """``1 / base^(2i/dim)`` for the pairs i of ``dim`` rotated dimensions (float32): the unscaled
+    frequencies in the form the RoPE scaling kinds start from (``base`` a tensor for dynamic NTK)."""
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -65,25 +81,53 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return rotated if x_pass is None else torch.cat((rotated, x_pass), dim=-1)
 
 
+class RotaryScaling(Protocol):
+    """A RoPE scaling kind (``components/positions/rope_scaling.py``): the frequencies of ``dim``
+    rotated dimensions at base ``base`` and the factor cos and sin are multiplied by.
+
+    ``length_dependent`` kinds (dynamic NTK, LongRoPE) are given the sequence length seen, i.e. the
+    last query position + 1 (cached positions included): an int or a 0-dim tensor, so that no value
+    leaves the device; the others get None."""
+
+    @property
+    def length_dependent(self) -> bool: ...
+
+    def frequencies(self, dim: int, base: float, length: int | Tensor | None,
+                    device: torch.device) -> Tensor: ...
+
+    def attention_scaling(self) -> float: ...
+
+
 class Rotary(PositionScheme):
     """Rotary embeddings (RoPE): the first ``rotary_dim`` dimensions of each query and key head
-    rotated by position (:func:`rotary_cos_sin`); no parameters."""
+    rotated by position (:func:`rotary_cos_sin`); no parameters. ``scaling`` (a :class:`RotaryScaling`)
+    replaces the frequencies and scales the tables (linear, dynamic NTK, YaRN, Llama 3, LongRoPE);
+    without it the tables are those of :func:`rotary_cos_sin`."""
 
     kind = "rotary"
     attribute = "rotary"
 
-    def __init__(self, rotary_dim: int, rotary_base: float = 10000.0):
+    def __init__(self, rotary_dim: int, rotary_base: float = 10000.0, scaling: RotaryScaling | None = None):
         super().__init__()
-        self.rotary_dim, self.rotary_base = rotary_dim, rotary_base
+        self.rotary_dim, self.rotary_base, self.scaling = rotary_dim, rotary_base, scaling
 
     def rotary(self, positions: Tensor | None, q_len: int, offset: int | Tensor, device: torch.device,
                dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        length: int | Tensor | None = None
         if positions is None:
             positions = (torch.arange(q_len, device=device) + offset)[None]
-        return rotary_cos_sin(positions, self.rotary_dim, self.rotary_base, dtype=dtype)
+            if self.scaling is not None and self.scaling.length_dependent:
+                length = offset + q_len
+        elif self.scaling is not None and self.scaling.length_dependent:
+            length = positions.max() + 1
+        if self.scaling is None:
+            return rotary_cos_sin(positions, self.rotary_dim, self.rotary_base, dtype=dtype)
+        inv_freq = self.scaling.frequencies(self.rotary_dim, self.rotary_base, length, positions.device)
+        return rotary_tables(positions, inv_freq, self.scaling.attention_scaling(), dtype=dtype)
 
     def extra_repr(self) -> str:
-        return f"rotary_dim={self.rotary_dim}, rotary_base={self.rotary_base:g}"
+        scaling = "" if self.scaling is None else f", scaling={self.scaling!r}"
+        return f"rotary_dim={self.rotary_dim}, rotary_base={self.rotary_base:g}{scaling}"
 
 
 # ---- T5 relative position bias (Raffel et al. 2020) -------------------------------------------

@@ -926,6 +926,8 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
             problems.append(f"relative_max_distance {enc.relative_max_distance}; TencentPretrain's is fixed at 128")
     if enc.positions == "rotary" and (float(enc.rotary_base) != 10000.0 or enc.rotary_dim is not None):
         problems.append("rotary with a base other than 10000 or a partial rotary_dim: TencentPretrain's is fixed")
+    if getattr(enc, "rope_scaling", None) is not None:
+        problems.append(f"rope_scaling {enc.rope_scaling.type}: TencentPretrain's rotary positions are unscaled")
     final = enc.final_norm if enc.final_norm is not None else enc.norm_position == "pre"
     if final != (enc.norm_position == "pre"):
         problems.append("TencentPretrain puts a final norm exactly after pre-norm encoders")

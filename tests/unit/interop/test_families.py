@@ -69,11 +69,11 @@ def test_hugging_face_names(tmp_path):
     (T5, "t5", {"architectures": ["T5ForQuestionAnswering"]}, "T5ForQuestionAnswering has a head pentad"),
     (ALBERT, "albert", {"num_hidden_groups": 2}, "num_hidden_groups 2"),
     (BART, "bart", {"tie_word_embeddings": False}, "tie_word_embeddings false"),
-    (LLAMA, "llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}},
-     "RoPE scaling 'linear'"),
+    (LLAMA, "llama", {"rope_parameters": {"rope_type": "proportional", "rope_theta": 10000.0, "factor": 2.0}},
+     "rope_type 'proportional' in the RoPE parameters"),
     (LLAMA, "llama", {"attention_bias": True}, "attention_bias True with mlp_bias False"),
     (BLOOM, "bloom", {"apply_residual_connection_post_layernorm": True}, "apply_residual_connection_post_layernorm"),
-], ids=["t5-ffn", "t5-head", "albert-groups", "bart-untied", "llama-rope-scaling", "llama-bias", "bloom-residual"])
+], ids=["t5-ffn", "t5-head", "albert-groups", "bart-untied", "llama-rope-kind", "llama-bias", "bloom-residual"])
 def test_hf_options_pentad_cannot_hold(tmp_path, model, family, changes, message):
     directory = exported(tmp_path, model)
     edit_config(directory, **changes)

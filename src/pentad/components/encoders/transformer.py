@@ -17,6 +17,7 @@ from pentad.components.attention.reuse import AttentionReuseConfig
 from pentad.components.base import Encoder
 from pentad.components.blocks import FFN_BLOCKS, MoEConfig, stack_parts
 from pentad.components.norms import norm_description, norm_kinds
+from pentad.components.positions.rope_scaling import RopeScaling
 from pentad.config.base import StrictModel
 from pentad.layers.activations import ACTIVATION_NAMES
 from pentad.layers.cache import KVCache
@@ -66,6 +67,9 @@ class TransformerStackConfig(StrictModel):
         "(T5 bucketed bias), alibi; learned/sinusoidal absolute positions are embedding parts instead")
     rotary_base: float = Field(10000.0, gt=0.0)
     rotary_dim: int | None = Field(None, ge=2, description="rotated dimensions per head; default all")
+    rope_scaling: RopeScaling | None = Field(
+        None, description="RoPE scaling of rotary positions (components/positions/rope_scaling.py), by type: linear, "
+        "dynamic (NTK), yarn, llama3, longrope, with transformers' rope_parameters keys; unscaled when unset")
     relative_buckets: int = Field(32, ge=2)
     relative_max_distance: int = Field(128, ge=2)
     share_layers: bool = Field(False, description="one layer applied num_layers times (ALBERT)")
@@ -92,6 +96,12 @@ class TransformerStackConfig(StrictModel):
                                            f"got {rot}"))
         if self.rotary_dim is not None and self.positions != "rotary":
             problems.append(("rotary_dim", f"set but positions is '{self.positions}', not 'rotary'"))
+        if self.rope_scaling is not None:
+            if self.positions != "rotary":
+                problems.append(("rope_scaling", f"set but positions is '{self.positions}', not 'rotary'; RoPE "
+                                                 "scaling changes rotary frequencies"))
+            else:
+                problems += self.rope_scaling.problems(rot)
         problems += self._moe_problems()
         problems += self._reuse_problems()
         return problems

@@ -4,7 +4,8 @@ Each module of this package registers one scheme in ``POSITION_SCHEMES`` under t
 selects: a class whose ``build(cfg, model, mask)`` returns the built
 :class:`~pentad.layers.positions.PositionScheme` (or None) from the stack config ``cfg``, the model
 sizes and the stack's mask kind. Every module here is imported with the package, so a new scheme is
-one new file (docs/architecture.md shows one).
+one new file (docs/architecture.md shows one). ``rope_scaling`` holds the rotary scheme's scaling
+kinds (the ``rope_scaling`` section) and registers no scheme.
 """
 
 from __future__ import annotations

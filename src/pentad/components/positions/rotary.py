@@ -1,5 +1,6 @@
 """``positions: rotary``: rotary embeddings (RoPE, Su et al. 2021) of ``rotary_dim`` dimensions per
-head (default all), base ``rotary_base``."""
+head (default all), base ``rotary_base``, scaled by the ``rope_scaling`` section when it is set
+(``components/positions/rope_scaling.py``)."""
 
 from __future__ import annotations
 
@@ -14,4 +15,5 @@ class RotaryPositions:
     @staticmethod
     def build(cfg: Any, model: Any, mask: str) -> Rotary:
         head_size = cfg.head_size or model.hidden_size // cfg.num_heads
-        return Rotary(cfg.rotary_dim or head_size, cfg.rotary_base)
+        scaling = cfg.rope_scaling.resolved(model.max_seq_length) if cfg.rope_scaling is not None else None
+        return Rotary(cfg.rotary_dim or head_size, cfg.rotary_base, scaling)

@@ -10,14 +10,20 @@ pentad's ``qkv`` [(A + 2K)*D, H].
 Rotary embedding: transformers and pentad both pair dimension i with i + D/2 ("rotate half"), so
 the query and key weights copy unchanged (Meta's original checkpoints and TencentPretrain pair
 (2i, 2i+1) and need a row permutation, which :mod:`pentad.tencentpretrain.checkpoint` applies).
-``rope_theta`` is pentad's ``rotary_base``; RoPE scaling variants (linear, dynamic, YaRN, llama3)
-are not converted.
+``rope_theta`` is pentad's ``rotary_base``. RoPE scaling (``rope_parameters`` in transformers 5,
+``rope_scaling`` before; ``rope_type`` or ``type`` ``linear``, ``dynamic``, ``yarn``, ``llama3``,
+``longrope``) is pentad's ``rope_scaling`` section under the same key names, both ways, in the
+spelling of the config.json it came from; other kinds are refused by name. Dynamic NTK's reference
+length is transformers' ``max_position_embeddings`` (pentad's ``original_max_position_embeddings``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
+from pentad.components.positions.rope_scaling import KINDS, SCALING_NAMES, RopeScaling
 from pentad.errors import UserError
 from pentad.interop.hf import (
     ExportPlan,
@@ -105,22 +111,129 @@ OWNED = owned_keys(FIELDS, *ROPE_KEYS)
 SUPPORTED = ("LlamaForCausalLM", "LlamaModel")
 
 
+def rope_section(config: dict[str, Any]) -> dict[str, Any]:
+    """The RoPE dict transformers reads from a config.json: a non-empty legacy ``rope_scaling`` wins
+    over ``rope_parameters``, as in transformers' config."""
+    legacy = config.get("rope_scaling")
+    if isinstance(legacy, dict) and legacy:
+        return legacy
+    params = config.get("rope_parameters")
+    return params if isinstance(params, dict) else {}
+
+
+def rope_kind(section: dict[str, Any]) -> str:
+    return str(section.get("rope_type", section.get("type", "default")))
+
+
+def rope_theta(config: dict[str, Any]) -> float:
+    """The rotary base of a config (transformers 5 ``rope_parameters``, older ``rope_theta`` + ``rope_scaling``)."""
+    return float(rope_section(config).get("rope_theta", config.get("rope_theta", 10000.0)))
+
+
 def rope(config: dict[str, Any], problems: list[str]) -> float:
-    """The rotary base of a config (transformers 5 ``rope_parameters``, older ``rope_theta`` +
-    ``rope_scaling``); scaled variants are a problem."""
-    params = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
-    legacy = config.get("rope_scaling") if isinstance(config.get("rope_scaling"), dict) else {}
-    kind = params.get("rope_type", legacy.get("rope_type", legacy.get("type", "default")))
+    """The rotary base of a config for a family without RoPE scaling (Mixtral, Qwen2-MoE): a scaled kind
+    is a problem."""
+    kind = rope_kind(rope_section(config))
     if kind != "default":
-        problems.append(f"RoPE scaling '{kind}' (pentad's rotary positions are unscaled)")
-    return float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+        problems.append(f"RoPE scaling '{kind}' (pentad converts RoPE scaling for llama only)")
+    return rope_theta(config)
 
 
-def body_problems(model: Any, family: str, display: str, **stack_expected: Any) -> list[str]:
+# the keys of each scaled kind's rope dict, as pentad's rope_scaling fields (dynamic NTK's reference length
+# is max_position_embeddings in transformers)
+SCALING_CLASSES = dict(zip(SCALING_NAMES, KINDS))
+SCALING_KEYS: dict[str, tuple[str, ...]] = {
+    name: tuple(k for k in cls.model_fields if k != "type" and not (name == "dynamic" and k.startswith("original")))
+    for name, cls in SCALING_CLASSES.items()}
+ROPE_TAGS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
+
+
+def rope_scaling(config: dict[str, Any], max_positions: int, max_seq_length: int, head_dim: int,
+                 problems: list[str]) -> dict[str, Any] | None:
+    """pentad's ``rope_scaling`` section of a LLaMA config.json (None: unscaled). Defaults that pentad takes
+    from ``model.max_seq_length`` (the original length; YaRN's and LongRoPE's factor) are written out when
+    ``max_seq_length`` differs from ``max_positions``, so that they keep transformers' values."""
+    section = rope_section(config)
+    kind = rope_kind(section)
+    if kind == "default":
+        return None
+    if kind not in SCALING_CLASSES:
+        problems.append(f"rope_type '{kind}' in the RoPE parameters (pentad converts the RoPE scaling kinds "
+                        f"{', '.join(SCALING_NAMES)})")
+        return None
+    keys = SCALING_KEYS[kind]
+    unknown = sorted(set(section) - set(keys) - set(ROPE_TAGS))
+    if unknown:
+        problems.append(f"RoPE parameters {', '.join(unknown)} for rope_type '{kind}' (pentad converts "
+                        f"{', '.join(keys)})")
+    if section.get("partial_rotary_factor", 1.0) != 1.0:
+        problems.append(f"partial_rotary_factor {section['partial_rotary_factor']} (LLaMA rotates whole heads)")
+    out: dict[str, Any] = {"type": kind, **{k: section[k] for k in keys if section.get(k) is not None}}
+    if max_seq_length != max_positions:
+        if kind == "dynamic" or "original_max_position_embeddings" in keys:
+            out.setdefault("original_max_position_embeddings", max_positions)
+        if kind in ("yarn", "longrope"):
+            out.setdefault("factor", max_positions / out["original_max_position_embeddings"])
+    try:
+        scaling = TypeAdapter(RopeScaling).validate_python(out)
+    except ValidationError as e:
+        found = "; ".join(f"{'.'.join(str(x) for x in err['loc'][1:]) or kind}: {err['msg']}" for err in e.errors())
+        problems.append(f"RoPE parameters of rope_type '{kind}' ({found})")
+        return None
+    problems += [f"RoPE parameters: {path.removeprefix('rope_scaling.')} {message}"
+                 for path, message in scaling.problems(head_dim)]
+    return out
+
+
+def rope_export(enc: Any, base: dict[str, Any]) -> dict[str, Any]:
+    """config.json's RoPE keys of a pentad stack, in the spelling of ``base`` (the config.json it was imported
+    from): transformers 5's ``rope_parameters``, or the older ``rope_theta`` with ``rope_scaling`` (its kind
+    under ``type``, ``rope_type`` or both, as there)."""
+    theta = float(enc.rotary_base)
+    scaling = enc.rope_scaling
+    if scaling is None:
+        fields: dict[str, Any] = {}
+    else:
+        fields = {k: v for k, v in scaling.model_dump().items()
+                  if k in SCALING_KEYS[scaling.type] and v is not None}
+    if scaling is not None and "partial_rotary_factor" in rope_section(base):  # accepted on import only as 1.0
+        fields["partial_rotary_factor"] = rope_section(base)["partial_rotary_factor"]
+    legacy = "rope_parameters" not in base and ("rope_theta" in base or isinstance(base.get("rope_scaling"), dict))
+    if not legacy:
+        if scaling is None:
+            return {"rope_parameters": {"rope_theta": theta, "rope_type": "default"}}
+        return {"rope_parameters": {"rope_type": scaling.type, **fields, "rope_theta": theta}}
+    out: dict[str, Any] = {}
+    if "rope_theta" in base or theta != 10000.0:
+        out["rope_theta"] = theta
+    old = base.get("rope_scaling") if isinstance(base.get("rope_scaling"), dict) else {}
+    if scaling is None:
+        out["rope_scaling"] = None
+    else:
+        tags = [t for t in ("type", "rope_type") if t in old] or ["rope_type"]
+        out["rope_scaling"] = {**{t: scaling.type for t in tags}, **fields}
+        if "rope_theta" in old:
+            out["rope_scaling"]["rope_theta"] = theta
+    return out
+
+
+def dynamic_positions(enc: Any, max_seq_length: int) -> int | None:
+    """max_position_embeddings of a dynamic-NTK stack: transformers' reference length, pentad's original one."""
+    scaling = enc.rope_scaling
+    if scaling is None or scaling.type != "dynamic":
+        return None
+    return scaling.original_max_position_embeddings or max_seq_length
+
+
+def body_problems(model: Any, family: str, display: str, scaling: bool = False, **stack_expected: Any) -> list[str]:
     """What a pentad model lacks to be a LLaMA-bodied HF model (word table, pre-norm causal stack with
-    a final norm, rotary positions, one unbiased lm head); ``stack_expected`` as for ``stack_problems``."""
+    a final norm, rotary positions, RoPE scaling only where ``scaling``, one unbiased lm head);
+    ``stack_expected`` as for ``stack_problems``."""
     problems: list[str] = []
     enc = model.encoder
+    if not scaling and getattr(enc, "rope_scaling", None) is not None:
+        problems.append(f"model.encoder.rope_scaling ({enc.rope_scaling.type}): pentad converts RoPE scaling to "
+                        f"llama only, not to {display}")
     if model.decoder is not None:
         problems.append(f"the model has a decoder; {display} is decoder-only (one causal stack)")
     if [p.type for p in model.embedding.parts] != ["word"] or model.embedding.norm or \
@@ -210,12 +323,10 @@ class LlamaFamily(HFFamily):
         c = {**DEFAULTS, **config}
         problems = hinted_problems(config, SUPPORTED)
         act = activation(c["hidden_act"], problems)
-        base = rope(config, problems)
+        base = rope_theta(config)
         if bool(c["attention_bias"]) != bool(c["mlp_bias"]):
             problems.append(f"attention_bias {c['attention_bias']} with mlp_bias {c['mlp_bias']} (pentad has one bias "
                             "switch for attention and feed-forward)")
-        if problems:
-            raise UserError(f"cannot convert {label} (llama): " + "; ".join(problems) + ".")
         heads = int(c["num_attention_heads"])
         kv_heads = int(c["num_key_value_heads"] or heads)
         prefix = "model." if any(k.startswith("model.") for k in keys) else ""
@@ -224,7 +335,14 @@ class LlamaFamily(HFFamily):
         notes = []
         if not has_head and not c["tie_word_embeddings"]:
             notes.append("LlamaModel has no lm_head: the pentad lm target uses the word embedding (tied)")
+        max_positions = int(c["max_position_embeddings"])
+        head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+        scaling = rope_scaling(config, max_positions, seq_length(max_length, max_positions), head_dim, problems)
+        if problems:
+            raise UserError(f"cannot convert {label} (llama): " + "; ".join(problems) + ".")
         model = body_model(c, act, base, max_length, tied, ffn="gated", bias=bool(c["attention_bias"]))
+        if scaling is not None:
+            model["encoder"]["rope_scaling"] = scaling
         rules = self.rules(prefix=prefix, num_layers=int(c["num_hidden_layers"]), heads=heads, kv_heads=kv_heads,
                            attention_bias=bool(c["attention_bias"]), mlp_bias=bool(c["mlp_bias"]),
                            head="tied" if tied else "untied", lm="lm")
@@ -235,7 +353,7 @@ class LlamaFamily(HFFamily):
                     omittable: set[str], pad_id: int | None, eos_id: int | None,
                     labels: list[str] | None) -> ExportPlan:
         enc = model.encoder
-        problems = body_problems(model, "llama", "LLaMA", ffn="gated")
+        problems = body_problems(model, "llama", "LLaMA", scaling=True, ffn="gated")
         targets = list(model.targets)
         base = dict(base_config or {})
         act = activation_name(base.get("hidden_act"), enc.activation)
@@ -248,15 +366,12 @@ class LlamaFamily(HFFamily):
         config: dict[str, Any] = {
             "architectures": ["LlamaForCausalLM"], "model_type": "llama",
             **export_fields(FIELDS, model, hidden_act=act),
-            "rope_parameters": {"rope_theta": float(enc.rotary_base), "rope_type": "default"},
+            **rope_export(enc, base),
         }
-        if "rope_theta" in base and "rope_parameters" not in base:
-            # an older config.json: keep its spelling
-            del config["rope_parameters"]
-            config["rope_theta"] = float(enc.rotary_base)
-            config["rope_scaling"] = None
         if "max_position_embeddings" in base and int(base["max_position_embeddings"]) >= model.max_seq_length:
             config["max_position_embeddings"] = base["max_position_embeddings"]
+        if dynamic_positions(enc, model.max_seq_length) is not None:  # dynamic NTK's reference length
+            config["max_position_embeddings"] = dynamic_positions(enc, model.max_seq_length)
         for key, value in (("bos_token_id", None), ("eos_token_id", eos_id)):
             if key not in base and value is not None:
                 config[key] = value
