@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pentad import files, layout
 from pentad.builder import build_model, check_memory
@@ -23,13 +23,21 @@ from pentad.training.evaluation import BestModel, Evaluation
 from pentad.training.session import Session
 from pentad.training.trainer import plot_losses
 
+if TYPE_CHECKING:
+    import torch
+
+    from pentad.config.model import ModelConfigBase
+    from pentad.data.tokenizers import Tokenizer
+    from pentad.run_config import RunConfigBase
+    from pentad.tasks.base import TaskConfig
+
 # examples read, predicted and written at a time by streamed inference: large enough that the
 # per-window overhead is nothing next to the model's work, small enough that a window's texts,
 # instances and predictions take a few MB
 INFER_WINDOW = 1024
 
 
-def _init_source(cfg: Any) -> tuple[Any, Any]:
+def _init_source(cfg: RunConfigBase) -> tuple[ModelConfigBase, Tokenizer | None]:
     """(model config, tokenizer): from the init run directory when there is one, else the config."""
     tokenizer = load_tokenizer(cfg)
     model_cfg = cfg.model
@@ -44,7 +52,7 @@ def _init_source(cfg: Any) -> tuple[Any, Any]:
     return model_cfg, tokenizer
 
 
-def finetune(cfg: Any) -> dict[str, Any]:
+def finetune(cfg: RunConfigBase) -> dict[str, Any]:
     """Fine-tune on the training input (``data.train``, or what the task's ``sources`` names), pick the
     best model on dev, report dev and test scores (one process, or every rank of a launch)."""
     if cfg.task is None:
@@ -59,25 +67,25 @@ def finetune(cfg: Any) -> dict[str, Any]:
     return _finetune_or_cv(cfg)
 
 
-def _finetune_or_cv(cfg: Any) -> dict[str, Any]:
+def _finetune_or_cv(cfg: RunConfigBase) -> dict[str, Any]:
     if cfg.train.folds:
         return search.cross_validate(cfg, _finetune_once, _predict_heldout(cfg))
     return _finetune_once(cfg)
 
 
-def _finetune_once(cfg: Any) -> dict[str, Any]:
+def _finetune_once(cfg: RunConfigBase) -> dict[str, Any]:
     with Session(cfg, "finetune") as session:
         return _finetune(cfg, session)
 
 
-def _predict_heldout(cfg: Any):
+def _predict_heldout(cfg: RunConfigBase):
     def predict(run_dir: Path, path: Path, output: Path) -> Path:
         return infer(run_dir, path, output, probabilities=True, batch_size=cfg.train.batch_size * 2,
                      device_choice=cfg.train.device)
     return predict
 
 
-def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
+def _finetune(cfg: RunConfigBase, session: Session) -> dict[str, Any]:
     _, tokenizer = _init_source(cfg)
     complete_vocab(cfg, tokenizer)
     session.seed()
@@ -180,7 +188,8 @@ def _finetune(cfg: Any, session: Session) -> dict[str, Any]:
     return results
 
 
-def _evaluate_only(cfg: Any, session: Session, task: Any, model: Any, evaluation: dict[str, Any]) -> dict[str, Any]:
+def _evaluate_only(cfg: RunConfigBase, session: Session, task: Task, model: torch.nn.Module,
+                   evaluation: dict[str, Any]) -> dict[str, Any]:
     """A task that does not train (zero-shot): the initial model is scored on dev/test and saved as the
     run's model (``RUN/model.safetensors``), which ``pentad infer`` then uses."""
     if session.dist.world_size > 1:
@@ -244,8 +253,8 @@ def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: 
     return output
 
 
-def stream_predictions(task: Task, model: Any, windows: Any, output: Path, probabilities: bool, batch_size: int,
-                       device: Any, progress: str | None) -> int:
+def stream_predictions(task: Task, model: torch.nn.Module, windows: Iterable[Any], output: Path, probabilities: bool,
+                       batch_size: int, device: torch.device, progress: str | None) -> int:
     """Predict window after window of the input and write each window's lines as it is done (one
     window in memory at a time), to a temporary file renamed to ``output`` at the end: a bad line or a
     crash part way leaves no predictions file. Returns the number of predictions."""
@@ -259,7 +268,7 @@ def stream_predictions(task: Task, model: Any, windows: Any, output: Path, proba
     return count
 
 
-def inference_task_config(task_cfg: Any, options: Sequence[str], model_dir: Path) -> Any:
+def inference_task_config(task_cfg: TaskConfig, options: Sequence[str], model_dir: Path) -> TaskConfig:
     """The run's task config with ``task.KEY=VALUE`` overrides of the options its task lets inference
     change; UserError naming the key when it is not one of them or its value is invalid."""
     from pydantic import ValidationError
