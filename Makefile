@@ -34,10 +34,11 @@ demo: $(STAMP)
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -n 2 -q --durations=15
 
-# the types test first: it is the longest of these (mypy, with its cache in .mypy_cache)
+# the types test first: it is the longest of these (mypy, with its cache in .mypy_cache); one intra-op thread
+# per worker: two workers fill two cores, and more threads only spin on a busy machine
 check: $(TEST_STAMP)
 	$(BIN)/ruff check src tests bench
-	$(BIN)/python -m pytest -n 2 -q -m "not slow and not heavy and not distributed and not network" \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 -q -m "not slow and not heavy and not distributed and not network" \
 		tests/unit/test_types.py tests/unit
 
 bench: $(TEST_STAMP)
