@@ -1,11 +1,12 @@
-# `make demo`: install into .venv (once) and run the demo; `make test`: install and run the test suite.
+# `make demo`: install into .venv (once) and run the demo; `make test`: install and run the test suite;
+# `make check`: lint, types (tests/unit/test_types.py) and the unit tests not marked slow, heavy, distributed or network.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test install install-test bench clean
+.PHONY: demo test check install install-test bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,6 +33,13 @@ demo: $(STAMP)
 
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -n 2 -q --durations=15
+
+# the types test first: it is the longest of these (mypy, with its cache in .mypy_cache); one intra-op thread
+# per worker: two workers fill two cores, and more threads only spin on a busy machine
+check: $(TEST_STAMP)
+	$(BIN)/ruff check src tests bench
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 -q -m "not slow and not heavy and not distributed and not network" \
+		tests/unit/test_types.py tests/unit
 
 bench: $(TEST_STAMP)
 	$(BIN)/python bench/pretrain_throughput.py

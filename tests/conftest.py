@@ -9,6 +9,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 TP = SHARED / "tencentpretrain"
+SLOW_LIST = REPO / "tests" / "slow_unit_tests.txt"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark ``slow`` the unit tests that tests/slow_unit_tests.txt lists (``make check`` leaves them out)."""
+    lines = SLOW_LIST.read_text(encoding="utf-8").splitlines()
+    listed = {line for line in lines if line and not line.startswith("#")}
+    for item in items:
+        if item.nodeid in listed:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

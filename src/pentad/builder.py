@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -21,8 +21,13 @@ from pentad.layers.quantized import quantize_linears
 from pentad.model import EmbeddingSlot, Model
 from pentad.registry import DECODERS, EMBEDDINGS, ENCODERS, TARGETS
 
+if TYPE_CHECKING:
+    from pentad.config.base import SlotConfig
+    from pentad.config.embedding import EmbeddingConfigBase
+    from pentad.config.model import CompressionConfig, ModelConfigBase
 
-def model_problems(cfg: Any) -> list[ConfigProblem]:
+
+def model_problems(cfg: ModelConfigBase) -> list[ConfigProblem]:
     """Checks that need more than one field (sizes that must agree, values set by a task)."""
     problems: list[ConfigProblem] = []
     if cfg.vocab_size is None and any("tokens" in EMBEDDINGS.get(p.type).requires for p in cfg.embedding.parts):
@@ -70,7 +75,7 @@ def model_problems(cfg: Any) -> list[ConfigProblem]:
     return problems
 
 
-def _reads_embedding_width(encoder_cfg: Any) -> bool:
+def _reads_embedding_width(encoder_cfg: SlotConfig) -> bool:
     """Recurrent/convolutional encoders read the embedding at its own width (no projection)."""
     return bool(getattr(ENCODERS.get(encoder_cfg.type), "takes_embedding_width", False))
 
@@ -135,7 +140,7 @@ def init_t5(model: nn.Module) -> None:
             nn.init.normal_(output.weight, std=1.0)
 
 
-def build_model(cfg: Any, provided: Iterable[str] | None = None, device: str | torch.device | None = None,
+def build_model(cfg: ModelConfigBase, provided: Iterable[str] | None = None, device: str | torch.device | None = None,
                 training: bool = True) -> Model:
     """Build the model of a ``ModelConfig``.
 
@@ -191,7 +196,7 @@ def build_model(cfg: Any, provided: Iterable[str] | None = None, device: str | t
     return model
 
 
-def check_memory(cfg: Any, what: str, device: str | torch.device | None = None) -> None:
+def check_memory(cfg: ModelConfigBase, what: str, device: str | torch.device | None = None) -> None:
     """Refuse (UserError) a model whose weights cannot fit in the memory available on the CPU (where it
     is built) and on ``device`` (where it will run), before any of it is allocated: the weights are
     counted on the meta device (``PENTAD_SKIP_MEMORY_CHECK=1`` skips this; :mod:`pentad.memory`).
@@ -202,7 +207,7 @@ def check_memory(cfg: Any, what: str, device: str | torch.device | None = None) 
         memory.require(weights, f"{what} with this model", "its weights", where, hint)
 
 
-def apply_compression(model: Model, compression: Any) -> None:
+def apply_compression(model: Model, compression: CompressionConfig) -> None:
     """Give ``model`` (just built at full size) the shapes ``model.compression`` records: attention blocks
     with fewer heads, feed-forward blocks of smaller width, then int8 linear layers; the weights are read
     afterwards (``pentad compress``, docs/compress.md)."""
@@ -235,7 +240,8 @@ def apply_compression(model: Model, compression: Any) -> None:
         quantize_linears(model)
 
 
-def _embedding_slot(slot_cfg: Any, cfg: Any, sizes: SlotSizes, project: bool = True) -> EmbeddingSlot:
+def _embedding_slot(slot_cfg: EmbeddingConfigBase, cfg: ModelConfigBase, sizes: SlotSizes,
+                    project: bool = True) -> EmbeddingSlot:
     parts = {p.type: EMBEDDINGS.get(p.type).from_config(p, sizes) for p in slot_cfg.parts}
     return EmbeddingSlot(parts, cfg.hidden_size, slot_cfg.norm, slot_cfg.layer_norm_eps, slot_cfg.dropout,
                          sizes.hidden_size, project, norm_kind=slot_cfg.norm_kind,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, ValidationError, create_model
 
@@ -29,12 +29,28 @@ from pentad.errors import ConfigError
 from pentad.registry import OBJECTIVES, TASKS, TOKENIZERS
 from pentad.training.config import TrainConfig
 
+if TYPE_CHECKING:
+    from pentad.config.base import SlotConfig
+    from pentad.config.model import ModelConfigBase
+    from pentad.data.objectives.base import ObjectiveConfig
+    from pentad.tasks.base import TaskConfig
+
+    class DataConfig(DataConfigBase):
+        """The data section as :func:`run_config_class` builds it: with the objective."""
+
+        objective: ObjectiveConfig | None
+
 
 class RunConfigBase(StrictModel):
     description: str | None = Field(None, description="free text, e.g. what a zoo recipe is")
     init: Path | None = Field(None, description="initialise weights from a run directory or checkpoint")
     output: Path | None = Field(None, description="run directory to write")
     train: TrainConfig = Field(default_factory=TrainConfig)
+    if TYPE_CHECKING:  # added by run_config_class() from the registries; statically, their bases
+        model: ModelConfigBase
+        tokenizer: SlotConfig | None
+        data: DataConfig
+        task: TaskConfig | None
 
 
 def run_config_class() -> Any:

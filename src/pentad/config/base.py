@@ -10,7 +10,7 @@ unfrozen at its top only (the sections it shares stay frozen)."""
 from __future__ import annotations
 
 import copy
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
@@ -121,3 +121,12 @@ def _set_frozen(node: Any, frozen: bool) -> Any:
 def freeze(cfg: Any) -> Any:
     """A frozen deep copy of ``cfg``: what a resolved run reads and nothing changes (module docstring)."""
     return _set_frozen(cfg.model_copy(deep=True), True)
+
+
+class SlotConfig(Protocol):
+    """Statically, the config of a registered component (an embedding part, encoder, decoder, target,
+    tokenizer, objective): the name it is registered under. Its class comes from a registry union built at
+    run time, so a static annotation can promise only this; its own fields are its class's."""
+
+    @property
+    def type(self) -> str: ...

@@ -6,11 +6,11 @@ the embeddings registry and its norm kinds from the norms registry, read when th
 from __future__ import annotations
 
 from functools import cache
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, create_model, model_validator
 
-from pentad.config.base import StrictModel
+from pentad.config.base import SlotConfig, StrictModel
 from pentad.config.unions import registry_union
 from pentad.registry import EMBEDDINGS, NORMS
 
@@ -27,6 +27,8 @@ class EmbeddingConfigBase(StrictModel):
                               "top of each stream's embedding LayerNorm; a converted TencentPretrain dual-stream "
                               "checkpoint sets it to compute what it computes there (needs norm)")
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    if TYPE_CHECKING:  # added by embedding_config_class() from the registry
+        parts: list[SlotConfig]
 
     @model_validator(mode="after")
     def _second_norm_needs_norm(self) -> EmbeddingConfigBase:

@@ -3,12 +3,18 @@ slot unions are filled from the component registries by :func:`pentad.components
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
 from pentad.config.base import StrictModel
 from pentad.config.dual_layout import from_dual_encoder
+
+if TYPE_CHECKING:
+    from pentad.components.stream import StreamConfigBase
+    from pentad.components.targets.common import TargetConfigBase
+    from pentad.config.base import SlotConfig
+    from pentad.config.embedding import EmbeddingConfigBase
 
 
 class CompressionConfig(StrictModel):
@@ -46,6 +52,13 @@ class ModelConfigBase(StrictModel):
                                           "t5: unit-variance embeddings and fan-in-scaled projections (T5)")
     compression: CompressionConfig | None = Field(None, description="set by pentad compress: pruned block "
                                                   "sizes and int8 quantization (docs/compress.md)")
+    if TYPE_CHECKING:  # the slots, added by pentad.components.model_config from the registries
+        embedding: EmbeddingConfigBase
+        encoder: SlotConfig
+        streams: dict[str, StreamConfigBase] | None
+        target_embedding: EmbeddingConfigBase | None
+        decoder: SlotConfig | None
+        targets: list[TargetConfigBase]
 
     @model_validator(mode="before")
     @classmethod

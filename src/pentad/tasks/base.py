@@ -7,7 +7,7 @@ import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -23,6 +23,9 @@ class TaskConfig(StrictModel):
     each task, ``metric`` as a ``Literal`` of the metrics it reports)."""
 
     probabilities: bool = Field(False, description="inference also writes the predictions' probabilities")
+    if TYPE_CHECKING:  # declared by each task, as Literals
+        type: str
+        metric: str
 
 
 class Task(ABC):

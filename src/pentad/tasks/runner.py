@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pentad import files, layout
 from pentad.builder import build_model, check_memory
@@ -33,6 +33,13 @@ from pentad.training.evaluation import BestModel, Evaluation
 from pentad.training.session import Session
 from pentad.training.trainer import plot_losses
 
+if TYPE_CHECKING:
+    import torch
+
+    from pentad.data.tokenizers import Tokenizer
+    from pentad.run_config import RunConfigBase
+    from pentad.tasks.base import TaskConfig
+
 # examples read, predicted and written at a time by streamed inference: large enough that the
 # per-window overhead is nothing next to the model's work, small enough that a window's texts,
 # instances and predictions take a few MB
@@ -46,14 +53,14 @@ class FinetunePlan:
     the task's heads in ``model.targets``), which the run only reads and ``config.yaml`` records; beside
     it what resolving it made: the tokenizer and the task, fitted on the training input."""
 
-    cfg: Any
-    tokenizer: Any
+    cfg: RunConfigBase
+    tokenizer: Tokenizer | None
     task: Task | None  # None only in a partial plan (``--print-config`` without a task)
     sources: dict[str, Any]
     seq_length: int
 
 
-def settle_finetune(cfg: Any, partial: bool = False) -> Any:
+def settle_finetune(cfg: RunConfigBase, partial: bool = False) -> RunConfigBase:
     """The part of resolving a fine-tuning config that a grid search or cross-validation shares with each
     of its runs: checks, absolute paths, fine-tuning's train defaults, the tokenizer of the ``init`` run
     when the config names none. Returns a frozen config; ``partial``: see :func:`plan_finetune`."""
@@ -72,7 +79,7 @@ def settle_finetune(cfg: Any, partial: bool = False) -> Any:
     return freeze(cfg)
 
 
-def _tokenizer(cfg: Any) -> Any:
+def _tokenizer(cfg: RunConfigBase) -> Tokenizer | None:
     """The tokenizer of a settled config: its own, or the ``init`` run's saved one."""
     if cfg.tokenizer is not None and cfg.init is not None and (Path(cfg.init) / layout.CONFIG).is_file():
         init_cfg, init_tok = load_run(Path(cfg.init))
@@ -81,7 +88,7 @@ def _tokenizer(cfg: Any) -> Any:
     return load_tokenizer(cfg)
 
 
-def plan_finetune(cfg: Any, partial: bool = False) -> FinetunePlan:
+def plan_finetune(cfg: RunConfigBase, partial: bool = False) -> FinetunePlan:
     """``cfg`` resolved into the fine-tuning run it describes (:class:`FinetunePlan`): settled
     (:func:`settle_finetune`), ``model.vocab_size`` from the tokenizer, the task made, bound to the run
     and fitted on the training input, its heads put into the model config; then frozen. ``partial``
@@ -114,7 +121,7 @@ def plan_finetune(cfg: Any, partial: bool = False) -> FinetunePlan:
     return FinetunePlan(freeze(cfg), tokenizer, task, sources, seq_length)
 
 
-def finetune(cfg: Any) -> dict[str, Any]:
+def finetune(cfg: RunConfigBase) -> dict[str, Any]:
     """Fine-tune on the training input (``data.train``, or what the task's ``sources`` names), pick the
     best model on dev, report dev and test scores (one process, or every rank of a launch). Each run
     (each trial and fold of a search) is resolved first (:func:`plan_finetune`) and reads its plan."""
@@ -124,19 +131,19 @@ def finetune(cfg: Any) -> dict[str, Any]:
     return _finetune_or_cv(cfg)
 
 
-def _finetune_or_cv(cfg: Any) -> dict[str, Any]:
+def _finetune_or_cv(cfg: RunConfigBase) -> dict[str, Any]:
     if cfg.train.folds:
         return search.cross_validate(cfg, _finetune_once, _predict_heldout(cfg))
     return _finetune_once(cfg)
 
 
-def _finetune_once(cfg: Any) -> dict[str, Any]:
+def _finetune_once(cfg: RunConfigBase) -> dict[str, Any]:
     plan = plan_finetune(cfg)
     with Session(plan.cfg, "finetune") as session:
         return _finetune(plan, session)
 
 
-def _predict_heldout(cfg: Any):
+def _predict_heldout(cfg: RunConfigBase):
     def predict(run_dir: Path, path: Path, output: Path) -> Path:
         return infer(run_dir, path, output, probabilities=True, batch_size=cfg.train.batch_size * 2,
                      device_choice=cfg.train.device)
@@ -145,6 +152,8 @@ def _predict_heldout(cfg: Any):
 
 def _finetune(plan: FinetunePlan, session: Session) -> dict[str, Any]:
     cfg, tokenizer, task, sources, seq_length = plan.cfg, plan.tokenizer, plan.task, plan.sources, plan.seq_length
+    if task is None:  # (only a partial plan, made for --print-config, has none)
+        raise ValueError("a fine-tuning run needs a complete plan (plan_finetune without partial)")
     session.seed()
     train = task.read(sources["train"]) if task.trains else None
     evaluation = {name: task.read(sources[name]) for name in ("dev", "test") if sources.get(name) is not None}
@@ -233,7 +242,8 @@ def _finetune(plan: FinetunePlan, session: Session) -> dict[str, Any]:
     return results
 
 
-def _evaluate_only(cfg: Any, session: Session, task: Any, model: Any, evaluation: dict[str, Any]) -> dict[str, Any]:
+def _evaluate_only(cfg: RunConfigBase, session: Session, task: Task, model: torch.nn.Module,
+                   evaluation: dict[str, Any]) -> dict[str, Any]:
     """A task that does not train (zero-shot): the initial model is scored on dev/test and saved as the
     run's model (``RUN/model.safetensors``), which ``pentad infer`` then uses."""
     if session.dist.world_size > 1:
@@ -297,8 +307,8 @@ def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: 
     return output
 
 
-def stream_predictions(task: Task, model: Any, windows: Any, output: Path, probabilities: bool, batch_size: int,
-                       device: Any, progress: str | None) -> int:
+def stream_predictions(task: Task, model: torch.nn.Module, windows: Iterable[Any], output: Path, probabilities: bool,
+                       batch_size: int, device: torch.device, progress: str | None) -> int:
     """Predict window after window of the input and write each window's lines as it is done (one
     window in memory at a time), to a temporary file renamed to ``output`` at the end: a bad line or a
     crash part way leaves no predictions file. Returns the number of predictions."""
@@ -312,7 +322,7 @@ def stream_predictions(task: Task, model: Any, windows: Any, output: Path, proba
     return count
 
 
-def inference_task_config(task_cfg: Any, options: Sequence[str], model_dir: Path) -> Any:
+def inference_task_config(task_cfg: TaskConfig, options: Sequence[str], model_dir: Path) -> TaskConfig:
     """The run's task config with ``task.KEY=VALUE`` overrides of the options its task lets inference
     change; UserError naming the key when it is not one of them or its value is invalid."""
     from pydantic import ValidationError

@@ -16,10 +16,10 @@ leaving the others waiting.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
@@ -32,6 +32,12 @@ from pentad.training import lora
 from pentad.training.distributed import Dist, connect, mark_failed
 from pentad.training.strategies import STRATEGIES, Strategy
 from pentad.training.trainer import Trainer
+
+if TYPE_CHECKING:
+    from pentad.config.model import ModelConfigBase
+    from pentad.data.tokenizers import Tokenizer
+    from pentad.run_config import RunConfigBase
+    from pentad.training.config import TrainConfig
 
 T = TypeVar("T")
 
@@ -61,7 +67,7 @@ class TrainingMemory:
     shown: str
 
 
-def training_memory(model: nn.Module, train: Any, world: int) -> TrainingMemory:
+def training_memory(model: nn.Module, train: TrainConfig, world: int) -> TrainingMemory:
     """The memory one of ``world`` ranks needs to train ``model`` (built on the meta device, LoRA
     adapters applied) as ``train`` (the TrainConfig) says: the weights, a gradient and AdamW's two
     moments for each trainable weight, divided among the ranks for what the strategy shards (fsdp: all
@@ -95,7 +101,7 @@ def training_memory(model: nn.Module, train: Any, world: int) -> TrainingMemory:
 class Session:
     """Context manager around one training command (see the module docstring)."""
 
-    def __init__(self, cfg: Any, command: str):
+    def __init__(self, cfg: RunConfigBase, command: str):
         self.cfg = cfg
         self.command = command
         self.dist: Dist | None = None
@@ -182,7 +188,8 @@ class Session:
         torch.manual_seed(self.cfg.train.seed)
 
     # ------------------------------------------------------------------ model
-    def build(self, model_cfg: Any, provided: Any, init: Path | None = None, **load_options: Any) -> nn.Module:
+    def build(self, model_cfg: ModelConfigBase, provided: Iterable[str] | None, init: Path | None = None,
+              **load_options: Any) -> nn.Module:
         """Build the model and load ``init`` weights (call :meth:`seed` first: every rank then builds
         the same weights).
 
@@ -231,7 +238,8 @@ class Session:
             torch.manual_seed(self.cfg.train.seed + 1_000_003 * self.dist.rank)
         return model
 
-    def check_memory(self, model_cfg: Any, provided: Any, task_heads: tuple[str, ...] = ()) -> None:
+    def check_memory(self, model_cfg: ModelConfigBase, provided: Iterable[str] | None,
+                     task_heads: tuple[str, ...] = ()) -> None:
         """Refuse (UserError, on every rank) a model that cannot fit before any of it is allocated:
         built on the meta device (with the LoRA adapters, whose rank is checked), its training memory
         (:func:`training_memory`) is compared with what the main rank's device has available, and the
@@ -260,7 +268,7 @@ class Session:
                 memory.require(need.device, "training this model on each rank's device", need.shown, device, hint)
         self.on_main(check)
 
-    def prepare_run_dir(self, tokenizer: Any, **options: Any) -> dict[str, tuple[Any, Any]]:
+    def prepare_run_dir(self, tokenizer: Tokenizer | None, **options: Any) -> dict[str, tuple[Any, Any]]:
         """``pentad.runs.prepare_run_dir`` on the main rank; the accepted changes on every rank."""
         return self.on_main(lambda: runs.prepare_run_dir(Path(self.cfg.output), self.cfg, tokenizer, **options))
 
@@ -274,7 +282,7 @@ class Session:
 _FREE_MODEL_KEYS = ("dropout", "attention_dropout", "drop_path", "targets", "compression", "init_std")
 
 
-def _other_model_error(init: Path, model_cfg: Any, mismatch: UserError) -> UserError | None:
+def _other_model_error(init: Path, model_cfg: ModelConfigBase, mismatch: UserError) -> UserError | None:
     """Why the weights of the run ``init`` do not fit: the keys of this config's model that differ from the
     run's (e.g. ``--config t5/small init=RUN`` for a run made with other sizes), or None when ``init`` is
     not a run directory or the models agree (the tensor list then says what is wrong)."""
@@ -297,7 +305,7 @@ def _other_model_error(init: Path, model_cfg: Any, mismatch: UserError) -> UserE
                      f"the run's values (its model is in {init / layout.CONFIG}).")
 
 
-def _compressed_init_error(init: Path, model_cfg: Any) -> UserError | None:
+def _compressed_init_error(init: Path, model_cfg: ModelConfigBase) -> UserError | None:
     """Why the weights of ``init`` do not fit when it is a compressed run (``pentad compress``) and the model
     being built is not compressed the same way, or None when that is not the reason."""
     try:

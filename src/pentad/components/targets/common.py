@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -17,10 +19,12 @@ class TargetConfigBase(StrictModel):
     name: str | None = Field(None, description="key in batch.labels and parameter prefix; default: type")
     streams: list[str] | None = Field(None, description="the model.streams this target reads: a pair target two "
                                       "(default: both, first to second), another the first (docs/streams.md)")
+    if TYPE_CHECKING:  # declared by each target as the Literal of its registered name
+        type: str
 
     @property
     def target_name(self) -> str:
-        return self.name or self.type  # type: ignore[attr-defined]
+        return self.name or self.type
 
 
 SMOOTHING_SPREAD_HELP = ("how label_smoothing spreads its mass: all (torch's: eps/V on every class, the true one "

@@ -38,6 +38,8 @@ class ObjectiveConfig(StrictModel):
     """Options every objective has."""
 
     seq_length: int = Field(128, ge=4, description="Tokens per instance, special tokens included.")
+    if TYPE_CHECKING:  # declared by each objective as the Literal of its registered name
+        type: str
 
 
 class MaskingObjectiveConfig(ObjectiveConfig):

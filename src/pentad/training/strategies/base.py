@@ -34,7 +34,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -43,7 +43,11 @@ from pentad.errors import UserError
 from pentad.registry import Registry
 from pentad.training.precision import make_grad_scaler, param_dtype
 
-STRATEGIES: Registry[Any] = Registry("strategies", singular="strategy")
+if TYPE_CHECKING:
+    from pentad.training.config import TrainConfig
+    from pentad.training.distributed import Dist
+
+STRATEGIES: Registry[Strategy] = Registry("strategies", singular="strategy")
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 
@@ -68,14 +72,14 @@ class Strategy(ABC):
     # whether step() can leave out a step whose loss or gradients are not finite (train.on_nonfinite=skip)
     skips_nonfinite: ClassVar[bool] = True
 
-    def __init__(self, cfg: Any, dist: Any):
+    def __init__(self, cfg: TrainConfig, dist: Dist):
         self.cfg = cfg          # the TrainConfig
         self.dist = dist        # pentad.training.distributed.Dist: rank, world_size, device, collectives
         self.model: nn.Module | None = None
         self.module: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.precision = "fp32"  # the resolved train.precision (set_precision)
-        self.scaler: Any = None  # torch.amp.GradScaler under fp16 autocast
+        self.scaler: torch.amp.GradScaler | None = None  # under fp16 autocast
         self.skipped: torch.Tensor | None = None  # the last step() was left out (1.0) or applied (0.0)
 
     def set_precision(self, precision: str) -> None:

@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -39,6 +39,10 @@ from pentad.files import temporary_dir
 from pentad.training import checkpoint as ckpt
 from pentad.training import zero_checkpoint as zero
 from pentad.training.strategies.base import STRATEGIES, OptimizerFactory, Strategy
+
+if TYPE_CHECKING:
+    from pentad.training.config import TrainConfig
+    from pentad.training.distributed import Dist
 
 # ------------------------------------------------------------------------------ the engine's config
 _ABSENT = object()
@@ -79,7 +83,8 @@ def read_user_config(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def build_config(cfg: Any, world_size: int, user: dict[str, Any] | None = None, source: str = "") -> dict[str, Any]:
+def build_config(cfg: TrainConfig, world_size: int, user: dict[str, Any] | None = None,
+                 source: str = "") -> dict[str, Any]:
     """DeepSpeed's config for ``cfg`` (a TrainConfig) on ``world_size`` data-parallel ranks.
 
     pentad fills the batch size, accumulation, clipping, precision and ZeRO settings from ``train.*``.
@@ -148,7 +153,7 @@ class DeepSpeedStrategy(Strategy):
     precision_note = ("; DeepSpeed's bf16 keeps fp32 master weights in the optimizer (train.precision=bf16), and "
                       "bf16 weights without them are not one of its modes")
 
-    def __init__(self, cfg: Any, dist: Any):
+    def __init__(self, cfg: TrainConfig, dist: Dist):
         super().__init__(cfg, dist)
         self.engine: Any = None
         self.deepspeed: Any = None
