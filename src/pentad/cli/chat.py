@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pentad.errors import UserError
+from pentad.cli.generate import add_sampling_arguments, sampling_given
 
 COMMANDS = ("/reset", "/exit")
 
@@ -31,12 +31,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="run directory (trained or converted)")
     p.add_argument("--system", metavar="TEXT", help="a system message that starts every conversation")
     p.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="tokens per reply at most")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--greedy", action="store_true", help="always take the most likely token (default)")
-    mode.add_argument("--sample", action="store_true", help="sample the next token")
-    p.add_argument("--temperature", type=float, help="sampling temperature (implies --sample)")
-    p.add_argument("--top-k", type=int, help="sample among the K most likely tokens (implies --sample)")
-    p.add_argument("--top-p", type=float, help="nucleus sampling mass, 0 < P <= 1 (implies --sample)")
+    add_sampling_arguments(p)
     p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="X",
                    help="penalise tokens already present (> 1 discourages repetition)")
     p.add_argument("--seed", type=int, help="seed for sampling (the whole session replays)")
@@ -48,10 +43,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def options(args: argparse.Namespace) -> dict[str, Any]:
     """GenerationConfig fields from the command line."""
-    sampling = [name for name in ("temperature", "top_k", "top_p") if getattr(args, name) is not None]
-    if sampling and args.greedy:
-        flags = ", ".join("--" + n.replace("_", "-") for n in sampling)
-        raise UserError(f"{flags} only apply to sampling; drop --greedy (or drop {flags})")
+    sampling = sampling_given(args)
     fields: dict[str, Any] = dict(max_new_tokens=args.max_new_tokens, do_sample=bool(args.sample or sampling),
                                   repetition_penalty=args.repetition_penalty, seed=args.seed)
     fields.update({name: getattr(args, name) for name in sampling})

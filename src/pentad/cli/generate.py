@@ -55,12 +55,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                              "tokenizer's chat template (the record goes to the output under \"input\")")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="tokens to generate at most")
     p.add_argument("--min-new-tokens", type=int, default=0, metavar="N", help="no stop token before N tokens")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--greedy", action="store_true", help="always take the most likely token (default)")
-    mode.add_argument("--sample", action="store_true", help="sample the next token")
-    p.add_argument("--temperature", type=float, help="sampling temperature (implies --sample)")
-    p.add_argument("--top-k", type=int, help="sample among the K most likely tokens (implies --sample)")
-    p.add_argument("--top-p", type=float, help="nucleus sampling mass, 0 < P <= 1 (implies --sample)")
+    add_sampling_arguments(p)
     p.add_argument("--num-beams", type=int, default=1, metavar="N", help="beam search with N beams")
     p.add_argument("--length-penalty", type=float, default=1.0,
                    help="beam score = log-probability / length ** X (default 1)")
@@ -179,12 +174,29 @@ def read_conversations(path: Path) -> tuple[list[str], list[dict[str, Any] | Non
 
 
 # ---------------------------------------------------------------------------------------- options
+def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
+    """``--greedy`` | ``--sample`` with ``--temperature``, ``--top-k``, ``--top-p`` (``generate`` and ``chat``)."""
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--greedy", action="store_true", help="always take the most likely token (default)")
+    mode.add_argument("--sample", action="store_true", help="sample the next token")
+    p.add_argument("--temperature", type=float, help="sampling temperature (implies --sample)")
+    p.add_argument("--top-k", type=int, help="sample among the K most likely tokens (implies --sample)")
+    p.add_argument("--top-p", type=float, help="nucleus sampling mass, 0 < P <= 1 (implies --sample)")
+
+
+def sampling_given(args: argparse.Namespace) -> list[str]:
+    """The sampling options given (names of :data:`SAMPLING_OPTIONS`); UserError when ``--greedy`` is too."""
+    given = [name for name in SAMPLING_OPTIONS if getattr(args, name) is not None]
+    if given and args.greedy:
+        flags = ", ".join("--" + n.replace("_", "-") for n in given)
+        raise UserError(f"{flags} only apply to sampling; drop --greedy (or drop {flags})")
+    return given
+
+
 def generation_options(args: argparse.Namespace) -> dict[str, Any]:
     """GenerationConfig fields from the command line (checked by ``build_config``)."""
-    given = [name for name in SAMPLING_OPTIONS if getattr(args, name) is not None]
+    given = sampling_given(args)
     flags = ", ".join("--" + n.replace("_", "-") for n in given)
-    if given and args.greedy:
-        raise UserError(f"{flags} only apply to sampling; drop --greedy (or drop {flags})")
     if given and args.num_beams > 1:
         raise UserError(f"{flags} only apply to sampling, not to beam search (--num-beams {args.num_beams})")
     if args.sample and args.num_beams > 1:
