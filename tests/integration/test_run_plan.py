@@ -20,6 +20,7 @@ def test_a_frozen_config_refuses_every_change_at_every_depth():
     cfg = load_config("bert/tiny", ["train.grid={train.lr: [0.1, 0.01]}"])
     plan = freeze(cfg)
     assert dump_config(plan) == dump_config(cfg) and plan.frozen and plan.model.encoder.frozen
+    assert plan == cfg and plan.model == cfg.model  # equal configs, whether frozen or not
     assert isinstance(plan.model.targets, FrozenList) and isinstance(plan.train.grid, FrozenDict)
     changes = [lambda: setattr(plan, "output", "elsewhere"), lambda: setattr(plan.train, "lr", 1.0),
                lambda: setattr(plan.model.encoder, "num_layers", 3), lambda: plan.model.targets.append(None),

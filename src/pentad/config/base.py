@@ -86,6 +86,15 @@ class StrictModel(BaseModel):
             _refuse(f"{type(self).__name__}.{name} was deleted")
         super().__delattr__(name)
 
+    def __eq__(self, other: object) -> bool:
+        # what the fields hold, not whether one side is frozen (pydantic's own compares private state too)
+        if not isinstance(other, BaseModel):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__ and \
+            self.__pydantic_extra__ == other.__pydantic_extra__
+
+    __hash__ = None  # type: ignore[assignment]  (mutable, as pydantic's models are)
+
     def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Any:
         made = super().model_copy(update=update, deep=deep)
         if deep:

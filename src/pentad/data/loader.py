@@ -61,7 +61,8 @@ def open_dataset(path: Path, tokenizer: Any, objective: Objective) -> ShardDatas
     if built_tok.get("fingerprint") != tokenizer.fingerprint():
         theirs, ours = built_tok.get("config"), _config_of(tokenizer)
         if isinstance(theirs, dict) and isinstance(ours, dict):
-            keys = [k for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
+            # the dataset records the tokenizer section as it was given (defaults left out): compare what it says
+            keys = [k for k in sorted(theirs) if theirs.get(k) != ours.get(k)]
             what = ("; ".join(f"tokenizer.{k}: dataset {theirs.get(k)!r}, config {ours.get(k)!r}" for k in keys)
                     if keys else "the same settings, but the vocabulary files' contents differ")
         else:

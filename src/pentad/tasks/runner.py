@@ -30,7 +30,7 @@ from pentad.training import checkpoint as ckpt
 from pentad.training.distill import make_distiller
 from pentad.training.distributed import pick_device
 from pentad.training.evaluation import BestModel, Evaluation
-from pentad.training.session import Session
+from pentad.training.session import Session, check_launch
 from pentad.training.trainer import plot_losses
 
 if TYPE_CHECKING:
@@ -70,6 +70,8 @@ def settle_finetune(cfg: RunConfigBase, partial: bool = False) -> RunConfigBase:
         TASKS.get(cfg.task.type).sources(cfg.task, cfg.data)  # a missing input fails before the run starts
         if cfg.output is None:
             raise UserError("output is not set: give the run directory, e.g. output=runs/finetune")
+    if not partial:
+        check_launch(cfg.train)  # how it was started, before what follows from it
     check_inputs_exist(cfg, ("init", "train.distill.teacher"))
     cfg = absolute_paths(cfg.model_copy(deep=True))
     cfg.train = cfg.train.for_finetuning()

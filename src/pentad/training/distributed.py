@@ -125,6 +125,16 @@ def _int_env(environ: dict[str, str], key: str) -> int:
                         "torchrun or deepspeed)") from None
 
 
+def require_launcher(strategy: str, environ: dict[str, str] | None = None) -> None:
+    """UserError unless this process was started by a launcher (``strategy`` cannot run as a plain process)."""
+    if not launched(dict(os.environ if environ is None else environ)):
+        raise UserError(
+            f"train.strategy={strategy} runs under a launcher, which starts the processes and tells each its "
+            "rank: `torchrun --nproc_per_node=N -m pentad pretrain ...` (N processes on this machine; N=1 "
+            "is fine), or the deepspeed launcher. A plain `pentad pretrain` is one process: use "
+            "train.strategy=single there")
+
+
 def connect(strategy: str, device_choice: str, backend_choice: str = "auto", timeout_s: float = 600.0,
             needs_launcher: bool = False, environ: dict[str, str] | None = None) -> Dist:
     """Read the launcher's environment, pick the device and backend, join the process group.
@@ -134,11 +144,7 @@ def connect(strategy: str, device_choice: str, backend_choice: str = "auto", tim
     environ = dict(os.environ if environ is None else environ)
     if not launched(environ):
         if needs_launcher:
-            raise UserError(
-                f"train.strategy={strategy} runs under a launcher, which starts the processes and tells each its "
-                "rank: `torchrun --nproc_per_node=N -m pentad pretrain ...` (N processes on this machine; N=1 "
-                "is fine), or the deepspeed launcher. A plain `pentad pretrain` is one process: use "
-                "train.strategy=single there")
+            require_launcher(strategy, environ)
         device = pick_device(device_choice, 0)
         _check_backend(backend_choice, device)
         return Dist(device=device)

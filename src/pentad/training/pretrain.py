@@ -12,7 +12,7 @@ from pentad.config.base import freeze
 from pentad.errors import UserError
 from pentad.registry import OBJECTIVES
 from pentad.runs import absolute_paths, check_inputs_exist, complete_vocab, info, load_tokenizer, main_rank_speaks
-from pentad.training.session import Session
+from pentad.training.session import Session, check_launch
 from pentad.training.trainer import Hook, Trainer, plot_losses
 
 
@@ -40,6 +40,8 @@ def plan_pretrain(cfg: Any, partial: bool = False) -> PretrainPlan:
             raise UserError("data.objective is not set (e.g. data.objective=bert)")
         if cfg.output is None:
             raise UserError("output is not set: give the run directory, e.g. output=runs/pretrain")
+    if not partial:
+        check_launch(cfg.train)  # how it was started, before what follows from it
     check_inputs_exist(cfg)
     for key in ("early_stopping", "folds", "grid"):
         if getattr(cfg.train, key) is not None:

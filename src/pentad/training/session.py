@@ -29,7 +29,7 @@ from pentad.builder import build_model, summarize
 from pentad.errors import UserError
 from pentad.training import checkpoint as ckpt
 from pentad.training import lora
-from pentad.training.distributed import Dist, connect, mark_failed
+from pentad.training.distributed import Dist, connect, mark_failed, require_launcher
 from pentad.training.strategies import STRATEGIES, Strategy
 from pentad.training.trainer import Trainer
 
@@ -96,6 +96,16 @@ def training_memory(model: nn.Module, train: TrainConfig, world: int) -> Trainin
     return TrainingMemory(sum(v for k, v in per_rank.items() if k not in offloaded),
                           sum(v for k, v in per_rank.items() if k in offloaded), built,
                           shown + "; activations come on top")
+
+
+def check_launch(train: TrainConfig) -> None:
+    """The checks of how a run was started that need no process group: the strategy's package is installed,
+    and a strategy that cannot run as a plain process was started by a launcher. Made when the run is
+    resolved, before anything that follows from the way it runs (the session repeats them)."""
+    strategy_cls = STRATEGIES.get(train.strategy)
+    strategy_cls.check_installed()
+    if strategy_cls.needs_launcher:
+        require_launcher(train.strategy)
 
 
 class Session:
