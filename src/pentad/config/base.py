@@ -93,8 +93,6 @@ class StrictModel(BaseModel):
         return type(self) is type(other) and self.__dict__ == other.__dict__ and \
             self.__pydantic_extra__ == other.__pydantic_extra__
 
-    __hash__ = None  # type: ignore[assignment]  (mutable, as pydantic's models are)
-
     def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Any:
         made = super().model_copy(update=update, deep=deep)
         if deep:
