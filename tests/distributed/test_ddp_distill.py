@@ -4,12 +4,8 @@ ranks train what one process trains (the same losses, soft and hard, and gradien
 
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
 import pytest
-from tests.distributed.conftest import launch, launch_env, losses, single
+from tests.distributed.conftest import launch, losses, single
 
 
 @pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.heavy),
@@ -18,8 +14,9 @@ def test_distillation_on_two_ranks_matches_single(english, pretrain_data, tmp_pa
     env = None
     if strategy == "deepspeed":
         pytest.importorskip("deepspeed")
-        env = launch_env(TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR",
-                                                             str(Path(sys.prefix) / "torch_extensions")))
+        from tests.distributed.test_deepspeed import ds_env
+
+        env = ds_env()
     base = [a for a in pretrain_data if not a.startswith("data.dataset")]
     data = [f"data.train={english['train']}", f"data.dev={english['dev']}", "task.head_dropout=0"]
     teacher = tmp_path / "teacher"

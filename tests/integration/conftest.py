@@ -40,11 +40,12 @@ def english(tmp_path_factory) -> dict[str, Path]:
 
 
 def tiny(vocab: Path) -> list[str]:
-    """Overrides that shrink bert/tiny further and point it at ``vocab``."""
+    """Overrides that shrink bert/tiny further and point it at ``vocab`` (no loss.png: drawing it takes
+    longer than training these models; tests/integration/test_pipeline.py draws one)."""
     return ["tokenizer.type=wordpiece", f"tokenizer.vocab={vocab}", "model.hidden_size=32",
             "model.max_seq_length=64", "model.encoder.num_layers=2", "model.encoder.num_heads=2",
             "model.encoder.ffn_size=64", "data.objective.seq_length=32", "train.batch_size=8",
-            "train.progress=false", "train.log_every=1", "train.lr=1e-3"]
+            "train.progress=false", "train.log_every=1", "train.lr=1e-3", "train.plot=false"]
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ def test_whole_pipeline_and_bitwise_resume(english, tmp_path, capsys):
 
     straight, split = tmp_path / "straight", tmp_path / "split"
     common = ["--config", "bert/tiny", *base, f"data.dataset={dataset}", "train.steps=8", "train.save_every=4"]
-    assert run("pretrain", *common, f"output={straight}") == 0
+    assert run("pretrain", *common, f"output={straight}", "train.plot=true") == 0
     # the same run stopped after 3 steps (between checkpoints), then resumed to the end
     assert run("pretrain", *common, f"output={split}", "train.stop_at=3") == 0
     assert len(MetricsLog(split / "metrics.jsonl").read()) == 3

@@ -215,6 +215,8 @@ class TrainConfig(StrictModel):
     progress: bool = Field(True, description="progress bars on stderr (training, evaluation, infer)")
     tensorboard: bool = Field(True, description="also write TensorBoard event files into the run directory "
                                                 "(needs the tensorboard package: pip install 'pentad[tensorboard]')")
+    plot: bool = Field(True, description="draw loss.png (the losses against step, and dev scores) into the run "
+                                         "directory when training ends (matplotlib)")
 
     def for_finetuning(self) -> TrainConfig:
         """This config with ``FINETUNE_DEFAULTS`` for the keys its file and overrides left unset

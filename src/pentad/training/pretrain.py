@@ -125,7 +125,7 @@ def _pretrain(plan: PretrainPlan, session: Session) -> dict[str, Any]:
     trainer.resume(changes)
     start = time.perf_counter()
     last = trainer.train(batches.iterate, hooks=[LoggedLength(lengths)] if lengths is not None else [])
-    if session.is_main:
+    if session.is_main and cfg.train.plot:
         plot_losses(Path(cfg.output) / layout.METRICS, Path(cfg.output) / layout.LOSS_PLOT)
     if trainer.step < cfg.train.steps:
         info(f"stopped at step {trainer.step} of {cfg.train.steps} (train.stop_at); run the same command again "

@@ -49,7 +49,21 @@ def import_deepspeed(device: torch.device | None = None, why: str = "train.strat
         import deepspeed
     except ImportError as e:
         raise UserError(f"{why} needs the DeepSpeed package, which is not installed ({e}): {INSTALL_HINT}") from None
+    if os.environ.get("DS_ACCELERATOR") == "cpu":
+        _skip_inference_op(deepspeed)
     return deepspeed
+
+
+def _skip_inference_op(deepspeed: Any) -> None:
+    """Keep DeepSpeed from compiling its shared-memory all-reduce op on the CPU.
+
+    DeepSpeed's communication backend builds that op when it starts (a C++ compile of about 1.5
+    minutes on 2 cores, at the first start on a machine), but only DeepSpeed's inference all-reduce
+    uses it: training's collectives go through ``torch.distributed`` (gloo). DeepSpeed builds only the
+    ops its table in ``deepspeed.ops`` lists as compatible (0.19), so the op is listed as not."""
+    compatible = getattr(getattr(deepspeed, "ops", None), "__compatible_ops__", None)
+    if isinstance(compatible, dict):
+        compatible["deepspeed_shm_comm"] = False
 
 
 def _record_classes() -> list[Any]:

@@ -185,9 +185,6 @@ class DeepSpeedStrategy(Strategy):
                   "offered here) would be faster", file=sys.stderr)
         if self.cfg.deepspeed.stage == 3:
             _trace_dataclasses()
-        if self.dist.is_main and self.device.type == "cpu" and not _shm_op_built():
-            print("DeepSpeed on the CPU: its first start on this machine compiles its shared-memory "
-                  "communication op (about 1.5 minutes; cached in TORCH_EXTENSIONS_DIR)", file=sys.stderr)
         optimizer = make_optimizer(model)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.config,
                                                dist_init_required=False)
@@ -378,18 +375,6 @@ class DeepSpeedStrategy(Strategy):
             except Exception:  # noqa: BLE001 - releasing hooks only; the process group is the session's
                 pass
         self.engine = None
-
-
-def _shm_op_built() -> bool:
-    """Whether DeepSpeed's CPU communication op is already compiled in torch's extension cache."""
-    import os
-
-    from torch.utils.cpp_extension import get_default_build_root
-
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    candidates = [Path(root) / "deepspeed_shm_comm"] if root else \
-        list(Path(get_default_build_root()).glob("*/deepspeed_shm_comm"))
-    return any((c / "deepspeed_shm_comm.so").is_file() for c in candidates)
 
 
 def _trace_dataclasses() -> None:
