@@ -2,7 +2,8 @@
 
 Every test here carries the ``distributed`` marker (CI runs them with the rest). ``launch`` picks a
 free port, keeps each launch's log, and retries once when the launcher itself fails after the
-ranks finished (a rare loopback hiccup of torchrun's rendezvous).
+ranks finished (a rare loopback hiccup of torchrun's rendezvous). ``single`` runs the one-process
+reference in the test's own process.
 """
 
 from __future__ import annotations
@@ -63,8 +64,25 @@ def launch(nproc: int, *args: object, timeout: float = 240, expect: int = 0, log
     return proc
 
 
-def single(*args: object, expect: int = 0) -> subprocess.CompletedProcess:
-    """The same command as one plain process (the reference)."""
+def single(*args: object, expect: int = 0) -> None:
+    """The same command in this process with one intra-op thread, as each launched rank has (the
+    reference run: the test process has torch imported already, and a new process would spend longer
+    starting than these runs take)."""
+    import torch
+
+    from pentad.cli.main import main
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        code = main([str(a) for a in args])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == expect, f"exit {code}, expected {expect}"
+
+
+def single_process(*args: object, expect: int = 0) -> subprocess.CompletedProcess:
+    """The command as one plain process of its own (for what a real process prints and how it exits)."""
     proc = subprocess.run([sys.executable, "-m", "pentad", *map(str, args)], capture_output=True, text=True,
                           timeout=240, env=launch_env())
     assert proc.returncode == expect, f"exit {proc.returncode}, expected {expect}:\n{proc.stderr[-6000:]}"
@@ -83,3 +101,12 @@ def pretrain_data(english, tmp_path_factory):  # noqa: F811 - the imported fixtu
     single("preprocess", "--config", "bert/tiny", *base, f"data.corpus={english['bert']}", f"data.output={dataset}")
     return [*base, f"data.dataset={dataset}", "model.embedding.dropout=0", "model.encoder.dropout=0",
             "train.tensorboard=false"]
+
+
+@pytest.fixture(scope="session")
+def single_pretrain(pretrain_data, tmp_path_factory) -> Path:
+    """One process's 10 steps of ``pretrain_data`` with checkpoints at steps 5 and 10: the run that the
+    strategies' pre-training runs are compared with (read only: copy it to continue it)."""
+    run = tmp_path_factory.mktemp("single") / "one"
+    single("pretrain", "--config", "bert/tiny", *pretrain_data, "train.steps=10", "train.save_every=5", f"output={run}")
+    return run

@@ -11,10 +11,9 @@ import pytest
 from tests.distributed.conftest import free_port, launch, launch_env, losses, single
 
 
-def test_ddp_matches_single_and_resumes_on_another_world_size(pretrain_data, tmp_path):
+def test_ddp_matches_single_and_resumes_on_another_world_size(pretrain_data, single_pretrain, tmp_path):
     common = ["pretrain", "--config", "bert/tiny", *pretrain_data, "train.steps=10", "train.save_every=5"]
-    one, two = tmp_path / "one", tmp_path / "two"
-    single(*common, f"output={one}")
+    one, two = single_pretrain, tmp_path / "two"
     launch(2, *common, f"output={two}", "train.strategy=ddp")
     a, b = losses(one), losses(two)
     assert len(a) == len(b) == 10

@@ -38,11 +38,9 @@ def _common(pretrain_data):
 
 
 @pytest.fixture(scope="module")
-def reference(pretrain_data, tmp_path_factory) -> Path:
+def reference(single_pretrain) -> Path:
     """The single-process run every ZeRO run is compared with."""
-    run = tmp_path_factory.mktemp("ds") / "one"
-    single(*_common(pretrain_data), f"output={run}")
-    return run
+    return single_pretrain
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,12 @@ pytestmark = pytest.mark.heavy
 
 
 @pytest.fixture(scope="module")
-def runs(pretrain_data, tmp_path_factory):
-    """A single run and a 2-rank fsdp run of the same 10 steps, checkpoints at 5 and 10."""
+def runs(pretrain_data, single_pretrain, tmp_path_factory):
+    """A 2-rank fsdp run of the single run's 10 steps (``root / "two"``, checkpoints at 5 and 10; the
+    single run is ``root / "one"``)."""
     root = tmp_path_factory.mktemp("fsdp")
+    (root / "one").symlink_to(single_pretrain, target_is_directory=True)
     common = ["pretrain", "--config", "bert/tiny", *pretrain_data, "train.steps=10", "train.save_every=5"]
-    single(*common, f"output={root / 'one'}")
     launch(2, *common, f"output={root / 'two'}", "train.strategy=fsdp")
     return root, common
 

@@ -6,20 +6,20 @@ import multiprocessing
 import sys
 
 import pytest
-from tests.distributed.conftest import launch, single
+from tests.distributed.conftest import launch, single_process
 
 
 def test_sharing_strategies_need_a_launcher(pretrain_data, tmp_path):
     for strategy in ("ddp",):
-        proc = single("pretrain", "--config", "bert/tiny", *pretrain_data, f"train.strategy={strategy}",
-                      f"output={tmp_path / strategy}", expect=2)
+        proc = single_process("pretrain", "--config", "bert/tiny", *pretrain_data, f"train.strategy={strategy}",
+                              f"output={tmp_path / strategy}", expect=2)
         assert f"train.strategy={strategy} runs under a launcher" in proc.stderr
         assert "torchrun --nproc_per_node=N -m pentad pretrain" in proc.stderr
 
 
 def test_nccl_on_a_cpu_machine(pretrain_data, tmp_path):
-    proc = single("pretrain", "--config", "bert/tiny", *pretrain_data, "train.dist_backend=nccl", "train.device=cpu",
-                  f"output={tmp_path / 'run'}", expect=2)
+    proc = single_process("pretrain", "--config", "bert/tiny", *pretrain_data, "train.dist_backend=nccl",
+                          "train.device=cpu", f"output={tmp_path / 'run'}", expect=2)
     assert "train.dist_backend=nccl needs GPUs" in proc.stderr
 
 
