@@ -7,7 +7,8 @@ floors below read what is registered and never import upward (docs/architecture.
 * :func:`load_config` loads a run config from a file (YAML, JSON, a zoo recipe name, or a TencentPretrain
   JSON config), applies ``key.path=value`` overrides and validates it strictly, reporting every problem.
   A run initialised from a run directory (``init=RUN``) takes that run's model as its own when the config
-  gives none (:func:`with_init_model`): the run rebuilds its model, as ``from_pretrained`` does; a run on
+  gives none (:func:`with_init_model`): the run rebuilds its model, as ``from_pretrained`` does; ``init=hf:NAME``
+  first converts a Hugging Face Hub model into such a run, once (:func:`with_hub_init`); a run on
   a preprocessed dataset (``data.dataset=DIR``) takes the objective and tokenizer the dataset was made
   with when the config gives none (:func:`with_dataset_description`).
 """
@@ -59,11 +60,27 @@ def load_config(config: str | Path | None, overrides: list[str] | tuple[str, ...
     """Load, override and validate a run config (a ``RunConfig``; ``preprocess_only``: the model and task
     sections kept as given, see :func:`pentad.run_config.preprocess_config_class`, and no torch imported)."""
     raw, applied, label = load_raw_config(config, overrides)
+    raw = with_hub_init(raw)
     raw, label = with_init_model(raw, applied, label)
     raw, label = with_dataset_description(raw, applied, label)
     if not preprocess_only:
         fill_registries()
     return validate_raw(raw, applied, label, preprocess_only)
+
+
+def with_hub_init(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with ``init=hf:NAME[@REV]`` (a Hugging Face Hub model) replaced by that model converted into a
+    pentad run in pentad's cache (:func:`pentad.interop.hub.converted_run`: once per commit), which the
+    run then initialises from as from any run directory."""
+    init = raw.get("init")
+    if not (isinstance(init, str) and init.startswith("hf:")):
+        return raw
+    from pentad.interop.hub import converted_run
+    from pentad.log import info
+
+    run = converted_run(init, say=info)
+    info(f"init={init}: {run}")
+    return {**raw, "init": str(run)}
 
 
 def with_init_model(raw: dict[str, Any], applied: dict[str, str], label: str) -> tuple[dict[str, Any], str]:

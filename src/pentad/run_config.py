@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 
 class RunConfigBase(StrictModel):
     description: str | None = Field(None, description="free text, e.g. what a zoo recipe is")
-    init: Path | None = Field(None, description="initialise weights from a run directory or checkpoint")
+    init: Path | None = Field(None, description="initialise weights from a run directory or checkpoint, or "
+                                                "hf:NAME[@REV], a Hugging Face Hub model converted once")
     output: Path | None = Field(None, description="run directory to write")
     train: TrainConfig = Field(default_factory=TrainConfig)
     if TYPE_CHECKING:  # added by run_config_class() from the registries; statically, their bases
