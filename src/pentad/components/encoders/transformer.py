@@ -164,6 +164,7 @@ class TransformerStackConfig(StrictModel):
         if moe.shared_gate and not moe.shared_experts:
             problems.append(("moe.shared_gate", "true, but shared_experts is 0: there is no shared expert to gate; "
                                                 "set shared_experts or drop shared_gate"))
+        problems += [(f"moe.{key}", message) for key, message in moe.routing_problems()]
         if moe.routing == "expert_choice" and self.causal():
             problems.append(("moe.routing", "expert_choice compares all tokens of a batch, so a position's output "
                                             "would depend on later positions; use top_k in a causal stack"))
