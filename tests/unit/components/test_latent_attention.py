@@ -17,6 +17,8 @@ from pentad.errors import ConfigError
 from pentad.layers.cache import KVCache, StaticKVCache
 from pentad.layers.lora import LoraLinear
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 LATENT = {"kv_lora_rank": 16, "q_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 6}
 
 

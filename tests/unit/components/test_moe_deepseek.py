@@ -14,6 +14,8 @@ from pentad.errors import ConfigError
 from pentad.layers.moe import MoE
 from pentad.training.trainer import ExpertBiasUpdate
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 H, FF, N = 8, 12, 8
 
 
