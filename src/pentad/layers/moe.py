@@ -276,10 +276,12 @@ class MoE(Block):
         order = expert.argsort(stable=True)
         expert, token, gate = expert[order], token[order], gate[order]
         counts = torch.bincount(expert, minlength=n).tolist()  # one host sync per layer: the split sizes
-        # every expert runs, an idle one on no rows: its parameters stay in the graph with zero gradients
-        # (ddp expects a gradient for every parameter)
+        # with gradients, every expert runs, an idle one on no rows: its parameters stay in the graph with zero
+        # gradients (ddp expects a gradient for every parameter); without, idle experts are skipped (decoding
+        # one token touches k of N)
+        everyone = torch.is_grad_enabled()
         routed = torch.cat([self.experts.one(chunk, e)
-                            for e, chunk in enumerate(x.index_select(0, token).split(counts))])
+                            for e, chunk in enumerate(x.index_select(0, token).split(counts)) if everyone or counts[e]])
         out = torch.zeros_like(x).index_add_(0, token, (routed * gate[:, None].to(routed.dtype)).to(x.dtype))
         return out, losses, {"moe_dropped": torch.tensor(dropped, device=x.device)}
 
