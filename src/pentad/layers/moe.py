@@ -119,6 +119,8 @@ class MoE(Block):
 
     routed = True
     has_aux = True
+    expert_bias: Tensor | None  # buffers (register_buffer), declared for the type checker
+    expert_load: Tensor | None
 
     def __init__(self, hidden_size: int, ffn_size: int, num_experts: int, top_k: int = 2, *,
                  activation: str = "silu", bias: bool = False, gated: bool = True, routing: Routing = "top_k",

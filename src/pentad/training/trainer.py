@@ -271,7 +271,8 @@ class ExpertBiasUpdate(Hook):
         self.layers = layers
 
     def after_step(self, trainer: Trainer, done: bool) -> bool:
-        loads = trainer.dist.all_reduce(torch.cat([layer.expert_load for layer in self.layers]))
+        loads = trainer.dist.all_reduce(torch.cat([layer.expert_load for layer in self.layers
+                                                   if layer.expert_load is not None]))
         for layer, load in zip(self.layers, loads.split([layer.num_experts for layer in self.layers])):
             layer.update_choice_bias(load)
         return False

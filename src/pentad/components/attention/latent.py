@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from pydantic import Field
@@ -140,7 +140,8 @@ class LatentAttention(Attention):
 
     def _init_t5_inputs(self, q_std: float, kv_std: float) -> None:
         for linear in self.input_projections():  # fan-in scaled, like every other T5-initialised projection
-            nn.init.normal_(linear.weight, std=linear.weight.shape[1] ** -0.5)
+            weight = cast(Tensor, linear.weight)
+            nn.init.normal_(weight, std=weight.shape[1] ** -0.5)
 
     def reset_parameters(self, std: float = 0.02, scheme: InitScheme = "normal") -> None:
         super().reset_parameters(std, scheme)

@@ -160,7 +160,6 @@ class DeepseekV3Family(LlamaFamily):
     layout = KeyLayout(contains=(".self_attn.kv_a_proj_with_mqa.",), rank=50)
     tokenizer_kind = "tokenizer_json"  # byte-level BPE in tokenizer.json (LlamaTokenizerFast): the file as it is
     tokenizer_class = "LlamaTokenizerFast"
-    spm_files = ()
     default_special_tokens = {"bos": "<｜begin▁of▁sentence｜>", "eos": "<｜end▁of▁sentence｜>"}
 
     def describes(self, model: Any) -> bool:
@@ -277,6 +276,7 @@ class DeepseekV3Family(LlamaFamily):
             problems.append(f"activation '{enc.activation}' has no HF name")
         if problems:
             raise UserError(f"cannot export {label} as deepseek_v3: " + "; ".join(problems) + ".")
+        assert latent is not None  # a problem above otherwise
         heads, layers = enc.num_heads, enc.num_layers
         first = (moe.first if moe.first is not None else 0) if moe is not None else layers
         table = FIELDS + MIXTURE if moe is not None else FIELDS
