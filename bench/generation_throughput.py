@@ -8,6 +8,11 @@ Two workloads, built from Hugging Face configs with random weights and converted
   tokens.
 * ``t5``: T5-small (L6+6 H512 A8, FF 2048, vocab 32128), encoder-decoder; sources of
   ``--prompt-length`` tokens, the decoder starts from the pad id.
+* ``deepseek_v3``: a small DeepSeek-V3-class decoder (multi-head latent attention, the first layer dense,
+  then sigmoid-routed grouped experts with a shared one; sizes in ``PRESETS``). pentad caches the latent and
+  decodes with the absorbed projections; the row also reports the cache bytes per token of pentad's cache,
+  of transformers' (measured after the prompt) and of full keys and values of the same heads
+  (``cache_bytes_per_token``).
 
 Greedy decoding of exactly ``--new-tokens`` tokens per row (no stop token), eval mode,
 ``torch.inference_mode``, on ``--device`` (cpu or cuda) in ``--dtype`` (fp32 or bf16). Five paths
@@ -36,6 +41,7 @@ Run from the repository root::
     PYTHONPATH=src .venv/bin/python bench/generation_throughput.py                 # full, ~15 min on 2 cores
     PYTHONPATH=src .venv/bin/python bench/generation_throughput.py --preset tiny   # smoke test, seconds
     PYTHONPATH=src .venv/bin/python bench/generation_throughput.py --device cuda   # on a GPU
+    PYTHONPATH=src .venv/bin/python bench/generation_throughput.py --models deepseek_v3 --preset reduced
 """
 
 from __future__ import annotations
@@ -58,16 +64,32 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "full": {
         "gpt2": dict(vocab_size=50257, n_embd=768, n_layer=12, n_head=12, n_positions=1024),
         "t5": dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8),
+        "deepseek_v3": dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, moe_intermediate_size=256,
+                            num_hidden_layers=8, num_attention_heads=16, kv_lora_rank=128, q_lora_rank=384,
+                            qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, n_routed_experts=32,
+                            num_experts_per_tok=4, n_group=8, topk_group=4, n_shared_experts=1,
+                            first_k_dense_replace=1, max_position_embeddings=1024),
     },
     "reduced": {
         "gpt2": dict(vocab_size=50257, n_embd=256, n_layer=4, n_head=4, n_positions=1024),
         "t5": dict(vocab_size=32128, d_model=256, d_kv=32, d_ff=1024, num_layers=3, num_heads=8),
+        "deepseek_v3": dict(vocab_size=32000, hidden_size=256, intermediate_size=768, moe_intermediate_size=128,
+                            num_hidden_layers=4, num_attention_heads=8, kv_lora_rank=64, q_lora_rank=128,
+                            qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, n_routed_experts=16,
+                            num_experts_per_tok=4, n_group=4, topk_group=2, n_shared_experts=1,
+                            first_k_dense_replace=1, max_position_embeddings=1024),
     },
     "tiny": {
         "gpt2": dict(vocab_size=512, n_embd=32, n_layer=2, n_head=2, n_positions=128),
         "t5": dict(vocab_size=512, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4),
+        "deepseek_v3": dict(vocab_size=512, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                            num_hidden_layers=2, num_attention_heads=4, kv_lora_rank=16, q_lora_rank=24,
+                            qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, n_routed_experts=8,
+                            num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1,
+                            first_k_dense_replace=1, max_position_embeddings=512),
     },
 }
+MODELS = ("gpt2", "t5", "deepseek_v3")
 PATHS = ("cache", "static", "compiled", "no-cache", "hf")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -83,6 +105,15 @@ def build_pair(family: str, sizes: dict[str, Any], root: Path) -> tuple[Any, Any
     if family == "gpt2":
         config = transformers.GPT2Config(**sizes, bos_token_id=0, eos_token_id=0, pad_token_id=0)
         hf = transformers.GPT2LMHeadModel(config)
+    elif family == "deepseek_v3":
+        config = transformers.DeepseekV3Config(**sizes, num_key_value_heads=sizes["num_attention_heads"],
+                                               num_nextn_predict_layers=0, bos_token_id=0, eos_token_id=1,
+                                               pad_token_id=0)
+        hf = transformers.DeepseekV3ForCausalLM(config)
+        with torch.no_grad():  # a routing that is not uniform, and a choice bias that matters
+            for name, buffer in hf.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    buffer.normal_(std=0.02)
     else:
         config = transformers.T5Config(**sizes, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
         hf = transformers.T5ForConditionalGeneration(config)
@@ -178,12 +209,59 @@ def run_workload(family: str, hf: Any, ours: Any, hf_kwargs: dict[str, Any], bat
     def same(a: str, b: str) -> bool | None:
         return bool(torch.equal(outputs[a], outputs[b])) if a in outputs and b in outputs else None
 
+    if family == "deepseek_v3":
+        result["cache_bytes_per_token"] = cache_bytes(hf, ours, prompts)
     checks = {"same_tokens_as_hf": ("cache", "hf"), "same_tokens_static": ("static", "cache"),
               "same_tokens_compiled": ("compiled", "cache"), "same_tokens_cache_vs_no_cache": ("cache", "no-cache")}
     for key, (a, b) in checks.items():
         if (check := same(a, b)) is not None:
             result[key] = check
     return result
+
+
+def _tensor_bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def cache_bytes(hf: Any, ours: Any, prompts: torch.Tensor) -> dict[str, float]:
+    """Cache bytes per token (all layers, one row) after the prompt: pentad's latent cache (the rows it
+    wrote, not its spare capacity), transformers' cache, and full keys and values of the same heads
+    (heads x (nope + rope + v) per layer), in the model's dtype."""
+    from pentad.components.base import Batch
+    from pentad.layers.cache import KVCache
+
+    batch, length = prompts.shape
+    cache = KVCache()
+    with torch.inference_mode():
+        ours.encode(Batch(tokens=prompts), cache)
+        theirs = hf(prompts, use_cache=True)
+    pentad = sum(_tensor_bytes(layer.latent[:, :, :cache.length]) for layer in cache.layers)
+    past = getattr(theirs, "cache", None) or getattr(theirs, "past_key_values", None)
+    hf_bytes = sum(_tensor_bytes([getattr(layer, "keys", None), getattr(layer, "values", None)])
+                   for layer in getattr(past, "layers", []))
+    attention = ours.encoder.layers[0].attention
+    size = ours.encoder.layers[0].attention.kv_norm.weight.element_size()
+    full = len(ours.encoder.layers) * attention.num_heads * (attention.nope_dim + attention.rope_dim
+                                                             + attention.v_dim) * size
+    per_token = batch * length
+    return {"pentad": pentad / per_token, "hf": hf_bytes / per_token, "full_kv": float(full)}
+
+
+def cache_table(results: list[dict[str, Any]]) -> str:
+    lines = ["| model | batch | pentad latent cache B/token | HF cache B/token | full keys/values B/token "
+             "| full / pentad | pentad cache / HF tok/s |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        if "cache_bytes_per_token" not in r:
+            continue
+        c = r["cache_bytes_per_token"]
+        speed = f"{r['cache']['tokens_per_s'] / r['hf']['tokens_per_s']:.2f}" if "cache" in r and "hf" in r else "—"
+        lines.append(f"| {r['model']} | {r['batch']} | {c['pentad']:.0f} | {c['hf']:.0f} | {c['full_kv']:.0f} "
+                     f"| {c['full_kv'] / c['pentad']:.1f}x | {speed} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def _speed(r: dict[str, Any], path: str) -> float | None:
@@ -224,7 +302,7 @@ def table(results: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=tuple(PRESETS), default="full", help="model sizes (tiny: smoke test)")
-    parser.add_argument("--models", nargs="+", choices=("gpt2", "t5"), default=["gpt2", "t5"])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=["gpt2", "t5"])
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--prompt-length", type=int, default=16)
@@ -270,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         load_after = None
     print(f"\nload average at the end: {load_after}")
     print(table(results))
+    memory = cache_table(results)
+    if memory:
+        print("\n" + memory)
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results,
                                          "load_before": load, "load_after": load_after}, indent=2) + "\n")

@@ -26,12 +26,18 @@ def _stack(cfg: Any, hidden: int) -> str:
         extra = ", ".join(f"{k}={v}" for k, v in cfg.model_dump().items() if k in shown and v not in (None, False))
         return f"{cfg.type} ({extra})" if extra else cfg.type
     heads = f"{cfg.num_heads} heads" + (f" / {cfg.num_kv_heads} kv" if cfg.num_kv_heads else "")
+    latent = getattr(cfg, "latent_attention", None)
+    if latent is not None:
+        heads += f" of latent attention (kv rank {latent.kv_lora_rank}, q rank {latent.q_lora_rank})"
     ffn = cfg.ffn
     if ffn == "moe":
         moe = cfg.moe_config
         ffn = (f"moe {moe.num_experts}×{moe.expert} " + ("expert-choice" if moe.routing == "expert_choice"
                                                           else f"top-{moe.top_k}")
-               + (f" every {moe.every}" if moe.every > 1 else ""))
+               + (f" every {moe.every}" if moe.every > 1 else "")
+               + (f" from layer {moe.first}" if moe.first else "")
+               + (f" +{moe.shared_experts} shared" if moe.shared_experts else "")
+               + (f", {moe.scoring}" if moe.scoring != "softmax" else ""))
     bits = [f"{cfg.num_layers}×{hidden}", heads, f"{ffn} {cfg.activation}", f"{cfg.norm_position}-{cfg.norm}"]
     if getattr(cfg, "mask", None):
         bits.append(cfg.mask)

@@ -32,6 +32,11 @@ def test_validate_prints_summary_and_parameters(capsys):
     assert "parameters: 110,106,428" in out and "encoder: transformer x12 layers" in out
 
 
+def test_validate_counts_a_mixture_of_experts_on_the_meta_device(capsys):
+    assert main(["validate", "deepseek-v3/671b"]) == 0  # 671B parameters: built on the meta device
+    assert "parameters: 671,026,404,352 (37,552,282,624 active per token)" in capsys.readouterr().out
+
+
 def test_validate_tencentpretrain_config(capsys, tp):
     assert main(["validate", str(tp / "configs/bert/base_config.json"), "vocab_size=21128"]) == 0
     assert "parameters:" in capsys.readouterr().out

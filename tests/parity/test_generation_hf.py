@@ -1,6 +1,6 @@
 """Generation parity with Hugging Face ``generate``: the same random-init models, converted with
-``pentad convert hf-to-pentad`` (the mixtures of experts of Mixtral, Qwen2-MoE and Switch
-Transformers included), give the same greedy
+``pentad convert hf-to-pentad`` (the mixtures of experts of Mixtral, Qwen2-MoE, DeepSeek-V3 and Switch
+Transformers included, and DeepSeek-V3's latent cache), give the same greedy
 tokens, beam hypotheses (tokens and scores), samples (same seed) and repetition-penalised tokens.
 
 Decoder-only prompts are a left-padded batch of different lengths (HF is given the attention mask;
@@ -62,6 +62,13 @@ def _hf_config(family: str) -> Any:
                                 num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
                                 moe_intermediate_size=16, shared_expert_intermediate_size=32, mlp_only_layers=[1],
                                 max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if family == "deepseek_v3":  # latent attention (the latent cache, absorbed), layer 0 dense, grouped sigmoid routing
+        return t.DeepseekV3Config(vocab_size=96, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                                  num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+                                  n_shared_experts=1, n_routed_experts=8, kv_lora_rank=16, q_lora_rank=12,
+                                  qk_rope_head_dim=4, v_head_dim=8, qk_nope_head_dim=8, n_group=4, topk_group=2,
+                                  num_experts_per_tok=3, first_k_dense_replace=1, max_position_embeddings=64,
+                                  num_nextn_predict_layers=0, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if family == "bloom":
         return t.BloomConfig(vocab_size=96, hidden_size=32, n_layer=2, n_head=4, bos_token_id=1, eos_token_id=2,
                              pad_token_id=0)
@@ -85,12 +92,12 @@ def _hf_config(family: str) -> Any:
 
 
 HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM",
-              "qwen2_moe": "Qwen2MoeForCausalLM",
+              "qwen2_moe": "Qwen2MoeForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
               "bloom": "BloomForCausalLM",
               "t5": "T5ForConditionalGeneration", "bart": "BartForConditionalGeneration",
               "switch_transformers": "SwitchTransformersForConditionalGeneration"}
 SCALES = {"gpt2": 0.3, "llama": 0.3, "mixtral": 0.3, "bloom": 1.0, "t5": 1.0, "bart": 0.3,  # picked by trying a few
-          "switch_transformers": 1.0, "qwen2_moe": 0.3}
+          "switch_transformers": 1.0, "qwen2_moe": 0.3, "deepseek_v3": 0.3}
 
 
 class Pair:
@@ -129,8 +136,8 @@ class Pair:
         return ours, new, theirs
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama", "mixtral", "qwen2_moe", "t5", "switch_transformers", "bart",
-                                        "bloom"])
+@pytest.fixture(scope="module", params=["gpt2", "llama", "mixtral", "qwen2_moe", "deepseek_v3", "t5",
+                                        "switch_transformers", "bart", "bloom"])
 def pair(request, tmp_path_factory) -> Pair:
     return Pair(request.param, tmp_path_factory.mktemp(request.param))
 

@@ -27,7 +27,10 @@ from pentad.training import checkpoint as ckpt
 # fields left unset (None) stay unset so the recipe keeps its modules.
 SHRINK = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "head_size": 8,
           "ffn_size": 48, "max_positions": 160, "relative_buckets": 8, "relative_max_distance": 16,
-          "embedding_size": 16, "max_seq_length": 160, "image_size": 32, "patch_size": 8}
+          "embedding_size": 16, "max_seq_length": 160, "image_size": 32, "patch_size": 8,
+          "expert_ffn_size": 16, "first": 1, "kv_lora_rank": 16, "q_lora_rank": 12, "qk_nope_head_dim": 8,
+          "qk_rope_head_dim": 4, "v_head_dim": 8}
+MAX_EXPERTS = 16  # more experts (DeepSeek-V3's 256) shrink to this many, their groups kept
 
 
 @cache
@@ -44,6 +47,8 @@ def _shrink(value, vocab: int):
                             else SHRINK["hidden_size"]] * len(item)
             elif key == "feature_size" and value.get("type") == "speech":
                 out[key] = 16
+            elif key == "num_experts" and item > MAX_EXPERTS:
+                out[key] = MAX_EXPERTS
             elif key in SHRINK and item is not None:
                 out[key] = SHRINK[key]
             elif key in ("vocab_size", "target_vocab_size") and item is not None:

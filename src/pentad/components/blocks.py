@@ -20,7 +20,7 @@ from pentad.components.attention import self_attention_kind
 from pentad.components.norms import make_norm, norm_factory
 from pentad.config.base import StrictModel
 from pentad.layers.feed_forward import FeedForward
-from pentad.layers.moe import MoE, RouterInput, Routing
+from pentad.layers.moe import MoE, RouterInput, Routing, Scoring
 from pentad.layers.transformer import BlockFactory, TransformerLayer, drop_path_rate
 from pentad.registry import ATTENTION_BLOCKS, FFN_BLOCKS, POSITION_SCHEMES
 
@@ -103,6 +103,41 @@ class MoEConfig(StrictModel):
                               "shared_experts")
     balance_loss_weight: float = Field(0.01, ge=0.0, description="weight of the load-balancing loss moe_balance")
     z_loss_weight: float = Field(0.0, ge=0.0, description="weight of the router z-loss moe_z (ST-MoE: 0.001)")
+    scoring: Scoring = Field("softmax", description="router scores: softmax over the experts; sigmoid, each "
+                             "expert's own (DeepSeek-V3)")
+    choice_bias: bool = Field(False, description="a per-expert bias (buffer expert_bias, checkpointed) added to the "
+                              "scores for choosing experts only, not to the gates (DeepSeek-V3's "
+                              "e_score_correction_bias)")
+    bias_update_rate: float = Field(0.0, ge=0.0, description="auxiliary-loss-free balancing: after every optimizer "
+                                    "step each choice bias moves by this much towards balance, from the "
+                                    "assignments counted since (DeepSeek-V3: 0.001); 0: the bias stays as loaded")
+    groups: int = Field(1, ge=1, description="group-limited routing: the experts in this many equal groups "
+                        "(DeepSeek-V3's n_group: 8)")
+    group_top_k: int | None = Field(None, ge=1, description="groups a token may choose its experts from, those "
+                                    "whose two best scores sum highest (topk_group: 4); default all")
+    routed_scaling: float = Field(1.0, gt=0.0, description="factor on the routed experts' gates "
+                                  "(routed_scaling_factor: 2.5 in DeepSeek-V3)")
+
+    def routing_problems(self) -> list[tuple[str, str]]:
+        """What does not fit together in the DeepSeek-V3 routing options: (sub-path below moe, message)."""
+        problems = []
+        if self.bias_update_rate and not self.choice_bias:
+            problems.append(("bias_update_rate", f"{self.bias_update_rate} without choice_bias: there is no bias to "
+                                                 "update; set choice_bias: true"))
+        if self.num_experts % self.groups or (self.groups > 1 and self.num_experts // self.groups < 2):
+            problems.append(("groups", f"{self.groups} groups of {self.num_experts} experts: groups must be equal and "
+                                       "hold 2 experts or more (a group scores its two best)"))
+        elif self.group_top_k is not None and self.group_top_k > self.groups:
+            problems.append(("group_top_k", f"{self.group_top_k} of {self.groups} groups"))
+        elif self.top_k > (self.group_top_k or self.groups) * (self.num_experts // self.groups):
+            problems.append(("top_k", f"{self.top_k} experts per token from {self.group_top_k} groups of "
+                                      f"{self.num_experts // self.groups}"))
+        if self.routing == "expert_choice":
+            chosen = [k for k, on in (("scoring", self.scoring != "softmax"), ("choice_bias", self.choice_bias),
+                                      ("groups", self.groups > 1)) if on]
+            if chosen:
+                problems.append((chosen[0], "chooses experts per token: it needs routing top_k, not expert_choice"))
+        return problems
 
 
 @FFN_BLOCKS.register("moe")
@@ -125,6 +160,8 @@ class MoEBlock:
                        bias=cfg.bias, gated=gated, routing=moe.routing, capacity_factor=moe.capacity_factor,
                        normalize=moe.normalize, router_input=moe.router_input,
                        shared_ffn_size=moe.shared_experts * expert_size, shared_gate=moe.shared_gate,
-                       balance_loss_weight=moe.balance_loss_weight, z_loss_weight=moe.z_loss_weight)
+                       balance_loss_weight=moe.balance_loss_weight, z_loss_weight=moe.z_loss_weight,
+                       scoring=moe.scoring, choice_bias=moe.choice_bias, bias_update_rate=moe.bias_update_rate,
+                       groups=moe.groups, group_top_k=moe.group_top_k, routed_scaling=moe.routed_scaling)
 
         return make

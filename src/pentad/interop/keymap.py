@@ -25,6 +25,13 @@ name                 pentad : foreign       what it does (import direction; the 
 ``heads_qkv:A``      1 : 1                  a fused projection whose rows are grouped per head
                                             ([q_h; k_h; v_h] for each of the A heads: BLOOM) <->
                                             pentad's [q; k; v]
+``head_parts:A:S:T``  1 : 1                  a projection whose rows are grouped per head, [S rows; T rows]
+                                            for each of the A heads (DeepSeek's ``kv_b_proj``: keys, then
+                                            values) <-> pentad's [all heads' S rows; all heads' T rows]
+``rope_rows:A:P:R``  1 : 1                  a projection of A heads of P + R rows each whose last R rows per
+                                            head are rotary dimensions in interleaved pairs (2i, 2i+1)
+                                            (DeepSeek's ``rope_interleave``) <-> the rotate-half layout
+                                            (i, i + R/2) pentad rotates; the P rows stay
 ``stack_experts``    1 : N                  N per-expert matrices (``experts.E.w1.weight``, each [F, H]) <->
                                             pentad's stacked expert tensor [N, F, H]; the export unstacks
 ``row_vector``       1 : 1                  a [1, N] table (BART's ``final_logits_bias``) <-> [N]
@@ -291,6 +298,57 @@ class HeadsQKV(Transform):
         return [t.reshape(3, self.heads, -1, *rest).transpose(0, 1).reshape(t.shape).contiguous()]
 
 
+class HeadParts(Transform):
+    """A projection whose rows are grouped per head, [S rows; T rows] for each of ``heads`` heads, <->
+    [every head's S rows; every head's T rows] (weight [rows, in] or bias [rows])."""
+
+    def __init__(self, heads: int, first: int, second: int):
+        self.heads, self.first, self.second = heads, first, second
+
+    def _check(self, t: Tensor) -> None:
+        if t.shape[0] != self.heads * (self.first + self.second):
+            raise ValueError(f"{t.shape[0]} rows are not {self.heads} heads of {self.first} + {self.second}")
+
+    def to_ours(self, theirs: list[Tensor]) -> tuple[list[Tensor], Tensor | None]:
+        t = theirs[0]
+        self._check(t)
+        parts = t.reshape(self.heads, self.first + self.second, *t.shape[1:]).split((self.first, self.second), 1)
+        return [torch.cat([p.reshape(-1, *t.shape[1:]) for p in parts]).contiguous()], None
+
+    def to_theirs(self, ours: list[Tensor], extra: Tensor | None) -> list[Tensor]:
+        t = ours[0]
+        self._check(t)
+        first, second = t.split((self.heads * self.first, self.heads * self.second))
+        rest = tuple(t.shape[1:])
+        grouped = torch.cat([first.reshape(self.heads, self.first, *rest),
+                             second.reshape(self.heads, self.second, *rest)], dim=1)
+        return [grouped.reshape(t.shape).contiguous()]
+
+
+class RopeRows(Transform):
+    """``heads`` heads of ``passed`` + ``rotary`` rows each, the rotary rows of each head moved between the
+    interleaved-pair layout (foreign) and rotate-half (pentad); the passed rows unchanged."""
+
+    def __init__(self, heads: int, passed: int, rotary: int):
+        self.heads, self.passed, self.rotary = heads, passed, rotary
+
+    def _move(self, t: Tensor, convert: Any) -> Tensor:
+        if t.shape[0] != self.heads * (self.passed + self.rotary) or self.rotary % 2:
+            raise ValueError(f"{t.shape[0]} rows are not {self.heads} heads of {self.passed} + {self.rotary} "
+                             "(an even number of rotary rows)")
+        rest = tuple(t.shape[1:])
+        heads = t.reshape(self.heads, self.passed + self.rotary, *rest)
+        passed, rotary = heads.split((self.passed, self.rotary), dim=1)
+        rotary = convert(rotary.reshape(self.heads * self.rotary, *rest), self.heads)
+        return torch.cat([passed, rotary.reshape(self.heads, self.rotary, *rest)], dim=1).reshape(t.shape).contiguous()
+
+    def to_ours(self, theirs: list[Tensor]) -> tuple[list[Tensor], Tensor | None]:
+        return [self._move(theirs[0], _rotary_to_half)], None
+
+    def to_theirs(self, ours: list[Tensor], extra: Tensor | None) -> list[Tensor]:
+        return [self._move(ours[0], _rotary_to_interleaved)]
+
+
 class RowVector(Transform):
     """A foreign [1, N] tensor (BART's ``final_logits_bias`` buffer) <-> pentad's [N]."""
 
@@ -497,6 +555,11 @@ def get_transform(name: str) -> Transform:
         if base == "sinusoidal":
             return Sinusoidal(n[0], n[1], "tensor2tensor" if flags else "vaswani")
         return FuseQKV(n[0], n[1], meta=bool(flags))
+    if base in ("head_parts", "rope_rows"):
+        if len(params) != 3 or not all(p.isdigit() for p in params):
+            raise ValueError(f"transform {name!r}: {base} takes 3 counts")
+        a, b, c = (int(p) for p in params)
+        return HeadParts(a, b, c) if base == "head_parts" else RopeRows(a, b, c)
     if base == "gated_conv" and params in (["first"], ["conv"], ["bias"], ["extra"]):
         return GatedConvPair(params[0])
     table: dict[str, Transform] = {"copy": Copy(), "tied": Tied(), "shadow": Shadow(), "ignore": Ignore(),
@@ -506,6 +569,7 @@ def get_transform(name: str) -> Transform:
     if base not in table or params:
         raise ValueError(f"unknown key-map transform {name!r}; known: {', '.join(table)}, leading_rows:N, "
                          "leading_ones:N, rotate_rows:N, heads_qkv:A, fuse_qkv:A:K[:meta], sinusoidal:P:D[:t2t], "
+                         "head_parts:A:S:T, rope_rows:A:P:R, "
                          "gated_conv:first|conv|bias|extra")
     return table[base]
 

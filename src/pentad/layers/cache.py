@@ -5,7 +5,8 @@ step runs the layers on the new tokens only. Buffers grow by doubling (amortised
 no re-allocation every step); a static cache (:class:`StaticKVCache`) allocates buffers of the
 final length once and writes them in place at a position tensor, for compiled and CUDA-graph
 decoding. Cross-attention keys/values of an encoder-decoder model are computed
-once from the encoder output and kept beside them.
+once from the encoder output and kept beside them. Multi-head latent attention (DeepSeek-V2/V3)
+caches one latent row per position instead of keys and values (:meth:`LayerCache.append_latent`).
 """
 
 from __future__ import annotations
@@ -19,13 +20,30 @@ from torch import Tensor
 
 @dataclass
 class LayerCache:
-    """One layer's cache: self-attention k/v [B, kv_heads, T, D] and optional cross-attention k/v."""
+    """One layer's cache: self-attention k/v [B, kv_heads, T, D] and optional cross-attention k/v, or
+    (latent attention) one latent row per position [B, 1, T, D] in place of keys and values."""
 
     keys: Tensor | None = None
     values: Tensor | None = None
     length: int = 0
     cross_keys: Tensor | None = None
     cross_values: Tensor | None = None
+    latent: Tensor | None = None
+
+    def append_latent(self, x: Tensor) -> Tensor:
+        """Store the new positions' latent rows x [B, 1, q, D] (multi-head latent attention: the
+        compressed key/value and the rotary key, from which every head's keys and values follow);
+        return all cached rows [B, 1, length, D]."""
+        if self.keys is not None or self.values is not None:
+            raise ValueError("this layer's cache holds keys and values: a latent-attention layer cannot share it")
+        new = x.shape[2]
+        if self.latent is None:
+            self.latent = x.new_empty(x.shape[0], x.shape[1], max(16, new), x.shape[3])
+        elif self.length + new > self.latent.shape[2]:
+            self.latent = _grow(self.latent, max(2 * self.latent.shape[2], self.length + new), self.length)
+        self.latent[:, :, self.length:self.length + new] = x
+        self.length += new
+        return self.latent[:, :, :self.length]
 
     def append_values(self, v: Tensor) -> Tensor:
         """Store the new positions' values alone (a layer that reuses the previous layer's attention
@@ -68,10 +86,14 @@ class LayerCache:
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (beam search re-ranks hypotheses every step)."""
-        for name in ("keys", "values", "cross_keys", "cross_values"):
+        for name in CACHED:
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, value.index_select(0, index))
+
+
+CACHED = ("keys", "values", "cross_keys", "cross_values", "latent")
+"""The tensors a layer's cache may hold (each [B, heads, positions, D])."""
 
 
 def _grow(buffer: Tensor, capacity: int, used: int) -> Tensor:
@@ -115,7 +137,7 @@ class KVCache:
     def memory_bytes(self) -> int:
         total = 0
         for layer in self.layers:
-            for t in (layer.keys, layer.values, layer.cross_keys, layer.cross_values):
+            for t in (getattr(layer, name) for name in CACHED):
                 if isinstance(t, torch.Tensor):
                     total += t.numel() * t.element_size()
         return total
@@ -148,6 +170,15 @@ class StaticLayerCache(LayerCache):
         self.values.index_copy_(2, index, v)
         return self.keys, self.values
 
+    def append_latent(self, x: Tensor) -> Tensor:
+        """Write the new positions' latent rows x [B, 1, q, D] at ``position``..; return the whole buffer
+        [B, 1, capacity, D]."""
+        if self.latent is None:
+            self.latent = x.new_zeros(x.shape[0], x.shape[1], self.capacity, x.shape[3])
+            mark_static_address(self.latent)
+        self.latent.index_copy_(2, self.position + torch.arange(x.shape[2], device=x.device), x)
+        return self.latent
+
     def store_cross(self, k: Tensor, v: Tensor) -> None:
         """Keep the cross-attention keys/values, marked as static addresses: every later (compiled)
         step reads these very tensors, so CUDA graphs need not copy them into the graph on each replay."""
@@ -159,7 +190,7 @@ class StaticLayerCache(LayerCache):
         """Keep batch rows ``index``. The same number of rows (beam search re-ranking) is copied in
         place: the buffers keep their addresses (a compiled or captured step reads them). Another
         number (``expand``: copies of each prompt, before the first step) allocates new buffers."""
-        for name in ("keys", "values", "cross_keys", "cross_values"):
+        for name in CACHED:
             value = getattr(self, name)
             if value is None:
                 continue

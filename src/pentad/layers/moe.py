@@ -14,6 +14,21 @@ Routing (``routing``):
   rate it highest (c = ``capacity_factor``, default k), so a token gets zero to N experts. The
   choice compares tokens across the batch, so it suits encoders, not causal decoding.
 
+Scores (``scoring``): ``softmax`` over the N router logits, or ``sigmoid`` of each logit alone
+(DeepSeek-V3: each expert's affinity on its own; the k chosen are renormalised when ``normalize``, with
+1e-20 added to the sum). DeepSeek-V3's options (DeepSeek-AI 2024, section 2.1.2), each off by default:
+
+* ``choice_bias``: a per-expert bias (the buffer ``expert_bias`` [N], fp32, in the state dict and
+  checkpoints) added to the scores for choosing the k experts only; the gates are the unbiased scores.
+  With ``bias_update_rate`` g > 0 it is the auxiliary-loss-free load balancing: training forwards count
+  each expert's assignments (``expert_load``, not saved), and :meth:`MoE.update_choice_bias`, called after
+  every optimizer step (``training/trainer.py``'s ``ExpertBiasUpdate``, with the counts summed over ranks),
+  moves each bias by g towards balance (down by g for an expert above the mean load, up by g below it);
+* group-limited routing (``groups`` n, ``group_top_k`` m): the experts form n equal groups, each group scores
+  the sum of its two best (biased) scores, and a token chooses its k experts among the m best groups alone
+  (DeepSeek-V3 limits each token to 4 of 8 groups, i.e. nodes);
+* ``routed_scaling``: a factor on the routed experts' gates (2.5 in DeepSeek-V3).
+
 The router reads the layer's hidden states, or with ``router_input: word`` the stack's input (the
 token embeddings: HunYuan-NLP routes by the word vector, which keeps a token's expert stable across
 training). Router logits are computed in fp32 (Switch's selective precision). Shared experts (one
@@ -24,7 +39,9 @@ routed output; with ``shared_gate`` (Qwen-MoE) their output is first scaled per 
 Auxiliary losses (returned by :meth:`MoE.pop_aux`, already weighted): ``moe_balance``, the
 load-balancing loss ``N * sum_e f_e P_e`` (Switch, eq. 4), with f_e the fraction of token-expert
 assignments routed to e before capacity and P_e the mean router probability of e (1 when routing is
-uniform, whatever k; not used with expert choice, which is balanced by construction); ``moe_z``, the
+uniform, whatever k; not used with expert choice, which is balanced by construction; with sigmoid
+scores P_e is the mean of each token's scores divided by their sum, DeepSeek-V3's sequence-wise
+balance loss taken over the batch); ``moe_z``, the
 router z-loss ``mean(logsumexp(logits)^2)`` (ST-MoE, Zoph et al. 2022). Metric ``moe_dropped``: the
 fraction of assignments over capacity (expert choice: of tokens no expert took).
 
@@ -48,6 +65,7 @@ from pentad.layers.feed_forward import FeedForward
 
 Routing = Literal["top_k", "expert_choice"]
 RouterInput = Literal["hidden", "word"]
+Scoring = Literal["softmax", "sigmoid"]
 
 
 class Experts(nn.Module):
@@ -96,20 +114,38 @@ class MoE(Block):
 
     ``forward(x, padding_mask [B,S] | None, router_input [B,S,H] | None)``; the last two come from
     the stack (``routed``). Parameters: ``router.weight`` [N, H], ``experts.*``, ``shared.*``,
-    ``shared_gate.weight`` [1, H].
+    ``shared_gate.weight`` [1, H]; buffer ``expert_bias`` [N] with ``choice_bias``.
     """
 
     routed = True
     has_aux = True
+    expert_bias: Tensor | None  # buffers (register_buffer), declared for the type checker
+    expert_load: Tensor | None
 
     def __init__(self, hidden_size: int, ffn_size: int, num_experts: int, top_k: int = 2, *,
                  activation: str = "silu", bias: bool = False, gated: bool = True, routing: Routing = "top_k",
                  capacity_factor: float | None = None, normalize: bool = True, router_input: RouterInput = "hidden",
                  shared_ffn_size: int = 0, shared_gate: bool = False, balance_loss_weight: float = 0.01,
-                 z_loss_weight: float = 0.0):
+                 z_loss_weight: float = 0.0, scoring: Scoring = "softmax", choice_bias: bool = False,
+                 bias_update_rate: float = 0.0, groups: int = 1, group_top_k: int | None = None,
+                 routed_scaling: float = 1.0):
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k {top_k} must be between 1 and num_experts {num_experts}")
+        group_top_k = groups if group_top_k is None else group_top_k
+        if num_experts % groups or not 1 <= group_top_k <= groups or \
+                (groups > 1 and (num_experts // groups < 2 or top_k > group_top_k * (num_experts // groups))):
+            raise ValueError(f"{num_experts} experts in {groups} groups, {group_top_k} groups per token and top_k "
+                             f"{top_k}: the groups must be equal, of 2 experts or more, and hold the k chosen")
+        if bias_update_rate and not choice_bias:
+            raise ValueError("bias_update_rate updates the choice bias: it needs choice_bias")
+        if routing == "expert_choice" and (scoring != "softmax" or choice_bias or groups > 1):
+            raise ValueError("sigmoid scores, the choice bias and group-limited routing choose experts per token "
+                             "(routing top_k)")
+        self.scoring, self.groups, self.group_top_k = scoring, groups, group_top_k
+        self.routed_scaling, self.bias_update_rate = routed_scaling, bias_update_rate
+        self.register_buffer("expert_bias", torch.zeros(num_experts) if choice_bias else None)
+        self.register_buffer("expert_load", torch.zeros(num_experts) if bias_update_rate else None, persistent=False)
         self.num_experts, self.top_k, self.routing = num_experts, top_k, routing
         self.capacity_factor, self.normalize, self.router_input = capacity_factor, normalize, router_input
         self.balance_loss_weight, self.z_loss_weight = balance_loss_weight, z_loss_weight
@@ -139,6 +175,18 @@ class MoE(Block):
         aux, self._aux = self._aux, ({}, {})
         return aux
 
+    def update_choice_bias(self, load: Tensor | None = None) -> None:
+        """The auxiliary-loss-free balancing step: each expert's choice bias moves by ``bias_update_rate``
+        towards balance, down for an expert assigned more than the mean, up for one assigned fewer
+        (``load``: the assignments counted since the last update, summed over ranks; default this rank's
+        ``expert_load``), and the count starts again. Nothing moves when nothing was counted."""
+        if self.expert_load is None or self.expert_bias is None:
+            return
+        load = self.expert_load if load is None else load
+        with torch.no_grad():  # no count: mean - load is zero, and so is the step (no host sync to ask)
+            self.expert_bias.add_(self.bias_update_rate * torch.sign(load.mean() - load).to(self.expert_bias))
+            self.expert_load.zero_()
+
     def capacity(self, tokens: int) -> int | None:
         """Assignments one expert takes per forward of ``tokens`` tokens (None: unlimited)."""
         if self.routing == "expert_choice":
@@ -162,7 +210,7 @@ class MoE(Block):
             out = torch.zeros_like(x) + 0.0 * sum(p.sum() for p in self.parameters() if p.requires_grad)
             return out + self._shared(x) if self.shared is not None else out
         logits = F.linear(route.float(), self.router.weight.float())  # [T, N] in fp32
-        probs = logits.softmax(dim=-1)
+        probs = logits.softmax(dim=-1) if self.scoring == "softmax" else logits.sigmoid()
         if self.routing == "expert_choice":
             out, metrics = self._expert_choice(flat, probs)
             losses: dict[str, Tensor] = {}
@@ -184,17 +232,40 @@ class MoE(Block):
         shared = self.shared(x)
         return torch.sigmoid(self.shared_gate(x)) * shared if self.shared_gate is not None else shared
 
+    def choose(self, probs: Tensor) -> tuple[Tensor, Tensor]:
+        """Each token's k experts [T, k] and their gates [T, k] from its scores ``probs`` [T, N]: the k
+        best scores (plus the choice bias, among the best groups) choose, the unbiased scores gate, renormalised
+        when ``normalize``, times ``routed_scaling``."""
+        k = self.top_k
+        choice = probs if self.expert_bias is None else probs + self.expert_bias
+        if self.groups > 1:
+            grouped = choice.view(choice.shape[0], self.groups, -1)
+            best = grouped.topk(2, dim=-1).values.sum(dim=-1).topk(self.group_top_k, dim=-1).indices  # [T, m]
+            allowed = torch.zeros(grouped.shape[:2], dtype=torch.bool, device=probs.device).scatter_(1, best, True)
+            choice = grouped.masked_fill(~allowed[..., None], float("-inf")).view_as(choice)
+        if choice is probs:
+            top_p, top_e = probs.topk(k, dim=-1)
+        else:
+            top_e = choice.topk(k, dim=-1).indices
+            top_p = probs.gather(1, top_e)
+        if self.normalize:
+            total = top_p.sum(dim=-1, keepdim=True)
+            top_p = top_p / (total + 1e-20 if self.scoring == "sigmoid" else total)
+        return top_e, top_p * self.routed_scaling if self.routed_scaling != 1.0 else top_p
+
     def _top_k(self, x: Tensor, probs: Tensor) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
         tokens, k, n = x.shape[0], self.top_k, self.num_experts
-        top_p, top_e = probs.topk(k, dim=-1)  # [T, k]
-        gates = top_p / top_p.sum(dim=-1, keepdim=True) if self.normalize else top_p
+        top_e, gates = self.choose(probs)  # [T, k]
+        if self.expert_load is not None and self.training:
+            self.expert_load.add_(torch.bincount(top_e.reshape(-1), minlength=n).to(self.expert_load))
+        affinity = probs if self.scoring == "softmax" else probs / probs.sum(dim=-1, keepdim=True)
         # assignments in priority order: every token's first choice, then every second choice
         expert = top_e.t().reshape(-1)  # [k T]
         token = torch.arange(tokens, device=x.device).repeat(k)
         gate = gates.t().reshape(-1)
         onehot = F.one_hot(expert, n)  # [k T, N]
         fraction = onehot.float().mean(dim=0)  # f_e: share of assignments (before capacity), sums to 1
-        losses = {"moe_balance": self.balance_loss_weight * n * (fraction * probs.mean(dim=0)).sum()} \
+        losses = {"moe_balance": self.balance_loss_weight * n * (fraction * affinity.mean(dim=0)).sum()} \
             if self.balance_loss_weight else {}
         capacity = self.capacity(tokens)
         if capacity is not None:
@@ -207,10 +278,12 @@ class MoE(Block):
         order = expert.argsort(stable=True)
         expert, token, gate = expert[order], token[order], gate[order]
         counts = torch.bincount(expert, minlength=n).tolist()  # one host sync per layer: the split sizes
-        # every expert runs, an idle one on no rows: its parameters stay in the graph with zero gradients
-        # (ddp expects a gradient for every parameter)
+        # with gradients, every expert runs, an idle one on no rows: its parameters stay in the graph with zero
+        # gradients (ddp expects a gradient for every parameter); without, idle experts are skipped (decoding
+        # one token touches k of N)
+        everyone = torch.is_grad_enabled()
         routed = torch.cat([self.experts.one(chunk, e)
-                            for e, chunk in enumerate(x.index_select(0, token).split(counts))])
+                            for e, chunk in enumerate(x.index_select(0, token).split(counts)) if everyone or counts[e]])
         out = torch.zeros_like(x).index_add_(0, token, (routed * gate[:, None].to(routed.dtype)).to(x.dtype))
         return out, losses, {"moe_dropped": torch.tensor(dropped, device=x.device)}
 

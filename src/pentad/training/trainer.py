@@ -27,6 +27,7 @@ from torch import nn
 from pentad import files, layout
 from pentad.components.base import Batch, ModelOutput
 from pentad.errors import Diverged, Interrupted, RankFailure, UserError
+from pentad.layers.moe import MoE
 from pentad.model import aux_loss, total_loss
 from pentad.training import checkpoint as ckpt
 from pentad.training.adversarial import Adversary
@@ -259,6 +260,24 @@ class AdversarialTraining(Hook):
         return {"adv_loss": self.adversary.attack(loss_of, reduce)}
 
 
+class ExpertBiasUpdate(Hook):
+    """Auxiliary-loss-free load balancing (``moe.bias_update_rate``, DeepSeek-V3): after every optimizer step
+    each mixture of experts with a rate moves its choice bias from the assignments its training forwards
+    counted (:meth:`~pentad.layers.moe.MoE.update_choice_bias`), the counts summed over the ranks first (one
+    all-reduce for every layer together), so that every rank applies the same update. The trainer adds it
+    to its own hooks when the model has such a layer."""
+
+    def __init__(self, layers: list[MoE]):
+        self.layers = layers
+
+    def after_step(self, trainer: Trainer, done: bool) -> bool:
+        loads = trainer.dist.all_reduce(torch.cat([layer.expert_load for layer in self.layers
+                                                   if layer.expert_load is not None]))
+        for layer, load in zip(self.layers, loads.split([layer.num_experts for layer in self.layers])):
+            layer.update_choice_bias(load)
+        return False
+
+
 class SaveSchedule:
     """When the loop saves a checkpoint: every ``every`` steps (``train.save_every``), once ``minutes``
     (``train.save_minutes``) have passed since the last save or the start, and at the run's last step.
@@ -361,6 +380,9 @@ class Trainer:
             if self.dist.is_main:
                 print(adversary.describe(), file=sys.stderr)
             self.hooks.append(AdversarialTraining(adversary))
+        balancing = [m for m in model.modules() if isinstance(m, MoE) and m.expert_load is not None]
+        if balancing:
+            self.hooks.append(ExpertBiasUpdate(balancing))
         self.schedule = build_schedule(self.optimizer, cfg, total_steps)
         # the configured hyper-parameters of each group, re-applied over a loaded checkpoint's
         self._configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]

@@ -100,6 +100,14 @@ QWEN2_MOE: dict[str, Any] = {  # layers 0 and 2 sparse, 1 dense; biased qkv alon
                                  "first": 0, "shared_experts": 2, "shared_gate": True},
                          "ffn": "moe"},
 }
+DEEPSEEK_V3: dict[str, Any] = {  # latent attention; layer 0 dense, 1-2 DeepSeek mixtures (4 groups of 2, 2 per token)
+    **LLAMA, "encoder": {**LLAMA["encoder"], "num_layers": 3, "num_kv_heads": None, "ffn": "moe",
+                         "latent_attention": {"kv_lora_rank": 16, "q_lora_rank": 12, "qk_nope_head_dim": 8,
+                                              "qk_rope_head_dim": 4, "v_head_dim": 8},
+                         "moe": {"num_experts": 8, "top_k": 3, "expert_ffn_size": 16, "first": 1, "shared_experts": 1,
+                                 "balance_loss_weight": 0.0, "scoring": "sigmoid", "choice_bias": True, "groups": 4,
+                                 "group_top_k": 2, "routed_scaling": 2.5}},
+}
 BLOOM: dict[str, Any] = {
     "hidden_size": H, "vocab_size": 60, "max_seq_length": POSITIONS, "tie_word_embeddings": True,
     "embedding": {"parts": ["word"], "norm": True, "layer_norm_eps": 1e-5, "dropout": 0.0},
@@ -142,6 +150,7 @@ PENTAD_MODELS = [
     ("llama-tied", "llama", variant(LLAMA, tie_word_embeddings=True)),
     ("mixtral", "mixtral", MIXTRAL),
     ("qwen2_moe", "qwen2_moe", QWEN2_MOE),
+    ("deepseek_v3", "deepseek_v3", DEEPSEEK_V3),
     ("switch", "switch_transformers", SWITCH),
     ("bloom", "bloom", BLOOM),
 ]

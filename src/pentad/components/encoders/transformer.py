@@ -13,6 +13,7 @@ from pydantic import Field
 from torch import Tensor
 
 from pentad.components import positions as _positions  # noqa: F401  (registers the position schemes)
+from pentad.components.attention.latent import LatentAttentionConfig
 from pentad.components.attention.reuse import AttentionReuseConfig
 from pentad.components.base import Encoder
 from pentad.components.blocks import FFN_BLOCKS, MoEConfig, stack_parts
@@ -77,11 +78,23 @@ class TransformerStackConfig(StrictModel):
     attention_reuse: AttentionReuseConfig | None = Field(
         None, description="attention-weight reuse with stochastic recomputation: every k-th layer computes its "
         "attention probabilities, the layers between reuse them (docs/architecture.md); off when unset")
+    latent_attention: LatentAttentionConfig | None = Field(
+        None, description="multi-head latent attention (DeepSeek-V2/V3): low-rank queries and a shared key/value "
+        "latent with decoupled rotary keys, the latent cached (docs/architecture.md); off when unset")
+
+    def rotary_width(self, hidden_size: int) -> int:
+        """Rotated dimensions per query/key head: rotary_dim, or latent attention's qk_rope_head_dim, or
+        the whole head."""
+        if self.rotary_dim is not None:
+            return self.rotary_dim
+        if self.latent_attention is not None:
+            return self.latent_attention.qk_rope_head_dim
+        return self.head_size or hidden_size // self.num_heads
 
     def check(self, model) -> list[tuple[str, str]]:
         """Problems that need the model-level sizes: (sub-path, message)."""
         problems = []
-        if self.head_size is None and model.hidden_size % self.num_heads:
+        if self.head_size is None and model.hidden_size % self.num_heads and self.latent_attention is None:
             problems.append(("num_heads", f"hidden_size {model.hidden_size} is not divisible by num_heads "
                                           f"{self.num_heads} (each head gets hidden_size / num_heads dimensions; "
                                           "or set head_size)"))
@@ -90,8 +103,10 @@ class TransformerStackConfig(StrictModel):
                                              f"{self.num_kv_heads} (each key/value head serves a whole group of "
                                              "query heads)"))
         head = self.head_size or model.hidden_size // self.num_heads
-        rot = self.rotary_dim or head
-        if self.positions == "rotary" and (rot % 2 or rot > head):
+        rot = self.rotary_width(model.hidden_size)
+        if self.latent_attention is not None:
+            problems += self.latent_attention.problems(self)
+        elif self.positions == "rotary" and (rot % 2 or rot > head):
             problems.append(("rotary_dim", f"rotary needs an even number of dimensions <= head size {head}; "
                                            f"got {rot}"))
         if self.rotary_dim is not None and self.positions != "rotary":
@@ -149,6 +164,7 @@ class TransformerStackConfig(StrictModel):
         if moe.shared_gate and not moe.shared_experts:
             problems.append(("moe.shared_gate", "true, but shared_experts is 0: there is no shared expert to gate; "
                                                 "set shared_experts or drop shared_gate"))
+        problems += [(f"moe.{key}", message) for key, message in moe.routing_problems()]
         if moe.routing == "expert_choice" and self.causal():
             problems.append(("moe.routing", "expert_choice compares all tokens of a batch, so a position's output "
                                             "would depend on later positions; use top_k in a causal stack"))

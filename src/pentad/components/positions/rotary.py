@@ -1,6 +1,6 @@
 """``positions: rotary``: rotary embeddings (RoPE, Su et al. 2021) of ``rotary_dim`` dimensions per
-head (default all), base ``rotary_base``, scaled by the ``rope_scaling`` section when it is set
-(``components/positions/rope_scaling.py``)."""
+head (default all; latent attention's ``qk_rope_head_dim``), base ``rotary_base``, scaled by the
+``rope_scaling`` section when it is set (``components/positions/rope_scaling.py``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,5 @@ from pentad.registry import POSITION_SCHEMES
 class RotaryPositions:
     @staticmethod
     def build(cfg: Any, model: Any, mask: str) -> Rotary:
-        head_size = cfg.head_size or model.hidden_size // cfg.num_heads
         scaling = cfg.rope_scaling.resolved(model.max_seq_length) if cfg.rope_scaling is not None else None
-        return Rotary(cfg.rotary_dim or head_size, cfg.rotary_base, scaling)
+        return Rotary(cfg.rotary_width(model.hidden_size), cfg.rotary_base, scaling)

@@ -239,6 +239,11 @@ def mixture(model: Any) -> bool:
     return getattr(model.encoder, "ffn", None) == "moe"
 
 
+def latent_attention(model: Any) -> bool:
+    """Whether the encoder's attention is multi-head latent attention (DeepSeek-V2/V3)."""
+    return getattr(model.encoder, "latent_attention", None) is not None
+
+
 def shared_expert_gate(model: Any) -> bool:
     """Whether the encoder's mixture of experts scales a shared expert by a gate (Qwen2-MoE)."""
     moe = getattr(model.encoder, "moe", None)

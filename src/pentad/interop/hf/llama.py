@@ -36,6 +36,7 @@ from pentad.interop.hf import (
     export_fields,
     hinted_problems,
     import_fields,
+    latent_attention,
     merge_config,
     mixture,
     owned_keys,
@@ -305,7 +306,8 @@ class LlamaFamily(HFFamily):
     token_types = False
 
     def describes(self, model: Any) -> bool:
-        return text_kind(model) == "causal" and positions(model) == "rotary" and not mixture(model)
+        return text_kind(model) == "causal" and positions(model) == "rotary" and not mixture(model) \
+            and not latent_attention(model)
 
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"lm": "logits"} if architecture.endswith("ForCausalLM") else {}

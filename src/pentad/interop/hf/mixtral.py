@@ -31,6 +31,7 @@ from pentad.interop.hf import (
     activation_name,
     export_fields,
     hinted_problems,
+    latent_attention,
     merge_config,
     mixture,
     owned_keys,
@@ -103,7 +104,7 @@ class MixtralFamily(LlamaFamily):
 
     def describes(self, model: Any) -> bool:
         return text_kind(model) == "causal" and positions(model) == "rotary" and mixture(model) \
-            and not shared_expert_gate(model)
+            and not shared_expert_gate(model) and not latent_attention(model)
 
     def rules(self, *, prefix: str, num_layers: int, heads: int, kv_heads: int, experts: int,  # type: ignore[override]
               head: str, lm: str) -> list[Rule]:
