@@ -117,6 +117,7 @@ class Qwen2Family(LlamaFamily):
     attention_bias_key: str | None = None
     qk_norm: str | None = None  # where the family's per-head query/key norms go (pentad's qk_norm)
     qk_norm_names = ("q_norm", "k_norm")  # their HF names under self_attn
+    derives_head_dim = True  # config.json may leave head_dim out when it is hidden_size / heads
 
     def describes(self, model: Any) -> bool:
         return text_kind(model) == "causal" and positions(model) == "rotary" and not mixture(model) \
@@ -166,6 +167,10 @@ class Qwen2Family(LlamaFamily):
         scaling = rope_scaling(config, max_positions, seq_length(max_length, max_positions), head_dim, problems)
         return rope_theta(config), scaling
 
+    def rotary_export(self, model: Any, base: dict[str, Any]) -> dict[str, Any]:
+        """config.json's RoPE keys of a pentad model (``base``: the config.json it was imported from)."""
+        return rope_export(model.encoder, base)
+
     def plan_import(self, config: dict[str, Any], keys: dict[str, tuple[int, ...]], label: str,
                     max_length: int | None) -> ImportPlan:
         c = {**self.defaults, **config}
@@ -200,9 +205,9 @@ class Qwen2Family(LlamaFamily):
         """config.json's translated keys (before the imported config.json's other keys are merged in)."""
         config: dict[str, Any] = {"architectures": [self.architecture], "model_type": self.model_types[0],
                                   **export_fields(self.fields, model, hidden_act=act),
-                                  **rope_export(model.encoder, base)}
-        if "head_dim" not in base and config["head_dim"] * model.encoder.num_heads == model.hidden_size \
-                and self.defaults["head_dim"] is None:
+                                  **self.rotary_export(model, base)}
+        if self.derives_head_dim and "head_dim" not in base \
+                and config["head_dim"] * model.encoder.num_heads == model.hidden_size:
             del config["head_dim"]  # the config class derives it
         return config
 
