@@ -36,6 +36,28 @@ def qwen2(**over: Any) -> Any:
     return transformers.Qwen2Config(**{**COMMON, **over})
 
 
+def qwen3(**over: Any) -> Any:  # head_dim 16 where hidden / heads is 8
+    return transformers.Qwen3Config(**{**COMMON, "head_dim": 16, **over})
+
+
+def qwen3_moe(**over: Any) -> Any:
+    """Three layers, the middle one dense (mlp_only_layers)."""
+    return transformers.Qwen3MoeConfig(**{**COMMON, "num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
+                                          "moe_intermediate_size": 16, "mlp_only_layers": [1], **over})
+
+
+def hunyuan_dense(**over: Any) -> Any:
+    return transformers.HunYuanDenseV1Config(**{**COMMON, "head_dim": 8, **over})
+
+
+def hunyuan_moe(**over: Any) -> Any:
+    return transformers.HunYuanMoEV1Config(**{**COMMON, "head_dim": 8, "num_experts": 4, "moe_topk": 2,
+                                              "intermediate_size": 24, **over})
+
+
+ALPHA = {"rope_type": "dynamic", "alpha": 50.0, "factor": 1.0, "rope_theta": 10000.0}  # HunYuan's fixed NTK stretch
+
+
 # (id, HF class, config factory)
 CASES = [
     ("qwen2", "Qwen2ForCausalLM", qwen2),
@@ -43,12 +65,40 @@ CASES = [
      lambda: qwen2(tie_word_embeddings=True, num_key_value_heads=4, max_position_embeddings=32,
                    rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 2.0,
                                     "original_max_position_embeddings": 16})),
+    ("qwen3", "Qwen3ForCausalLM", qwen3),
+    ("qwen3-tied-linear", "Qwen3ForCausalLM",
+     lambda: qwen3(tie_word_embeddings=True, head_dim=8, rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                                          "rope_theta": 500.0})),
+    ("qwen3_moe", "Qwen3MoeForCausalLM", qwen3_moe),
+    ("qwen3_moe-normalized-step2-tied", "Qwen3MoeForCausalLM",
+     lambda: qwen3_moe(norm_topk_prob=True, decoder_sparse_step=2, mlp_only_layers=[], num_hidden_layers=4,
+                       tie_word_embeddings=True, head_dim=16)),
+    ("hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM", hunyuan_dense),
+    ("hunyuan_v1_dense-alpha-tied", "HunYuanDenseV1ForCausalLM",
+     lambda: hunyuan_dense(rope_parameters=ALPHA, tie_word_embeddings=True, head_dim=16)),
+    ("hunyuan_v1_moe", "HunYuanMoEV1ForCausalLM", hunyuan_moe),
+    ("hunyuan_v1_moe-alpha-tied-top1", "HunYuanMoEV1ForCausalLM",
+     lambda: hunyuan_moe(rope_parameters=ALPHA, tie_word_embeddings=True, moe_topk=1)),
 ]
 IDS = [c[0] for c in CASES]
 # what generation runs on: one config per family, with the ids generate needs
-GENERATION = {"qwen2": ("Qwen2ForCausalLM", lambda: qwen2(bos_token_id=1, eos_token_id=2, pad_token_id=0))}
+IDS_ = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+GENERATION = {"qwen2": ("Qwen2ForCausalLM", lambda: qwen2(**IDS_)),
+              "qwen3": ("Qwen3ForCausalLM", lambda: qwen3(**IDS_)),
+              "qwen3_moe": ("Qwen3MoeForCausalLM", lambda: qwen3_moe(**IDS_)),
+              "hunyuan_v1_dense": ("HunYuanDenseV1ForCausalLM", lambda: hunyuan_dense(rope_parameters=ALPHA, **IDS_)),
+              "hunyuan_v1_moe": ("HunYuanMoEV1ForCausalLM", lambda: hunyuan_moe(**IDS_))}
 # a pentad model of each family, for the export of a model made in pentad
-PENTAD = {"qwen2": {**LLAMA, "encoder": {**LLAMA["encoder"], "qkv_bias": True}}}
+_ENC = LLAMA["encoder"]
+PENTAD = {"qwen2": {**LLAMA, "encoder": {**_ENC, "qkv_bias": True}},
+          "qwen3": {**LLAMA, "encoder": {**_ENC, "qk_norm": "before_rotary", "head_size": 16}},
+          "qwen3_moe": {**LLAMA, "encoder": {**_ENC, "qk_norm": "before_rotary", "num_layers": 3, "ffn": "moe",
+                                             "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_size": 16,
+                                                     "every": 2, "first": 0, "normalize": False}}},
+          "hunyuan_v1_dense": {**LLAMA, "encoder": {**_ENC, "qk_norm": "after_rotary"}},
+          "hunyuan_v1_moe": {**LLAMA, "encoder": {**_ENC, "qk_norm": "after_rotary", "ffn": "moe",
+                                                  "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_size": 16,
+                                                          "shared_experts": 1}}}}
 
 
 def perturb(model: torch.nn.Module, scale: float, seed: int = 1) -> None:
@@ -183,7 +233,19 @@ def edited(tmp_path, class_name: str, make_config, **changes: Any):
     ("qwen2", "Qwen2ForCausalLM", qwen2, {"architectures": ["Qwen2ForSequenceClassification"]},
      "architecture Qwen2ForSequenceClassification"),
     ("qwen2", "Qwen2ForCausalLM", qwen2, {"rope_parameters": {"rope_type": "su", "rope_theta": 1.0}}, "rope_type 'su'"),
-], ids=["qwen2-sliding", "qwen2-head", "qwen2-rope"])
+    ("qwen3", "Qwen3ForCausalLM", qwen3, {"attention_bias": True}, "attention_bias true"),
+    ("qwen3", "Qwen3ForCausalLM", qwen3, {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0,
+                                          "layer_types": None}, r"on layers \[0, 1\]"),
+    ("qwen3_moe", "Qwen3MoeForCausalLM", qwen3_moe, {"use_sliding_window": True, "sliding_window": 8},
+     "use_sliding_window with sliding_window 8"),
+    ("qwen3_moe", "Qwen3MoeForCausalLM", qwen3_moe, {"mlp_only_layers": [0, 1, 2]}, "no sparse layer"),
+    ("qwen3_moe", "Qwen3MoeForCausalLM", qwen3_moe, {"mlp_only_layers": [2], "decoder_sparse_step": 1},
+     r"sparse layers \[0, 1\] .*cannot express"),
+    ("hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM", hunyuan_dense, {"attention_bias": True}, "attention_bias true"),
+    ("hunyuan_v1_moe", "HunYuanMoEV1ForCausalLM", hunyuan_moe, {"moe_topk": [2, 1]}, r"moe_topk \[2, 1\]"),
+    ("hunyuan_v1_moe", "HunYuanMoEV1ForCausalLM", hunyuan_moe, {"head_dim": None}, "head_dim null"),
+], ids=["qwen2-sliding", "qwen2-head", "qwen2-rope", "qwen3-bias", "qwen3-sliding", "qwen3_moe-sliding",
+        "qwen3_moe-dense", "qwen3_moe-gap", "hunyuan-dense-bias", "hunyuan-moe-topk-list", "hunyuan-moe-head-dim"])
 def test_options_the_family_cannot_hold_are_refused(tmp_path, family, class_name, make_config, changes, message):
     directory = edited(tmp_path, class_name, make_config, **changes)
     with pytest.raises(UserError, match=f"cannot convert .*\\({family}\\).*{message}"):
@@ -198,3 +260,28 @@ def test_a_llama_without_biases_is_not_qwen2(tmp_path):
     assert convert("pentad-to-hf", tmp_path / "run", tmp_path / "hf").family == "llama"
     with pytest.raises(UserError, match=r"as qwen2: .*qkv_bias is None where qwen2 has True"):
         convert("pentad-to-hf", tmp_path / "run", tmp_path / "q", family="qwen2")
+
+
+@pytest.mark.parametrize("class_name, make_config", [("Qwen3ForCausalLM", qwen3),
+                                                     ("HunYuanDenseV1ForCausalLM", hunyuan_dense)])
+def test_the_query_key_norm_order_matters(tmp_path, class_name, make_config):
+    """Qwen3 normalises before the rotation, HunYuan after: the converted model with the other order differs."""
+    hf = save_hf(tmp_path / "hf", class_name, make_config, scale=0.3)
+    convert("hf-to-pentad", tmp_path / "hf", tmp_path / "pentad")
+    ours, _, _ = load_model(tmp_path / "pentad")
+    tokens = torch.randint(1, VOCAB, (2, 16), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        reference = hf(tokens).logits
+        logits = ours.targets["lm"](ours.encode(Batch(tokens=tokens))[0], Batch(tokens=tokens)).logits
+        assert relative(logits, reference) <= TOL
+        for layer in ours.encoder.layers:
+            layer.attention.after_rotary = not layer.attention.after_rotary
+        flipped = ours.targets["lm"](ours.encode(Batch(tokens=tokens))[0], Batch(tokens=tokens)).logits
+    assert relative(flipped, reference) > 1e-3
+
+
+def test_a_query_key_norm_model_is_refused_by_families_without_them(tmp_path):
+    make_run(tmp_path / "run", PENTAD["qwen3"])
+    for family in ("llama", "qwen2", "hunyuan_v1_dense"):
+        with pytest.raises(UserError, match=f"as {family}: .*qk_norm is 'before_rotary' where {family} has "):
+            convert("pentad-to-hf", tmp_path / "run", tmp_path / family, family=family)

@@ -27,7 +27,10 @@ from pentad.training import checkpoint as ckpt
 # fields left unset (None) stay unset so the recipe keeps its modules.
 SHRINK = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "head_size": 8,
           "ffn_size": 48, "max_positions": 160, "relative_buckets": 8, "relative_max_distance": 16,
-          "embedding_size": 16, "max_seq_length": 160, "image_size": 32, "patch_size": 8}
+          "embedding_size": 16, "max_seq_length": 160, "image_size": 32, "patch_size": 8, "expert_ffn_size": 16}
+# a mixture of experts keeps at most this many experts and choices per token (Qwen3-MoE's 128 top-8 would
+# make the shrunken model wide again)
+MOE_SHRINK = {"num_experts": 8, "top_k": 2}
 
 
 @cache
@@ -46,6 +49,8 @@ def _shrink(value, vocab: int):
                 out[key] = 16
             elif key in SHRINK and item is not None:
                 out[key] = SHRINK[key]
+            elif key in MOE_SHRINK and "num_experts" in value:
+                out[key] = min(item, MOE_SHRINK[key])
             elif key in ("vocab_size", "target_vocab_size") and item is not None:
                 out[key] = vocab
             else:
