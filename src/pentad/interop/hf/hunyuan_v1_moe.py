@@ -109,7 +109,6 @@ class HunYuanMoeFamily(LlamaFamily):
     layout = KeyLayout(contains=(".mlp.gate.wg.",), rank=40)
     tokenizer_kind = "tokenizer_json"
     tokenizer_class = "PreTrainedTokenizerFast"
-    spm_files = ()
     default_special_tokens: dict[str, str] = {}
 
     def describes(self, model: Any) -> bool:

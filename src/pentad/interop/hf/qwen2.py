@@ -105,7 +105,6 @@ class Qwen2Family(LlamaFamily):
     layout = KeyLayout(contains=(".self_attn.q_proj.bias",), also=(".mlp.gate_proj.",), rank=90)
     tokenizer_kind = "tokenizer_json"  # byte-level BPE with Qwen's own pre-tokenizer: the file as it is
     tokenizer_class = "Qwen2Tokenizer"
-    spm_files = ()
     default_special_tokens = {"eos": "<|endoftext|>", "pad": "<|endoftext|>"}
 
     architecture = "Qwen2ForCausalLM"
@@ -222,6 +221,7 @@ class Qwen2Family(LlamaFamily):
             problems.append(f"activation '{enc.activation}' has no HF name")
         if problems:
             raise UserError(f"cannot export {label} as {self.name}: " + "; ".join(problems) + ".")
+        assert act is not None
         config = self.export_config(model, base, act)
         if "max_position_embeddings" in base and int(base["max_position_embeddings"]) >= model.max_seq_length:
             config["max_position_embeddings"] = base["max_position_embeddings"]

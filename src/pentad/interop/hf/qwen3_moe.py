@@ -108,7 +108,6 @@ class Qwen3MoeFamily(LlamaFamily):
     layout = KeyLayout(contains=(".self_attn.q_norm.",), also=(".mlp.experts.",), rank=40)
     tokenizer_kind = "tokenizer_json"  # byte-level BPE with Qwen's own pre-tokenizer: the file as it is
     tokenizer_class = "Qwen2Tokenizer"
-    spm_files = ()
     default_special_tokens = {"eos": "<|endoftext|>", "pad": "<|endoftext|>"}
 
     def describes(self, model: Any) -> bool:
