@@ -31,6 +31,9 @@ SHRINK = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
           "expert_ffn_size": 16, "first": 1, "kv_lora_rank": 16, "q_lora_rank": 12, "qk_nope_head_dim": 8,
           "qk_rope_head_dim": 4, "v_head_dim": 8}
 MAX_EXPERTS = 16  # more experts (DeepSeek-V3's 256) shrink to this many, their groups kept
+# a mixture of experts keeps at most this many experts and choices per token (Qwen3-MoE's 128 top-8 would
+# make the shrunken model wide again)
+MOE_SHRINK = {"num_experts": 8, "top_k": 2}
 
 
 @cache
@@ -51,6 +54,8 @@ def _shrink(value, vocab: int):
                 out[key] = MAX_EXPERTS
             elif key in SHRINK and item is not None:
                 out[key] = SHRINK[key]
+            elif key in MOE_SHRINK and "num_experts" in value:
+                out[key] = min(item, MOE_SHRINK[key])
             elif key in ("vocab_size", "target_vocab_size") and item is not None:
                 out[key] = vocab
             else:
