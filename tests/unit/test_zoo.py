@@ -27,7 +27,7 @@ from pentad.training import checkpoint as ckpt
 # fields left unset (None) stay unset so the recipe keeps its modules.
 SHRINK = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "head_size": 8,
           "ffn_size": 48, "max_positions": 160, "relative_buckets": 8, "relative_max_distance": 16,
-          "embedding_size": 16, "max_seq_length": 160, "image_size": 32, "patch_size": 8}
+          "embedding_size": 16, "max_seq_length": 160, "image_size": 32, "patch_size": 8, "sliding_window": 4}
 
 
 @cache

@@ -38,6 +38,7 @@ def stack_parts(cfg: Any, model: Any, mask: str, cross_attention: bool = False) 
 
     def layer(index: int) -> TransformerLayer:
         self_attention = attention(index)
+        self_attention.window = cfg.layer_window(index)  # declared on the block; the stack reads it
         cross_block = cross(index) if cross is not None else None
         return TransformerLayer(self_attention, ffn(index), norm, norm_position=cfg.norm_position, dropout=cfg.dropout,
                                 cross_attention=cross_block,

@@ -147,12 +147,15 @@ class Attention(Block):
 
     Declared: ``cross`` (attends to a memory), ``residual`` (hands its raw scores on), ``reuse``
     (may take the previous layer's probabilities), ``leading_queries`` (works with
-    :class:`LeadingQueries`).
+    :class:`LeadingQueries`), ``window`` (the sliding window of a local layer's self-attention, None
+    for a global one: set when the stack is assembled, read by the stack, which gives the layer that
+    window's mask, rotary tables and rolling cache).
     """
 
     cross: ClassVar[bool] = False
     residual: ClassVar[bool] = False
     reuse: ClassVar[bool] = False
+    window: int | None = None
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
                  head_size: int | None = None, dropout: float = 0.0, bias: bool = True, scale: bool = True,

@@ -1,6 +1,7 @@
 """``positions: rotary``: rotary embeddings (RoPE, Su et al. 2021) of ``rotary_dim`` dimensions per
 head (default all), base ``rotary_base``, scaled by the ``rope_scaling`` section when it is set
-(``components/positions/rope_scaling.py``)."""
+(``components/positions/rope_scaling.py``); the local (sliding-window) layers at ``rotary_local_base``
+unscaled when it is set."""
 
 from __future__ import annotations
 
@@ -16,4 +17,4 @@ class RotaryPositions:
     def build(cfg: Any, model: Any, mask: str) -> Rotary:
         head_size = cfg.head_size or model.hidden_size // cfg.num_heads
         scaling = cfg.rope_scaling.resolved(model.max_seq_length) if cfg.rope_scaling is not None else None
-        return Rotary(cfg.rotary_dim or head_size, cfg.rotary_base, scaling)
+        return Rotary(cfg.rotary_dim or head_size, cfg.rotary_base, scaling, cfg.rotary_local_base)
