@@ -53,6 +53,10 @@ def _hf_config(family: str) -> Any:
         return t.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                              bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    if family == "mistral":  # a window of 8: longer than every prompt, shorter than prompt + new tokens
+        return t.MistralConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                               sliding_window=8, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if family == "mixtral":
         return t.MixtralConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
@@ -85,11 +89,13 @@ def _hf_config(family: str) -> Any:
 
 
 HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM",
+              "mistral": "MistralForCausalLM",
               "qwen2_moe": "Qwen2MoeForCausalLM",
               "bloom": "BloomForCausalLM",
               "t5": "T5ForConditionalGeneration", "bart": "BartForConditionalGeneration",
               "switch_transformers": "SwitchTransformersForConditionalGeneration"}
-SCALES = {"gpt2": 0.3, "llama": 0.3, "mixtral": 0.3, "bloom": 1.0, "t5": 1.0, "bart": 0.3,  # picked by trying a few
+SCALES = {"gpt2": 0.3, "llama": 0.3, "mistral": 0.3, "mixtral": 0.3,  # picked by trying a few
+          "bloom": 1.0, "t5": 1.0, "bart": 0.3,
           "switch_transformers": 1.0, "qwen2_moe": 0.3}
 
 
@@ -129,8 +135,8 @@ class Pair:
         return ours, new, theirs
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama", "mixtral", "qwen2_moe", "t5", "switch_transformers", "bart",
-                                        "bloom"])
+@pytest.fixture(scope="module", params=["gpt2", "llama", "mistral", "mixtral", "qwen2_moe", "t5", "switch_transformers",
+                                        "bart", "bloom"])
 def pair(request, tmp_path_factory) -> Pair:
     return Pair(request.param, tmp_path_factory.mktemp(request.param))
 

@@ -275,7 +275,7 @@ def _hf_to_pentad(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
                                            synthesize=plan.synthesized)
     except UserError as e:
         guessed = guess_layout(state)
-        if guessed is None or guessed == family.name:
+        if guessed is None or family_for(None, guessed, label).layout == family.layout:  # the same tensor names
             raise
         raise UserError(f"{e} The tensors look like a {guessed} checkpoint while {label} says "
                         f"'{config.get('model_type')}': are config.json and the weights from the same model?") from None

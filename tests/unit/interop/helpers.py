@@ -90,6 +90,7 @@ LLAMA: dict[str, Any] = {
                 "layer_norm_eps": 1e-6, "positions": "rotary", "rotary_base": 10000.0},
     "targets": [{"type": "lm"}],
 }
+MISTRAL: dict[str, Any] = {**LLAMA, "encoder": {**LLAMA["encoder"], "sliding_window": 5}}
 MIXTRAL: dict[str, Any] = {
     **LLAMA, "encoder": {**LLAMA["encoder"], "ffn": "moe", "layer_norm_eps": 1e-5,
                          "moe": {"num_experts": 4, "top_k": 2, "balance_loss_weight": 0.02}},
@@ -140,7 +141,9 @@ PENTAD_MODELS = [
     ("pegasus", "pegasus", PEGASUS),
     ("llama", "llama", LLAMA),
     ("llama-tied", "llama", variant(LLAMA, tie_word_embeddings=True)),
+    ("mistral", "mistral", MISTRAL),
     ("mixtral", "mixtral", MIXTRAL),
+    ("mixtral-window", "mixtral", variant(MIXTRAL, encoder={**MIXTRAL["encoder"], "sliding_window": 5})),
     ("qwen2_moe", "qwen2_moe", QWEN2_MOE),
     ("switch", "switch_transformers", SWITCH),
     ("bloom", "bloom", BLOOM),

@@ -92,7 +92,11 @@ def test_guessed_family_and_layout_of_each_exported_model(family, model):
     plan = chosen.plan_export(cfg, label="test", model_type=family, base_config=None, omittable=set(), pad_id=0,
                               eos_id=None, labels=None)
     keys = {name for rule in plan.rules for name in rule.theirs}
-    assert guess_layout(keys) == (chosen.name if chosen.layout is not None else None)
+    guessed = guess_layout(keys)
+    if chosen.layout is None:
+        assert guessed is None
+    else:  # this family's, or the first of the families with the same tensor names (mistral: llama's)
+        assert guessed == chosen.name or families()[guessed].layout == chosen.layout
 
 
 def test_key_layout_needs_a_mark_and_every_also():

@@ -43,6 +43,7 @@ from pentad.interop.hf import (
     seq_length,
     stack_problems,
     text_kind,
+    windowed,
 )
 from pentad.interop.keymap import Rule, RuleSpec, expand
 
@@ -305,7 +306,8 @@ class LlamaFamily(HFFamily):
     token_types = False
 
     def describes(self, model: Any) -> bool:
-        return text_kind(model) == "causal" and positions(model) == "rotary" and not mixture(model)
+        return text_kind(model) == "causal" and positions(model) == "rotary" and not mixture(model) \
+            and windowed(model) == "none"
 
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"lm": "logits"} if architecture.endswith("ForCausalLM") else {}

@@ -1,0 +1,51 @@
+"""Sliding windows in the Hugging Face families without ``transformers``: Mistral's and Mixtral's
+``sliding_window`` both ways; what a family cannot express is refused by name (a bad window, local and
+global layers to Mistral, any window to LLaMA). Numerical parity is in
+tests/parity/test_conversion_families.py and tests/parity/test_generation_hf.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from pentad.components.model_config import model_config_class
+from pentad.errors import UserError
+from pentad.interop.hf.families import families, guess_family
+
+from .helpers import LLAMA, MISTRAL, MIXTRAL, variant
+
+MISTRAL_JSON = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": 60, "hidden_size": 32,
+                "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "max_position_embeddings": 64}
+
+
+def export(family: str, model: dict) -> dict:
+    cfg = model_config_class().model_validate(model)
+    return families()[family].plan_export(cfg, label="run", model_type=family, base_config=None, omittable=set(),
+                                          pad_id=0, eos_id=None, labels=None).config
+
+
+def test_mistral_window_both_ways():
+    plan = families()["mistral"].plan_import({**MISTRAL_JSON, "sliding_window": 7}, {}, "config.json", None)
+    assert plan.model["encoder"]["sliding_window"] == 7
+    default = families()["mistral"].plan_import(MISTRAL_JSON, {}, "config.json", None)  # MistralConfig: 4096
+    assert default.model["encoder"]["sliding_window"] == 4096
+    unwindowed = families()["mistral"].plan_import({**MISTRAL_JSON, "sliding_window": None}, {}, "config.json", None)
+    assert "sliding_window" not in unwindowed.model["encoder"]
+    assert export("mistral", MISTRAL)["sliding_window"] == 5
+    assert export("mixtral", variant(MIXTRAL, encoder={**MIXTRAL["encoder"], "sliding_window": 6}))["sliding_window"] == 6
+    assert export("mixtral", MIXTRAL)["sliding_window"] is None
+    assert guess_family(model_config_class().model_validate(MISTRAL)) == "mistral"
+    assert guess_family(model_config_class().model_validate(LLAMA)) == "llama"
+
+
+def test_what_a_family_cannot_express_is_refused_by_name():
+    with pytest.raises(UserError, match="sliding_window 'x'"):
+        families()["mistral"].plan_import({**MISTRAL_JSON, "sliding_window": "x"}, {}, "config.json", None)
+    alternating = variant(MISTRAL, encoder={**MISTRAL["encoder"], "window_pattern": ["local", "global"]})
+    with pytest.raises(UserError, match="window_pattern"):
+        export("mistral", alternating)
+    with pytest.raises(UserError, match="sliding_window is 5 where llama has None"):
+        export("llama", MISTRAL)
+    local_base = variant(MISTRAL, encoder={**MISTRAL["encoder"], "rotary_local_base": 100.0})
+    with pytest.raises(UserError, match="rotary_local_base"):
+        export("mistral", local_base)
