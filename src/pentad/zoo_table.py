@@ -45,7 +45,9 @@ def _stack(cfg: Any, hidden: int) -> str:
     if cfg.share_layers:
         bits.append("shared layer")
     if not cfg.bias:
-        bits.append("no bias")
+        bits.append("no bias" + (" but qkv" if cfg.qkv_bias else ""))
+    if getattr(cfg, "qk_norm", None):
+        bits.append(f"qk-norm {cfg.qk_norm.replace('_', ' ')}")
     return "transformer " + ", ".join(bits)
 
 

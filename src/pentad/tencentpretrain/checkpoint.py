@@ -873,6 +873,8 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
     for slot, stack in (("encoder", enc), ("decoder", dec)):
         if getattr(stack, "attention_reuse", None) is not None:
             problems.append(f"model.{slot}.attention_reuse (TencentPretrain has no attention-weight reuse)")
+        if getattr(stack, "qk_norm", None) is not None:
+            problems.append(f"model.{slot}.qk_norm {stack.qk_norm} (TencentPretrain has no query/key norms)")
     positions = {p.type: p for p in model.embedding.parts}
     size = model.max_seq_length
     if "pos" in positions and positions["pos"].max_positions:

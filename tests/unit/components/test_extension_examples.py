@@ -64,11 +64,15 @@ def test_a_new_position_scheme_is_one_file(monkeypatch):
 
 
 def test_a_new_attention_variant_is_one_file(monkeypatch):
-    example = _run("src/pentad/components/attention/qk_norm.py", monkeypatch, "attention blocks")
+    """The documented file is the real one (docs/architecture.md shows qk_norm.py without its docstring)."""
+    path = "src/pentad/components/attention/qk_norm.py"
+    real = (DOC.parents[1] / path).read_text()
+    assert _example(path).split("\n", 1)[1].strip() == real[real.index('"""', 3) + 3:].strip()
+    example = _run(path, monkeypatch, "attention blocks")
     block = example["registered"].get("qk_norm")
-    cfg = type("Cfg", (), {"qk_norm": True, "dropout": 0.0, "attention_dropout": None, "num_heads": 2,
+    cfg = type("Cfg", (), {"qk_norm": "before_rotary", "dropout": 0.0, "attention_dropout": None, "num_heads": 2,
                            "num_kv_heads": None, "head_size": None, "bias": True, "attention_scale": True,
-                           "qkv_bias": None})()
+                           "qkv_bias": None, "norm": "rmsnorm", "layer_norm_eps": 1e-6})()
     assert block.applies(cfg)
     attention = block.factory(cfg, type("Sizes", (), {"hidden_size": 16})())(0)
     assert {name for name, _ in attention.named_parameters()} >= {"q_norm.weight", "k_norm.weight", "qkv.weight"}

@@ -13,7 +13,7 @@ from pentad.components.model_config import model_config_class
 from pentad.config.loader import zoo_names
 from pentad.interop import hf
 from pentad.interop.hf import HFFamily, KeyLayout
-from pentad.interop.hf.families import families, family_names, guess_family, guess_layout, registered
+from pentad.interop.hf.families import describing, families, family_names, guess_family, guess_layout, registered
 
 from .helpers import PENTAD_MODELS
 
@@ -79,8 +79,14 @@ def _zoo_models():
 
 def test_one_family_describes_every_zoo_model():
     for name, model in _zoo_models():
-        found = [f.name for f in registered().values() if f.describes(model)]
+        found = describing(model)
         assert len(found) == 1, (name, found)
+
+
+def test_a_narrowing_family_narrows_registered_families():
+    names = {f.name for f in registered().values()}
+    for family in registered().values():
+        assert set(family.narrows) <= names - {family.name}, family.name
 
 
 @pytest.mark.parametrize("family, model", [(f, m) for _, f, m in PENTAD_MODELS], ids=[i for i, _, _ in PENTAD_MODELS])

@@ -32,7 +32,8 @@ def test_mistral_window_both_ways():
     unwindowed = families()["mistral"].plan_import({**MISTRAL_JSON, "sliding_window": None}, {}, "config.json", None)
     assert "sliding_window" not in unwindowed.model["encoder"]
     assert export("mistral", MISTRAL)["sliding_window"] == 5
-    assert export("mixtral", variant(MIXTRAL, encoder={**MIXTRAL["encoder"], "sliding_window": 6}))["sliding_window"] == 6
+    windowed = variant(MIXTRAL, encoder={**MIXTRAL["encoder"], "sliding_window": 6})
+    assert export("mixtral", windowed)["sliding_window"] == 6
     assert export("mixtral", MIXTRAL)["sliding_window"] is None
     assert guess_family(model_config_class().model_validate(MISTRAL)) == "mistral"
     assert guess_family(model_config_class().model_validate(LLAMA)) == "llama"

@@ -13,6 +13,7 @@ from pydantic import Field
 from torch import Tensor
 
 from pentad.components import positions as _positions  # noqa: F401  (registers the position schemes)
+from pentad.components.attention.qk_norm import QKNormOrder
 from pentad.components.attention.reuse import AttentionReuseConfig
 from pentad.components.base import Encoder
 from pentad.components.blocks import FFN_BLOCKS, MoEConfig, stack_parts
@@ -62,6 +63,9 @@ class TransformerStackConfig(StrictModel):
                                   "bias (Qwen2: true with bias false)")
     layer_norm_eps: float = Field(1e-12, gt=0.0)
     attention_scale: bool = Field(True, description="scale scores by 1/sqrt(head_size) (off for T5)")
+    qk_norm: QKNormOrder | None = Field(
+        None, description="a norm of the stack's kind (norm, layer_norm_eps) on every query and key head, "
+        "before_rotary (Qwen3, Gemma 3) or after_rotary (HunYuan); off when unset")
     positions: PositionKind = Field(
         "none", description="position signal inside attention (components/positions): rotary (RoPE), relative "
         "(T5 bucketed bias), alibi; learned/sinusoidal absolute positions are embedding parts instead")
@@ -115,6 +119,10 @@ class TransformerStackConfig(StrictModel):
                 problems += self.rope_scaling.problems(rot)
         problems += self._moe_problems()
         problems += self._reuse_problems()
+        if self.qk_norm is not None and (self.residual_attention or self.attention_reuse is not None):
+            other = "residual_attention" if self.residual_attention else "attention_reuse"
+            problems.append(("qk_norm", f"set with {other}: the query/key norms are a self-attention variant of their "
+                                        f"own, which {other} would replace; unset one of them"))
         problems += self._window_problems()
         return problems
 

@@ -111,6 +111,9 @@ class HFFamily:
     tokenizer_class: str = ""
     tokenizer_classes: dict[str, str] = {}  # model_type -> class, where it differs from tokenizer_class
     default_special_tokens: dict[str, str] = {}
+    # families whose describes() this family's narrows: a model both accept is this family's (Qwen2 narrows
+    # LLaMA), so a new family leaves the broader one's conditions as they are
+    narrows: tuple[str, ...] = ()
     # SentencePiece tokenizers: the file names HF uses, and how HF numbers the model's pieces
     # ("plain": as they are; "fairseq": XLM-R's shifted ids; "t5": sentinels appended; "pegasus":
     # 103 special ids in front, see pentad.interop.spm).
@@ -155,8 +158,9 @@ class HFFamily:
 
     def describes(self, model: Any) -> bool:  # pragma: no cover - abstract
         """Whether a pentad ``ModelConfig`` is of this family, for ``pentad-to-hf`` without ``--family``
-        and a run that was not imported from HF. Exactly one family describes any model (the shared
-        traits below keep the families' conditions apart)."""
+        and a run that was not imported from HF. Exactly one family describes any model once the
+        families it ``narrows`` are set aside (the shared traits below keep the other conditions
+        apart; :func:`~pentad.interop.hf.families.describing`)."""
         raise NotImplementedError
 
     def plan_import(self, config: dict[str, Any], keys: dict[str, tuple[int, ...]], label: str,
@@ -380,7 +384,8 @@ def stack_problems(stack: Any, path: str, family: str, hidden_size: int, *, grou
     """
     want: dict[str, Any] = {"norm": "layernorm", "ffn": "dense", "attention_scale": True, "positions": "none",
                             "share_layers": False, "residual_attention": False, "attention_reuse": None,
-                            "sliding_window": None, "window_pattern": None, "rotary_local_base": None}
+                            "sliding_window": None, "window_pattern": None, "rotary_local_base": None,
+                            "qk_norm": None}
     want.update(expected)
     problems = []
     for key, value in want.items():

@@ -5,8 +5,9 @@ family; adding one is adding its module, nothing else. Detection and dispatch as
 :func:`family_for` (``model_type`` of config.json, or ``--family``), :func:`guess_layout` (the
 family whose :class:`~pentad.interop.hf.KeyLayout` a checkpoint's tensor names have) and
 :func:`guess_family` (the family whose :meth:`~pentad.interop.hf.HFFamily.describes` accepts a
-pentad model). Kept apart from the package's shared helpers (``pentad.interop.hf``), which every
-family module imports, so that no family module is imported by a module it imports.
+pentad model; a family that narrows another, as Qwen2 narrows LLaMA, wins over it). Kept apart
+from the package's shared helpers (``pentad.interop.hf``), which every family module imports, so
+that no family module is imported by a module it imports.
 """
 
 from __future__ import annotations
@@ -73,10 +74,19 @@ def guess_layout(keys: set[str] | dict[str, Any]) -> str | None:
     return None
 
 
+def describing(model_cfg: Any) -> list[str]:
+    """The families whose :meth:`~pentad.interop.hf.HFFamily.describes` accepts a pentad model, less
+    those that another accepting family narrows (``HFFamily.narrows``: Qwen2 is LLaMA with biased
+    query/key/value projections, so a model both describe is Qwen2's), sorted."""
+    found = {f.name: f for f in registered().values() if f.describes(model_cfg)}
+    narrowed = {name for family in found.values() for name in family.narrows}
+    return sorted(set(found) - narrowed)
+
+
 def guess_family(model_cfg: Any) -> str:
-    """The HF family a pentad model belongs to (``--family`` overrides it): the one family whose
-    :meth:`~pentad.interop.hf.HFFamily.describes` accepts it."""
-    found = sorted({f.name for f in registered().values() if f.describes(model_cfg)})
+    """The HF family a pentad model belongs to (``--family`` overrides it): the one family left by
+    :func:`describing`."""
+    found = describing(model_cfg)
     if len(found) != 1:  # the families' declarations overlap or leave a gap: a bug, not a user error
         raise RuntimeError(f"{len(found)} Hugging Face families describe this model ({', '.join(found) or 'none'}); "
                            "exactly one must")
