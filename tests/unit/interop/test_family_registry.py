@@ -58,10 +58,12 @@ def test_detection_and_dispatch_name_no_family(path):
     assert not {n for n in _literals(SRC / path) & names if (path, n) not in HOMONYMS}
 
 
-def test_cli_help_lists_the_registered_families(capsys):
+def test_cli_help_lists_the_registered_families(capsys, monkeypatch):
     import argparse
 
     from pentad.cli import convert as cli
+
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse also wraps at hyphens ("xlm-roberta")
 
     parser = argparse.ArgumentParser(prog="pentad")
     cli.add_parser(parser.add_subparsers(dest="command"))
