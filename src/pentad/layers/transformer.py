@@ -63,32 +63,42 @@ class TransformerLayer(nn.Module):
 
     ``post`` norm (BERT, BART; Vaswani et al. 2017): x = norm(x + sublayer(x)).
     ``pre`` norm (GPT-2, T5, LLaMA; Xiong et al. 2020): x = x + sublayer(norm(x)).
+    ``sandwich`` (Gemma 2/3; CogView's sandwich-LN, Ding et al. 2021): x = x + norm'(sublayer(norm(x))),
+    each sub-layer's output normalised too (``attention_output_norm``, ``ffn_output_norm``, ...).
     """
 
     def __init__(self, attention: nn.Module, ffn: nn.Module, norm: NormFactory, *,
-                 norm_position: Literal["pre", "post"] = "post", dropout: float = 0.1,
+                 norm_position: Literal["pre", "post", "sandwich"] = "post", dropout: float = 0.1,
                  cross_attention: nn.Module | None = None, drop_path: float = 0.0):
         super().__init__()
         if not 0.0 <= drop_path < 1.0:
             raise ValueError(f"drop_path must be in [0, 1), got {drop_path}")
-        self.pre_norm = norm_position == "pre"
+        self.pre_norm = norm_position in ("pre", "sandwich")
+        sandwich = norm_position == "sandwich"
         self.drop_path = drop_path
         self.attention = attention
         self.attention_norm = norm()
+        self.attention_output_norm = norm() if sandwich else None
         if cross_attention is not None:
             self.cross_attention = cross_attention
             self.cross_attention_norm = norm()
+            self.cross_attention_output_norm = norm() if sandwich else None
         else:
             self.cross_attention = None
         self.ffn = ffn
         self.ffn_norm = norm()
+        self.ffn_output_norm = norm() if sandwich else None
         self.dropout = Dropout(dropout)
 
-    def _sublayer(self, x: Tensor, norm: nn.Module, fn, keep: int | None = None) -> tuple[Tensor, Tensor | None]:
-        """``keep``: ``fn`` returns the first ``keep`` positions alone; so does the sub-layer."""
+    def _sublayer(self, x: Tensor, norm: nn.Module, fn, keep: int | None = None,
+                  output_norm: nn.Module | None = None) -> tuple[Tensor, Tensor | None]:
+        """``keep``: ``fn`` returns the first ``keep`` positions alone; so does the sub-layer.
+        ``output_norm`` (sandwich): the norm of the sub-layer's output before the residual."""
         residual = x if keep is None else x[:, :keep]
         if self.pre_norm:
             out, extra = fn(norm(x))
+            if output_norm is not None:
+                out = output_norm(out)
             return residual + self._branch(out), extra
         out, extra = fn(x)
         return norm(residual + self._branch(out)), extra
@@ -120,18 +130,22 @@ class TransformerLayer(nn.Module):
         and the rest of the layer runs on them only (the caller checks :meth:`can_keep`)."""
         if keep is not None:
             leading = LeadingQueries(self.attention, keep)
-            x, _ = self._sublayer(x, self.attention_norm, lambda h: (leading(h, inputs.attention), None), keep)
-            x, _ = self._sublayer(x, self.ffn_norm, lambda h: (self.ffn(h), None))
+            x, _ = self._sublayer(x, self.attention_norm, lambda h: (leading(h, inputs.attention), None), keep,
+                                  self.attention_output_norm)
+            x, _ = self._sublayer(x, self.ffn_norm, lambda h: (self.ffn(h), None), output_norm=self.ffn_output_norm)
             return x, None
         x, carried = self._sublayer(x, self.attention_norm,
-                                    lambda h: self.attention(h, inputs.attention, cache, carried))
+                                    lambda h: self.attention(h, inputs.attention, cache, carried),
+                                    output_norm=self.attention_output_norm)
         if self.cross_attention is not None:
-            x, _ = self._sublayer(x, self.cross_attention_norm, lambda h: self.cross_attention(h, inputs.memory, cache))
+            x, _ = self._sublayer(x, self.cross_attention_norm, lambda h: self.cross_attention(h, inputs.memory, cache),
+                                  output_norm=self.cross_attention_output_norm)
         if self.ffn.routed:
             x, _ = self._sublayer(x, self.ffn_norm,
-                                  lambda h: (self.ffn(h, inputs.padding_mask, inputs.router_input), None))
+                                  lambda h: (self.ffn(h, inputs.padding_mask, inputs.router_input), None),
+                                  output_norm=self.ffn_output_norm)
         else:
-            x, _ = self._sublayer(x, self.ffn_norm, lambda h: (self.ffn(h), None))
+            x, _ = self._sublayer(x, self.ffn_norm, lambda h: (self.ffn(h), None), output_norm=self.ffn_output_norm)
         return x, carried
 
 
@@ -195,6 +209,11 @@ class TransformerStack(nn.Module):
         self.routed = any(layer.ffn.routed for layer in self.layers)
         self.final_norm = final_norm
         self.windows: list[int | None] = [layer.attention.window for layer in self.layers]
+        softcaps = {layer.attention.softcap for layer in self.layers}
+        if len(softcaps) > 1:
+            raise ValueError(f"the attention blocks of one stack soft-cap their scores alike, got "
+                             f"{sorted(map(str, softcaps))}")
+        self.softcap: float | None = softcaps.pop()
         if any(w is not None for w in self.windows) and mask == "prefix":
             raise ValueError("sliding-window attention is defined for causal and bidirectional stacks, not prefix")
         if len(set(self.windows)) > 1 and (self.residual_attention or any(self.reusing)):
@@ -249,13 +268,14 @@ class TransformerStack(nn.Module):
                                              window=window, key_start=key_start)
         scheme = self.positions
         if scheme is None:
-            return AttentionInputs(mask, is_causal)
+            return AttentionInputs(mask, is_causal, softcap=self.softcap)
         bias = scheme.bias(q_len, k_len, offset, device)
         if bias is not None:
             bias = bias[..., key_start:] if key_start else bias
             mask, is_causal = additive(mask, is_causal, q_len, k_len - key_start, bias), False
         local = window is not None
-        return AttentionInputs(mask, is_causal, scheme.rotary(positions, q_len, offset, device, dtype, local=local))
+        return AttentionInputs(mask, is_causal, scheme.rotary(positions, q_len, offset, device, dtype, local=local),
+                               softcap=self.softcap)
 
     def run(self, hidden: Tensor, padding_mask: Tensor | None, prefix_lengths: Tensor | None = None,
             positions: Tensor | None = None, cache: KVCache | None = None, memory: Tensor | None = None,

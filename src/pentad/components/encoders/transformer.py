@@ -46,8 +46,11 @@ class TransformerStackConfig(StrictModel):
                                   "8 experts, top-2, gated, dropless")
     activation: Activation = "gelu"
     norm: Norm = Field("layernorm", description=f"the layers' norms (components/norms): {norm_description()}")
-    norm_position: Literal["post", "pre"] = "post"
-    final_norm: bool | None = Field(None, description="norm after the last layer; default: True for pre-norm")
+    norm_position: Literal["post", "pre", "sandwich"] = Field(
+        "post", description="post: x = norm(x + f(x)) (BERT); pre: x = x + f(norm(x)) (GPT-2, LLaMA); sandwich: "
+        "x = x + norm(f(norm(x))), each sub-layer's output normalised too (Gemma 2/3)")
+    final_norm: bool | None = Field(None, description="norm after the last layer; default: True for pre-norm and "
+                                    "sandwich")
     final_norm_kind: Norm | None = Field(None, description="kind of the final norm; default: norm (TencentPretrain's "
                                          "decoder ends with a layernorm_unbiased whatever its layers use, t5 "
                                          "excepted)")
@@ -63,6 +66,12 @@ class TransformerStackConfig(StrictModel):
                                   "bias (Qwen2: true with bias false)")
     layer_norm_eps: float = Field(1e-12, gt=0.0)
     attention_scale: bool = Field(True, description="scale scores by 1/sqrt(head_size) (off for T5)")
+    attention_scale_size: float | None = Field(
+        None, gt=0.0, description="scale scores by 1/sqrt(attention_scale_size) instead of 1/sqrt(head_size) "
+        "(Gemma 3's query_pre_attn_scalar); needs attention_scale")
+    attention_softcap: float | None = Field(
+        None, gt=0.0, description="soft-cap the attention scores to (-c, c): c * tanh(scores / c) before the mask "
+        "and softmax (Gemma 2: 50); takes the explicit (non-fused) attention path; off when unset")
     qk_norm: QKNormOrder | None = Field(
         None, description="a norm of the stack's kind (norm, layer_norm_eps) on every query and key head, "
         "before_rotary (Qwen3, Gemma 3) or after_rotary (HunYuan); off when unset")
@@ -124,6 +133,9 @@ class TransformerStackConfig(StrictModel):
             problems.append(("qk_norm", f"set with {other}: the query/key norms are a self-attention variant of their "
                                         f"own, which {other} would replace; unset one of them"))
         problems += self._window_problems()
+        if self.attention_scale_size is not None and not self.attention_scale:
+            problems.append(("attention_scale_size", "set with attention_scale false, which leaves the scores "
+                                                     "unscaled; drop one of them"))
         return problems
 
     def layer_window(self, index: int) -> int | None:

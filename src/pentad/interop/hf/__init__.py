@@ -122,6 +122,7 @@ class HFFamily:
     spm_layout: str = "plain"
     tokenizer_note: str = ""  # why the tokenizer is not converted (tokenizer_kind None)
     token_types: bool = True  # the HF model takes token_type_ids (segments)
+    logit_softcap: bool = False  # an lm head may soft-cap its logits (Gemma's final_logit_softcapping)
     needs_tokenizer: bool = True  # False: an image model (ViT), which has none to convert
     # HF's ``hidden_states`` end with the last layer's output before the final norm (ViT), not after it.
     states_before_final_norm: bool = False
@@ -385,7 +386,7 @@ def stack_problems(stack: Any, path: str, family: str, hidden_size: int, *, grou
     want: dict[str, Any] = {"norm": "layernorm", "ffn": "dense", "attention_scale": True, "positions": "none",
                             "share_layers": False, "residual_attention": False, "attention_reuse": None,
                             "sliding_window": None, "window_pattern": None, "rotary_local_base": None,
-                            "qk_norm": None}
+                            "qk_norm": None, "attention_scale_size": None, "attention_softcap": None}
     want.update(expected)
     problems = []
     for key, value in want.items():
