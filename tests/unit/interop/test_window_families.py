@@ -50,3 +50,42 @@ def test_what_a_family_cannot_express_is_refused_by_name():
     local_base = variant(MISTRAL, encoder={**MISTRAL["encoder"], "rotary_local_base": 100.0})
     with pytest.raises(UserError, match="rotary_local_base"):
         export("mistral", local_base)
+
+
+GEMMA3_JSON = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 60, "hidden_size": 32,
+               "intermediate_size": 48, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 1,
+               "head_dim": 16, "max_position_embeddings": 64, "sliding_window": 6, "sliding_window_pattern": 2,
+               "rope_theta": 5e5, "rope_local_base_freq": 500.0, "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+               "query_pre_attn_scalar": 16}
+
+
+def test_gemma3_config_of_transformers_4_both_ways():
+    """An older config.json (rope_theta, rope_local_base_freq, sliding_window_pattern) imports and exports in
+    its own spelling."""
+    gemma = families()["gemma3_text"]
+    encoder = gemma.plan_import(GEMMA3_JSON, {}, "config.json", None).model["encoder"]
+    assert encoder["window_pattern"] == ["local", "global"] and encoder["sliding_window"] == 6
+    assert (encoder["rotary_base"], encoder["rotary_local_base"]) == (5e5, 500.0)
+    assert encoder["rope_scaling"] == {"type": "linear", "factor": 4.0} and encoder["attention_scale_size"] == 16.0
+    cfg = model_config_class().model_validate(gemma.plan_import(GEMMA3_JSON, {}, "config.json", None).model)
+    assert guess_family(cfg) == "gemma3_text"
+    config = gemma.plan_export(cfg, label="run", model_type="gemma3_text", base_config=GEMMA3_JSON, omittable=set(),
+                               pad_id=0, eos_id=None, labels=None).config
+    assert (config["rope_theta"], config["rope_local_base_freq"]) == (5e5, 500.0)
+    assert config["rope_scaling"] == {"rope_type": "linear", "factor": 4.0} and "rope_parameters" not in config
+    assert config["layer_types"] == ["sliding_attention", "full_attention"] * 2
+    assert config["query_pre_attn_scalar"] == 16 and config["final_logit_softcapping"] is None
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping 50.0 (transformers' Gemma 3 does not apply it"),
+    ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ({"attention_bias": True}, "attention_bias True"),
+    ({"layer_types": ["chunked_attention"] * 4}, "layer_types chunked_attention"),
+    ({"rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1.0},
+                          "full_attention": {"rope_type": "default", "rope_theta": 1.0}}}, "sliding_attention layers"),
+    ({"architectures": ["Gemma3ForSequenceClassification"]}, "Gemma3ForSequenceClassification"),
+], ids=["attention-softcap", "bidirectional", "attention-bias", "layer-type", "scaled-local-rope", "head"])
+def test_gemma3_refuses_what_it_cannot_express(change, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(")):
+        families()["gemma3_text"].plan_import({**GEMMA3_JSON, **change}, {}, "config.json", None)
