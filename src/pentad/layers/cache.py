@@ -106,28 +106,30 @@ class RollingLayerCache(LayerCache):
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         new = k.shape[2]
-        if self.keys is None or self.end + new > self.keys.shape[2]:
-            self._move(max(2 * self.window, self.kept + new), k, v)
-        self.keys[:, :, self.end:self.end + new] = k
-        self.values[:, :, self.end:self.end + new] = v
+        keys, values = self.keys, self.values
+        if keys is None or values is None or self.end + new > keys.shape[2]:
+            keys, values = self._move(max(2 * self.window, self.kept + new), k, v)
+        keys[:, :, self.end:self.end + new] = k
+        values[:, :, self.end:self.end + new] = v
         first, self.end = self.start, self.end + new
         self.length += new
-        out = self.keys[:, :, first:self.end], self.values[:, :, first:self.end]
+        out = keys[:, :, first:self.end], values[:, :, first:self.end]
         self.start = max(self.start, self.end - (self.window - 1))
-        if self.keys.shape[2] > 2 * self.window:  # after a long prompt: back to the window's size
+        if keys.shape[2] > 2 * self.window:  # after a long prompt: back to the window's size
             self._move(2 * self.window, k, v)
         return out
 
-    def _move(self, capacity: int, k: Tensor, v: Tensor) -> None:
+    def _move(self, capacity: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """New buffers of ``capacity`` positions holding the kept ones first (the old buffers stay
-        alive for as long as a returned view reads them)."""
+        alive for as long as a returned view reads them); returns them."""
         keys = k.new_empty(k.shape[0], k.shape[1], capacity, k.shape[3])
         values = v.new_empty(v.shape[0], v.shape[1], capacity, v.shape[3])
         kept = self.kept
-        if kept:
+        if kept and self.keys is not None and self.values is not None:
             keys[:, :, :kept] = self.keys[:, :, self.start:self.end]
             values[:, :, :kept] = self.values[:, :, self.start:self.end]
         self.keys, self.values, self.start, self.end = keys, values, 0, kept
+        return keys, values
 
 
 def _grow(buffer: Tensor, capacity: int, used: int) -> Tensor:

@@ -55,6 +55,7 @@ def attention_mask(kind: MaskKind, seq_len: int, padding_mask: Tensor | None,
     key = torch.arange(key_start, key_len, device=device)
     distance = query[:, None] - key[None, :]  # [q, k]
     if kind == "bidirectional":
+        assert window is not None  # returned above without one
         allowed = (distance.abs() < window)[None, None]  # [1,1,q,k]
     else:
         allowed = (distance >= 0)[None, None]

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from torch import Tensor, nn
 
-from pentad.layers.attention import AttentionInputs, AttentionReuse, LeadingQueries
+from pentad.layers.attention import Attention, AttentionInputs, AttentionReuse, LeadingQueries
 from pentad.layers.cache import KVCache, LayerCache
 from pentad.layers.dropout import Dropout
 from pentad.layers.masks import additive, attention_mask, static_attention_mask
@@ -208,8 +208,9 @@ class TransformerStack(nn.Module):
         self.attention_reuse = attention_reuse if any(self.reusing) else None
         self.routed = any(layer.ffn.routed for layer in self.layers)
         self.final_norm = final_norm
-        self.windows: list[int | None] = [layer.attention.window for layer in self.layers]
-        softcaps = {layer.attention.softcap for layer in self.layers}
+        blocks = [cast(Attention, layer.attention) for layer in layers]
+        self.windows: list[int | None] = [block.window for block in blocks]
+        softcaps = {block.softcap for block in blocks}
         if len(softcaps) > 1:
             raise ValueError(f"the attention blocks of one stack soft-cap their scores alike, got "
                              f"{sorted(map(str, softcaps))}")

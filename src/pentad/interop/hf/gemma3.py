@@ -144,7 +144,7 @@ def rope_sections(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
         full.setdefault("rope_theta", GLOBAL_THETA)
         local.setdefault("rope_theta", LOCAL_THETA)
         return full, local, True
-    legacy = config.get("rope_scaling") if isinstance(config.get("rope_scaling"), dict) else {}
+    legacy: dict[str, Any] = config["rope_scaling"] if isinstance(config.get("rope_scaling"), dict) else {}
     full = {"rope_type": "default", **legacy, "rope_theta": config.get("rope_theta", GLOBAL_THETA)}
     return full, {"rope_type": "default", "rope_theta": config.get("rope_local_base_freq", LOCAL_THETA)}, False
 

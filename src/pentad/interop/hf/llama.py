@@ -301,7 +301,7 @@ class LlamaFamily(HFFamily):
     layout = KeyLayout(contains=(".mlp.gate_proj.",))
     tokenizer_kind = "sentencepiece"
     tokenizer_class = "LlamaTokenizer"
-    spm_files = ("tokenizer.model",)
+    spm_files: tuple[str, ...] = ("tokenizer.model",)
     default_special_tokens = {"bos": "<s>", "eos": "</s>", "unk": "<unk>"}
     token_types = False
 
