@@ -1,6 +1,7 @@
-"""Sliding windows in the Hugging Face families without ``transformers``: Mistral's and Mixtral's
+"""Sliding windows and Gemma 3 in the Hugging Face families without ``transformers``: Mistral's and Mixtral's
 ``sliding_window`` both ways; what a family cannot express is refused by name (a bad window, local and
-global layers to Mistral, any window to LLaMA). Numerical parity is in
+global layers to Mistral, any window to LLaMA, Gemma 3's options to TencentPretrain); Gemma 3's older
+config.json spelling both ways and what it cannot express. Numerical parity is in
 tests/parity/test_conversion_families.py and tests/parity/test_generation_hf.py."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pentad.components.model_config import model_config_class
 from pentad.errors import UserError
 from pentad.interop.hf.families import families, guess_family
 
-from .helpers import LLAMA, MISTRAL, MIXTRAL, variant
+from .helpers import GEMMA3, LLAMA, MISTRAL, MIXTRAL, variant
 
 MISTRAL_JSON = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": 60, "hidden_size": 32,
                 "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -89,3 +90,13 @@ def test_gemma3_config_of_transformers_4_both_ways():
 def test_gemma3_refuses_what_it_cannot_express(change, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(")):
         families()["gemma3_text"].plan_import({**GEMMA3_JSON, **change}, {}, "config.json", None)
+
+
+def test_tencentpretrain_export_refuses_the_window_and_gemma_options():
+    from pentad.tencentpretrain.checkpoint import export_config
+
+    with pytest.raises(UserError) as caught:
+        export_config(model_config_class().model_validate(GEMMA3), label="run")
+    for name in ("sliding_window 5", "attention_scale_size 12.0", "norm_position sandwich", "norm gemma_rmsnorm",
+                 "lm soft-caps its logits"):
+        assert name in str(caught.value), name
