@@ -43,6 +43,11 @@ def _stack(cfg: Any, hidden: int) -> str:
         bits.append(cfg.mask)
     if cfg.positions != "none":
         bits.append(cfg.positions)
+    if cfg.sliding_window is not None:
+        pattern = cfg.window_pattern or ["local"]
+        local = sum(p == "local" for p in pattern)
+        bits.append(f"window {cfg.sliding_window}"
+                    + ("" if local == len(pattern) else f" in {local} of {len(pattern)} layers"))
     if cfg.share_layers:
         bits.append("shared layer")
     if not cfg.bias:

@@ -23,7 +23,9 @@ from tests.unit.interop.helpers import (
     ALBERT,
     BART,
     BLOOM,
+    GEMMA3,
     LLAMA,
+    MISTRAL,
     MIXTRAL,
     PEGASUS,
     QWEN2_MOE,
@@ -74,6 +76,27 @@ def llama_config(**over):
     return transformers.LlamaConfig(**{"vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": FFN,
                                        "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
                                        "num_key_value_heads": 2, "max_position_embeddings": POSITIONS, **over})
+
+
+def mistral_config(**over):
+    """A window of 5 positions, shorter than the batch's rows (12)."""
+    return transformers.MistralConfig(**{"vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": FFN,
+                                         "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
+                                         "num_key_value_heads": 2, "max_position_embeddings": POSITIONS,
+                                         "sliding_window": 5, **over})
+
+
+def gemma3_config(**over):
+    """Local, local, global layers (window 5, rows of 12), local rotary base 100, global linear RoPE scaling,
+    scores by 1/sqrt(12) (not the head width 16), final logits soft-capped at 3."""
+    return transformers.Gemma3TextConfig(**{
+        "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": 3,
+        "num_attention_heads": HEADS, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": POSITIONS,
+        "sliding_window": 5, "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        "query_pre_attn_scalar": 12, "final_logit_softcapping": 3.0,
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
+        **over})
 
 
 def mixtral_config(**over):
@@ -132,8 +155,17 @@ CASES = [
     ("switch-all-sparse", "SwitchTransformersForConditionalGeneration",
      lambda: switch_config(num_sparse_encoder_layers=4, num_sparse_decoder_layers=1, router_jitter_noise=0.0),
      {"lm": "logits"}, None),
-    ("mixtral-top1-tied", "MixtralForCausalLM",
-     lambda: mixtral_config(num_experts_per_tok=1, tie_word_embeddings=True, router_aux_loss_coef=0.02),
+    ("mixtral-top1-tied-window", "MixtralForCausalLM",
+     lambda: mixtral_config(num_experts_per_tok=1, tie_word_embeddings=True, router_aux_loss_coef=0.02,
+                            sliding_window=5), {"lm": "logits"}, None),
+    ("mistral-window", "MistralForCausalLM", mistral_config, {"lm": "logits"}, None),
+    ("gemma3", "Gemma3ForCausalLM", gemma3_config, {"lm": "logits"}, None),
+    ("gemma3-untied-every-layer-global", "Gemma3ForCausalLM",
+     lambda: gemma3_config(tie_word_embeddings=False, layer_types=None, sliding_window_pattern=1,
+                           final_logit_softcapping=None, rope_parameters=None), {"lm": "logits"}, None),
+    ("mistral-v0.3-tied-scaled", "MistralForCausalLM",
+     lambda: mistral_config(sliding_window=None, tie_word_embeddings=True, head_dim=16,
+                            rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}),
      {"lm": "logits"}, None),
     ("qwen2_moe", "Qwen2MoeForCausalLM", qwen2_moe_config, {"lm": "logits"}, None),
     ("qwen2_moe-normalized-step2-tied", "Qwen2MoeForCausalLM",
@@ -257,13 +289,15 @@ def test_hf_to_pentad_to_hf_is_bitwise(tmp_path, case):
     ("bart", BART, "AutoModelForSeq2SeqLM"), ("pegasus", PEGASUS, "AutoModelForSeq2SeqLM"),
     ("llama", LLAMA, "AutoModelForCausalLM"), ("bloom", BLOOM, "AutoModelForCausalLM"),
     ("mixtral", MIXTRAL, "AutoModelForCausalLM"), ("switch_transformers", SWITCH, "AutoModelForSeq2SeqLM"),
+    ("mistral", MISTRAL, "AutoModelForCausalLM"), ("gemma3_text", GEMMA3, "AutoModelForCausalLM"),
     ("qwen2_moe", QWEN2_MOE, "AutoModelForCausalLM"),
     ("albert", ALBERT, "AutoModelForPreTraining"),
     ("albert", variant(ALBERT, targets=[{"type": "cls", "num_labels": 4}]), "AutoModelForSequenceClassification"),
     ("albert", variant(ALBERT, targets=[{"type": "tagger", "num_labels": 4}]), "AutoModelForTokenClassification"),
     ("albert", variant(ALBERT, targets=[{"type": "span"}]), "AutoModelForQuestionAnswering"),
-], ids=["t5", "t5-v1_1", "bart", "pegasus", "llama", "bloom", "mixtral", "switch", "qwen2_moe", "albert", "albert-cls",
-        "albert-token", "albert-qa"])
+], ids=["t5", "t5-v1_1", "bart", "pegasus", "llama", "bloom", "mixtral", "switch", "mistral", "gemma3", "qwen2_moe",
+        "albert",
+        "albert-cls", "albert-token", "albert-qa"])
 def test_pentad_to_hf_loads_with_auto_classes(tmp_path, family, model, auto):
     make_run(tmp_path / "run", model)
     report = convert("pentad-to-hf", tmp_path / "run", tmp_path / "hf", verify=True)  # family guessed

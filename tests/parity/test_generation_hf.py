@@ -53,6 +53,18 @@ def _hf_config(family: str) -> Any:
         return t.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                              bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    if family == "mistral":  # a window of 8: longer than every prompt, shorter than prompt + new tokens
+        return t.MistralConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                               sliding_window=8, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if family == "gemma3_text":  # local, local, global; a window of 8 as Mistral's
+        return t.Gemma3TextConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                                  sliding_window=8, layer_types=["sliding_attention"] * 2 + ["full_attention"],
+                                  query_pre_attn_scalar=12, final_logit_softcapping=5.0,
+                                  rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                                   "full_attention": {"rope_type": "default", "rope_theta": 1e4}},
+                                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if family == "mixtral":
         return t.MixtralConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
@@ -92,11 +104,13 @@ def _hf_config(family: str) -> Any:
 
 
 HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM",
+              "mistral": "MistralForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
               "qwen2_moe": "Qwen2MoeForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
               "bloom": "BloomForCausalLM",
               "t5": "T5ForConditionalGeneration", "bart": "BartForConditionalGeneration",
               "switch_transformers": "SwitchTransformersForConditionalGeneration"}
-SCALES = {"gpt2": 0.3, "llama": 0.3, "mixtral": 0.3, "bloom": 1.0, "t5": 1.0, "bart": 0.3,  # picked by trying a few
+SCALES = {"gpt2": 0.3, "llama": 0.3, "mistral": 0.3, "gemma3_text": 0.3, "mixtral": 0.3,  # picked by trying a few
+          "bloom": 1.0, "t5": 1.0, "bart": 0.3,
           "switch_transformers": 1.0, "qwen2_moe": 0.3, "deepseek_v3": 0.3}
 
 
@@ -136,7 +150,8 @@ class Pair:
         return ours, new, theirs
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama", "mixtral", "qwen2_moe", "deepseek_v3", "t5",
+@pytest.fixture(scope="module", params=["gpt2", "llama", "mistral", "gemma3_text", "mixtral", "qwen2_moe",
+                                        "deepseek_v3", "t5",
                                         "switch_transformers", "bart", "bloom"])
 def pair(request, tmp_path_factory) -> Pair:
     return Pair(request.param, tmp_path_factory.mktemp(request.param))

@@ -29,7 +29,8 @@ SHRINK = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
           "ffn_size": 48, "max_positions": 160, "relative_buckets": 8, "relative_max_distance": 16,
           "embedding_size": 16, "max_seq_length": 160, "image_size": 32, "patch_size": 8,
           "expert_ffn_size": 16, "first": 1, "kv_lora_rank": 16, "q_lora_rank": 12, "qk_nope_head_dim": 8,
-          "qk_rope_head_dim": 4, "v_head_dim": 8}
+          "qk_rope_head_dim": 4, "v_head_dim": 8,
+          "sliding_window": 4}
 MAX_EXPERTS = 16  # more experts (DeepSeek-V3's 256) shrink to this many, their groups kept
 # a mixture of experts keeps at most this many experts and choices per token (Qwen3-MoE's 128 top-8 would
 # make the shrunken model wide again)

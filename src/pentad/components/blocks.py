@@ -38,6 +38,8 @@ def stack_parts(cfg: Any, model: Any, mask: str, cross_attention: bool = False) 
 
     def layer(index: int) -> TransformerLayer:
         self_attention = attention(index)
+        self_attention.window = cfg.layer_window(index)  # declared on the block; the stack reads it
+        self_attention.softcap = cfg.attention_softcap
         cross_block = cross(index) if cross is not None else None
         return TransformerLayer(self_attention, ffn(index), norm, norm_position=cfg.norm_position, dropout=cfg.dropout,
                                 cross_attention=cross_block,
@@ -45,7 +47,7 @@ def stack_parts(cfg: Any, model: Any, mask: str, cross_attention: bool = False) 
 
     layers = [layer(i) for i in range(1 if cfg.share_layers else cfg.num_layers)]
     positions = POSITION_SCHEMES.get(cfg.positions).build(cfg, model, mask)
-    final = cfg.final_norm if cfg.final_norm is not None else cfg.norm_position == "pre"
+    final = cfg.final_norm if cfg.final_norm is not None else cfg.norm_position in ("pre", "sandwich")
     final_norm = (make_norm(cfg.final_norm_kind or cfg.norm, hidden,
                             cfg.layer_norm_eps if cfg.final_norm_eps is None else cfg.final_norm_eps)
                   if final else None)

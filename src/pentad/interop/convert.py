@@ -275,7 +275,7 @@ def _hf_to_pentad(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
                                            synthesize=plan.synthesized)
     except UserError as e:
         guessed = guess_layout(state)
-        if guessed is None or guessed == family.name:
+        if guessed is None or family_for(None, guessed, label).layout == family.layout:  # the same tensor names
             raise
         raise UserError(f"{e} The tensors look like a {guessed} checkpoint while {label} says "
                         f"'{config.get('model_type')}': are config.json and the weights from the same model?") from None
@@ -403,6 +403,10 @@ def _pentad_to_hf(in_dir: Path, out_dir: Path, family_name: str | None, verify: 
         labels = [str(x) for x in data["labels"]] if data.get("kind") == "string" else None
     model_type = family_name if family_name in family.model_types else (
         source.get("model_type") if same else family.model_types[0])
+    capped = [t.target_name for t in cfg.model.targets if getattr(t, "logit_softcap", None) is not None]
+    if capped and not family.logit_softcap:
+        raise UserError(f"cannot export {in_dir} as {family.name}: target(s) {', '.join(capped)} soft-cap their logits "
+                        f"(logit_softcap), which {family.name} does not.")
     plan = family.plan_export(
         cfg.model, label=str(in_dir), model_type=model_type, base_config=interop.get("hf_config") if same else None,
         omittable=omittable, pad_id=tokenizer.pad_id if tokenizer is not None else None,

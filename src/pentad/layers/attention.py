@@ -40,7 +40,8 @@ class AttentionInputs:
     for the query positions, each [B|1, 1, q, rot_dim], applied to queries and new keys; memory
     [B,m,H]: what cross-attention attends to (None once a cache holds its keys and values);
     probabilities: return the attention probabilities (a later layer reuses them), which takes
-    the explicit path.
+    the explicit path; softcap: soft-cap the scores to (-c, c), c * tanh(scores / c), before the mask
+    (Gemma 2), which takes the explicit path too.
     """
 
     mask: Tensor | None = None
@@ -48,6 +49,7 @@ class AttentionInputs:
     rotary: tuple[Tensor, Tensor] | None = None
     memory: Tensor | None = None
     probabilities: bool = False
+    softcap: float | None = None
 
     def mask_for(self, dtype: torch.dtype) -> Tensor | None:
         """The mask in a dtype SDPA accepts next to queries of ``dtype`` (float masks must match
@@ -82,13 +84,16 @@ def _repeat_heads(x: Tensor, heads: int) -> Tensor:
 
 
 def attention_scores(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool, scale: float | None,
-                     prev_scores: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                     prev_scores: Tensor | None = None, softcap: float | None = None) -> tuple[Tensor, Tensor]:
     """(raw scores, probabilities), each fp32 [B, heads, q, k]: ``q k^T * scale`` (default
-    1/sqrt(head_size)) plus ``prev_scores`` (RealFormer), then masked and softmaxed. A causal mask
-    over more keys than queries is aligned to the bottom right (the queries are the last positions)."""
+    1/sqrt(head_size)), soft-capped to ``softcap * tanh(scores / softcap)`` when given, plus
+    ``prev_scores`` (RealFormer), then masked and softmaxed. A causal mask over more keys than queries
+    is aligned to the bottom right (the queries are the last positions)."""
     k = _repeat_heads(k, q.shape[1])
     scale = scale if scale is not None else q.shape[-1] ** -0.5
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if prev_scores is not None:
         scores = scores + prev_scores
     raw = scores
@@ -102,11 +107,11 @@ def attention_scores(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool,
 
 
 def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
-                       scale: float | None, dropout: float, prev_scores: Tensor | None = None
-                       ) -> tuple[Tensor, Tensor, Tensor]:
+                       scale: float | None, dropout: float, prev_scores: Tensor | None = None,
+                       softcap: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Explicit attention: (context [B, heads, q, D], raw scores (RealFormer adds them to the next
     layer's), probabilities before dropout (attention-weight reuse hands them to the next layer))."""
-    raw, probs = attention_scores(q, k, mask, is_causal, scale, prev_scores)
+    raw, probs = attention_scores(q, k, mask, is_causal, scale, prev_scores, softcap)
     v = _repeat_heads(v, q.shape[1])
     return torch.matmul(dropout_fn(probs, dropout).to(v.dtype), v), raw, probs
 
@@ -117,14 +122,16 @@ def attend(q: Tensor, k: Tensor, v: Tensor, inputs: AttentionInputs, scale: floa
     """Attention of queries [B, heads, q, D] over keys and values [B, kv_heads, k, D]: (context
     [B, heads, q, D], raw scores, probabilities), the last two None on the fused path.
 
-    The explicit path runs when asked (``explicit``, ``prev_scores`` or ``inputs.probabilities``), and
-    with dropout on the CPU, where SDPA draws its dropout with a slow ``bernoulli_`` (pentad's dropout,
-    ``layers/dropout.py``, is faster), unless SDPA's causal mask must align to the top left (fewer
-    queries than keys: :class:`LeadingQueries`). Otherwise ``scaled_dot_product_attention``."""
+    The explicit path runs when asked (``explicit``, ``prev_scores``, ``inputs.probabilities`` or
+    ``inputs.softcap``), and with dropout on the CPU, where SDPA draws its dropout with a slow
+    ``bernoulli_`` (pentad's dropout, ``layers/dropout.py``, is faster), unless SDPA's causal mask must
+    align to the top left (fewer queries than keys: :class:`LeadingQueries`). Otherwise
+    ``scaled_dot_product_attention``."""
     q_len, k_len = q.shape[-2], k.shape[-2]
     cpu_dropout = bool(dropout) and q.device.type == "cpu" and not (inputs.is_causal and q_len != k_len)
-    if explicit or prev_scores is not None or inputs.probabilities or cpu_dropout:
-        return explicit_attention(q, k, v, inputs.mask, inputs.is_causal, scale, dropout, prev_scores)
+    if explicit or prev_scores is not None or inputs.probabilities or cpu_dropout or inputs.softcap is not None:
+        return explicit_attention(q, k, v, inputs.mask, inputs.is_causal, scale, dropout, prev_scores,
+                                  inputs.softcap)
     context = F.scaled_dot_product_attention(q, k, v, attn_mask=inputs.mask_for(q.dtype), is_causal=inputs.is_causal,
                                              dropout_p=dropout, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
     return context, None, None
@@ -142,20 +149,26 @@ class Attention(Block):
     ``num_kv_heads`` < ``num_heads`` is grouped-query attention (1 = multi-query): each key/value head
     serves num_heads / num_kv_heads query heads. ``head_size`` may differ from H / num_heads
     (T5-3B/11B). ``scale=False`` drops the 1/sqrt(head_size) factor (T5, whose initialisation absorbs
-    it). ``bias`` switches every projection's bias; ``qkv_bias`` (when not None) overrides it for the
-    query, key and value projections alone (Qwen2: biased ``qkv``, unbiased ``out``).
+    it); a number is the factor itself (Gemma 3: 1/sqrt(query_pre_attn_scalar)). ``bias`` switches
+    every projection's bias; ``qkv_bias`` (when not None) overrides it for the query, key and value
+    projections alone (Qwen2: biased ``qkv``, unbiased ``out``).
 
     Declared: ``cross`` (attends to a memory), ``residual`` (hands its raw scores on), ``reuse``
     (may take the previous layer's probabilities), ``leading_queries`` (works with
-    :class:`LeadingQueries`).
+    :class:`LeadingQueries`), ``window`` (the sliding window of a local layer's self-attention, None
+    for a global one: set when the stack is assembled, read by the stack, which gives the layer that
+    window's mask, rotary tables and rolling cache), ``softcap`` (the attention-score cap of
+    :class:`AttentionInputs`, set and read alike).
     """
 
     cross: ClassVar[bool] = False
     residual: ClassVar[bool] = False
     reuse: ClassVar[bool] = False
+    window: int | None = None
+    softcap: float | None = None
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
-                 head_size: int | None = None, dropout: float = 0.0, bias: bool = True, scale: bool = True,
+                 head_size: int | None = None, dropout: float = 0.0, bias: bool = True, scale: bool | float = True,
                  qkv_bias: bool | None = None):
         super().__init__()
         num_kv_heads = num_kv_heads or num_heads
@@ -165,7 +178,8 @@ class Attention(Block):
         self.num_heads, self.num_kv_heads, self.head_size = num_heads, num_kv_heads, head_size
         self.q_dim, self.kv_dim = num_heads * head_size, num_kv_heads * head_size
         self.dropout = dropout
-        self.scale = None if scale else 1.0  # None: SDPA's default 1/sqrt(head_size)
+        # None: SDPA's default 1/sqrt(head_size); False: unscaled; a number: that factor
+        self.scale: float | None = (None if scale else 1.0) if isinstance(scale, bool) else float(scale)
         # query/key/value biases (Qwen: without an output bias)
         self._input_projections(hidden_size, bias if qkv_bias is None else qkv_bias)
         self.out = nn.Linear(self.q_dim, hidden_size, bias=bias)
@@ -408,8 +422,12 @@ class LeadingQueries:
         if mask is not None and mask.shape[-2] > 1:
             mask = mask[..., :n, :]
         # is_causal with fewer queries than keys is aligned to the top left (query i sees keys 0..i):
-        # right for the first n positions (attend keeps such a mask on SDPA)
-        leading = AttentionInputs(mask, inputs.is_causal)
+        # right for the first n positions (attend keeps such a mask on SDPA); soft-capped scores take the
+        # explicit path, which aligns it to the bottom right, so they get the mask itself
+        is_causal = inputs.is_causal
+        if is_causal and inputs.softcap is not None:
+            mask, is_causal = torch.ones(n, x.shape[1], dtype=torch.bool, device=x.device).tril()[None, None], False
+        leading = AttentionInputs(mask, is_causal, softcap=inputs.softcap)
         return attention._output(attend(q, k, v, leading, attention.scale, attention._dropout_p())[0])
 
 
@@ -456,4 +474,4 @@ def attention_probabilities(attention: Attention, x: Tensor, inputs: AttentionIn
     if not isinstance(attention, SelfAttention):
         raise ValueError("attention_probabilities reads self-attention blocks")
     q, k, _ = attention.positioned(x, inputs, None)
-    return attention_scores(q, k, inputs.mask, inputs.is_causal, attention.scale)[1]
+    return attention_scores(q, k, inputs.mask, inputs.is_causal, attention.scale, softcap=inputs.softcap)[1]

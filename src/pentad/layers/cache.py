@@ -7,6 +7,12 @@ final length once and writes them in place at a position tensor, for compiled an
 decoding. Cross-attention keys/values of an encoder-decoder model are computed
 once from the encoder output and kept beside them. Multi-head latent attention (DeepSeek-V2/V3)
 caches one latent row per position instead of keys and values (:meth:`LayerCache.append_latent`).
+
+A layer with a sliding window W (``Attention.window``) needs, for every later query, only the last
+W - 1 positions: :class:`KVCache` gives it a :class:`RollingLayerCache`, which keeps those alone
+(memory O(W) whatever the length generated), and the stack's mask for such layers starts at the first
+key kept (``KVCache.rolls``). A static cache keeps every position and its mask hides the keys
+outside the window.
 """
 
 from __future__ import annotations
@@ -96,6 +102,58 @@ CACHED = ("keys", "values", "cross_keys", "cross_values", "latent")
 """The tensors a layer's cache may hold (each [B, heads, positions, D])."""
 
 
+class RollingLayerCache(LayerCache):
+    """One layer's cache for sliding-window attention of ``window`` W positions: after each append it
+    keeps the keys/values of the last W - 1 positions alone (what a later query can still see: itself
+    and the W - 1 before it). ``append`` returns the kept positions followed by the new ones, i.e. the
+    positions max(0, length - W + 1) .. length + new - 1; ``length`` counts every position processed.
+
+    The buffers hold up to 2 W positions (more while one append brings more): the kept columns are
+    ``start`` .. ``end`` - 1 and new ones are written after them, so they move only when the buffer is
+    full (about once every W steps: amortised O(1) per position)."""
+
+    def __init__(self, window: int):
+        super().__init__()
+        if window < 1:
+            raise ValueError(f"a sliding window holds at least 1 position, got {window}")
+        self.window, self.start, self.end = window, 0, 0
+
+    @property
+    def kept(self) -> int:
+        """Positions whose keys/values are held."""
+        return self.end - self.start
+
+    def append_values(self, v: Tensor) -> Tensor:
+        raise ValueError("a rolling (sliding-window) cache cannot serve attention-weight reuse")
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        new = k.shape[2]
+        keys, values = self.keys, self.values
+        if keys is None or values is None or self.end + new > keys.shape[2]:
+            keys, values = self._move(max(2 * self.window, self.kept + new), k, v)
+        keys[:, :, self.end:self.end + new] = k
+        values[:, :, self.end:self.end + new] = v
+        first, self.end = self.start, self.end + new
+        self.length += new
+        out = keys[:, :, first:self.end], values[:, :, first:self.end]
+        self.start = max(self.start, self.end - (self.window - 1))
+        if keys.shape[2] > 2 * self.window:  # after a long prompt: back to the window's size
+            self._move(2 * self.window, k, v)
+        return out
+
+    def _move(self, capacity: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """New buffers of ``capacity`` positions holding the kept ones first (the old buffers stay
+        alive for as long as a returned view reads them); returns them."""
+        keys = k.new_empty(k.shape[0], k.shape[1], capacity, k.shape[3])
+        values = v.new_empty(v.shape[0], v.shape[1], capacity, v.shape[3])
+        kept = self.kept
+        if kept and self.keys is not None and self.values is not None:
+            keys[:, :, :kept] = self.keys[:, :, self.start:self.end]
+            values[:, :, :kept] = self.values[:, :, self.start:self.end]
+        self.keys, self.values, self.start, self.end = keys, values, 0, kept
+        return keys, values
+
+
 def _grow(buffer: Tensor, capacity: int, used: int) -> Tensor:
     bigger = buffer.new_empty(buffer.shape[0], buffer.shape[1], capacity, buffer.shape[3])
     bigger[:, :, :used] = buffer[:, :, :used]
@@ -107,13 +165,21 @@ class KVCache:
     """Caches of every layer of one stack (the decoder-only encoder, or a decoder)."""
 
     layers: list[LayerCache] = field(default_factory=list)
-    # Declared kind: a static cache (StaticKVCache) has fixed-size buffers read whole by attention.
+    # Declared kind: a static cache (StaticKVCache) has fixed-size buffers read whole by attention;
+    # a rolling one keeps only the last window - 1 positions of a sliding-window layer.
     static: ClassVar[bool] = False
+    rolls: ClassVar[bool] = True
     capacity: ClassVar[int | None] = None
 
-    def layer(self, index: int) -> LayerCache:
+    def layer(self, index: int, window: int | None = None) -> LayerCache:
+        """Layer ``index``'s cache, made on first use: a :class:`RollingLayerCache` for a layer with a
+        sliding ``window``, else one that keeps every position."""
         while len(self.layers) <= index:
             self.layers.append(LayerCache())
+        if window is not None and not isinstance(self.layers[index], RollingLayerCache):
+            if self.layers[index].length:
+                raise ValueError(f"layer {index}'s cache holds every position; it cannot start rolling")
+            self.layers[index] = RollingLayerCache(window)
         return self.layers[index]
 
     @property
@@ -217,6 +283,7 @@ class StaticKVCache(KVCache):
     for bookkeeping outside a decoding step only."""
 
     static = True
+    rolls = False
 
     def __init__(self, capacity: int, device: torch.device | str | None = None):
         super().__init__()
@@ -226,7 +293,9 @@ class StaticKVCache(KVCache):
         self.position = torch.zeros((), dtype=torch.long, device=device)
         mark_static_address(self.position)
 
-    def layer(self, index: int) -> LayerCache:
+    def layer(self, index: int, window: int | None = None) -> LayerCache:
+        """Layer ``index``'s cache; a sliding-window layer's too keeps every position (the mask hides
+        those outside the window), so that all layers write at the one position tensor."""
         while len(self.layers) <= index:
             self.layers.append(StaticLayerCache(self.capacity, self.position))
         return self.layers[index]

@@ -62,8 +62,9 @@ def chunk_rows(n_rows: int, row_bytes: int) -> int:
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor,
-                         label_smoothing: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
-    """Mean cross-entropy of ``hidden @ weight.T + bias`` against ``labels``.
+                         label_smoothing: float = 0.0, softcap: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Mean cross-entropy of ``hidden @ weight.T + bias`` (soft-capped to ``softcap * tanh(logits /
+    softcap)`` when given: Gemma's final logits, computed unfused) against ``labels``.
 
     hidden [N, H]; weight [V, H]; bias [V] or None; labels [N] long, ``IGNORE_INDEX`` where a row
     is not scored. Returns ``(loss, correct, count)``: the scalar loss (mean over the scored rows,
@@ -72,8 +73,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, la
     of scored rows, as long scalars (no gradient).
     """
     compute = fused_dtype(hidden, weight, bias)
-    if compute is None:
-        return _reference(hidden, weight, bias, labels, label_smoothing)
+    if compute is None or softcap is not None:
+        return _reference(hidden, weight, bias, labels, label_smoothing, softcap)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (hidden, weight, bias))
     return _LinearCrossEntropy.apply(hidden, weight, bias, labels, label_smoothing, needs_grad, compute)
@@ -119,9 +120,12 @@ def scored_rows(hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _reference(hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor,
-               label_smoothing: float) -> tuple[Tensor, Tensor, Tensor]:
-    """The unfused computation: full [N, V] logits, then ``F.cross_entropy`` in float32."""
+               label_smoothing: float, softcap: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """The unfused computation: full [N, V] logits (soft-capped when asked), then ``F.cross_entropy``
+    in float32."""
     logits = F.linear(hidden, weight, bias)
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
     loss = F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)
     with torch.no_grad():
         valid = labels != IGNORE_INDEX

@@ -34,6 +34,26 @@ class RMSNorm(nn.Module):
         return self.weight * normed.to(x.dtype)
 
 
+class OffsetRMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * (1 + weight)`` over the last dimension, ``weight`` starting at zeros
+    (Gemma 1-3): the same normalisation as :class:`RMSNorm` with the scale stored as its offset from one.
+    The whole computation runs in fp32 and is cast back to the input dtype at the end (Gemma's order:
+    ``(x * (1 + w))`` then the cast, where LLaMA casts before the scale)."""
+
+    def __init__(self, size: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(size))
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).to(x.dtype)
+
+
 class UnbiasedLayerNorm(nn.Module):
     """``weight * (x - mean) / (std + eps) + bias`` over the last dimension, where ``std`` is the
     *unbiased* standard deviation (divisor H - 1) and ``eps`` is added outside the square root.

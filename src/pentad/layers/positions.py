@@ -33,9 +33,10 @@ class PositionScheme(nn.Module):
         return None
 
     def rotary(self, positions: Tensor | None, q_len: int, offset: int | Tensor, device: torch.device,
-               dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
+               dtype: torch.dtype, local: bool = False) -> tuple[Tensor, Tensor] | None:
         """(cos, sin) tables for the queries' positions (``positions`` [B|1, q_len] when given, e.g.
-        left-padded generation), or None."""
+        left-padded generation), or None. ``local``: the tables of the sliding-window layers (a scheme
+        may rotate them at a base of their own)."""
         return None
 
 # ---- rotary (Su et al. 2021) -------------------------------------------------------------------
@@ -102,18 +103,26 @@ class Rotary(PositionScheme):
     """Rotary embeddings (RoPE): the first ``rotary_dim`` dimensions of each query and key head
     rotated by position (:func:`rotary_cos_sin`); no parameters. ``scaling`` (a :class:`RotaryScaling`)
     replaces the frequencies and scales the tables (linear, dynamic NTK, YaRN, Llama 3, LongRoPE);
-    without it the tables are those of :func:`rotary_cos_sin`."""
+    without it the tables are those of :func:`rotary_cos_sin`. ``local_base``: the sliding-window
+    layers' tables are unscaled at this base instead (Gemma 3: 10,000 locally, 1,000,000 with
+    scaling globally); None: the same tables in every layer."""
 
     kind = "rotary"
     attribute = "rotary"
 
-    def __init__(self, rotary_dim: int, rotary_base: float = 10000.0, scaling: RotaryScaling | None = None):
+    def __init__(self, rotary_dim: int, rotary_base: float = 10000.0, scaling: RotaryScaling | None = None,
+                 local_base: float | None = None):
         super().__init__()
         self.rotary_dim, self.rotary_base, self.scaling = rotary_dim, rotary_base, scaling
+        self.local_base = local_base
 
     def rotary(self, positions: Tensor | None, q_len: int, offset: int | Tensor, device: torch.device,
-               dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+               dtype: torch.dtype, local: bool = False) -> tuple[Tensor, Tensor]:
         length: int | Tensor | None = None
+        if local and self.local_base is not None:
+            if positions is None:
+                positions = (torch.arange(q_len, device=device) + offset)[None]
+            return rotary_cos_sin(positions, self.rotary_dim, self.local_base, dtype=dtype)
         if positions is None:
             positions = (torch.arange(q_len, device=device) + offset)[None]
             if self.scaling is not None and self.scaling.length_dependent:
@@ -127,7 +136,8 @@ class Rotary(PositionScheme):
 
     def extra_repr(self) -> str:
         scaling = "" if self.scaling is None else f", scaling={self.scaling!r}"
-        return f"rotary_dim={self.rotary_dim}, rotary_base={self.rotary_base:g}{scaling}"
+        local = "" if self.local_base is None else f", local_base={self.local_base:g}"
+        return f"rotary_dim={self.rotary_dim}, rotary_base={self.rotary_base:g}{scaling}{local}"
 
 
 # ---- T5 relative position bias (Raffel et al. 2020) -------------------------------------------

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from torch import Tensor, nn
 
-from pentad.layers.attention import AttentionInputs, AttentionReuse, LeadingQueries
+from pentad.layers.attention import Attention, AttentionInputs, AttentionReuse, LeadingQueries
 from pentad.layers.cache import KVCache, LayerCache
 from pentad.layers.dropout import Dropout
 from pentad.layers.masks import additive, attention_mask, static_attention_mask
@@ -63,32 +63,42 @@ class TransformerLayer(nn.Module):
 
     ``post`` norm (BERT, BART; Vaswani et al. 2017): x = norm(x + sublayer(x)).
     ``pre`` norm (GPT-2, T5, LLaMA; Xiong et al. 2020): x = x + sublayer(norm(x)).
+    ``sandwich`` (Gemma 2/3; CogView's sandwich-LN, Ding et al. 2021): x = x + norm'(sublayer(norm(x))),
+    each sub-layer's output normalised too (``attention_output_norm``, ``ffn_output_norm``, ...).
     """
 
     def __init__(self, attention: nn.Module, ffn: nn.Module, norm: NormFactory, *,
-                 norm_position: Literal["pre", "post"] = "post", dropout: float = 0.1,
+                 norm_position: Literal["pre", "post", "sandwich"] = "post", dropout: float = 0.1,
                  cross_attention: nn.Module | None = None, drop_path: float = 0.0):
         super().__init__()
         if not 0.0 <= drop_path < 1.0:
             raise ValueError(f"drop_path must be in [0, 1), got {drop_path}")
-        self.pre_norm = norm_position == "pre"
+        self.pre_norm = norm_position in ("pre", "sandwich")
+        sandwich = norm_position == "sandwich"
         self.drop_path = drop_path
         self.attention = attention
         self.attention_norm = norm()
+        self.attention_output_norm = norm() if sandwich else None
         if cross_attention is not None:
             self.cross_attention = cross_attention
             self.cross_attention_norm = norm()
+            self.cross_attention_output_norm = norm() if sandwich else None
         else:
             self.cross_attention = None
         self.ffn = ffn
         self.ffn_norm = norm()
+        self.ffn_output_norm = norm() if sandwich else None
         self.dropout = Dropout(dropout)
 
-    def _sublayer(self, x: Tensor, norm: nn.Module, fn, keep: int | None = None) -> tuple[Tensor, Tensor | None]:
-        """``keep``: ``fn`` returns the first ``keep`` positions alone; so does the sub-layer."""
+    def _sublayer(self, x: Tensor, norm: nn.Module, fn, keep: int | None = None,
+                  output_norm: nn.Module | None = None) -> tuple[Tensor, Tensor | None]:
+        """``keep``: ``fn`` returns the first ``keep`` positions alone; so does the sub-layer.
+        ``output_norm`` (sandwich): the norm of the sub-layer's output before the residual."""
         residual = x if keep is None else x[:, :keep]
         if self.pre_norm:
             out, extra = fn(norm(x))
+            if output_norm is not None:
+                out = output_norm(out)
             return residual + self._branch(out), extra
         out, extra = fn(x)
         return norm(residual + self._branch(out)), extra
@@ -120,18 +130,22 @@ class TransformerLayer(nn.Module):
         and the rest of the layer runs on them only (the caller checks :meth:`can_keep`)."""
         if keep is not None:
             leading = LeadingQueries(self.attention, keep)
-            x, _ = self._sublayer(x, self.attention_norm, lambda h: (leading(h, inputs.attention), None), keep)
-            x, _ = self._sublayer(x, self.ffn_norm, lambda h: (self.ffn(h), None))
+            x, _ = self._sublayer(x, self.attention_norm, lambda h: (leading(h, inputs.attention), None), keep,
+                                  self.attention_output_norm)
+            x, _ = self._sublayer(x, self.ffn_norm, lambda h: (self.ffn(h), None), output_norm=self.ffn_output_norm)
             return x, None
         x, carried = self._sublayer(x, self.attention_norm,
-                                    lambda h: self.attention(h, inputs.attention, cache, carried))
+                                    lambda h: self.attention(h, inputs.attention, cache, carried),
+                                    output_norm=self.attention_output_norm)
         if self.cross_attention is not None:
-            x, _ = self._sublayer(x, self.cross_attention_norm, lambda h: self.cross_attention(h, inputs.memory, cache))
+            x, _ = self._sublayer(x, self.cross_attention_norm, lambda h: self.cross_attention(h, inputs.memory, cache),
+                                  output_norm=self.cross_attention_output_norm)
         if self.ffn.routed:
             x, _ = self._sublayer(x, self.ffn_norm,
-                                  lambda h: (self.ffn(h, inputs.padding_mask, inputs.router_input), None))
+                                  lambda h: (self.ffn(h, inputs.padding_mask, inputs.router_input), None),
+                                  output_norm=self.ffn_output_norm)
         else:
-            x, _ = self._sublayer(x, self.ffn_norm, lambda h: (self.ffn(h), None))
+            x, _ = self._sublayer(x, self.ffn_norm, lambda h: (self.ffn(h), None), output_norm=self.ffn_output_norm)
         return x, carried
 
 
@@ -150,6 +164,13 @@ class TransformerStack(nn.Module):
     (non-fused) attention path, to return their probabilities. A routed feed-forward (MoE) also gets the
     padding mask and its router input: the stack's input (the token embeddings) or the layer's own
     hidden states.
+
+    Sliding-window attention: a layer whose attention block declares a ``window`` (set when the stack
+    is assembled; None: global) reads the self-attention inputs of that window, built once per forward
+    beside the global ones (one set per distinct window): its mask hides the keys outside the window,
+    its rotary tables are the position scheme's local ones (``local=True``: Gemma 3's local rotary
+    base), and with a rolling cache (``KVCache.rolls``) its keys start at the first position the cache
+    keeps (``layers/cache.py``). ``windows``: each layer's window.
 
     Declared capabilities: ``mask_kind``, ``supports_cache`` (True: a ``KVCache`` runs only the
     new positions), ``supports_static_cache`` (a ``StaticKVCache`` too: not with attention-weight
@@ -187,6 +208,18 @@ class TransformerStack(nn.Module):
         self.attention_reuse = attention_reuse if any(self.reusing) else None
         self.routed = any(layer.ffn.routed for layer in self.layers)
         self.final_norm = final_norm
+        blocks = [cast(Attention, layer.attention) for layer in layers]
+        self.windows: list[int | None] = [block.window for block in blocks]
+        softcaps = {block.softcap for block in blocks}
+        if len(softcaps) > 1:
+            raise ValueError(f"the attention blocks of one stack soft-cap their scores alike, got "
+                             f"{sorted(map(str, softcaps))}")
+        self.softcap: float | None = softcaps.pop()
+        if any(w is not None for w in self.windows) and mask == "prefix":
+            raise ValueError("sliding-window attention is defined for causal and bidirectional stacks, not prefix")
+        if len(set(self.windows)) > 1 and (self.residual_attention or any(self.reusing)):
+            raise ValueError("residual attention and attention reuse hand scores between layers, which needs one "
+                             "window for every layer (local and global layers see different keys)")
 
     @property
     def positions(self) -> PositionScheme | None:
@@ -200,12 +233,17 @@ class TransformerStack(nn.Module):
 
     def attention_inputs(self, q_len: int, padding_mask: Tensor | None, prefix_lengths: Tensor | None,
                          positions: Tensor | None, offset: int | Tensor, device: torch.device,
-                         dtype: torch.dtype = torch.float32, capacity: int | None = None) -> AttentionInputs:
+                         dtype: torch.dtype = torch.float32, capacity: int | None = None,
+                         window: int | None = None, rolling: bool = False) -> AttentionInputs:
         """Mask, position bias and rotary tables for queries at positions offset..offset+q_len-1.
         ``dtype``: the hidden states' (rotary tables are computed in fp32 and stored in it, so that
         bf16 weights give bf16 queries and keys; under autocast the hidden states stay fp32).
         ``capacity`` (a static cache): the keys are a buffer of that many positions, ``offset`` a
-        0-dim tensor, and the mask hides the positions after each query (not yet written)."""
+        0-dim tensor, and the mask hides the positions after each query (not yet written).
+        ``window``: the inputs of the layers with that sliding window (their mask, the scheme's local
+        rotary tables); ``rolling``: their cache keeps only the last window - 1 positions, so the keys
+        start at max(0, offset - window + 1)."""
+        key_start = 0
         if capacity is not None:
             if not isinstance(offset, Tensor):
                 raise ValueError("a static cache's offset is a position tensor")
@@ -214,7 +252,7 @@ class TransformerStack(nn.Module):
                 raise ValueError(f"padding_mask covers {padding_mask.shape[1]} positions but the static cache "
                                  f"holds {capacity}; pass the padding of every position of the buffer")
             mask: Tensor | None = static_attention_mask(self.mask_kind, q_len, capacity, offset, padding_mask,
-                                                        prefix_lengths)
+                                                        prefix_lengths, window)
             is_causal = False
         else:
             if isinstance(offset, Tensor):
@@ -224,15 +262,21 @@ class TransformerStack(nn.Module):
                 raise ValueError(f"padding_mask covers {padding_mask.shape[1]} positions but the attention sees "
                                  f"{k_len} keys ({offset} cached + {q_len} new); with a cache pass the mask of "
                                  "every key position")
-            mask, is_causal = attention_mask(self.mask_kind, q_len, padding_mask, prefix_lengths, device,
-                                             key_len=k_len)
+            if window is not None and rolling:
+                key_start = max(0, offset - window + 1)
+            kept = padding_mask[:, key_start:] if padding_mask is not None and key_start else padding_mask
+            mask, is_causal = attention_mask(self.mask_kind, q_len, kept, prefix_lengths, device, key_len=k_len,
+                                             window=window, key_start=key_start)
         scheme = self.positions
         if scheme is None:
-            return AttentionInputs(mask, is_causal)
+            return AttentionInputs(mask, is_causal, softcap=self.softcap)
         bias = scheme.bias(q_len, k_len, offset, device)
         if bias is not None:
-            mask, is_causal = additive(mask, is_causal, q_len, k_len, bias), False
-        return AttentionInputs(mask, is_causal, scheme.rotary(positions, q_len, offset, device, dtype))
+            bias = bias[..., key_start:] if key_start else bias
+            mask, is_causal = additive(mask, is_causal, q_len, k_len - key_start, bias), False
+        local = window is not None
+        return AttentionInputs(mask, is_causal, scheme.rotary(positions, q_len, offset, device, dtype, local=local),
+                               softcap=self.softcap)
 
     def run(self, hidden: Tensor, padding_mask: Tensor | None, prefix_lengths: Tensor | None = None,
             positions: Tensor | None = None, cache: KVCache | None = None, memory: Tensor | None = None,
@@ -260,8 +304,11 @@ class TransformerStack(nn.Module):
                              "cache values alone); generate with cache='dynamic'")
         offset = cache.offset if cache is not None else 0
         q_len = hidden.shape[1]
-        inputs = self.attention_inputs(q_len, padding_mask, prefix_lengths, positions, offset,
-                                       hidden.device, hidden.dtype, cache.capacity if static else None)
+        capacity = cache.capacity if static else None
+        rolling = cache is not None and cache.rolls
+        by_window = {window: self.attention_inputs(q_len, padding_mask, prefix_lengths, positions, offset,
+                                                   hidden.device, hidden.dtype, capacity, window, rolling)
+                     for window in dict.fromkeys(self.windows)}
         memory_inputs = None
         if memory is not None or (cache is not None and cache.layers and cache.layers[0].cross_keys is not None):
             memory_mask = None
@@ -270,20 +317,23 @@ class TransformerStack(nn.Module):
             if memory_padding_mask is not None and (static or offset > 0 or bool(memory_padding_mask.any())):
                 memory_mask = (~memory_padding_mask)[:, None, None, :]
             memory_inputs = AttentionInputs(memory_mask, False, None, memory)
-        layer_inputs = LayerInputs(inputs, memory_inputs)
-        if self.routed:  # the padding of these positions, and the token embeddings for word-vector routing
-            layer_inputs.padding_mask = _new_padding(padding_mask, offset, q_len, static)
-            layer_inputs.router_input = hidden
+        new_padding = _new_padding(padding_mask, offset, q_len, static) if self.routed else None
+        # the padding of these positions, and the token embeddings for word-vector routing (MoE)
+        layer_inputs = {window: LayerInputs(inputs, memory_inputs, new_padding, hidden if self.routed else None)
+                        for window, inputs in by_window.items()}
         if self.attention_reuse is not None:
-            return self._run_reusing(hidden, layer_inputs, cache)
+            return self._run_reusing(hidden, layer_inputs[self.windows[0]], cache)
         carried = None
         last = self.num_layers - 1 if output_positions is not None else self.num_layers
         for i in range(last):
-            layer = self.layers[i % len(self.layers)]
-            hidden, carried = layer(hidden, layer_inputs, cache.layer(i) if cache is not None else None,
-                                    carried if self.residual_attention else None)
+            index = i % len(self.layers)
+            window = self.windows[index]
+            hidden, carried = self.layers[index](hidden, layer_inputs[window],
+                                                 cache.layer(i, window) if cache is not None else None,
+                                                 carried if self.residual_attention else None)
         if output_positions is not None:
-            hidden, _ = self.layers[last % len(self.layers)](hidden, layer_inputs, keep=output_positions)
+            index = last % len(self.layers)
+            hidden, _ = self.layers[index](hidden, layer_inputs[self.windows[index]], keep=output_positions)
         if cache is not None:
             cache.advance(q_len)
         if self.final_norm is not None:

@@ -875,6 +875,16 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
             problems.append(f"model.{slot}.attention_reuse (TencentPretrain has no attention-weight reuse)")
         if getattr(stack, "qk_norm", None) is not None:
             problems.append(f"model.{slot}.qk_norm {stack.qk_norm} (TencentPretrain has no query/key norms)")
+        for key, what in (("sliding_window", "sliding-window attention"), ("attention_scale_size", "another score "
+                          "scale"), ("attention_softcap", "soft-capped attention scores")):
+            if getattr(stack, key, None) is not None:
+                problems.append(f"model.{slot}.{key} {getattr(stack, key)} (TencentPretrain has no {what})")
+        if getattr(stack, "norm_position", None) == "sandwich":
+            problems.append(f"model.{slot}.norm_position sandwich (TencentPretrain has pre and post norms)")
+        if stack is not None and getattr(stack, "norm", "layernorm") not in _NORMS:
+            problems.append(f"model.{slot}.norm {stack.norm} (TencentPretrain has no such norm)")
+    problems += [f"model.targets: {t.target_name} soft-caps its logits (TencentPretrain does not)"
+                 for t in model.targets if getattr(t, "logit_softcap", None) is not None]
     positions = {p.type: p for p in model.embedding.parts}
     size = model.max_seq_length
     if "pos" in positions and positions["pos"].max_positions:
@@ -885,7 +895,7 @@ def export_config(model: Any, *, label: str, base: dict[str, Any] | None = None,
         "layers_num": enc.num_layers, "max_seq_length": size, "dropout": float(enc.dropout),
         "embedding": [_EMBEDDINGS.get(p, p) for p in parts], "encoder": "transformer",
         "mask": _MASKS.get(enc.mask, enc.mask), "layernorm_positioning": enc.norm_position,
-        "layernorm": _NORMS[enc.norm], "layernorm_eps": float(enc.layer_norm_eps),
+        "layernorm": _NORMS.get(enc.norm, enc.norm), "layernorm_eps": float(enc.layer_norm_eps),
         "remove_embedding_layernorm": not model.embedding.norm, "remove_transformer_bias": not enc.bias,
         "remove_attention_scale": not enc.attention_scale, "feed_forward": enc.ffn,
         "tie_weights": bool(model.tie_word_embeddings),

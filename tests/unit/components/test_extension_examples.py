@@ -72,7 +72,7 @@ def test_a_new_attention_variant_is_one_file(monkeypatch):
     block = example["registered"].get("qk_norm")
     cfg = type("Cfg", (), {"qk_norm": "before_rotary", "dropout": 0.0, "attention_dropout": None, "num_heads": 2,
                            "num_kv_heads": None, "head_size": None, "bias": True, "attention_scale": True,
-                           "qkv_bias": None, "norm": "rmsnorm", "layer_norm_eps": 1e-6})()
+                           "qkv_bias": None, "norm": "rmsnorm", "layer_norm_eps": 1e-6, "attention_scale_size": None})()
     assert block.applies(cfg)
     attention = block.factory(cfg, type("Sizes", (), {"hidden_size": 16})())(0)
     assert {name for name, _ in attention.named_parameters()} >= {"q_norm.weight", "k_norm.weight", "qkv.weight"}

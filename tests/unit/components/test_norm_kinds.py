@@ -99,7 +99,8 @@ def test_unbiased_layernorm_gradients_are_the_formulas():
 
 
 def test_make_norm_builds_every_kind_with_matching_parameter_names():
-    assert norm_kinds() == ("layernorm", "layernorm_unbiased", "rmsnorm", "t5") == tuple(NORMS.names())
+    assert norm_kinds() == ("gemma_rmsnorm", "layernorm", "layernorm_unbiased", "rmsnorm", "t5") == \
+        tuple(NORMS.names())
     for kind in norm_kinds():
         module = make_norm(kind, 8, 1e-6)
         assert norm_kind_of(module) == ("rmsnorm" if kind == "t5" else kind)

@@ -90,6 +90,16 @@ LLAMA: dict[str, Any] = {
                 "layer_norm_eps": 1e-6, "positions": "rotary", "rotary_base": 10000.0},
     "targets": [{"type": "lm"}],
 }
+MISTRAL: dict[str, Any] = {**LLAMA, "encoder": {**LLAMA["encoder"], "sliding_window": 5}}
+GEMMA3: dict[str, Any] = {  # local, local, global; GQA; head width 16 over H 32; scores by 1/sqrt(12)
+    **LLAMA, "tie_word_embeddings": True,
+    "embedding": {"parts": [{"type": "word", "scale": True}], "norm": False, "dropout": 0.0},
+    "encoder": {**LLAMA["encoder"], "num_layers": 3, "head_size": 16, "activation": "gelu_tanh",
+                "norm": "gemma_rmsnorm", "norm_position": "sandwich", "qk_norm": "before_rotary",
+                "attention_scale_size": 12.0, "sliding_window": 5, "window_pattern": ["local", "local", "global"],
+                "rotary_local_base": 100.0, "rotary_base": 1.0e6},
+    "targets": [{"type": "lm", "logit_softcap": 3.0}],
+}
 MIXTRAL: dict[str, Any] = {
     **LLAMA, "encoder": {**LLAMA["encoder"], "ffn": "moe", "layer_norm_eps": 1e-5,
                          "moe": {"num_experts": 4, "top_k": 2, "balance_loss_weight": 0.02}},
@@ -148,7 +158,10 @@ PENTAD_MODELS = [
     ("pegasus", "pegasus", PEGASUS),
     ("llama", "llama", LLAMA),
     ("llama-tied", "llama", variant(LLAMA, tie_word_embeddings=True)),
+    ("mistral", "mistral", MISTRAL),
+    ("gemma3", "gemma3_text", GEMMA3),
     ("mixtral", "mixtral", MIXTRAL),
+    ("mixtral-window", "mixtral", variant(MIXTRAL, encoder={**MIXTRAL["encoder"], "sliding_window": 5})),
     ("qwen2_moe", "qwen2_moe", QWEN2_MOE),
     ("deepseek_v3", "deepseek_v3", DEEPSEEK_V3),
     ("switch", "switch_transformers", SWITCH),

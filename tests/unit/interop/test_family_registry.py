@@ -58,10 +58,12 @@ def test_detection_and_dispatch_name_no_family(path):
     assert not {n for n in _literals(SRC / path) & names if (path, n) not in HOMONYMS}
 
 
-def test_cli_help_lists_the_registered_families(capsys):
+def test_cli_help_lists_the_registered_families(capsys, monkeypatch):
     import argparse
 
     from pentad.cli import convert as cli
+
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse also wraps at hyphens ("xlm-roberta")
 
     parser = argparse.ArgumentParser(prog="pentad")
     cli.add_parser(parser.add_subparsers(dest="command"))
@@ -98,7 +100,11 @@ def test_guessed_family_and_layout_of_each_exported_model(family, model):
     plan = chosen.plan_export(cfg, label="test", model_type=family, base_config=None, omittable=set(), pad_id=0,
                               eos_id=None, labels=None)
     keys = {name for rule in plan.rules for name in rule.theirs}
-    assert guess_layout(keys) == (chosen.name if chosen.layout is not None else None)
+    guessed = guess_layout(keys)
+    if chosen.layout is None:
+        assert guessed is None
+    else:  # this family's, or the first of the families with the same tensor names (mistral: llama's)
+        assert guessed == chosen.name or families()[guessed].layout == chosen.layout
 
 
 def test_key_layout_needs_a_mark_and_every_also():

@@ -18,9 +18,9 @@ from pentad.registry import ATTENTION_BLOCKS, import_package_modules
 def attention_sizes(cfg: Any, model: Any) -> dict[str, Any]:
     """The arguments every attention variant takes (``Attention.__init__``), from the stack config."""
     dropout = cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout
+    scale = cfg.attention_scale if cfg.attention_scale_size is None else cfg.attention_scale_size ** -0.5
     return dict(hidden_size=model.hidden_size, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-                head_size=cfg.head_size, dropout=dropout, bias=cfg.bias, scale=cfg.attention_scale,
-                qkv_bias=cfg.qkv_bias)
+                head_size=cfg.head_size, dropout=dropout, bias=cfg.bias, scale=scale, qkv_bias=cfg.qkv_bias)
 
 
 def self_attention_kind(cfg: Any) -> str:

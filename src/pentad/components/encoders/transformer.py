@@ -47,8 +47,11 @@ class TransformerStackConfig(StrictModel):
                                   "8 experts, top-2, gated, dropless")
     activation: Activation = "gelu"
     norm: Norm = Field("layernorm", description=f"the layers' norms (components/norms): {norm_description()}")
-    norm_position: Literal["post", "pre"] = "post"
-    final_norm: bool | None = Field(None, description="norm after the last layer; default: True for pre-norm")
+    norm_position: Literal["post", "pre", "sandwich"] = Field(
+        "post", description="post: x = norm(x + f(x)) (BERT); pre: x = x + f(norm(x)) (GPT-2, LLaMA); sandwich: "
+        "x = x + norm(f(norm(x))), each sub-layer's output normalised too (Gemma 2/3)")
+    final_norm: bool | None = Field(None, description="norm after the last layer; default: True for pre-norm and "
+                                    "sandwich")
     final_norm_kind: Norm | None = Field(None, description="kind of the final norm; default: norm (TencentPretrain's "
                                          "decoder ends with a layernorm_unbiased whatever its layers use, t5 "
                                          "excepted)")
@@ -64,6 +67,12 @@ class TransformerStackConfig(StrictModel):
                                   "bias (Qwen2: true with bias false)")
     layer_norm_eps: float = Field(1e-12, gt=0.0)
     attention_scale: bool = Field(True, description="scale scores by 1/sqrt(head_size) (off for T5)")
+    attention_scale_size: float | None = Field(
+        None, gt=0.0, description="scale scores by 1/sqrt(attention_scale_size) instead of 1/sqrt(head_size) "
+        "(Gemma 3's query_pre_attn_scalar); needs attention_scale")
+    attention_softcap: float | None = Field(
+        None, gt=0.0, description="soft-cap the attention scores to (-c, c): c * tanh(scores / c) before the mask "
+        "and softmax (Gemma 2: 50); takes the explicit (non-fused) attention path; off when unset")
     qk_norm: QKNormOrder | None = Field(
         None, description="a norm of the stack's kind (norm, layer_norm_eps) on every query and key head, "
         "before_rotary (Qwen3, Gemma 3) or after_rotary (HunYuan); off when unset")
@@ -75,6 +84,17 @@ class TransformerStackConfig(StrictModel):
     rope_scaling: RopeScaling | None = Field(
         None, description="RoPE scaling of rotary positions (components/positions/rope_scaling.py), by type: linear, "
         "dynamic (NTK), yarn, llama3, longrope, with transformers' rope_parameters keys; unscaled when unset")
+    sliding_window: int | None = Field(
+        None, ge=1, description="sliding-window attention: a query sees itself and the sliding_window - 1 positions "
+        "before it (bidirectional: the keys less than sliding_window away), in the layers window_pattern marks "
+        "local (every layer when it is unset); the key/value cache of those layers keeps only that many "
+        "positions (Mistral 7B v0.1: 4096; Gemma 3: 512 or 1024); unset: every layer global")
+    window_pattern: list[Literal["local", "global"]] | None = Field(
+        None, min_length=1, description="which layers are local (sliding_window) and which global, repeated over "
+        "the stack: layer i is window_pattern[i % len] (Gemma 3: five local, one global); needs sliding_window")
+    rotary_local_base: float | None = Field(
+        None, gt=0.0, description="rotary base of the local (sliding-window) layers, which are then not "
+        "rope-scaled (Gemma 3: 10000 locally, rotary_base 1e6 globally); default: the global layers' rotary")
     relative_buckets: int = Field(32, ge=2)
     relative_max_distance: int = Field(128, ge=2)
     share_layers: bool = Field(False, description="one layer applied num_layers times (ALBERT)")
@@ -127,6 +147,37 @@ class TransformerStackConfig(StrictModel):
             other = "residual_attention" if self.residual_attention else "attention_reuse"
             problems.append(("qk_norm", f"set with {other}: the query/key norms are a self-attention variant of their "
                                         f"own, which {other} would replace; unset one of them"))
+        problems += self._window_problems()
+        if self.attention_scale_size is not None and not self.attention_scale:
+            problems.append(("attention_scale_size", "set with attention_scale false, which leaves the scores "
+                                                     "unscaled; drop one of them"))
+        return problems
+
+    def layer_window(self, index: int) -> int | None:
+        """The sliding window of layer ``index`` (None: a global layer)."""
+        if self.sliding_window is None:
+            return None
+        pattern = self.window_pattern or ["local"]
+        return self.sliding_window if pattern[index % len(pattern)] == "local" else None
+
+    def _window_problems(self) -> list[tuple[str, str]]:
+        problems = []
+        if self.window_pattern is not None and self.sliding_window is None:
+            problems.append(("window_pattern", "set without sliding_window: there is no window for the local layers; "
+                                               "set sliding_window or drop window_pattern"))
+        if self.rotary_local_base is not None:
+            if self.positions != "rotary":
+                problems.append(("rotary_local_base", f"set but positions is '{self.positions}', not 'rotary'"))
+            elif self.sliding_window is None:
+                problems.append(("rotary_local_base", "set without sliding_window: no layer is local"))
+        windows = {self.layer_window(i) for i in range(self.num_layers)}
+        if len(windows) > 1:
+            for key, what in (("share_layers", "one layer shared by every position of the stack"),
+                              ("residual_attention", "raw scores handed from layer to layer"),
+                              ("attention_reuse", "probabilities handed from layer to layer")):
+                if getattr(self, key):
+                    problems.append((key, f"{what} with local and global layers (window_pattern), which see "
+                                          "different keys; use one window for every layer or unset it"))
         return problems
 
     def _reuse_problems(self) -> list[tuple[str, str]]:
@@ -195,6 +246,13 @@ class TransformerEncoderConfig(TransformerStackConfig):
 
     def causal(self) -> bool:
         return self.mask != "bidirectional"
+
+    def check(self, model) -> list[tuple[str, str]]:
+        problems = super().check(model)
+        if self.sliding_window is not None and self.mask == "prefix":
+            problems.append(("sliding_window", "set with mask 'prefix': a sliding window is defined for causal and "
+                                               "bidirectional masks"))
+        return problems
 
 
 @ENCODERS.register("transformer")

@@ -1,6 +1,7 @@
 """``positions: rotary``: rotary embeddings (RoPE, Su et al. 2021) of ``rotary_dim`` dimensions per
 head (default all; latent attention's ``qk_rope_head_dim``), base ``rotary_base``, scaled by the
-``rope_scaling`` section when it is set (``components/positions/rope_scaling.py``)."""
+``rope_scaling`` section when it is set (``components/positions/rope_scaling.py``); the local
+(sliding-window) layers at ``rotary_local_base`` unscaled when it is set."""
 
 from __future__ import annotations
 
@@ -15,4 +16,4 @@ class RotaryPositions:
     @staticmethod
     def build(cfg: Any, model: Any, mask: str) -> Rotary:
         scaling = cfg.rope_scaling.resolved(model.max_seq_length) if cfg.rope_scaling is not None else None
-        return Rotary(cfg.rotary_width(model.hidden_size), cfg.rotary_base, scaling)
+        return Rotary(cfg.rotary_width(model.hidden_size), cfg.rotary_base, scaling, cfg.rotary_local_base)

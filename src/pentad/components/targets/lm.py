@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 from pydantic import Field
 from torch import Tensor, nn
 
@@ -20,6 +21,8 @@ class LmTargetConfig(TargetConfigBase):
     label_smoothing_spread: Literal["all", "others"] = Field("all", description=SMOOTHING_SPREAD_HELP)
     scale_hidden: bool = Field(False, description="multiply the hidden states by hidden_size^-0.5 before "
                                "the output projection (T5 with a tied output)")
+    logit_softcap: float | None = Field(None, gt=0.0, description="soft-cap the logits to (-c, c): c * tanh(logits "
+                                        "/ c) (Gemma 2: 30; the loss is then computed unfused); off when unset")
 
 
 @TARGETS.register("lm")
@@ -30,22 +33,27 @@ class LmTarget(Target):
     Config = LmTargetConfig
 
     def __init__(self, name: str, hidden_size: int, vocab_size: int, bias: bool = False,
-                 label_smoothing: float = 0.0, scale_hidden: bool = False):
+                 label_smoothing: float = 0.0, scale_hidden: bool = False, logit_softcap: float | None = None):
         super().__init__(name)
         self.output = nn.Linear(hidden_size, vocab_size, bias=bias)
         self.label_smoothing = label_smoothing
         self.hidden_scale = hidden_size ** -0.5 if scale_hidden else None
+        self.logit_softcap = logit_softcap
 
     @classmethod
     def from_config(cls, cfg: LmTargetConfig, model) -> LmTarget:
         smoothing = spread_smoothing(cfg.label_smoothing, cfg.label_smoothing_spread, model.vocab_size)
-        return cls(cfg.target_name, model.hidden_size, model.vocab_size, cfg.bias, smoothing, cfg.scale_hidden)
+        return cls(cfg.target_name, model.hidden_size, model.vocab_size, cfg.bias, smoothing, cfg.scale_hidden,
+                   cfg.logit_softcap)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """[..., H] -> [..., V] next-token scores (generation reads the last position's)."""
         if self.hidden_scale is not None:
             hidden = hidden * self.hidden_scale
-        return self.output(hidden)
+        logits = self.output(hidden)
+        if self.logit_softcap is not None:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits
 
     def tie_to(self, weight: nn.Parameter) -> bool:
         self.output.weight = weight
@@ -66,5 +74,5 @@ class LmTarget(Target):
             hidden, labels = hidden.flatten(0, 1), labels.flatten()
         # Projection and loss fused: no [N, V] logits are kept (see layers/cross_entropy.py).
         loss, correct, count = linear_cross_entropy(hidden, self.output.weight, self.output.bias, labels,
-                                                    self.label_smoothing)
+                                                    self.label_smoothing, self.logit_softcap)
         return TargetOutput(loss=loss, metrics={"correct": correct, "count": count})

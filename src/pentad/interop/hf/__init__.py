@@ -122,6 +122,7 @@ class HFFamily:
     spm_layout: str = "plain"
     tokenizer_note: str = ""  # why the tokenizer is not converted (tokenizer_kind None)
     token_types: bool = True  # the HF model takes token_type_ids (segments)
+    logit_softcap: bool = False  # an lm head may soft-cap its logits (Gemma's final_logit_softcapping)
     needs_tokenizer: bool = True  # False: an image model (ViT), which has none to convert
     # HF's ``hidden_states`` end with the last layer's output before the final norm (ViT), not after it.
     states_before_final_norm: bool = False
@@ -248,6 +249,29 @@ def latent_attention(model: Any) -> bool:
     return getattr(model.encoder, "latent_attention", None) is not None
 
 
+def windowed(model: Any) -> str:
+    """Which layers of the encoder attend in a sliding window: ``none``, ``every`` or ``some`` (local and
+    global layers alternating, ``window_pattern``)."""
+    enc = model.encoder
+    if getattr(enc, "sliding_window", None) is None:
+        return "none"
+    pattern = getattr(enc, "window_pattern", None)
+    return "every" if pattern is None or set(pattern) == {"local"} else "some"
+
+
+def window_problems(enc: Any, display: str) -> list[str]:
+    """What a transformer stack's windows have that a family with one sliding window for every layer
+    (Mistral, Mixtral) cannot express."""
+    problems = []
+    if enc.window_pattern is not None and set(enc.window_pattern) != {"local"}:
+        problems.append(f"model.encoder.window_pattern {enc.window_pattern} (local and global layers; {display} "
+                        "has one sliding window for every layer)")
+    if enc.rotary_local_base is not None:
+        problems.append(f"model.encoder.rotary_local_base {enc.rotary_local_base} ({display} rotates every layer "
+                        "at one base)")
+    return problems
+
+
 def shared_expert_gate(model: Any) -> bool:
     """Whether the encoder's mixture of experts scales a shared expert by a gate (Qwen2-MoE)."""
     moe = getattr(model.encoder, "moe", None)
@@ -366,7 +390,8 @@ def stack_problems(stack: Any, path: str, family: str, hidden_size: int, *, grou
     """
     want: dict[str, Any] = {"norm": "layernorm", "ffn": "dense", "attention_scale": True, "positions": "none",
                             "share_layers": False, "residual_attention": False, "attention_reuse": None,
-                            "qk_norm": None}
+                            "sliding_window": None, "window_pattern": None, "rotary_local_base": None,
+                            "qk_norm": None, "attention_scale_size": None, "attention_softcap": None}
     want.update(expected)
     problems = []
     for key, value in want.items():

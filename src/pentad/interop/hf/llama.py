@@ -44,6 +44,7 @@ from pentad.interop.hf import (
     seq_length,
     stack_problems,
     text_kind,
+    windowed,
 )
 from pentad.interop.keymap import Rule, RuleSpec, expand
 
@@ -301,13 +302,13 @@ class LlamaFamily(HFFamily):
     layout = KeyLayout(contains=(".mlp.gate_proj.",))
     tokenizer_kind = "sentencepiece"
     tokenizer_class = "LlamaTokenizer"
-    spm_files = ("tokenizer.model",)
+    spm_files: tuple[str, ...] = ("tokenizer.model",)
     default_special_tokens = {"bos": "<s>", "eos": "</s>", "unk": "<unk>"}
     token_types = False
 
     def describes(self, model: Any) -> bool:
         return text_kind(model) == "causal" and positions(model) == "rotary" and not mixture(model) \
-            and not latent_attention(model)
+            and not latent_attention(model) and windowed(model) == "none"
 
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"lm": "logits"} if architecture.endswith("ForCausalLM") else {}

@@ -14,7 +14,8 @@ published Mixtral checkpoint has (and transformers 5 writes back on ``save_pretr
 ``router_aux_loss_coef`` weighs a load-balancing loss that sums its token fractions over the k
 choices, k times pentad's (whose fractions are over assignments): pentad's ``balance_loss_weight``
 is ``router_aux_loss_coef * num_experts_per_tok``. ``router_jitter_noise`` (training-time input
-noise) has no pentad counterpart (a note says so); sliding-window attention is not converted.
+noise) has no pentad counterpart (a note says so). ``sliding_window`` (null in the published
+checkpoints) is pentad's ``encoder.sliding_window``, in every layer, as for Mistral.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from pentad.interop.hf import (
     positions,
     shared_expert_gate,
     text_kind,
+    window_problems,
     with_rows,
 )
 from pentad.interop.hf.llama import (
@@ -91,7 +93,7 @@ FIELDS: list[Field] = with_rows(
     Field("router_aux_loss_coef", write=lambda m: _moe(m).balance_loss_weight / _moe(m).top_k),
     Field("router_jitter_noise", write=lambda m: 0.0),
     Field("output_router_logits", write=lambda m: False),
-    Field("sliding_window", write=lambda m: None),
+    Field("sliding_window", write=lambda m: m.encoder.sliding_window),
 )
 OWNED = owned_keys(FIELDS, *ROPE_KEYS)
 SUPPORTED = ("MixtralForCausalLM",)
@@ -122,8 +124,9 @@ class MixtralFamily(LlamaFamily):
         problems = hinted_problems(config, SUPPORTED)
         act = activation(c["hidden_act"], problems)
         base = rope(config, problems)
-        if c["sliding_window"] is not None:
-            problems.append(f"sliding_window {c['sliding_window']} (pentad's attention is not windowed)")
+        window = c["sliding_window"]
+        if window is not None and (not isinstance(window, int) or window < 1):
+            problems.append(f"sliding_window {window!r} (a positive number of positions, or null)")
         if problems:
             raise UserError(f"cannot convert {label} (mixtral): " + "; ".join(problems) + ".")
         heads = int(c["num_attention_heads"])
@@ -132,7 +135,8 @@ class MixtralFamily(LlamaFamily):
         tied = bool(c["tie_word_embeddings"])
         moe = {"num_experts": experts, "top_k": top_k, "expert": "gated", "normalize": True,
                "balance_loss_weight": float(c["router_aux_loss_coef"]) * top_k}
-        model = body_model(c, act, base, max_length, tied, ffn="moe", bias=False, moe=moe)
+        window = {} if c["sliding_window"] is None else {"sliding_window": int(c["sliding_window"])}
+        model = body_model(c, act, base, max_length, tied, ffn="moe", bias=False, moe=moe, **window)
         rules = self.rules(prefix="model.", num_layers=int(c["num_hidden_layers"]), heads=heads, kv_heads=kv_heads,
                            experts=experts, head="tied" if tied else "untied", lm="lm")
         notes = []
@@ -145,8 +149,11 @@ class MixtralFamily(LlamaFamily):
                     omittable: set[str], pad_id: int | None, eos_id: int | None,
                     labels: list[str] | None) -> ExportPlan:
         enc = model.encoder
-        problems = body_problems(model, "mixtral", "Mixtral", ffn="moe", bias=False)
+        problems = body_problems(model, "mixtral", "Mixtral", ffn="moe", bias=False,
+                                 sliding_window=getattr(enc, "sliding_window", None),
+                                 window_pattern=getattr(enc, "window_pattern", None))
         if enc.type == "transformer":
+            problems += window_problems(enc, "Mixtral")
             moe = enc.moe_config
             want = {"routing": "top_k", "expert": "gated", "normalize": True, "capacity_factor": None,
                     "router_input": "hidden", "every": 1, "shared_experts": 0}
