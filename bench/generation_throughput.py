@@ -13,6 +13,9 @@ Two workloads, built from Hugging Face configs with random weights and converted
   decodes with the absorbed projections; the row also reports the cache bytes per token of pentad's cache,
   of transformers' (measured after the prompt) and of full keys and values of the same heads
   (``cache_bytes_per_token``).
+* ``qwen3``: a small Qwen3-class decoder (query/key norms before the rotation, grouped-query attention with
+  a quarter of the key/value heads, untied); its cache row reports the keys and values pentad keeps per token
+  against transformers' and against full keys and values of every query head.
 
 Greedy decoding of exactly ``--new-tokens`` tokens per row (no stop token), eval mode,
 ``torch.inference_mode``, on ``--device`` (cpu or cuda) in ``--dtype`` (fp32 or bf16). Five paths
@@ -69,6 +72,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                             qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, n_routed_experts=32,
                             num_experts_per_tok=4, n_group=8, topk_group=4, n_shared_experts=1,
                             first_k_dense_replace=1, max_position_embeddings=1024),
+        "qwen3": dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=8,
+                      num_attention_heads=12, num_key_value_heads=4, head_dim=64, max_position_embeddings=1024),
     },
     "reduced": {
         "gpt2": dict(vocab_size=50257, n_embd=256, n_layer=4, n_head=4, n_positions=1024),
@@ -78,6 +83,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                             qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, n_routed_experts=16,
                             num_experts_per_tok=4, n_group=4, topk_group=2, n_shared_experts=1,
                             first_k_dense_replace=1, max_position_embeddings=1024),
+        "qwen3": dict(vocab_size=32000, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024),
     },
     "tiny": {
         "gpt2": dict(vocab_size=512, n_embd=32, n_layer=2, n_head=2, n_positions=128),
@@ -87,9 +94,11 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                             qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, n_routed_experts=8,
                             num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1,
                             first_k_dense_replace=1, max_position_embeddings=512),
+        "qwen3": dict(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512),
     },
 }
-MODELS = ("gpt2", "t5", "deepseek_v3")
+MODELS = ("gpt2", "t5", "deepseek_v3", "qwen3")
 PATHS = ("cache", "static", "compiled", "no-cache", "hf")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -114,6 +123,10 @@ def build_pair(family: str, sizes: dict[str, Any], root: Path) -> tuple[Any, Any
             for name, buffer in hf.named_buffers():
                 if name.endswith("e_score_correction_bias"):
                     buffer.normal_(std=0.02)
+    elif family == "qwen3":  # query/key norms, grouped-query attention, untied
+        config = transformers.Qwen3Config(**sizes, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
+                                          pad_token_id=0)
+        hf = transformers.Qwen3ForCausalLM(config)
     else:
         config = transformers.T5Config(**sizes, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
         hf = transformers.T5ForConditionalGeneration(config)
@@ -209,7 +222,7 @@ def run_workload(family: str, hf: Any, ours: Any, hf_kwargs: dict[str, Any], bat
     def same(a: str, b: str) -> bool | None:
         return bool(torch.equal(outputs[a], outputs[b])) if a in outputs and b in outputs else None
 
-    if family == "deepseek_v3":
+    if family in ("deepseek_v3", "qwen3"):
         result["cache_bytes_per_token"] = cache_bytes(hf, ours, prompts)
     checks = {"same_tokens_as_hf": ("cache", "hf"), "same_tokens_static": ("static", "cache"),
               "same_tokens_compiled": ("compiled", "cache"), "same_tokens_cache_vs_no_cache": ("cache", "no-cache")}
@@ -239,20 +252,25 @@ def cache_bytes(hf: Any, ours: Any, prompts: torch.Tensor) -> dict[str, float]:
     with torch.inference_mode():
         ours.encode(Batch(tokens=prompts), cache)
         theirs = hf(prompts, use_cache=True)
-    pentad = sum(_tensor_bytes(layer.latent[:, :, :cache.length]) for layer in cache.layers)
+    pentad = sum(_tensor_bytes(layer.latent[:, :, :cache.length]) if getattr(layer, "latent", None) is not None
+                 else _tensor_bytes([layer.keys[:, :, :cache.length], layer.values[:, :, :cache.length]])
+                 for layer in cache.layers)
     past = getattr(theirs, "cache", None) or getattr(theirs, "past_key_values", None)
     hf_bytes = sum(_tensor_bytes([getattr(layer, "keys", None), getattr(layer, "values", None)])
                    for layer in getattr(past, "layers", []))
     attention = ours.encoder.layers[0].attention
-    size = ours.encoder.layers[0].attention.kv_norm.weight.element_size()
-    full = len(ours.encoder.layers) * attention.num_heads * (attention.nope_dim + attention.rope_dim
-                                                             + attention.v_dim) * size
+    size = next(ours.parameters()).element_size()
+    if hasattr(attention, "kv_norm"):  # latent attention: every head's keys (nope + rope) and values
+        per_layer = attention.num_heads * (attention.nope_dim + attention.rope_dim + attention.v_dim)
+    else:  # keys and values of every query head (no grouping)
+        per_layer = 2 * attention.num_heads * attention.head_size
+    full = len(ours.encoder.layers) * per_layer * size
     per_token = batch * length
     return {"pentad": pentad / per_token, "hf": hf_bytes / per_token, "full_kv": float(full)}
 
 
 def cache_table(results: list[dict[str, Any]]) -> str:
-    lines = ["| model | batch | pentad latent cache B/token | HF cache B/token | full keys/values B/token "
+    lines = ["| model | batch | pentad cache B/token | HF cache B/token | full keys/values B/token "
              "| full / pentad | pentad cache / HF tok/s |", "|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         if "cache_bytes_per_token" not in r:

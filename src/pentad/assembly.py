@@ -89,8 +89,9 @@ def with_init_model(raw: dict[str, Any], applied: dict[str, str], label: str) ->
     config has neither an objective nor a dataset, its ``data.objective``, whose sequence length
     fine-tuning uses) becomes this config's; overrides of ``model.*`` keys apply on top of it (they were
     applied to an empty section: they are merged into the run's; ``applied`` names them). Only those
-    sections are taken: the training settings stay this command's own (fine-tuning's defaults among them).
-    Returns (raw, label)."""
+    sections are taken, and the run's tokenizer when the config names none (so that ``pentad preprocess
+    init=RUN`` tokenizes as the run does): the training settings stay this command's own (fine-tuning's
+    defaults among them). Returns (raw, label)."""
     init = raw.get("init")
     if not isinstance(init, str) or not init.strip():
         return raw, label
@@ -112,6 +113,8 @@ def with_init_model(raw: dict[str, Any], applied: dict[str, str], label: str) ->
     run_data = run.get("data") if isinstance(run.get("data"), dict) else {}
     if "objective" not in data and "dataset" not in data and isinstance(run_data.get("objective"), dict):
         raw["data"] = {**data, "objective": run_data["objective"]}
+    if raw.get("tokenizer") is None and isinstance(run.get("tokenizer"), dict):
+        raw["tokenizer"] = run["tokenizer"]  # (preprocess's; training reads it from the run's tokenizer/ folder)
     return raw, f"{label} (model from {saved})"
 
 

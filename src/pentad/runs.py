@@ -117,14 +117,29 @@ def load_tokenizer(cfg: Any):
 
 
 def complete_vocab(cfg: Any, tokenizer) -> Any:
-    """Set ``model.vocab_size`` from the tokenizer: the vocabulary decides the table size."""
+    """Set ``model.vocab_size`` from the tokenizer: the vocabulary decides the table size, except that a
+    model initialised from a run keeps that run's larger table (checkpoints pad their embedding past the
+    tokenizer: Qwen3's 151,936 rows for 151,669 ids; the rows past the vocabulary are never read)."""
     if tokenizer is None:
         return cfg
     size = tokenizer.vocab_size
+    if cfg.model.vocab_size is not None and cfg.model.vocab_size > size and _init_rows(cfg) == cfg.model.vocab_size:
+        return cfg
     if cfg.model.vocab_size not in (None, size):
         info(f"model.vocab_size {cfg.model.vocab_size} -> {size} (from the tokenizer's vocabulary)")
     cfg.model.vocab_size = size
     return cfg
+
+
+def _init_rows(cfg: Any) -> int | None:
+    """``model.vocab_size`` of the run ``cfg.init`` names (None without one)."""
+    init = getattr(cfg, "init", None)
+    saved = Path(init) / CONFIG if init is not None else None
+    if saved is None or not saved.is_file():
+        return None
+    model = read_config_file(saved, "run config").get("model")
+    rows = model.get("vocab_size") if isinstance(model, dict) else None
+    return rows if isinstance(rows, int) else None
 
 
 # train.* keys that do not change the course of training: they may differ when a run is resumed
