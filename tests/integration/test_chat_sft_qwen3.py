@@ -14,13 +14,14 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from tests.unit.data.chat_fixtures import CHATML, CONVERSATION, build_tokenizer  # noqa: E402
+
 from pentad.cli.main import main  # noqa: E402
 from pentad.components.base import IGNORE_INDEX  # noqa: E402
 from pentad.data.objectives import LlmSftObjective  # noqa: E402
 from pentad.data.shards import ShardDataset  # noqa: E402
 from pentad.runs import load_run  # noqa: E402
 from pentad.training.trainer import MetricsLog  # noqa: E402
-from tests.unit.data.chat_fixtures import CHATML, CONVERSATION, build_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
