@@ -52,7 +52,18 @@ from pentad.interop.hf import (
     stack_problems,
     text_kind,
 )
-from pentad.interop.hf.llama import BODY, HEADS, MLP, OUT, QKV, LlamaFamily, rope_kind, rope_scaling
+from pentad.interop.hf.llama import (
+    ATTENTION_DROPOUT,
+    BODY,
+    BODY_FIELDS,
+    HEADS,
+    MLP,
+    OUT,
+    QKV,
+    LlamaFamily,
+    rope_kind,
+    rope_scaling,
+)
 from pentad.interop.keymap import Rule, RuleSpec, expand
 
 NORMS: list[RuleSpec] = [
@@ -80,22 +91,9 @@ def _lm(m: Any) -> Any:
 
 
 # config.json <-> pentad, in the order config.json is written
-FIELDS: list[Field] = [
-    Field("vocab_size", "vocab_size", int),
-    Field("hidden_size", "hidden_size", int),
-    Field("intermediate_size", "encoder.ffn_size", int, lambda m: m.encoder.ffn_size or 4 * m.hidden_size),
-    Field("num_hidden_layers", "encoder.num_layers", int),
-    Field("num_attention_heads", "encoder.num_heads", int),
-    Field("num_key_value_heads", write=lambda m: m.encoder.num_kv_heads or m.encoder.num_heads),
-    Field("head_dim", write=lambda m: m.encoder.head_size or m.hidden_size // m.encoder.num_heads),
-    Field("hidden_activation"),
-    Field("max_position_embeddings", write=lambda m: m.max_seq_length),
-    Field("initializer_range", "init_std", float),
-    Field("rms_norm_eps", "encoder.layer_norm_eps", float),
-    Field("tie_word_embeddings", write=lambda m: m.tie_word_embeddings),
+FIELDS: list[Field] = [Field("hidden_activation") if f.hf == "hidden_act" else f for f in BODY_FIELDS] + [
     Field("attention_bias", write=lambda m: False),
-    Field("attention_dropout", "encoder.attention_dropout", float,
-          lambda m: float(m.encoder.dropout if m.encoder.attention_dropout is None else m.encoder.attention_dropout)),
+    ATTENTION_DROPOUT,
     # transformers always scales by it: a stack without attention_scale_size scales by 1/sqrt(head_size)
     Field("query_pre_attn_scalar", write=lambda m: _scalar(m.encoder.attention_scale_size or m.encoder.head_size
                                                            or m.hidden_size // m.encoder.num_heads)),
