@@ -244,11 +244,6 @@ def mixture(model: Any) -> bool:
     return getattr(model.encoder, "ffn", None) == "moe"
 
 
-def latent_attention(model: Any) -> bool:
-    """Whether the encoder's attention is multi-head latent attention (DeepSeek-V2/V3)."""
-    return getattr(model.encoder, "latent_attention", None) is not None
-
-
 def windowed(model: Any) -> str:
     """Which layers of the encoder attend in a sliding window: ``none``, ``every`` or ``some`` (local and
     global layers alternating, ``window_pattern``)."""

@@ -42,7 +42,6 @@ from pentad.interop.hf import (
     export_fields,
     hinted_problems,
     import_fields,
-    latent_attention,
     merge_config,
     owned_keys,
     positions,
@@ -162,8 +161,13 @@ class DeepseekV3Family(LlamaFamily):
     tokenizer_class = "LlamaTokenizerFast"
     default_special_tokens = {"bos": "<｜begin▁of▁sentence｜>", "eos": "<｜end▁of▁sentence｜>"}
 
+    # a rotary causal stack with latent attention is DeepSeek's, whatever its feed-forwards: LLaMA (dense),
+    # Mixtral and Qwen2-MoE (mixtures) would accept it and then refuse the latent projections
+    narrows = ("llama", "mixtral", "qwen2_moe")
+
     def describes(self, model: Any) -> bool:
-        return text_kind(model) == "causal" and positions(model) == "rotary" and latent_attention(model)
+        return text_kind(model) == "causal" and positions(model) == "rotary" \
+            and getattr(model.encoder, "latent_attention", None) is not None
 
     def rules(self, *, prefix: str, num_layers: int, sizes: dict[str, int],  # type: ignore[override]
               lora_queries: bool, interleave: bool, experts: int, first_sparse: int, head: str, lm: str) -> list[Rule]:

@@ -36,7 +36,6 @@ from pentad.interop.hf import (
     export_fields,
     hinted_problems,
     import_fields,
-    latent_attention,
     merge_config,
     mixture,
     owned_keys,
@@ -308,7 +307,7 @@ class LlamaFamily(HFFamily):
 
     def describes(self, model: Any) -> bool:
         return text_kind(model) == "causal" and positions(model) == "rotary" and not mixture(model) \
-            and not latent_attention(model) and windowed(model) == "none"
+            and windowed(model) == "none"
 
     def outputs(self, architecture: str) -> dict[str, str]:
         return {"lm": "logits"} if architecture.endswith("ForCausalLM") else {}

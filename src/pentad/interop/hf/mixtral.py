@@ -32,7 +32,6 @@ from pentad.interop.hf import (
     activation_name,
     export_fields,
     hinted_problems,
-    latent_attention,
     merge_config,
     mixture,
     owned_keys,
@@ -106,7 +105,7 @@ class MixtralFamily(LlamaFamily):
 
     def describes(self, model: Any) -> bool:
         return text_kind(model) == "causal" and positions(model) == "rotary" and mixture(model) \
-            and not shared_expert_gate(model) and not latent_attention(model)
+            and not shared_expert_gate(model)
 
     def rules(self, *, prefix: str, num_layers: int, heads: int, kv_heads: int, experts: int,  # type: ignore[override]
               head: str, lm: str) -> list[Rule]:

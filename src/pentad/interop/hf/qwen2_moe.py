@@ -34,7 +34,6 @@ from pentad.interop.hf import (
     activation_name,
     export_fields,
     hinted_problems,
-    latent_attention,
     merge_config,
     mixture,
     owned_keys,
@@ -130,7 +129,7 @@ class Qwen2MoeFamily(LlamaFamily):
 
     def describes(self, model: Any) -> bool:
         return text_kind(model) == "causal" and positions(model) == "rotary" and mixture(model) \
-            and shared_expert_gate(model) and not latent_attention(model)
+            and shared_expert_gate(model)
 
     def rules(self, *, prefix: str, num_layers: int, heads: int, kv_heads: int,  # type: ignore[override]
               qkv_bias: bool, experts: int, sparse: list[int], head: str, lm: str) -> list[Rule]:
