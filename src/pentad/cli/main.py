@@ -392,8 +392,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     source: Path | dict[str, Path] = single if single is not None else named
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size {args.batch_size}: expected a positive number of examples per batch")
-    inputs = [("run directory", args.model), *((f"data.test.{n}" if n else "data.test", p)
-                                                for n, p in (named or {"": single}).items())]
+    given = named if single is None else {"": single}
+    inputs = [("run directory", args.model), *((f"data.test.{n}" if n else "data.test", p) for n, p in given.items())]
     if args.output is not None:
         from pentad.cli.paths import check_output_file
 

@@ -292,10 +292,12 @@ def load_finetuned(model_dir: Path, task: str | None = None, task_options: Seque
     if task is not None and task != cfg.task.type:
         raise UserError(f"--task {task} does not match the run: {model_dir} was fine-tuned for {cfg.task.type} "
                         f"(use --task {cfg.task.type}, or leave --task out: the run's task is used)")
+    task_cfg = cfg.task
     if task_options:
-        cfg = cfg.model_copy(update={"task": inference_task_config(cfg.task, task_options, model_dir)})
+        task_cfg = inference_task_config(task_cfg, task_options, model_dir)
+        cfg = cfg.model_copy(update={"task": task_cfg})
     seq_length = cfg.data.objective.seq_length if cfg.data.objective is not None else cfg.model.max_seq_length
-    made = TASKS.get(cfg.task.type)(cfg.task, tokenizer, min(seq_length, cfg.model.max_seq_length),
+    made = TASKS.get(task_cfg.type)(task_cfg, tokenizer, min(seq_length, cfg.model.max_seq_length),
                                     read_task_state(model_dir))
     made.bind(cfg)
     device = pick_device(device_choice)
@@ -317,7 +319,7 @@ def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: 
     run = load_finetuned(model_dir, task, task_options, device_choice)
     cfg, made, model, device = run.cfg, run.task, run.model, run.device
     output = output or run.run_dir / made.predictions_file
-    want_probs = cfg.task.probabilities if probabilities is None else probabilities
+    want_probs = made.cfg.probabilities if probabilities is None else probabilities
     progress = "infer" if cfg.train.progress else None
     windows = made.read_windows(test_path, window_size(batch_size, window or INFER_WINDOW))
     if windows is None:  # the task needs its whole input at once (Task.read_windows says why)
@@ -350,9 +352,9 @@ def evaluate_file(model_dir: Path, source: Path | dict[str, Path], batch_size: i
     cfg, made = run.cfg, run.task
     if isinstance(source, dict) and not made.named_inputs:
         raise UserError(f"data.test.NAME=FILE is for a task that reads one file per dataset (multi_task); "
-                        f"{run.run_dir} is a {cfg.task.type} run, which reads one file: give data.test=FILE")
+                        f"{run.run_dir} is a {made.cfg.type} run, which reads one file: give data.test=FILE")
     if not isinstance(source, dict) and made.named_inputs:
-        raise UserError(f"{run.run_dir} is a {cfg.task.type} run, which scores each dataset on its own labelled "
+        raise UserError(f"{run.run_dir} is a {made.cfg.type} run, which scores each dataset on its own labelled "
                         f"file: give data.test.NAME=FILE for the datasets to score, not data.test={source}")
     instances = made.read(source, with_labels=True)
     batch_size = batch_size or cfg.train.batch_size * 2
