@@ -11,7 +11,7 @@ from tests.integration.bench_rows import bench_row
 from pentad.cli.main import main
 
 
-def test_multi_task_learns_both_datasets(tp, tmp_path):
+def test_multi_task_learns_both_datasets(tp, tmp_path, capsys):
     row = bench_row("multi_task")
     common = bench_row("common")
     book, msra = tp / "datasets" / "book_review", tp / "datasets" / "msra_ner"
@@ -46,6 +46,15 @@ def test_multi_task_learns_both_datasets(tp, tmp_path):
     assert dev["person/accuracy"] > baselines["person"] + 0.05, (dev, baselines)
     # measured: mean 0.70 against 0.48 (sentiment 0.73 against 0.46)
     assert dev["mean_accuracy"] > sum(baselines.values()) / 2 + 0.05, (dev, baselines)
+    # pentad evaluate: each dataset's labelled file as data.test.NAME=FILE, the test scores of fine-tuning
+    scores = tmp_path / "test_scores.json"
+    assert main(["evaluate", "--model", str(out), f"data.test.person={person['test']}", "--output", str(scores)]) == 0
+    assert json.loads(scores.read_text(encoding="utf-8")) == results["test"]
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(out), f"data.test={person['test']}"]) == 2  # which head scores it?
+    assert "give data.test.NAME=FILE for the datasets to score" in capsys.readouterr().err
+    assert main(["evaluate", "--model", str(out), f"data.test.nope={person['test']}"]) == 2
+    assert "no dataset named 'nope' (data.test.nope); its datasets are sentiment, person" in capsys.readouterr().err
 
     texts = [line.split("\t")[1] for line in person["dev"].read_text(encoding="utf-8").splitlines()[1:5]]
     (tmp_path / "in.tsv").write_text("text_a\n" + "\n".join(texts) + "\n", encoding="utf-8")

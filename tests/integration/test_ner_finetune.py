@@ -1,5 +1,5 @@
-"""Token classification through ``pentad finetune --task ner`` and ``pentad infer``: a tiny BERT
-learns to tag person and place names (multi-word, split into several word pieces) in template
+"""Token classification through ``pentad finetune --task ner``, ``pentad infer`` and ``pentad evaluate``: a
+tiny BERT learns to tag person and place names (multi-word, split into several word pieces) in template
 sentences, and dev scores and predictions come out in the TSV layout."""
 
 from __future__ import annotations
@@ -84,3 +84,7 @@ def test_ner_finetunes_evaluates_and_predicts(ner_data, tmp_path, crf):
         tags, probs = line.split("\t")
         assert len(tags.split(" ")) == len(gold) and len(probs.split(" ")) == len(gold)
         assert all(0.0 < float(p) <= 1.0 for p in probs.split(" "))
+    # pentad evaluate on the dev file gives the span F1 etc. fine-tuning picked the best model by
+    scores = tmp_path / "dev_scores.json"
+    assert main(["evaluate", "--model", str(out), f"data.test={root / 'dev.tsv'}", "--output", str(scores)]) == 0
+    assert json.loads(scores.read_text(encoding="utf-8")) == results["dev"]

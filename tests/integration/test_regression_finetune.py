@@ -36,6 +36,10 @@ def test_regression_beats_the_mean_and_keeps_the_lowest_mse(tp, tmp_path):
     baseline = row.mean_baseline_mse(train, test)
     assert results["test"]["mse"] < 0.75 * baseline, (results, baseline)  # measured 0.0088 against 0.0187
     assert results["test"]["pearson"] > 0.5 and results["test"]["spearman"] > 0.5, results
+    # pentad evaluate scores the test file as fine-tuning did (the best model, the task's own metrics)
+    scores = tmp_path / "test_scores.json"
+    assert main(["evaluate", "--model", str(out), f"data.test={test}", "--output", str(scores)]) == 0
+    assert json.loads(scores.read_text(encoding="utf-8")) == results["test"]
 
     sentences = [line.split("\t")[1] for line in test.read_text(encoding="utf-8").splitlines()[1:6]]
     (tmp_path / "in.tsv").write_text("text_a\n" + "\n".join(sentences) + "\n", encoding="utf-8")

@@ -114,6 +114,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="data.test=FILE",
                    help="the input file as data.test=FILE, then decoding options the run's task allows as "
                         "task.KEY=VALUE (asr, text2text: task.num_beams=4, task.max_new_tokens=...)")
+    p = sub.add_parser("evaluate", help="score a fine-tuned run on a labelled file with its task's metrics",
+                       description="Score a fine-tuned run directory on a labelled file (the format of its dev file) "
+                       "with the metrics its task reports on dev during fine-tuning, computed the same way; "
+                       "prints them, and writes them as JSON with --output.")
+    p.add_argument("--task", help="task name; must match the run's task")
+    p.add_argument("--model", required=True, type=Path, help="fine-tuned run directory")
+    p.add_argument("--output", "-o", type=Path, help="also write the metrics to this JSON file")
+    p.add_argument("--overwrite", action="store_true", help="replace the metrics file if it exists")
+    p.add_argument("--batch-size", type=int, help="examples per batch (default: the run's train.batch_size x 2, "
+                   "fine-tuning's evaluation batch size)")
+    p.add_argument("overrides", nargs="*", metavar="data.test=FILE",
+                   help="the labelled file as data.test=FILE (multi_task: data.test.NAME=FILE per dataset), then "
+                        "decoding options the run's task allows as task.KEY=VALUE (asr, text2text: "
+                        "task.num_beams=4, ...)")
     p = sub.add_parser("validate", help="check a config without running it and print the model summary",
                        usage="pentad validate [-h] (CONFIG | --config CONFIG) [key.path=value ...] [--print-config]")
     p.add_argument("--config", "-c", dest="config_option", metavar="CONFIG",
@@ -315,6 +329,8 @@ def run(args: argparse.Namespace) -> int:
             infer(args.model, test, args.output, args.probabilities or None, args.batch_size, task=args.task,
                   task_options=task_options)
         return 0
+    if cmd == "evaluate":
+        return _evaluate(args)
     extra = [f"task.type={args.task}"] if getattr(args, "task", None) else []
     if getattr(args, "overwrite", False):
         extra.append("train.overwrite=true")
@@ -346,6 +362,51 @@ def run(args: argparse.Namespace) -> int:
         from pentad.tasks.runner import finetune
 
         finetune(cfg)
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    """``pentad evaluate``: the run's task metrics on a labelled file, printed (and written as JSON)."""
+    from pentad.files import write_json
+    from pentad.tasks.runner import evaluate_file
+
+    single: Path | None = None
+    named: dict[str, Path] = {}
+    task_options: list[str] = []
+    for text in args.overrides:
+        key, _, value = text.partition("=")
+        if key.startswith("task.") and value:
+            task_options.append(text)
+        elif key == "data.test" and value:
+            single = Path(value)
+        elif key.startswith("data.test.") and len(key) > len("data.test.") and value:
+            named[key[len("data.test."):]] = Path(value)
+        else:
+            raise UserError(f"evaluate takes the labelled file as data.test=FILE (multi_task: data.test.NAME=FILE) "
+                            f"and the run's decoding options as task.KEY=VALUE, not '{text}'")
+    if single is None and not named:
+        raise UserError("evaluate needs the labelled input file: data.test=FILE")
+    if single is not None and named:
+        raise UserError(f"evaluate takes either data.test=FILE or data.test.NAME=FILE (one file per dataset of a "
+                        f"multi_task run), not both (data.test={single}, data.test.{next(iter(named))}=...)")
+    source: Path | dict[str, Path] = single if single is not None else named
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UserError(f"--batch-size {args.batch_size}: expected a positive number of examples per batch")
+    given = named if single is None else {"": single}
+    inputs = [("run directory", args.model), *((f"data.test.{n}" if n else "data.test", p) for n, p in given.items())]
+    if args.output is not None:
+        from pentad.cli.paths import check_output_file
+
+        check_output_file(args.output, args.overwrite, "--output", inputs)  # before the model is loaded
+    metrics = evaluate_file(args.model, source, args.batch_size, task=args.task, task_options=task_options)
+    shown = single if single is not None else ", ".join(f"{n}={p}" for n, p in named.items())
+    width = max((len(k) for k in metrics), default=0)
+    print(f"{shown}:")
+    for name, value in metrics.items():
+        print(f"  {name:<{width}}  {value:.4f}")
+    if args.output is not None:
+        with claim_output_file(args.output, args.overwrite, "--output", inputs, "pentad evaluate"):
+            write_json(args.output, metrics)
     return 0
 
 

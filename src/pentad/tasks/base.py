@@ -60,6 +60,9 @@ class Task(ABC):
     # task options ``pentad infer`` may change (task.KEY=VALUE): those that only shape decoding or
     # output, never the model or what fine-tuning learnt
     inference_options: ClassVar[frozenset[str]] = frozenset()
+    # True: each split is several files, one per dataset ({name: file}, as ``sources`` gives them;
+    # multi-task), so ``pentad evaluate`` takes data.test.NAME=FILE; False: one file (data.test=FILE)
+    named_inputs: ClassVar[bool] = False
 
     def __init__(self, cfg: Any, tokenizer: Any, seq_length: int, state: dict[str, Any] | None = None):
         self.cfg = cfg

@@ -161,6 +161,7 @@ class MultiTaskTask(Task):
 
     Config = MultiTaskConfig
     input_format = "task.datasets: [{name, train, dev, test}], each label<TAB>text_a[<TAB>text_b]"
+    named_inputs = True
 
     @classmethod
     def examples(cls, source: Any) -> list[Any]:
@@ -234,7 +235,15 @@ class MultiTaskTask(Task):
         head predicts (inference)."""
         if isinstance(source, dict):
             names = tuple(source)
+            unknown = [n for n in names if n not in self.tasks]
+            if unknown:
+                raise UserError(f"multi_task has no dataset named '{unknown[0]}' (data.test.{unknown[0]}); its "
+                                f"datasets are {', '.join(self.names)}")
             return MultiInstances(names, tuple(self.tasks[n].read(source[n], with_labels) for n in names))
+        if with_labels:  # (fine-tuning reads {name: file}; one file with labels is an evaluation input)
+            raise UserError(f"{source}: multi_task reads labelled input as one file per dataset "
+                            f"({', '.join(self.names)}), each scored by that dataset's head, not one file for all "
+                            "(pentad evaluate: data.test.NAME=FILE for each dataset to score)")
         first = self.tasks[self.names[0]]
         return MultiInstances(self.names, (first.read(source, with_labels=False),), shared=True)
 

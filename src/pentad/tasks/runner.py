@@ -1,4 +1,4 @@
-"""``pentad finetune`` and ``pentad infer`` for any registered task."""
+"""``pentad finetune``, ``pentad infer`` and ``pentad evaluate`` for any registered task."""
 
 from __future__ import annotations
 
@@ -266,16 +266,25 @@ def _evaluate_only(cfg: RunConfigBase, session: Session, task: Task, model: torc
     return results
 
 
-def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: bool | None = None,
-          batch_size: int = 64, device_choice: str = "auto", task: str | None = None,
-          task_options: Sequence[str] = (), window: int | None = None) -> Path:
-    """Predict with a fine-tuned run directory on its task's input file (labels optional).
+@dataclass(frozen=True)
+class FinetunedRun:
+    """A fine-tuned run loaded for inference (:func:`load_finetuned`): its directory (a grid search's
+    best trial for a grid's directory), config, task (rebuilt with the saved state, bound to the run),
+    model (the run's weights, eval-ready on ``device``)."""
 
-    ``task``, when given (``--task``), must be the run's task. A grid search's run directory means its
-    best trial. ``task_options``: ``task.KEY=VALUE`` overrides of the options the task lets inference
-    change (``Task.inference_options``: decoding, never the model). A task that streams
-    (``Task.read_windows``) is read, predicted and written ``window`` (default ``INFER_WINDOW``) examples
-    at a time (rounded up to whole batches), so memory stays flat whatever the input's length."""
+    run_dir: Path
+    cfg: RunConfigBase
+    task: Task
+    model: torch.nn.Module
+    device: torch.device
+
+
+def load_finetuned(model_dir: Path, task: str | None = None, task_options: Sequence[str] = (),
+                   device_choice: str = "auto") -> FinetunedRun:
+    """A fine-tuned run directory as ``pentad infer`` and ``pentad evaluate`` use it. A grid search's run
+    directory means its best trial; ``task`` (``--task``), when given,
+    must be the run's task; ``task_options``: ``task.KEY=VALUE`` overrides of the options the task lets
+    inference change (``Task.inference_options``: decoding, never the model)."""
     model_dir = search.resolve_model(model_dir)
     cfg, tokenizer = load_run(model_dir)
     if cfg.task is None:
@@ -283,30 +292,74 @@ def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: 
     if task is not None and task != cfg.task.type:
         raise UserError(f"--task {task} does not match the run: {model_dir} was fine-tuned for {cfg.task.type} "
                         f"(use --task {cfg.task.type}, or leave --task out: the run's task is used)")
+    task_cfg = cfg.task
     if task_options:
-        cfg = cfg.model_copy(update={"task": inference_task_config(cfg.task, task_options, model_dir)})
+        task_cfg = inference_task_config(task_cfg, task_options, model_dir)
+        cfg = cfg.model_copy(update={"task": task_cfg})
     seq_length = cfg.data.objective.seq_length if cfg.data.objective is not None else cfg.model.max_seq_length
-    task = TASKS.get(cfg.task.type)(cfg.task, tokenizer, min(seq_length, cfg.model.max_seq_length),
+    made = TASKS.get(task_cfg.type)(task_cfg, tokenizer, min(seq_length, cfg.model.max_seq_length),
                                     read_task_state(model_dir))
-    task.bind(cfg)
+    made.bind(cfg)
     device = pick_device(device_choice)
     check_memory(cfg.model, "inference", device)
-    model = build_model(cfg.model, provided=task.provides, training=False)
+    model = build_model(cfg.model, provided=made.provides, training=False)
     ckpt.load_weights(model, ckpt.read_weights(ckpt.find_weights(model_dir)), str(model_dir))
     model.to(device)
-    output = output or model_dir / task.predictions_file
-    want_probs = cfg.task.probabilities if probabilities is None else probabilities
+    return FinetunedRun(model_dir, cfg, made, model, device)
+
+
+def infer(model_dir: Path, test_path: Path, output: Path | None, probabilities: bool | None = None,
+          batch_size: int = 64, device_choice: str = "auto", task: str | None = None,
+          task_options: Sequence[str] = (), window: int | None = None) -> Path:
+    """Predict with a fine-tuned run directory on its task's input file (labels optional).
+
+    The run is loaded by :func:`load_finetuned` (``task``, ``task_options``: see there). A task that
+    streams (``Task.read_windows``) is read, predicted and written ``window`` (default ``INFER_WINDOW``)
+    examples at a time (rounded up to whole batches), so memory stays flat whatever the input's length."""
+    run = load_finetuned(model_dir, task, task_options, device_choice)
+    cfg, made, model, device = run.cfg, run.task, run.model, run.device
+    output = output or run.run_dir / made.predictions_file
+    want_probs = made.cfg.probabilities if probabilities is None else probabilities
     progress = "infer" if cfg.train.progress else None
-    windows = task.read_windows(test_path, window_size(batch_size, window or INFER_WINDOW))
+    windows = made.read_windows(test_path, window_size(batch_size, window or INFER_WINDOW))
     if windows is None:  # the task needs its whole input at once (Task.read_windows says why)
-        instances = task.read(test_path, with_labels=False)
-        predictions = task.predict(model, instances, batch_size, device, progress)
-        task.write_predictions(output, predictions, instances, want_probs)
-        count = task.num_predictions(instances)
+        instances = made.read(test_path, with_labels=False)
+        predictions = made.predict(model, instances, batch_size, device, progress)
+        made.write_predictions(output, predictions, instances, want_probs)
+        count = made.num_predictions(instances)
     else:
-        count = stream_predictions(task, model, windows, output, want_probs, batch_size, device, progress)
+        count = stream_predictions(made, model, windows, output, want_probs, batch_size, device, progress)
     info(f"wrote {count:,} predictions to {output}")
     return output
+
+
+def evaluate_file(model_dir: Path, source: Path | dict[str, Path], batch_size: int | None = None,
+                  device_choice: str = "auto", task: str | None = None, task_options: Sequence[str] = ()
+                  ) -> dict[str, float]:
+    """The task metrics of a fine-tuned run on a labelled input (``pentad evaluate``): the run loaded as
+    inference loads it (:func:`load_finetuned`), the input read with its labels, then ``Task.evaluate``
+    against ``Task.gold``, the evaluation fine-tuning scores dev and test with; ``batch_size`` None:
+    fine-tuning's evaluation batch size (``train.batch_size`` x 2). ``source``: one file
+    (``data.test=FILE``), or for a task reading one file per dataset (``Task.named_inputs``: multi_task)
+    ``{dataset name: file}`` (``data.test.NAME=FILE``)."""
+    named = dict(source) if isinstance(source, dict) else {"": source}
+    for name, path in named.items():
+        key = f"data.test.{name}" if name else "data.test"
+        if not Path(path).exists():
+            raise UserError(f"{key}={path} does not exist; pentad evaluate needs a labelled input file of the "
+                            "run's task (the format of its dev file)")
+    run = load_finetuned(model_dir, task, task_options, device_choice)
+    cfg, made = run.cfg, run.task
+    if isinstance(source, dict) and not made.named_inputs:
+        raise UserError(f"data.test.NAME=FILE is for a task that reads one file per dataset (multi_task); "
+                        f"{run.run_dir} is a {made.cfg.type} run, which reads one file: give data.test=FILE")
+    if not isinstance(source, dict) and made.named_inputs:
+        raise UserError(f"{run.run_dir} is a {made.cfg.type} run, which scores each dataset on its own labelled "
+                        f"file: give data.test.NAME=FILE for the datasets to score, not data.test={source}")
+    instances = made.read(source, with_labels=True)
+    batch_size = batch_size or cfg.train.batch_size * 2
+    return made.evaluate(run.model, instances, made.gold(instances), batch_size, run.device,
+                         progress="evaluate" if cfg.train.progress else None)
 
 
 def stream_predictions(task: Task, model: torch.nn.Module, windows: Iterable[Any], output: Path, probabilities: bool,
