@@ -902,36 +902,3 @@ def _is_collective_failure(error: BaseException) -> bool:
     text = str(error).lower()
     return isinstance(error, RuntimeError) and any(
         key in text for key in ("gloo", "nccl", "connection", "timed out", "timeout", "peer", "broken pipe"))
-
-
-def plot_losses(metrics_path: Path, out: Path) -> Path | None:
-    """Draw loss (total and per target) against step from ``metrics.jsonl`` into a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    records = [r for r in MetricsLog(metrics_path).read() if "loss" in r]
-    if not records:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4))
-    keys = ["loss"] + sorted({k for r in records for k in r if k.endswith("_loss")})
-    for key in keys:
-        points = [(r["step"], r[key]) for r in records if key in r]
-        ax.plot([p[0] for p in points], [p[1] for p in points], label=key, linewidth=1.5 if key == "loss" else 1)
-    dev = [(r["step"], r[k]) for r in MetricsLog(metrics_path).read() for k in r if k == "dev_accuracy"]
-    if dev:
-        twin = ax.twinx()
-        twin.plot([d[0] for d in dev], [d[1] for d in dev], "k--o", label="dev accuracy", markersize=3)
-        twin.set_ylabel("dev accuracy")
-        twin.legend(loc="upper center")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(out)
-    return out
