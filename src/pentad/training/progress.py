@@ -36,13 +36,17 @@ def about(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _digits(value: float) -> str:
+    """Three significant digits, never in exponent notation: ``0.0234``, ``74.2``, ``399``, ``1234``."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def _count(value: float) -> str:
-    """A rate with a unit prefix for large values: ``74.2``, ``18.2k``, ``1.31M``."""
-    if value >= 1e6:
-        return f"{value / 1e6:.3g}M"
-    if value >= 1e4:
-        return f"{value / 1e3:.3g}k"
-    return f"{value:.3g}"
+    """A rate with a unit prefix for large values: ``74.2``, ``399``, ``5.36k``, ``1.31M``."""
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{_digits(value / scale)}{unit}"
+    return _digits(value)
 
 
 def format_line(description: str, step: int, total: int, *, loss: float | None, steps_per_s: float | None,
@@ -57,7 +61,7 @@ def format_line(description: str, step: int, total: int, *, loss: float | None, 
     parts = [f"{description} step {step:,}/{total:,} ({percent:.0f}%)",
              f"loss {loss:.4f}" if loss is not None else "loss -"]
     if steps_per_s:
-        speed = [f"{steps_per_s:.3g} steps/s" if steps_per_s >= 1 else f"{1 / steps_per_s:.3g} s/step"]
+        speed = [f"{_digits(steps_per_s)} steps/s" if steps_per_s >= 1 else f"{_digits(1 / steps_per_s)} s/step"]
         if samples_per_step:
             speed.append(f"{_count(steps_per_s * samples_per_step)} samples/s")
         if tokens_per_s:
@@ -182,6 +186,6 @@ class RunEstimate:
             expected = now - self.began + per_step * (self.end - step)
             self.said = True
             steps = self.end - self.start
-            return (f"timing: about {about(expected)} for {steps:,} steps ({per_step:.3g} s/step over steps "
+            return (f"timing: about {about(expected)} for {steps:,} steps ({_digits(per_step)} s/step over steps "
                     f"{self.first + 1}-{self.last})")
         return None

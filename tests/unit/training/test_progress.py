@@ -48,6 +48,10 @@ def test_a_line_gives_step_percent_loss_speed_and_eta():
                     " | elapsed 52s, ETA 7m20s")
     slow = format_line("finetune", 1, 10, loss=None, steps_per_s=0.25, elapsed=4)
     assert slow == "finetune step 1/10 (10%) | loss - | 4 s/step | elapsed 4s, ETA 36s"
+    fast = format_line("x", 1, 10**6, loss=None, steps_per_s=1234.5, samples_per_step=4, tokens_per_s=5360.0)
+    assert "| 1234 steps/s, 4.94k samples/s, 5.36k tokens/s |" in fast  # no exponent notation
+    assert "| 999 steps/s, 4k samples/s, 1.31M tokens/s |" in format_line(
+        "x", 1, 10**6, loss=None, steps_per_s=999.0, samples_per_step=4, tokens_per_s=1.31e6)
     assert format_line("x", 3, 10, loss=1.0, steps_per_s=None).endswith("| loss 1.0000 | elapsed 0s, ETA -")
     assert format_line("x", 10, 10, loss=1.0, steps_per_s=1.0, elapsed=75, done=True).endswith("| done in 1m15s")
     assert format_line("x", 4, 10, loss=1.0, steps_per_s=1.0, elapsed=5, done=True).endswith("| stopped after 5s")
