@@ -143,8 +143,9 @@ def _init_rows(cfg: Any) -> int | None:
 
 
 # train.* keys that do not change the course of training: they may differ when a run is resumed
-FREE_TRAIN_KEYS = frozenset({"progress", "log_every", "threads", "device", "save_every", "save_minutes",
-                             "keep_checkpoints", "stop_at", "resume_from", "allow_changes", "eval_every",
+FREE_TRAIN_KEYS = frozenset({"progress", "progress_every_s", "log_every", "threads", "device", "save_every",
+                             "save_minutes", "keep_checkpoints", "stop_at", "resume_from", "allow_changes",
+                             "eval_every",
                              "tensorboard", "plot", "peak_tflops", "strategy", "dist_backend", "dist_timeout",
                              "activation_checkpointing", "compile",
                              "deepspeed", "overwrite", "on_nonfinite", "max_skipped_steps"})

@@ -38,7 +38,8 @@ def test_whole_pipeline_and_bitwise_resume(english, tmp_path, capsys):
     ft = tmp_path / "ft"
     assert run("finetune", "--task", "classification", "--config", "bert/tiny", *base, f"init={straight}",
                f"data.train={english['train']}", f"data.dev={english['dev']}", f"data.test={english['test']}",
-               f"output={ft}", "train.epochs=2") == 0
+               f"output={ft}", "train.epochs=2", "train.plot=true") == 0
+    assert (ft / "loss.png").stat().st_size > 1000  # with the dev selection metric's panel
     results = json.loads((ft / "results.json").read_text())
     assert set(results["dev"]) == {"accuracy", "macro_f1"} and 0 <= results["test"]["accuracy"] <= 1
     assert (ft / "best" / "model.safetensors").is_file()

@@ -30,8 +30,8 @@ from pentad.training import checkpoint as ckpt
 from pentad.training.distill import make_distiller
 from pentad.training.distributed import pick_device
 from pentad.training.evaluation import BestModel, Evaluation
+from pentad.training.plots import head_names, plot_losses
 from pentad.training.session import Session, check_launch
-from pentad.training.trainer import plot_losses
 
 if TYPE_CHECKING:
     import torch
@@ -213,7 +213,7 @@ def _finetune(plan: FinetunePlan, session: Session) -> dict[str, Any]:
         trainer.train(batches.iterate, hooks=[evaluator] if distiller is None else [distiller, evaluator])
         stopped = trainer.stopped_early
     if session.is_main and cfg.train.plot:
-        plot_losses(run_dir / layout.METRICS, run_dir / layout.LOSS_PLOT)
+        plot_losses(run_dir / layout.METRICS, run_dir / layout.LOSS_PLOT, head_names(model), task.cfg.metric)
     if trainer.step < total and not stopped:
         info(f"stopped at step {trainer.step} of {total} (train.stop_at); run the same command again to resume")
         return {"stopped_at": trainer.step}

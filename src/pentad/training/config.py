@@ -213,10 +213,14 @@ class TrainConfig(StrictModel):
     stop_at: int | None = Field(None, ge=1, description="stop with a checkpoint at this step, as if "
                                                         "interrupted; running again resumes")
     progress: bool = Field(True, description="progress bars on stderr (training, evaluation, infer)")
+    progress_every_s: float = Field(30.0, gt=0.0, description="when stderr is not a terminal (a CI log, nohup, a "
+                                    "file), training shows a plain progress line instead of the bar: after the "
+                                    "first step, then every this many seconds, and after the last step")
     tensorboard: bool = Field(True, description="also write TensorBoard event files into the run directory "
                                                 "(needs the tensorboard package: pip install 'pentad[tensorboard]')")
-    plot: bool = Field(True, description="draw loss.png (the losses against step, and dev scores) into the run "
-                                         "directory when training ends (matplotlib)")
+    plot: bool = Field(True, description="draw loss.png into the run directory when training ends (matplotlib): "
+                       "one panel each for the training losses, the auxiliary losses, the learning rate and the "
+                       "dev selection metric, against step")
 
     def for_finetuning(self) -> TrainConfig:
         """This config with ``FINETUNE_DEFAULTS`` for the keys its file and overrides left unset

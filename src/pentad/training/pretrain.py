@@ -12,8 +12,9 @@ from pentad.config.base import freeze
 from pentad.errors import UserError
 from pentad.registry import OBJECTIVES
 from pentad.runs import absolute_paths, check_inputs_exist, complete_vocab, info, load_tokenizer, main_rank_speaks
+from pentad.training.plots import head_names, plot_losses
 from pentad.training.session import Session, check_launch
-from pentad.training.trainer import Hook, Trainer, plot_losses
+from pentad.training.trainer import Hook, Trainer
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def _pretrain(plan: PretrainPlan, session: Session) -> dict[str, Any]:
     start = time.perf_counter()
     last = trainer.train(batches.iterate, hooks=[LoggedLength(lengths)] if lengths is not None else [])
     if session.is_main and cfg.train.plot:
-        plot_losses(Path(cfg.output) / layout.METRICS, Path(cfg.output) / layout.LOSS_PLOT)
+        plot_losses(Path(cfg.output) / layout.METRICS, Path(cfg.output) / layout.LOSS_PLOT, head_names(model))
     if trainer.step < cfg.train.steps:
         info(f"stopped at step {trainer.step} of {cfg.train.steps} (train.stop_at); run the same command again "
              "to resume")

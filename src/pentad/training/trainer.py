@@ -45,6 +45,7 @@ from pentad.training.precision import (
     resolve,
     synchronize,
 )
+from pentad.training.progress import ProgressBar, ProgressLines, RunEstimate, make_progress
 from pentad.training.recompute import checkpoint_blocks
 from pentad.training.strategies.base import Strategy
 from pentad.training.strategies.single import SingleStrategy
@@ -391,7 +392,8 @@ class Trainer:
         self.step = 0
         self.micro_batches = 0  # the data position: (global) micro-batches consumed
         self.stopped_early = False  # a hook asked to stop (fine-tuning's early stopping)
-        self._bar: Any = None  # the progress bar of the running loop (messages are written through it)
+        # the progress display of the running loop (messages are written through it)
+        self._bar: ProgressBar | ProgressLines | None = None
         self._hooks: Sequence[Hook] = ()  # the running loop's hooks
         self._pointer_problem: str | None = None  # what was wrong with checkpoints/latest (resume)
         # non-finite steps, counted on the device (read at logging, evaluation and saving: no sync per step):
@@ -617,7 +619,7 @@ class Trainer:
             self._write({"step": self.step, **{f"dev_{k}": v for k, v in metrics.items()}})
             message = f"step {self.step}: " + ", ".join(f"dev {k} {v:.4f}" for k, v in metrics.items())
             if self._bar is not None:  # with the other progress messages, not into the command's output
-                self._bar.write(message, file=sys.stderr)
+                self._bar.write(message)
             else:
                 print(message, file=sys.stderr)
         return metrics
@@ -646,8 +648,6 @@ class Trainer:
             raise
 
     def _train(self, stream: BatchStream, hooks: Sequence[Hook]) -> dict[str, Any]:
-        from tqdm import tqdm
-
         cfg = self.cfg
         hooks = [*self.hooks, *hooks]
         batches = stream(self.micro_batches)
@@ -655,8 +655,8 @@ class Trainer:
         interval = Interval(self.device)
         saves = SaveSchedule(cfg.save_every, cfg.save_minutes)
         last: dict[str, Any] = {}
-        bar = tqdm(total=self.total_steps, initial=self.step, desc=self.description, unit="step",
-                   disable=not (cfg.progress and self.dist.is_main), dynamic_ncols=True, file=sys.stderr)
+        bar = make_progress(self.description, self.total_steps, self.step, enabled=cfg.progress and self.dist.is_main,
+                            every_s=cfg.progress_every_s, samples_per_step=cfg.batch_size * cfg.grad_accum)
         self._bar, self._hooks = bar, hooks
         stop = StopRequest()
         self.events.open(self.step)
@@ -664,20 +664,26 @@ class Trainer:
             hook.on_start(self)
         try:
             end = min(self.total_steps, cfg.stop_at or self.total_steps)
+            estimate = RunEstimate(self.step, end) if self.dist.is_main else None
             while self.step < end:
                 step_loss = torch.zeros((), device=self.device)
                 for micro in range(cfg.grad_accum):
                     step_loss += self._micro_batch(batches, micro == cfg.grad_accum - 1, interval)
                 lr = self._optimizer_step(step_loss, interval)
-                bar.update(1)
+                if estimate is not None:
+                    if estimate.needs_sync(self.step):
+                        synchronize(self.device)
+                    said = estimate.step_done(self.step)
+                    if said:
+                        bar.write(said)
                 done = self.step == end
                 signum, timed = self._agreed(stop.signum, saves.timed())
                 if self.step % cfg.log_every == 0 or done or signum:
                     last = self._log(interval, lr)
-                    bar.set_postfix(loss=f"{last['loss']:.4f}")
                 for hook in hooks:
                     if hook.after_step(self, done):
                         self.stopped_early = done = True  # every rank decides alike (hooks decide on shared values)
+                bar.update(self.step, last, done)
                 if signum or saves.due(self.step, done, timed):
                     saved = self.save()
                     saves.saved()
@@ -896,36 +902,3 @@ def _is_collective_failure(error: BaseException) -> bool:
     text = str(error).lower()
     return isinstance(error, RuntimeError) and any(
         key in text for key in ("gloo", "nccl", "connection", "timed out", "timeout", "peer", "broken pipe"))
-
-
-def plot_losses(metrics_path: Path, out: Path) -> Path | None:
-    """Draw loss (total and per target) against step from ``metrics.jsonl`` into a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    records = [r for r in MetricsLog(metrics_path).read() if "loss" in r]
-    if not records:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4))
-    keys = ["loss"] + sorted({k for r in records for k in r if k.endswith("_loss")})
-    for key in keys:
-        points = [(r["step"], r[key]) for r in records if key in r]
-        ax.plot([p[0] for p in points], [p[1] for p in points], label=key, linewidth=1.5 if key == "loss" else 1)
-    dev = [(r["step"], r[k]) for r in MetricsLog(metrics_path).read() for k in r if k == "dev_accuracy"]
-    if dev:
-        twin = ax.twinx()
-        twin.plot([d[0] for d in dev], [d[1] for d in dev], "k--o", label="dev accuracy", markersize=3)
-        twin.set_ylabel("dev accuracy")
-        twin.legend(loc="upper center")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(out)
-    return out
