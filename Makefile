@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test check install install-test bench clean
+.PHONY: demo test test-heavy check install install-test bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,8 +31,13 @@ install-test: $(TEST_STAMP)
 demo: $(STAMP)
 	$(BIN)/pentad demo
 
+# the suite less the tests marked heavy; `make test-heavy` runs those, and CI runs both
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest -n 2 -q --durations=15
+	$(BIN)/python -m pytest -n 2 -q --durations=15 -m "not heavy"
+
+# the tests marked heavy: the quick demo, the DeepSpeed and most FSDP launches, the real Whisper model
+test-heavy: $(TEST_STAMP)
+	$(BIN)/python -m pytest -n 2 -q --durations=10 -m heavy
 
 # the types test first: it is the longest of these (mypy, with its cache in .mypy_cache); one intra-op thread
 # per worker: two workers fill two cores, and more threads only spin on a busy machine
