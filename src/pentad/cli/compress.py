@@ -41,8 +41,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "pruning (0: none)")
     p.add_argument("--data", type=Path, metavar="FILE", help="labelled file to score importance on (default: the "
                    "run's data.dev)")
-    p.add_argument("--quantize", choices=Choices(_quantize_kinds), help="int8 weights (per output channel) and dynamic int8 "
-                   "activations in every linear layer not tied to an embedding (CPU inference)")
+    p.add_argument("--quantize", choices=Choices(_quantize_kinds), metavar="KIND", help="%(choices)s: int8 "
+                   "weights (per output channel) and dynamic int8 activations in every linear layer not tied to an "
+                   "embedding (CPU inference)")
     p.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
     p.add_argument("--set", action="append", default=[], metavar="key.path=value", dest="overrides",
                    help="a config override for the fine-tuning steps (repeat: --set train.threads=2 --set "

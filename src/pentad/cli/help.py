@@ -8,7 +8,9 @@
   torch), which building the parser must not. Choices from a module with torch are a :class:`Choices`,
   read on first use for the same reason.
 - Descriptions and epilogs with line breaks are printed as written; others are wrapped.
-- A renamed option keeps its old spelling as a second name of the same option (:func:`deprecated`).
+- A renamed option keeps its old spelling as a further name of the same option, which its help calls
+  "the former spelling", so scripts written for it still run (tests/unit/cli/test_help.py holds the
+  preferred spellings).
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ LISTS: dict[str, Callable[[], Iterable[str]]] = {
 
 class Choices(Sequence[str]):
     """The ``choices`` of an option, read from their owner on first use (parsing a value of the option,
-    or printing help): the owner may import torch, which building the parser must not."""
+    or printing help): the owner may import torch, which building the parser must not. Give the option a
+    ``metavar`` (argparse formats the choices of one without it as it is added) and name the choices in
+    its help with ``%(choices)s``."""
 
     def __init__(self, load: Callable[[], Iterable[str]]):
         self._load = load
@@ -129,8 +133,3 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("formatter_class", Formatter)
         super().__init__(*args, **kwargs)
-
-
-def deprecated(old: str, new: str) -> str:
-    """The help sentence naming an option's old spelling, still accepted."""
-    return f"; {old} is the former spelling of {new}, still accepted"

@@ -31,7 +31,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "vocab_size)")
     f.add_argument("--channels", type=int, choices=(1, 3), default=3, help="3 (RGB) or 1 (grayscale)")
     f.add_argument("--seed", type=int, default=0, help="seed of the patch sample and of k-means")
-    f.add_argument("--max-patches", type=int, default=200_000, metavar="N", help="patches sampled to fit on (bounds memory)")
+    f.add_argument("--max-patches", type=int, default=200_000, metavar="N",
+                   help="patches sampled to fit on (bounds memory)")
     f.add_argument("--steps", type=int, default=200, metavar="N", help="mini-batch k-means steps")
     f.add_argument("--batch-size", type=int, default=2048, metavar="N", help="patches per k-means step")
     f.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_IMAGE_PIXELS, metavar="N",

@@ -166,8 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = vsub.add_parser("build", help="train a WordPiece or BPE vocabulary on a corpus")
     b.add_argument("--corpus", required=True, nargs="+", type=Path, metavar="FILE", help="text files, one text per "
                    "line")
-    b.add_argument("--kind", choices=Choices(_vocab_kinds), default="wordpiece", help="the tokenizer the vocabulary is for: "
-                   "wordpiece (writes vocab.txt) or bpe (byte-level, writes vocab.json and merges.txt)")
+    b.add_argument("--kind", choices=Choices(_vocab_kinds), default="wordpiece", metavar="KIND",
+                   help="the tokenizer the vocabulary is for, one of %(choices)s: wordpiece (writes vocab.txt) "
+                        "or bpe (byte-level, writes vocab.json and merges.txt)")
     b.add_argument("--vocab-size", type=int, default=8000, metavar="N", help="tokens in the vocabulary")
     b.add_argument("--output", "-o", required=True, type=Path, metavar="DIR", help="the directory to write")
     b.add_argument("--cased", action="store_true", help="keep case (default: lower-case)")
