@@ -86,7 +86,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true", help="re-run the whole sequence each step (slow; testing)")
     p.add_argument("--cache", choices=Choices(_caches), default="dynamic", metavar="KIND",
                    help="key/value cache, one of %(choices)s: dynamic (grows as decoding goes) or static "
-                        "(allocated once at prompt + --max-new-tokens positions, written in place; needed by --compile)")
+                        "(allocated once at prompt + --max-new-tokens positions, written in place; needed by "
+                        "--compile)")
     p.add_argument("--compile", action="store_true",
                    help="compile the one-token decoding step with torch.compile (CUDA graphs on a GPU); "
                         "needs --cache static. The first step pays for the compilation")

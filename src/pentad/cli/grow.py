@@ -33,8 +33,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="the directory to write (new, or --overwrite)")
     p.add_argument("--depth", choices=Choices(_depth_modes), default="stack", metavar="MODE",
                    help="new layers, one of %(choices)s: stack (the small stack repeated: 0 1 0 1), "
-                        "interleave (each layer repeated in place: 0 0 1 1), identity (interleave with the copies' output projections zero: exact, "
-                        "pre-norm models only)")
+                        "interleave (each layer repeated in place: 0 0 1 1), identity (interleave with the copies' "
+                        "output projections zero: exact, pre-norm models only)")
     p.add_argument("--noise", type=float, default=0.0, metavar="R",
                    help="add N(0, (R x the weight's std)^2) to the incoming weights of the copied hidden features, "
                         "feed-forward units and heads, so that copies can learn apart (they receive equal gradients "
