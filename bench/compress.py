@@ -5,7 +5,7 @@ on a slice of book_review's training set from random weights: no pre-trained Chi
 at hand, and pre-training one would take most of the time budget; characters as tokens, the vocabulary
 the characters seen twice in the first 8,000 training reviews) is compressed with one command::
 
-    pentad compress TEACHER --out SMALL --distill layers=2 --prune heads=0.3,ffn=0.3 --quantize int8
+    pentad compress TEACHER --output SMALL --distill layers=2 --prune heads=0.3,ffn=0.3 --quantize int8
 
 and every intermediate model is measured on the same held-out test slice (book_review's test.tsv):
 

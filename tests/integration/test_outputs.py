@@ -129,7 +129,7 @@ AROUND_THE_INPUT = [
     (("export", "{run}", "{link}", "--overwrite"), "(that is {box}) contains the run directory"),
     (("export", "{run}", "{run}/../run", "--overwrite"), "is the run directory"),
     (("export", "{run}", "{run}/exported"), "lies inside the run directory"),
-    (("compress", "{run}", "--out", "{box}", "--quantize", "int8", "--overwrite"), "--out {box} contains the run"),
+    (("compress", "{run}", "--out", "{box}", "--quantize", "int8", "--overwrite"), "--output {box} contains the run"),
     (("merge-lora", "{run}", "--output", "{link}", "--overwrite"), "contains the run directory"),
     (("grow", "{run}", "--config", "{run}/config.yaml", "--output", "{box}", "--overwrite"),
      "--output {box} contains the --config"),
@@ -217,7 +217,7 @@ def test_two_compressions_to_one_output(capsys, boxed, tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline, "_step", _nested(("compress", boxed, "--out", out, "--quantize", "int8"),
                                                    results)(pipeline._step))
     assert main(["compress", str(boxed), "--out", str(out), "--quantize", "int8"]) == 0
-    assert results == [2] and "--out" in capsys.readouterr().err
+    assert results == [2] and "--output" in capsys.readouterr().err
     assert (out / "compress.json").is_file() and (out / "steps").is_dir()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
 

@@ -1,6 +1,6 @@
 """``pentad chat``: talk with a chat model in the terminal.
 
-    pentad chat RUN_DIR [--system TEXT] [--max-new-tokens N] [--greedy | --sample [--temperature T]
+    pentad chat RUN [--system TEXT] [--max-new-tokens N] [--greedy | --sample [--temperature T]
         [--top-k K] [--top-p P]] [--seed S] [--repetition-penalty X] [--stop TEXT ...] [--device DEV]
 
 Reads the user's messages from stdin, one line each, and prints each reply on stdout as it is
@@ -28,7 +28,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "chat", help="chat with a model in the terminal (its tokenizer's chat template)",
         description="An interactive chat on stdin/stdout with the model of a run directory: each line is a user "
                     "message, each reply streams as it is generated. /reset clears the history, /exit ends.")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="run directory (trained or converted)")
+    p.add_argument("run_dir", type=Path, metavar="RUN", help="run directory (trained or converted)")
     p.add_argument("--system", metavar="TEXT", help="a system message that starts every conversation")
     p.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="tokens per reply at most")
     add_sampling_arguments(p)
@@ -37,7 +37,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed for sampling (the whole session replays)")
     p.add_argument("--stop", nargs="+", action="extend", default=[], metavar="TEXT",
                    help="end a reply when it contains TEXT (not included)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     return p
 
 

@@ -21,23 +21,10 @@ from typing import Any
 from pentad.conversions import DIRECTIONS
 
 
-class _FamiliesHelp(argparse.HelpFormatter):
-    """Lists the registered Hugging Face families in the ``--family`` help when help is printed:
-    reading the registry imports the family modules (and torch), which building the parser must not."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = super()._get_help_string(action)
-        if text is not None and "{families}" in text:
-            from pentad.interop.hf.families import family_names
-
-            text = text.replace("{families}", ", ".join(family_names()))
-        return text
-
-
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``convert`` subcommand to ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
     p = subparsers.add_parser(
-        "convert", formatter_class=_FamiliesHelp,
+        "convert",
         help="convert weights: Hugging Face <-> pentad, TencentPretrain <-> pentad, CTranslate2 Whisper -> "
              "Hugging Face / pentad",
         description="Convert a model directory. hf-to-pentad / tencentpretrain-to-pentad write a pentad run "
@@ -60,7 +47,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "to the input, and that the pentad model runs")
     p.add_argument("--tolerance", type=float, default=1e-5,
                    help="largest accepted relative difference with --verify: max |Δ| / max |reference| of each "
-                        "compared output (default 1e-5)")
+                        "compared output")
     p.add_argument("--revision", help="hf-to-pentad of a Hub name: the branch, tag or commit to convert "
                                       "(default: main)")
     p.add_argument("--allow-norm-change", action="store_true",

@@ -7,9 +7,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pentad.errors import UserError
+from pentad.layers.pooling_kinds import PoolingKind
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -29,7 +30,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", type=Path, help="default: RUN/embeddings.npy (RUN/similarity.tsv with "
                    "--similarity)")
     p.add_argument("--overwrite", action="store_true", help="replace the output if it exists")
-    p.add_argument("--pooling", choices=("first", "mean", "max", "last"),
+    p.add_argument("--pooling", choices=get_args(PoolingKind),
                    help="default: the run's own (a two-stream run's; images: the cls head's or the image "
                    "stream's), else mean")
     p.add_argument("--whitening", action="store_true", help="BERT-whitening: subtract the mean and decorrelate to "
@@ -41,8 +42,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "paths relative to it): image vectors from a ViT or a two-tower run's image stream")
     p.add_argument("--projected", action="store_true", help="a two-stream run with a clr head (CLIP): the head's "
                    "projected, L2-normalised features (what retrieval compares) instead of pooled states")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--batch-size", type=int, default=64, metavar="N", help="texts (or pairs, images) encoded together")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda when there is a GPU, "
+                   "else cpu")
     return p
 
 

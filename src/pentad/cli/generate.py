@@ -1,6 +1,6 @@
 """``pentad generate``: continue prompts with a trained or converted model.
 
-    pentad generate RUN_DIR (--prompt TEXT | --prompts FILE | --jsonl FILE | --chat FILE) [--max-new-tokens N]
+    pentad generate RUN (--prompt TEXT | --prompts FILE | --jsonl FILE | --chat FILE) [--max-new-tokens N]
         [--greedy | --sample [--temperature T] [--top-k K] [--top-p P]]
         [--num-beams N [--length-penalty X] [--early-stopping [true|false|never]]]
         [--num-return-sequences N] [--repetition-penalty X] [--seed S] [--stop TEXT ...]
@@ -29,10 +29,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pentad.cli.help import Choices
 from pentad.cli.paths import claim_output_file
 from pentad.errors import UserError
 
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p")
+
+
+def _caches() -> tuple[str, ...]:
+    """The kinds of key/value cache (``GenerationConfig.cache``)."""
+    from typing import get_args
+
+    from pentad.generation.config import GenerationConfig
+
+    return get_args(GenerationConfig.model_fields["cache"].annotation)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -42,7 +52,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Continue prompts (decoder-only models) or transform sources (encoder-decoder models) "
                     "with the model of a run directory. Greedy by default; --sample or --num-beams N for "
                     "sampling or beam search.")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="run directory (trained or converted)")
+    p.add_argument("run_dir", type=Path, metavar="RUN", help="run directory (trained or converted)")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="one prompt")
     source.add_argument("--prompts", type=Path, metavar="FILE", help="UTF-8 text file, one prompt per line")
@@ -58,10 +68,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_sampling_arguments(p)
     p.add_argument("--num-beams", type=int, default=1, metavar="N", help="beam search with N beams")
     p.add_argument("--length-penalty", type=float, default=1.0,
-                   help="beam score = log-probability / length ** X (default 1)")
+                   metavar="X", help="beam score = log-probability / length ** X")
     p.add_argument("--early-stopping", nargs="?", const="true", default="false", choices=("true", "false", "never"),
                    help="beam search: stop a prompt once N hypotheses finished (true), when no running beam "
-                        "can catch up at its length (false, default) or at any length (never)")
+                        "can catch up at its length (false) or at any length (never)")
     p.add_argument("--num-return-sequences", type=int, default=1, metavar="N", help="completions per prompt")
     p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="X",
                    help="penalise tokens already present (> 1 discourages repetition)")
@@ -71,12 +81,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", type=Path, metavar="FILE.jsonl", help="write JSONL records ('-': stdout)")
     p.add_argument("--overwrite", action="store_true", help="replace the --output file if it exists")
     p.add_argument("--stream", action="store_true", help="print tokens as they are generated (one prompt)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--batch-size", type=int, default=8, metavar="N", help="prompts decoded together")
     p.add_argument("--no-cache", action="store_true", help="re-run the whole sequence each step (slow; testing)")
-    p.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
-                   help="key/value cache: dynamic (grows as decoding goes, default) or static (allocated once "
-                        "at prompt + --max-new-tokens positions, written in place; needed by --compile)")
+    p.add_argument("--cache", choices=Choices(_caches), default="dynamic", metavar="KIND",
+                   help="key/value cache, one of %(choices)s: dynamic (grows as decoding goes) or static "
+                        "(allocated once at prompt + --max-new-tokens positions, written in place; needed by "
+                        "--compile)")
     p.add_argument("--compile", action="store_true",
                    help="compile the one-token decoding step with torch.compile (CUDA graphs on a GPU); "
                         "needs --cache static. The first step pays for the compilation")
@@ -177,7 +188,8 @@ def read_conversations(path: Path) -> tuple[list[str], list[dict[str, Any] | Non
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     """``--greedy`` | ``--sample`` with ``--temperature``, ``--top-k``, ``--top-p`` (``generate`` and ``chat``)."""
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--greedy", action="store_true", help="always take the most likely token (default)")
+    mode.add_argument("--greedy", action="store_true", help="always take the most likely token (the default "
+                      "without --sample or a sampling option)")
     mode.add_argument("--sample", action="store_true", help="sample the next token")
     p.add_argument("--temperature", type=float, help="sampling temperature (implies --sample)")
     p.add_argument("--top-k", type=int, help="sample among the K most likely tokens (implies --sample)")

@@ -7,6 +7,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from pentad.cli.help import Choices
+
+
+def _depth_modes() -> tuple[str, ...]:
+    from pentad.training.grow import DEPTH_MODES
+
+    return DEPTH_MODES
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``grow`` subcommand to ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
@@ -23,14 +31,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--config", "-c", required=True, help="the big model's config (a YAML file or zoo recipe)")
     p.add_argument("--output", "-o", type=Path, required=True, metavar="OUT",
                    help="the directory to write (new, or --overwrite)")
-    p.add_argument("--depth", choices=("stack", "interleave", "identity"), default="stack",
-                   help="new layers: stack (the small stack repeated: 0 1 0 1), interleave (each layer repeated in "
-                        "place: 0 0 1 1), identity (interleave with the copies' output projections zero: exact, "
-                        "pre-norm models only); default stack")
+    p.add_argument("--depth", choices=Choices(_depth_modes), default="stack", metavar="MODE",
+                   help="new layers, one of %(choices)s: stack (the small stack repeated: 0 1 0 1), "
+                        "interleave (each layer repeated in place: 0 0 1 1), identity (interleave with the copies' "
+                        "output projections zero: exact, pre-norm models only)")
     p.add_argument("--noise", type=float, default=0.0, metavar="R",
                    help="add N(0, (R x the weight's std)^2) to the incoming weights of the copied hidden features, "
                         "feed-forward units and heads, so that copies can learn apart (they receive equal gradients "
-                        "otherwise); the function then changes by about R. Default 0: exact copies")
+                        "otherwise); the function then changes by about R. 0: exact copies")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     return p
 

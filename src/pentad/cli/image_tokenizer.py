@@ -25,18 +25,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "file with a 'path' column (TSV with a header line) or JSON lines with a \"path\" key")
     f.add_argument("--output", "-o", required=True, type=Path, help="the file to write (.safetensors)")
     f.add_argument("--image-size", type=int, nargs="+", default=[224], metavar="SIZE",
-                   help="height [width] the images are resized to (the objective's image_size; default 224)")
-    f.add_argument("--patch-size", type=int, default=16, help="patch side in pixels (the model's; default 16)")
-    f.add_argument("--codebook-size", type=int, default=8192, help="visual tokens (the model's vocab_size; "
-                   "default 8192)")
-    f.add_argument("--channels", type=int, choices=(1, 3), default=3, help="3 (RGB, default) or 1 (grayscale)")
-    f.add_argument("--seed", type=int, default=0)
-    f.add_argument("--max-patches", type=int, default=200_000, help="patches sampled to fit on (bounds memory)")
-    f.add_argument("--steps", type=int, default=200, help="mini-batch k-means steps")
-    f.add_argument("--batch-size", type=int, default=2048, help="patches per k-means step")
+                   help="height [width] the images are resized to (the objective's image_size)")
+    f.add_argument("--patch-size", type=int, default=16, metavar="N", help="patch side in pixels (the model's)")
+    f.add_argument("--codebook-size", type=int, default=8192, metavar="K", help="visual tokens (the model's "
+                   "vocab_size)")
+    f.add_argument("--channels", type=int, choices=(1, 3), default=3, help="3 (RGB) or 1 (grayscale)")
+    f.add_argument("--seed", type=int, default=0, help="seed of the patch sample and of k-means")
+    f.add_argument("--max-patches", type=int, default=200_000, metavar="N",
+                   help="patches sampled to fit on (bounds memory)")
+    f.add_argument("--steps", type=int, default=200, metavar="N", help="mini-batch k-means steps")
+    f.add_argument("--batch-size", type=int, default=2048, metavar="N", help="patches per k-means step")
     f.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_IMAGE_PIXELS, metavar="N",
                    help="refuse an image that declares more pixels (width x height; a decompression bomb guard; "
-                   f"default {DEFAULT_MAX_IMAGE_PIXELS:,}, as data.max_image_pixels)")
+                   "as data.max_image_pixels)")
     f.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     i = sub.add_parser("import", help="turn a codebook made elsewhere into a pentad image tokenizer",
                        description="Read centroids [K, P*P*C] from a .npy file (no pickle) or a safetensors file with "
@@ -45,12 +46,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                                    "data.objective.image_tokenizer names.")
     i.add_argument("--codebook", required=True, type=Path, help="the centroids, one per row (.npy or .safetensors)")
     i.add_argument("--output", "-o", required=True, type=Path, help="the file to write (.safetensors)")
-    i.add_argument("--patch-size", type=int, required=True, help="patch side in pixels")
-    i.add_argument("--channels", type=int, choices=(1, 3), default=3, help="3 (RGB, default) or 1 (grayscale)")
+    i.add_argument("--patch-size", type=int, required=True, metavar="N", help="patch side in pixels")
+    i.add_argument("--channels", type=int, choices=(1, 3), default=3, help="3 (RGB) or 1 (grayscale)")
     i.add_argument("--layout", choices=("hwc", "chw"), default="hwc", help="how a row flattens a patch: hwc (row, "
-                   "column, channel; default) or chw (channel first)")
+                   "column, channel) or chw (channel first)")
     i.add_argument("--pixel-range", choices=("0-1", "0-255", "symmetric"), default="0-1",
-                   help="the units of the centroids' numbers: 0-1 (default), 0-255, or symmetric (-1..1)")
+                   help="the units of the centroids' numbers: 0-1, 0-255, or symmetric (-1..1)")
     i.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     return p
 

@@ -13,13 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from pentad import __version__
+from pentad.cli.help import Choices, Parser
 from pentad.cli.paths import check_run_dir, claim_output_file
 from pentad.errors import Interrupted, UserError, write_error_message
+from pentad.registry import ALL
 
-KINDS = ("embeddings", "encoders", "decoders", "targets", "objectives", "tasks", "tokenizers", "zoo")
+KINDS = (*ALL, "zoo")  # what `pentad list` lists: every registry, and the zoo
 
 
-CONFIG_HELP = "YAML/JSON file, zoo recipe (e.g. bert/tiny) or TencentPretrain JSON"
+CONFIG_HELP = ("YAML/JSON file, zoo recipe FAMILY/SIZE (e.g. bert/tiny; families: {zoo}; pentad list zoo) or "
+               "TencentPretrain JSON")
 
 # The keys a user sets most often per command (tests check that each exists in the schema).
 MAIN_KEYS: dict[str, list[tuple[str, str]]] = {
@@ -68,7 +71,7 @@ def _epilog(command: str) -> str:
 
 def _add_run_command(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
     return sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".",
-                          epilog=_epilog(name), formatter_class=argparse.RawDescriptionHelpFormatter)
+                          epilog=_epilog(name))
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -83,8 +86,27 @@ def _overwrite_arg(p: argparse.ArgumentParser) -> None:
                    "earlier run is resumed; sets train.overwrite")
 
 
+def _vocab_kinds() -> tuple[str, ...]:
+    from pentad.data.vocab_builder import KINDS as VOCAB_KINDS
+
+    return VOCAB_KINDS
+
+
+def _run_items(p: argparse.ArgumentParser, rest: str) -> None:
+    """``RUN`` then ``key=value`` items (one positional list, as argparse cannot tell them apart), and
+    ``--model RUN``, the former spelling of RUN (:func:`take_run`)."""
+    p.add_argument("overrides", nargs="*", metavar="RUN data.test=FILE", help="the fine-tuned run directory, then "
+                   + rest)
+    p.add_argument("--model", type=Path, metavar="RUN", help="the run directory as an option: the former spelling "
+                   "of RUN, still accepted")
+
+
+def _task_check_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", help="the task the run must be of, checked: {tasks} (default: the run's own, unchecked)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pentad", description="Pre-train and fine-tune five-slot models.")
+    parser = Parser(prog="pentad", description="Pre-train and fine-tune five-slot models.")
     parser.add_argument("--version", action="version", version=f"pentad {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -95,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p = _add_run_command(sub, "finetune", "fine-tune on a downstream task")
     _overwrite_arg(p)
-    p.add_argument("--task", help="task name (e.g. classification); sets task.type")
+    p.add_argument("--task", help="the task: {tasks} (pentad list tasks, docs/tasks.md); sets task.type "
+                   "(default: the config's task.type)")
     p.add_argument("--teacher", metavar="RUN", help="distil from this fine-tuned run of the same task; sets "
                    "train.distill.teacher (train.distill.alpha, .temperature, .loss: docs/tasks.md)")
     p.add_argument("--folds", type=int, metavar="K", help="k-fold cross-validation over the training file; sets "
@@ -103,31 +126,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grid", action="append", metavar="KEY=V1,V2,...", help="search these values of a config key "
                    "(repeat for several keys; every combination runs); sets train.grid")
     _config_args(p)
-    p = sub.add_parser("infer", help="predict with a fine-tuned run directory")
-    p.add_argument("--task", help="task name; must match the run's task")
-    p.add_argument("--model", required=True, type=Path, help="fine-tuned run directory")
-    p.add_argument("--output", "-o", type=Path, help="predictions file (default: MODEL/predictions.tsv, "
+    p = sub.add_parser("infer", help="predict with a fine-tuned run directory",
+                       usage="pentad infer [-h] RUN data.test=FILE [task.KEY=VALUE ...] [--task TASK] [--output FILE] "
+                             "[--overwrite] [--probabilities] [--batch-size N]")
+    _run_items(p, "the input file as data.test=FILE, then decoding options the run's task allows as task.KEY=VALUE "
+                  "(asr, text2text: task.num_beams=4, task.max_new_tokens=...)")
+    _task_check_arg(p)
+    p.add_argument("--output", "-o", type=Path, metavar="FILE", help="predictions file (default: RUN/predictions.tsv, "
                    "or .json/.jsonl for tasks that write JSON: qa, chid, multiple_choice)")
     p.add_argument("--overwrite", action="store_true", help="replace the predictions file if it exists")
     p.add_argument("--probabilities", action="store_true", help="also write class probabilities")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("overrides", nargs="*", metavar="data.test=FILE",
-                   help="the input file as data.test=FILE, then decoding options the run's task allows as "
-                        "task.KEY=VALUE (asr, text2text: task.num_beams=4, task.max_new_tokens=...)")
+    p.add_argument("--batch-size", type=int, default=64, metavar="N", help="examples predicted together")
     p = sub.add_parser("evaluate", help="score a fine-tuned run on a labelled file with its task's metrics",
+                       usage="pentad evaluate [-h] RUN data.test=FILE [task.KEY=VALUE ...] [--task TASK] "
+                             "[--output FILE] [--overwrite] [--batch-size N]",
                        description="Score a fine-tuned run directory on a labelled file (the format of its dev file) "
                        "with the metrics its task reports on dev during fine-tuning, computed the same way; "
                        "prints them, and writes them as JSON with --output.")
-    p.add_argument("--task", help="task name; must match the run's task")
-    p.add_argument("--model", required=True, type=Path, help="fine-tuned run directory")
-    p.add_argument("--output", "-o", type=Path, help="also write the metrics to this JSON file")
+    _run_items(p, "the labelled file as data.test=FILE (multi_task: data.test.NAME=FILE per dataset), then decoding "
+                  "options the run's task allows as task.KEY=VALUE (asr, text2text: task.num_beams=4, ...)")
+    _task_check_arg(p)
+    p.add_argument("--output", "-o", type=Path, metavar="FILE", help="also write the metrics to this JSON file")
     p.add_argument("--overwrite", action="store_true", help="replace the metrics file if it exists")
-    p.add_argument("--batch-size", type=int, help="examples per batch (default: the run's train.batch_size x 2, "
-                   "fine-tuning's evaluation batch size)")
-    p.add_argument("overrides", nargs="*", metavar="data.test=FILE",
-                   help="the labelled file as data.test=FILE (multi_task: data.test.NAME=FILE per dataset), then "
-                        "decoding options the run's task allows as task.KEY=VALUE (asr, text2text: "
-                        "task.num_beams=4, ...)")
+    p.add_argument("--batch-size", type=int, metavar="N", help="examples per batch (default: the run's "
+                   "train.batch_size x 2, fine-tuning's evaluation batch size)")
     p = sub.add_parser("validate", help="check a config without running it and print the model summary",
                        usage="pentad validate [-h] (CONFIG | --config CONFIG) [key.path=value ...] [--print-config]")
     p.add_argument("--config", "-c", dest="config_option", metavar="CONFIG",
@@ -136,18 +158,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-config", action="store_true", help="also print the fully resolved config")
     p = sub.add_parser("schema", help="print the JSON Schema of run configs (for editor completion)")
     p = sub.add_parser("list", help="list registered components or zoo recipes")
-    p.add_argument("kind", choices=KINDS)
+    p.add_argument("kind", choices=KINDS, help="what to list")
     p.add_argument("--table", action="store_true", help="zoo and tasks: the Markdown table of docs/zoo.md "
                    "(modules per slot, objective, parameters, published figure) or docs/tasks.md")
     p = sub.add_parser("vocab", help="vocabulary tools")
     vsub = p.add_subparsers(dest="vocab_command", required=True, metavar="ACTION")
     b = vsub.add_parser("build", help="train a WordPiece or BPE vocabulary on a corpus")
-    b.add_argument("--corpus", required=True, nargs="+", type=Path)
-    b.add_argument("--kind", choices=("wordpiece", "bpe"), default="wordpiece")
-    b.add_argument("--vocab-size", type=int, default=8000)
-    b.add_argument("--output", "-o", required=True, type=Path)
+    b.add_argument("--corpus", required=True, nargs="+", type=Path, metavar="FILE", help="text files, one text per "
+                   "line")
+    b.add_argument("--kind", choices=Choices(_vocab_kinds), default="wordpiece", metavar="KIND",
+                   help="the tokenizer the vocabulary is for, one of %(choices)s: wordpiece (writes vocab.txt) "
+                        "or bpe (byte-level, writes vocab.json and merges.txt)")
+    b.add_argument("--vocab-size", type=int, default=8000, metavar="N", help="tokens in the vocabulary")
+    b.add_argument("--output", "-o", required=True, type=Path, metavar="DIR", help="the directory to write")
     b.add_argument("--cased", action="store_true", help="keep case (default: lower-case)")
-    b.add_argument("--min-frequency", type=int, default=2)
+    b.add_argument("--min-frequency", type=int, default=2, metavar="N", help="pieces seen fewer times are left out")
     from pentad.cli import chat as chat_cli
     from pentad.cli import compress as compress_cli
     from pentad.cli import convert as convert_cli
@@ -168,9 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     embed_cli.add_parser(sub)
     image_tokenizer_cli.add_parser(sub)
     p = sub.add_parser("demo", help="pre-train a small BERT on Wikipedia text, fine-tune on movie reviews")
-    p.add_argument("--output", "-o", type=Path, default=Path("runs/demo"))
+    p.add_argument("--output", "-o", type=Path, default=Path("runs/demo"), metavar="DIR",
+                   help="the directory of the demo's runs (running again resumes them)")
     p.add_argument("--minutes", type=float, default=7.5,
-                   help="time budget of the whole demo; pre-training gets what the fine-tunes leave")
+                   help="time budget of the whole demo, in minutes; pre-training gets what the fine-tunes leave")
     p.add_argument("--quick", action="store_true", help="a much shorter run (smoke test)")
     p.add_argument("--reference-full", action="store_true",
                    help="also fine-tune all-MiniLM-L6-v2 on the whole training set (about 4 more CPU minutes, "
@@ -239,8 +265,29 @@ def grid_option(items: Sequence[str]) -> dict[str, list[Any]]:
 READS_RUNS = frozenset({"convert", "compress", "export", "merge-lora", "grow", "generate", "chat", "embed", "demo"})
 
 
+def take_run(args: argparse.Namespace) -> None:
+    """``infer`` and ``evaluate``: the run directory, the item without ``=`` (``RUN data.test=FILE``), or
+    ``--model RUN`` (the former spelling), into ``args.model``; the other items stay overrides."""
+    items = list(args.overrides)
+    runs = [item for item in items if "=" not in item]
+    if len(runs) > 1:
+        raise UserError(f"{args.command} takes one run directory, found {', '.join(runs)}; the other items are "
+                        "data.test=FILE and task.KEY=VALUE")
+    given = runs[0] if runs else None
+    if given is not None and args.model is not None:
+        raise UserError(f"{args.command}: the run directory is given twice, as {given} and as --model {args.model}; "
+                        f"give it once, first: `pentad {args.command} RUN data.test=FILE`")
+    if given is None and args.model is None:
+        raise UserError(f"{args.command} needs the fine-tuned run directory first: `pentad {args.command} RUN "
+                        "data.test=FILE` (RUN: a directory written by pentad finetune)")
+    if given is not None:
+        args.model, args.overrides = Path(given), [item for item in items if item is not given]
+
+
 def run(args: argparse.Namespace) -> int:
     cmd = args.command
+    if cmd in ("infer", "evaluate"):
+        take_run(args)
     if cmd in READS_RUNS:
         from pentad.assembly import fill_registries
 
@@ -461,7 +508,6 @@ def _list(kind: str, table: bool = False) -> int:
             print(f"{name:24s} {cfg.description or ''}")
         return 0
     from pentad.assembly import fill_registries
-    from pentad.registry import ALL
 
     fill_registries()
     registry = ALL[kind]

@@ -112,8 +112,8 @@ def _step(done: Compressed, name: str, run: Path, note: str, results: dict[str, 
 def compress(run: Path, out: Path, options: CompressOptions, overwrite: bool = False) -> Compressed:
     """Run the steps ``options`` ask for on ``run``, writing OUT (see the module docstring)."""
     run, out = Path(run), Path(out)
-    check_apart(out, "--out", [("run directory", run), ("--data", options.data)])
-    with OutputLock(out, "--out", "pentad compress"):  # from the checks to the last write
+    check_apart(out, "--output", [("run directory", run), ("--data", options.data)])
+    with OutputLock(out, "--output", "pentad compress"):  # from the checks to the last write
         return _compress(run, out, options, overwrite)
 
 

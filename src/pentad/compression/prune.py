@@ -1,4 +1,4 @@
-"""Structured pruning of a fine-tuned run (``pentad compress RUN --out OUT --prune heads=0.3,ffn=0.3``).
+"""Structured pruning of a fine-tuned run (``pentad compress RUN --output OUT --prune heads=0.3,ffn=0.3``).
 
 Importance (Michel et al. 2019, "Are Sixteen Heads Really Better than One?"): a gate of ones multiplies
 each attention head's output (before the output projection) and each feed-forward unit (before the down

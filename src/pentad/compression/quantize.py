@@ -1,4 +1,4 @@
-"""Int8 quantization of a run (``pentad compress RUN --out OUT --quantize int8``).
+"""Int8 quantization of a run (``pentad compress RUN --output OUT --quantize int8``).
 
 Every linear layer that is not tied to an embedding gets int8 weights with one scale per output
 channel (:class:`pentad.layers.quantized.QuantizedLinear`); on the CPU its forward runs PyTorch's

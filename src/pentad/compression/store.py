@@ -35,7 +35,7 @@ def load_run_model(run: Path) -> tuple[nn.Module, Any, Any]:
     return model.eval(), cfg, tokenizer
 
 
-def check_output(run: Path, out: Path, overwrite: bool, option: str = "--out") -> None:
+def check_output(run: Path, out: Path, overwrite: bool, option: str = "--output") -> None:
     """``out`` may receive a compressed run of ``run`` (apart from it; new, or ``overwrite``); call it
     holding ``out``'s :class:`~pentad.outputs.OutputLock`."""
     check_apart(out, option, [("run directory", run)])

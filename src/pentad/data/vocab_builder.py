@@ -18,7 +18,7 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import tokenizers as hf_tokenizers
 from tokenizers import models, normalizers, pre_tokenizers, trainers
@@ -113,9 +113,13 @@ def _write_vocab_txt(backend: hf_tokenizers.Tokenizer, path: Path) -> None:
     path.write_text("".join(token + "\n" for _, token in by_id), encoding="utf-8")
 
 
+VocabKind = Literal["wordpiece", "bpe"]
+KINDS: tuple[str, ...] = get_args(VocabKind)  # the kinds `pentad vocab build --kind` offers
+
+
 def build_vocab(
     corpus_paths: Sequence[Path | str],
-    kind: Literal["wordpiece", "bpe"],
+    kind: VocabKind,
     vocab_size: int,
     output_dir: Path,
     lowercase: bool = True,
@@ -139,7 +143,7 @@ def build_vocab(
         the tokenizer config dict, paths relative to ``output_dir``:
         ``load_tokenizer(result, base_dir=output_dir)`` loads the trained tokenizer.
     """
-    if kind not in ("wordpiece", "bpe"):
+    if kind not in KINDS:
         raise UserError(f"build_vocab: unknown vocabulary kind {kind!r}; expected 'wordpiece' or 'bpe'.")
     smallest = len(WORDPIECE_SPECIALS) + 1 if kind == "wordpiece" else _BYTE_SYMBOLS + len(BPE_SPECIALS)
     if vocab_size < smallest:

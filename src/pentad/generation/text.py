@@ -73,7 +73,7 @@ def _check_text_input(model: Model, label: str) -> None:
         parts = ", ".join(f"{reads[f]} (Batch.{f})" for f in other) or "no token ids"
         raise UserError(f"{label} does not read text: its embedding takes {parts}, so there are no text prompts to "
                         "continue. pentad generate is for text models (language models, encoder-decoders on text); "
-                        "run a speech or image model's task with pentad infer --model RUN data.test=FILE (an asr "
+                        "run a speech or image model's task with pentad infer RUN data.test=FILE (an asr "
                         "run transcribes the audio files the TSV lists).")
 
 

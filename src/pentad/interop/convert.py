@@ -322,7 +322,7 @@ def _classifier_task(raw: dict[str, Any], hf_config: dict[str, Any], notes: list
     targets = raw["model"].get("targets") or []
     if len(targets) == 1 and targets[0].get("type") == "span":
         raw["task"] = {"type": "qa"}
-        notes.append(f"a qa run ({LABELS} holds no labels): `pentad infer --model OUT data.test=FILE.json --output "
+        notes.append(f"a qa run ({LABELS} holds no labels): `pentad infer OUT data.test=FILE.json --output "
                      "answers.json` predicts with it")
         return {LABELS: {}}
     if len(targets) != 1 or targets[0].get("type") not in ("cls", "tagger"):
@@ -351,7 +351,7 @@ def _classifier_task(raw: dict[str, Any], hf_config: dict[str, Any], notes: list
         raw["task"]["metric"] = "accuracy"
     article = "an" if task[0] in "aeiou" else "a"
     notes.append(f"{article} {task} run: labels {names if n <= 12 else names[:12] + ['...']} in {LABELS}; "
-                 f"`pentad infer --model OUT data.test=FILE` predicts with it")
+                 f"`pentad infer OUT data.test=FILE` predicts with it")
     return {LABELS: labels}
 
 

@@ -203,7 +203,7 @@ def grid_trials(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
 def grid_search(cfg: Any, run_one: RunOne, finetune_or_cv: RunOne) -> dict[str, Any]:
     """One fine-tune (or cross-validation, with ``train.folds``) per combination of ``train.grid``, in
     ``RUN/grid/trial-N``; the best by dev score (the folds' mean held-out score with ``train.folds``) is
-    named in ``RUN/grid.json`` and ``pentad infer --model RUN`` uses it. ``RUN/grid.tsv`` is the results
+    named in ``RUN/grid.json`` and ``pentad infer RUN`` uses it. ``RUN/grid.tsv`` is the results
     table (also logged)."""
     _refuse_launch("train.grid")
     if cfg.train.folds is None and TASKS.get(cfg.task.type).sources(cfg.task, cfg.data).get("dev") is None:
@@ -247,7 +247,7 @@ def grid_search(cfg: Any, run_one: RunOne, finetune_or_cv: RunOne) -> dict[str, 
     files.atomic_write_text(run_dir / GRID_TABLE, grid_tsv(summary))
     log.info(grid_table(summary))
     log.info(f"best: trial {best['trial']} ({_describe(best['values'])}), {run_dir / best['dir']}; "
-             f"pentad infer --model {run_dir} uses it")
+             f"pentad infer {run_dir} uses it")
     return summary
 
 

@@ -274,5 +274,5 @@ def test_cli_refuses_a_model_that_does_not_read_text(runs, tmp_path) -> None:
     prepare_run_dir(run_dir, cfg, load_tokenizer(cfg.tokenizer))
     save_weights(build_model(cfg.model, training=False), run_dir / WEIGHTS)
     with pytest.raises(UserError, match=r"asr does not read text: its embedding takes speech \(Batch.audio\).*"
-                                        r"pentad infer --model RUN data.test=FILE"):
+                                        r"pentad infer RUN data.test=FILE"):
         cli(str(run_dir), "--prompt", "w1")
