@@ -185,9 +185,14 @@ class Task(ABC):
                  progress: str | None = None) -> dict[str, float]:
         return self.score(self.predict(model, instances, batch_size, device, progress), instances, gold)
 
+    @property
+    def selection_metric(self) -> str:
+        """The name of the dev metric that picks the best model (``task.metric``; drawn in loss.png)."""
+        return str(self.cfg.metric)
+
     def selection_score(self, metrics: dict[str, float]) -> float:
         """The number that picks the best model on dev, higher is better (default: ``task.metric``)."""
-        return float(metrics.get(self.cfg.metric, 0.0))
+        return float(metrics.get(self.selection_metric, 0.0))
 
     def num_predictions(self, instances: Any) -> int:
         """How many answers :meth:`predict` gives for ``instances`` (reported by inference): one per

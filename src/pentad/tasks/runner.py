@@ -213,7 +213,7 @@ def _finetune(plan: FinetunePlan, session: Session) -> dict[str, Any]:
         trainer.train(batches.iterate, hooks=[evaluator] if distiller is None else [distiller, evaluator])
         stopped = trainer.stopped_early
     if session.is_main and cfg.train.plot:
-        plot_losses(run_dir / layout.METRICS, run_dir / layout.LOSS_PLOT, head_names(model), task.cfg.metric)
+        plot_losses(run_dir / layout.METRICS, run_dir / layout.LOSS_PLOT, head_names(model), task.selection_metric)
     if trainer.step < total and not stopped:
         info(f"stopped at step {trainer.step} of {total} (train.stop_at); run the same command again to resume")
         return {"stopped_at": trainer.step}

@@ -59,16 +59,12 @@ def test_detection_and_dispatch_name_no_family(path):
 
 
 def test_cli_help_lists_the_registered_families(capsys, monkeypatch):
-    import argparse
-
-    from pentad.cli import convert as cli
+    from pentad.cli.main import parse_arguments
 
     monkeypatch.setenv("COLUMNS", "1000")  # argparse also wraps at hyphens ("xlm-roberta")
 
-    parser = argparse.ArgumentParser(prog="pentad")
-    cli.add_parser(parser.add_subparsers(dest="command"))
     with pytest.raises(SystemExit):
-        parser.parse_args(["convert", "--help"])
+        parse_arguments(["convert", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert ", ".join(family_names()) in text
 
