@@ -60,7 +60,8 @@ def _run_block(root, index: int) -> None:
            "PYTHONUNBUFFERED": "1", "PET_MASTER_PORT": str(_free_port())}
     env.pop("PYTEST_XDIST_WORKER", None)
     proc = subprocess.run(["bash", "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"README block {index + 1} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, (f"README block {index + 1} failed ({proc.returncode}):\n"
+                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     missing = [p for p in _named_runs(BLOCKS[index]) if not (root / p).exists()]
     assert not missing, f"README block {index + 1} names {missing}, which it did not make"
 
