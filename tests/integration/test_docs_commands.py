@@ -27,14 +27,13 @@ def _examples() -> list[tuple[str, list[str]]]:
     found = []
     for path in DOCS:
         text = path.read_text(encoding="utf-8")
+        variables: dict[str, str] = {}  # a file's blocks run in order: a later one reads the earlier's variables
         for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
-            variables: dict[str, str] = {}
             for line in block.replace("\\\n", " ").splitlines():
                 line = line.split("  #")[0].strip()
-                assignment = re.fullmatch(r"([A-Z]+)=(.*)", line)
-                if assignment:
-                    value = assignment.group(2).strip('"')
-                    variables[assignment.group(1)] = _expand(value, variables, keep=False)
+                if re.fullmatch(r"[A-Z][A-Z0-9_]*=.*", line):  # NAME=VALUE, or several: A=1 B=2
+                    for name, value in re.findall(r'([A-Z][A-Z0-9_]*)=("[^"]*"|\S*)', line):
+                        variables[name] = _expand(value.strip('"'), variables, keep=False)
                     continue
                 line = re.sub(r"^\.venv/bin/", "", line)
                 if not line.startswith("pentad ") or SYNOPSIS.search(line.split("'")[0]):
