@@ -176,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     from pentad.cli import chat as chat_cli
     from pentad.cli import compress as compress_cli
     from pentad.cli import convert as convert_cli
+    from pentad.cli import data as data_cli
     from pentad.cli import embed as embed_cli
     from pentad.cli import export as export_cli
     from pentad.cli import generate as generate_cli
@@ -183,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     from pentad.cli import image_tokenizer as image_tokenizer_cli
     from pentad.cli import merge_lora as merge_lora_cli
 
+    data_cli.add_parser(sub)
     convert_cli.add_parser(sub)
     export_cli.add_parser(sub)
     merge_lora_cli.add_parser(sub)
@@ -312,6 +314,10 @@ def run(args: argparse.Namespace) -> int:
                                  min_frequency=args.min_frequency)
         print(json.dumps(result, indent=2, default=str))
         return 0
+    if cmd == "data":
+        from pentad.cli import data as data_cli
+
+        return data_cli.run(args)
     if cmd == "convert":
         from pentad.cli import convert as convert_cli
 
