@@ -88,3 +88,24 @@ def test_list_names_every_dataset(capsys):
     assert main(["data", "list"]) == 0
     out = capsys.readouterr().out
     assert all(f"{name}\n" in out for name in DATASETS.names()) and "read by: pentad finetune" in out
+
+
+def test_mnist_copies_the_images_its_rows_name(tmp_path, monkeypatch):
+    source = tmp_path / "cache"
+    (source / "images").mkdir(parents=True)
+    splits = {}
+    for offset, split in enumerate(("train", "dev", "test")):
+        names = [f"images/{offset}{i}.png" for i in range(4)]
+        for name in names:
+            (source / name).write_bytes(b"png " + name.encode())
+        (source / f"{split}.tsv").write_text("label\tpath\n" + "".join(f"{i}\t{n}\n" for i, n in enumerate(names)))
+        splits[split] = source / f"{split}.tsv"
+    fake = assets.ImageSplits(source, splits["train"], splits["dev"], splits["test"], {"train": 4, "dev": 4, "test": 4})
+    monkeypatch.setattr(assets, "ensure_mnist", lambda cache: fake)
+    prepared = prepare("mnist", tmp_path / "mnist", rows=2)
+    out = tmp_path / "mnist"
+    assert prepared.rows == {"train": 2, "dev": 2, "test": 2}
+    assert sorted(p.name for p in (out / "images").iterdir()) == ["00.png", "01.png", "10.png", "11.png",
+                                                                 "20.png", "21.png"]
+    assert (out / "images/21.png").read_bytes() == b"png images/21.png"
+    assert (out / "test.tsv").read_text().splitlines() == ["label\tpath", "0\timages/20.png", "1\timages/21.png"]
