@@ -36,6 +36,7 @@ def _examples() -> list[tuple[str, list[str]]]:
                         variables[name] = _expand(value.strip('"'), variables, keep=False)
                     continue
                 line = re.sub(r"^\.venv/bin/", "", line)
+                line = re.split(r"\s(?:>|>>|&&|\|\|)\s", line)[0]  # the command, not its redirection
                 if not line.startswith("pentad ") or SYNOPSIS.search(line.split("'")[0]):
                     continue
                 line = re.sub(r"(?<=\s)\[([^\]]*)\]", r"\1", line)

@@ -11,14 +11,12 @@ this suite). tests/integration/test_docs_commands.py checks that each command pa
 
 from __future__ import annotations
 
-import os
 import re
-import socket
 import subprocess
-import sys
 
 import pytest
 from tests.conftest import REPO, SHARED
+from tests.integration.shell_blocks import block_env, named_runs, scratch_root
 
 README = REPO / "README.md"
 BLOCKS = [b for b in re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
@@ -26,28 +24,11 @@ BLOCKS = [b for b in re.findall(r"```bash\n(.*?)```", README.read_text(encoding=
 VARIABLES = sorted({name for b in BLOCKS for name in re.findall(r"(?:^|[\s;|])([A-Z][A-Z0-9_]*)=", b)})
 
 
-def _named_runs(block: str) -> list[str]:
-    """The ``runs/...`` paths a block names (shell variables and quotes trimmed)."""
-    return sorted({m.rstrip(".,;:)'\"") for m in re.findall(r"(?<![\w/$.])runs/[\w./-]+", block)})
-
-
 @pytest.fixture(scope="module")
 def layout(tmp_path_factory):
     if not SHARED.is_dir():
         pytest.skip("../shared/data is not beside the repository")
-    parent = tmp_path_factory.mktemp("readme")
-    (parent / "shared").symlink_to(SHARED.parent, target_is_directory=True)
-    root = parent / "repo"
-    (root / ".venv").mkdir(parents=True)
-    (root / ".venv" / "bin").symlink_to(os.path.dirname(sys.executable), target_is_directory=True)
-    return root
-
-
-def _free_port() -> int:
-    """torchrun's port (PET_MASTER_PORT), free now: its default may be taken by another launch on this machine."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return scratch_root(tmp_path_factory.mktemp("readme"))
 
 
 def _run_block(root, index: int) -> None:
@@ -55,14 +36,11 @@ def _run_block(root, index: int) -> None:
     state.touch()
     script = (f"set -euo pipefail\nsource {state}\n{BLOCKS[index]}\n"
               f"{{ declare -p {' '.join(VARIABLES)} 2>/dev/null || true; }} > {state}\n")
-    env = {**os.environ, "QUICK": "1", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
-           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "PYTHONUNBUFFERED": "1", "PET_MASTER_PORT": str(_free_port())}
-    env.pop("PYTEST_XDIST_WORKER", None)
-    proc = subprocess.run(["bash", "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(["bash", "-c", script], cwd=root, env=block_env(), capture_output=True, text=True,
+                          timeout=900)
     assert proc.returncode == 0, (f"README block {index + 1} failed ({proc.returncode}):\n"
                                   f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
-    missing = [p for p in _named_runs(BLOCKS[index]) if not (root / p).exists()]
+    missing = [p for p in named_runs(BLOCKS[index]) if not (root / p).exists()]
     assert not missing, f"README block {index + 1} names {missing}, which it did not make"
 
 
