@@ -3,8 +3,10 @@
 
 Utterances are one to three English digit words ("three seven one"), spoken by ``espeak-ng``
 (Debian package; ``apt-get install -y --no-install-recommends espeak-ng``) at a random rate and
-pitch. Training voices and test voices are disjoint (voice variants x accents: the held-out ones
-are neither seen nor of a seen variant), and a dev set of training voices picks the best step.
+pitch, by :func:`pentad.data.catalog.speech.synthesise` (the utterances ``pentad data prepare
+spoken_digits`` writes; docs/speech.md runs this benchmark as commands). Training voices and test
+voices are disjoint (voice variants x accents: the held-out ones are neither seen nor of a seen
+variant), and a dev set of training voices picks the best step.
 espeak-ng writes 22,050 Hz WAV; pentad's loader resamples to 16 kHz (soxr) and computes 80 Kaldi
 filterbanks with CMVN. ``pentad finetune --task asr`` trains ``s2t/small`` shrunk (the same
 modules: two stride-2 Conv1d + GLU, sinusoidal positions, pre-LN encoder-decoder) with
