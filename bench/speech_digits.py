@@ -3,8 +3,10 @@
 
 Utterances are one to three English digit words ("three seven one"), spoken by ``espeak-ng``
 (Debian package; ``apt-get install -y --no-install-recommends espeak-ng``) at a random rate and
-pitch. Training voices and test voices are disjoint (voice variants x accents: the held-out ones
-are neither seen nor of a seen variant), and a dev set of training voices picks the best step.
+pitch, by :func:`pentad.data.catalog.speech.synthesise` (the utterances ``pentad data prepare
+spoken_digits`` writes; docs/speech.md runs this benchmark as commands). Training voices and test
+voices are disjoint (voice variants x accents: the held-out ones are neither seen nor of a seen
+variant), and a dev set of training voices picks the best step.
 espeak-ng writes 22,050 Hz WAV; pentad's loader resamples to 16 kHz (soxr) and computes 80 Kaldi
 filterbanks with CMVN. ``pentad finetune --task asr`` trains ``s2t/small`` shrunk (the same
 modules: two stride-2 Conv1d + GLU, sinusoidal positions, pre-LN encoder-decoder) with
@@ -19,40 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 import tempfile
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
-TRAIN_VOICES = [f"en-us+m{i}" for i in (1, 2, 3, 4, 5)] + [f"en-us+f{i}" for i in (1, 2, 3)] + \
-    ["en-gb+m1", "en-gb+f1", "en-gb-scotland+m2", "en-gb-x-rp+f2"]
-TEST_VOICES = ["en-us+m7", "en-us+f4", "en-gb+m6", "en-gb-x-rp+m8", "en-029+f5", "en-gb-scotland+croak"]
-
-
-def synthesise(root: Path, name: str, voices: list[str], per_voice: int, seed: int) -> Path:
-    """``per_voice`` utterances by each voice as WAV files, and their ``text<TAB>path`` TSV."""
-    rng = np.random.default_rng(seed)
-    (root / name).mkdir(parents=True, exist_ok=True)
-    jobs = []
-    for voice in voices:
-        for i in range(per_voice):
-            words = [WORDS[d] for d in rng.integers(0, 10, size=int(rng.integers(1, 4)))]
-            path = root / name / f"{voice.replace('+', '_')}_{i}.wav"
-            command = ["espeak-ng", "-v", voice, "-s", str(int(rng.integers(130, 190))), "-p",
-                       str(int(rng.integers(30, 70))), "-w", str(path), " ".join(words)]
-            jobs.append((command, " ".join(words), path))
-    with ThreadPoolExecutor(4) as pool:
-        list(pool.map(lambda job: subprocess.run(job[0], check=True, capture_output=True), jobs))
-    tsv = root / f"{name}.tsv"
-    tsv.write_text("text\tpath\n" + "".join(f"{text}\t{path.relative_to(root)}\n" for _, text, path in jobs),
-                   encoding="utf-8")
-    return tsv
+from pentad.data.catalog.speech import TEST_VOICES, TRAIN_VOICES, require_espeak, synthesise, write_vocab
+from pentad.errors import UserError
 
 
 def baselines(train: Path, test: Path) -> dict[str, dict[str, float]]:
@@ -73,8 +50,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, help="training epochs (default 40; --quick 12)")
     parser.add_argument("--keep", type=Path, help="keep the audio and the run here")
     args = parser.parse_args()
-    if shutil.which("espeak-ng") is None:
-        raise SystemExit("espeak-ng is not installed (apt-get install -y --no-install-recommends espeak-ng)")
+    try:
+        require_espeak()
+    except UserError as e:
+        raise SystemExit(str(e)) from None
     from pentad.cli.main import main as pentad
 
     root = args.keep or Path(tempfile.mkdtemp(prefix="speech_digits_"))
@@ -84,8 +63,7 @@ def main() -> None:
     dev = synthesise(root, "dev", TRAIN_VOICES, 5, 1)
     test = synthesise(root, "test", TEST_VOICES, 20, 2)
     made = time.time() - start
-    vocab = root / "vocab.txt"
-    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n", encoding="utf-8")
+    vocab = write_vocab(root / "vocab.txt")
     out = root / "run"
     epochs = args.epochs or (12 if args.quick else 40)
     overrides = ["model.hidden_size=96", "model.encoder.num_layers=3", "model.decoder.num_layers=1",
