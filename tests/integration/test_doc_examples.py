@@ -24,9 +24,9 @@ DOCS = REPO / "docs"
 MARKER = "<!-- main example -->"
 # the docs that must have a main example
 MAIN_EXAMPLES = ["compress.md", "config.md", "conversion.md", "data.md", "distributed.md", "generation.md",
-                 "streams.md", "tasks.md", "tencentpretrain_import.md", "training.md", "zoo.md"]
+                 "moe.md", "streams.md", "tasks.md", "tencentpretrain_import.md", "training.md", "zoo.md"]
 # docs whose main example is being written elsewhere: checked once they have the marker
-MAIN_EXAMPLES_ELSEWHERE = ["moe.md", "speech.md", "vision.md"]
+MAIN_EXAMPLES_ELSEWHERE = ["speech.md", "vision.md"]
 QUICK_LINE = re.compile(r'^\[ -z "\$\{QUICK:-\}" \] \|\| (.+)$', re.M)
 
 
