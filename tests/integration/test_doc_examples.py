@@ -25,9 +25,8 @@ DOCS = REPO / "docs"
 MARKER = "<!-- main example -->"
 # the docs that must have a main example
 MAIN_EXAMPLES = ["compress.md", "config.md", "conversion.md", "data.md", "distributed.md", "generation.md",
-                 "speech.md", "streams.md", "tasks.md", "tencentpretrain_import.md", "training.md", "zoo.md"]
-# docs whose main example is being written elsewhere: checked once they have the marker
-MAIN_EXAMPLES_ELSEWHERE = ["moe.md", "vision.md"]
+                 "moe.md", "speech.md", "streams.md", "tasks.md", "tencentpretrain_import.md", "training.md",
+                 "vision.md", "zoo.md"]
 # docs whose main example runs a program that is not a Python package: (program, how to install it)
 NEEDS_PROGRAM = {"speech.md": ("espeak-ng", "apt-get install -y --no-install-recommends espeak-ng")}
 QUICK_LINE = re.compile(r'^\[ -z "\$\{QUICK:-\}" \] \|\| (.+)$', re.M)
@@ -59,16 +58,14 @@ MARKED = sorted(p.name for p in DOCS.glob("*.md") if MARKER in p.read_text(encod
 
 
 def test_the_lists_name_docs():
-    assert all((DOCS / name).is_file() for name in MAIN_EXAMPLES + MAIN_EXAMPLES_ELSEWHERE)
-    unlisted = sorted(set(MARKED) - set(MAIN_EXAMPLES) - set(MAIN_EXAMPLES_ELSEWHERE))
+    assert all((DOCS / name).is_file() for name in MAIN_EXAMPLES)
+    unlisted = sorted(set(MARKED) - set(MAIN_EXAMPLES))
     assert not unlisted, f"{unlisted} have a main example: add them to MAIN_EXAMPLES"
 
 
-@pytest.mark.parametrize("name", sorted(MAIN_EXAMPLES + MAIN_EXAMPLES_ELSEWHERE))
+@pytest.mark.parametrize("name", MAIN_EXAMPLES)
 def test_a_doc_has_one_quick_main_example(name):
     text = (DOCS / name).read_text(encoding="utf-8")
-    if name in MAIN_EXAMPLES_ELSEWHERE and MARKER not in text:
-        pytest.skip(f"{name} has no main example yet")
     blocks = main_examples(text)
     assert len(blocks) == 1, f"{name}: {len(blocks)} lines '{MARKER}', expected one"
     [block] = blocks
