@@ -20,7 +20,7 @@ def test_quick_demo(tmp_path, capsys):
     assert "±" in out
     summary = json.loads((tmp_path / "demo" / "demo_results.json").read_text())
     assert len(summary["rows"]) == 3 and summary["draws"] == 2 and summary["pretrain_steps"] == 30
-    assert summary["objective"] == "lm" and summary["full_seeds"] == 2
+    assert summary["objective"] == "mlm" and summary["full_seeds"] == 2
     for name, row in summary["rows"].items():
         assert len(row["few"]) == 2 and all(0.3 < a < 1.0 for a in row["few"])
         assert len(row["full"]) == (1 if "MiniLM" in name else 2)

@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat_cli.add_parser(sub)
     embed_cli.add_parser(sub)
     image_tokenizer_cli.add_parser(sub)
-    p = sub.add_parser("demo", help="pre-train a small GPT-2 on unlabelled text, fine-tune on movie reviews")
+    p = sub.add_parser("demo", help="pre-train a small BERT on Wikipedia text, fine-tune on movie reviews")
     p.add_argument("--output", "-o", type=Path, default=Path("runs/demo"), metavar="DIR",
                    help="the directory of the demo's runs (running again resumes them)")
     p.add_argument("--minutes", type=float, default=7.5,

@@ -615,7 +615,7 @@ class Trainer:
         self._check_finite(weights=True)
         metrics = evaluate(self.step)
         self.forward_model.train()
-        if self.dist.is_main:
+        if self.dist.is_main and metrics:  # nothing to log where there is no dev set
             self._write({"step": self.step, **{f"dev_{k}": v for k, v in metrics.items()}})
             message = f"step {self.step}: " + ", ".join(f"dev {k} {v:.4f}" for k, v in metrics.items())
             if self._bar is not None:  # with the other progress messages, not into the command's output

@@ -81,3 +81,22 @@ def test_without_dev_metrics_the_latest_evaluation_is_the_best():
         trainer.step = step
         assert not hook.after_step(trainer, step == 6)
     assert hook.best.step == 6
+
+
+def test_an_evaluation_without_metrics_logs_nothing(tmp_path, capsys):
+    """A fine-tune without a dev set still evaluates (the latest model is the best) but has nothing to say:
+    no empty ``step N:`` line, no metrics record."""
+    from tests.unit.test_zoo import shrunk_model_config
+
+    from pentad.builder import build_model
+    from pentad.training.config import TrainConfig
+    from pentad.training.trainer import Trainer
+
+    trainer = Trainer(build_model(shrunk_model_config("bert/base")), TrainConfig(tensorboard=False, progress=False),
+                      tmp_path, 1)
+    capsys.readouterr()
+    assert trainer.evaluate(lambda step: {}) == {}
+    assert "step 0:" not in capsys.readouterr().err
+    assert not (tmp_path / "metrics.jsonl").exists() or "dev_" not in (tmp_path / "metrics.jsonl").read_text()
+    assert trainer.evaluate(lambda step: {"accuracy": 0.5}) == {"accuracy": 0.5}
+    assert "step 0: dev accuracy 0.5000" in capsys.readouterr().err
