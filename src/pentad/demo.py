@@ -410,14 +410,13 @@ def _run_demo(output: Path, minutes: float, quick: bool, reference_full: bool) -
     def shown(gain: tuple[float, float] | None) -> str:
         return "not run (--reference-full runs it)" if gain is None else f"{gain[0]:+.3f} ± {gain[1]:.3f}"
 
-    print("  Gain over the same model from scratch, ± its paired standard error (runs and test sentences "
-          "resampled):")
+    print("  Gain over the same model from scratch, ± its paired standard error (over runs and test sentences):")
     print(f"    pre-trained here: {shown(here['few'])} ({few_labels} labels), {shown(here['full'])} (all labels)")
     print(f"      {RECIPE} ({small_model.encoder.num_layers} layers, H={small_model.hidden_size}), "
           f"{plan.pretrain_steps} steps of masked LM on {wiki.words:,} words of Wikipedia;")
     print(f"      masked-LM loss {summary['pretrain_loss']:.2f} nats (a model that ignores context: {unigram:.2f})")
-    print(f"    at scale (all-MiniLM-L6-v2, distilled from a larger model, then trained on 1B sentence pairs): "
-          f"{shown(ref['few'])} ({few_labels} labels), {shown(ref['full'])} (all labels)")
+    print(f"    at scale: {shown(ref['few'])} ({few_labels} labels), {shown(ref['full'])} (all labels)")
+    print("      all-MiniLM-L6-v2: MiniLM, distilled from a larger model, then trained on 1B sentence pairs")
     print(f"  total time {summary['minutes']} min on {torch.get_num_threads()} threads; runs in {output}")
     return summary
 
