@@ -78,9 +78,15 @@ class Row:
     few: list[Any] = field(default_factory=list)  # per draw: 0/1 correctness on each test example
     full: list[Any] = field(default_factory=list)  # per seed of the whole-training-set fine-tune (none: not run)
 
-    @staticmethod
-    def accuracies(runs: list[Any]) -> list[float]:
-        return [float(run.mean()) for run in runs]
+    def summary(self, n_test: int) -> dict[str, Any]:
+        """Each setting's test accuracies, their mean and its standard error (None: not run)."""
+        out: dict[str, Any] = {}
+        for setting, runs in (("few", self.few), ("full", self.full)):
+            accuracies = [float(run.mean()) for run in runs]
+            out[setting] = accuracies
+            out[f"{setting}_mean"] = statistics.mean(accuracies) if accuracies else None
+            out[f"{setting}_se"] = standard_error(accuracies, n_test) if accuracies else None
+        return out
 
 
 def standard_error(accuracies: list[float], n_test: int) -> float:
@@ -246,8 +252,12 @@ def _rows(tsv: Path) -> int:
     return len(tsv.read_text(encoding="utf-8").splitlines()) - 1
 
 
+def _labels(tsv: Path) -> list[str]:
+    return [line.split("\t", 1)[0] for line in tsv.read_text(encoding="utf-8").splitlines()[1:]]
+
+
 def _majority(tsv: Path) -> float:
-    labels = [line.split("\t", 1)[0] for line in tsv.read_text(encoding="utf-8").splitlines()[1:]]
+    labels = _labels(tsv)
     return max(labels.count(label) for label in set(labels)) / len(labels)
 
 
@@ -349,6 +359,7 @@ def _run_demo(output: Path, minutes: float, quick: bool, reference_full: bool) -
     info(f"== 6/6 fine-tune on movie-review sentiment: {few_labels} labels ({draws} draws), then all {n_train:,} "
          f"({seeds} seeds)")
     few_sets = _few_label_sets(train_tsv, output, few_labels, draws)
+    test_labels = _labels(test_tsv)
     models = {  # name -> (config, init, fine-tuning recipe)
         "from scratch": (RECIPE, None, SMALL_FINETUNE),
         f"pre-trained here ({plan.pretrain_steps} steps)": (RECIPE, output / "pretrain", SMALL_FINETUNE),
@@ -364,7 +375,7 @@ def _run_demo(output: Path, minutes: float, quick: bool, reference_full: bool) -
             run = output / f"finetune-{index}-few{draw}"
             finetune(load_config(config, [*base, f"data.train={few_tsv}", "train.batch_size=16",
                                           f"train.epochs={plan.few_epochs}", f"train.seed={draw}", f"output={run}"]))
-            row.few.append(test_correctness(run, test_tsv))
+            row.few.append(_test_correctness(run, test_tsv, test_labels))
         rows.append(row)
         if config != RECIPE and not reference_full:
             continue
@@ -373,7 +384,7 @@ def _run_demo(output: Path, minutes: float, quick: bool, reference_full: bool) -
             finetune(load_config(config, [*base, f"data.train={train_tsv}", f"data.dev={mr.dev}",
                                           "train.batch_size=32", f"train.epochs={plan.full_epochs}",
                                           f"train.seed={seed}", f"output={run}"]))
-            row.full.append(test_correctness(run, test_tsv))
+            row.full.append(_test_correctness(run, test_tsv, test_labels))
 
     majority = mr.majority_share["test"] if not quick else _majority(test_tsv)
     scratch = rows[0]
@@ -384,12 +395,7 @@ def _run_demo(output: Path, minutes: float, quick: bool, reference_full: bool) -
         "objective": OBJECTIVE, "pretrain_loss": pretrained.get(f"{OBJECTIVE}_loss"), "unigram_entropy": unigram,
         "pretrain_steps": plan.pretrain_steps, "few_labels": few_labels, "draws": draws, "full_seeds": seeds,
         "n_train": n_train, "n_test": n_test, "majority": majority, "seconds_per_step": seconds,
-        "rows": {row.name: {"few": Row.accuracies(row.few), "few_mean": statistics.mean(Row.accuracies(row.few)),
-                            "few_se": standard_error(Row.accuracies(row.few), n_test),
-                            "full": Row.accuracies(row.full),
-                            "full_mean": statistics.mean(Row.accuracies(row.full)) if row.full else None,
-                            "full_se": standard_error(Row.accuracies(row.full), n_test) if row.full else None}
-                 for row in rows},
+        "rows": {row.name: row.summary(n_test) for row in rows},
         "gains": {name: {kind: None if value is None else {"gain": value[0], "se": value[1]}
                          for kind, value in gain.items()} for name, gain in gains.items()},
         "minutes": round((time.perf_counter() - started) / 60, 1),
@@ -421,13 +427,12 @@ def _run_demo(output: Path, minutes: float, quick: bool, reference_full: bool) -
     return summary
 
 
-def test_correctness(run: Path, test_tsv: Path) -> Any:
+def _test_correctness(run: Path, test_tsv: Path, labels: list[str]) -> Any:
     """0/1 per test example: the fine-tuned ``run``'s prediction (``pentad infer``) equals its label."""
     import numpy as np
 
     from pentad.tasks.runner import infer
 
-    labels = [line.split("\t", 1)[0] for line in test_tsv.read_text(encoding="utf-8").splitlines()[1:]]
     predictions = infer(run, test_tsv, run / "test_predictions.tsv").read_text(encoding="utf-8").splitlines()
     column = predictions[0].split("\t").index("label")
     predicted = [line.split("\t")[column] for line in predictions[1:]]
