@@ -121,6 +121,19 @@ def init_weights(model: nn.Module, std: float) -> None:
             module.initialise(std)
 
 
+def init_torch_default(model: Model, target: str) -> None:
+    """torch's default initialisation for every layer of the head ``target`` that has one
+    (``reset_parameters``: a Linear's weights and biases uniform within +-1/sqrt(fan_in), unit norms,
+    N(0, 1) embeddings), as a head built with torch's layers and never re-initialised starts
+    (TencentPretrain's fine-tuning heads); a layer whose weight is tied to another (a head sharing the
+    word table) is left as it is."""
+    prefix = f"targets.{target}."
+    tied = {name[len(prefix):].rsplit(".", 1)[0] for name, _ in model.tied if name.startswith(prefix)}
+    for name, layer in model.targets[target].named_modules():
+        if name not in tied and isinstance(layer, (nn.Linear, nn.Embedding, nn.LayerNorm, nn.modules.conv._ConvNd)):
+            layer.reset_parameters()
+
+
 def init_t5(model: nn.Module) -> None:
     """T5's initialisation (Mesh TensorFlow, as in Raffel et al.): unit-variance embeddings and
     fan-in-scaled projections (each block's ``reset_parameters(scheme="t5")``). T5 has no 1/sqrt(d)
@@ -189,6 +202,9 @@ def build_model(cfg: ModelConfigBase, provided: Iterable[str] | None = None, dev
             init_weights(model, cfg.init_std)
             if cfg.init == "t5":
                 init_t5(model)
+            for target_cfg in cfg.targets:
+                if target_cfg.init == "torch":
+                    init_torch_default(model, target_cfg.target_name)
     if cfg.compression is not None:
         apply_compression(model, cfg.compression)
     if provided is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationError, create_model
 
@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 
 class RunConfigBase(StrictModel):
     description: str | None = Field(None, description="free text, e.g. what a zoo recipe is")
+    imported_from: Literal["tencentpretrain"] | None = Field(
+        None, description="the toolkit whose config file this run's config was imported from (set by the import; "
+        "fine-tuning then takes that toolkit's defaults, task.defaults=auto)")
     init: Path | None = Field(None, description="initialise weights from a run directory or checkpoint, or "
                                                 "hf:NAME[@REV], a Hugging Face Hub model converted once")
     output: Path | None = Field(None, description="run directory to write")

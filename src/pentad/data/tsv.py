@@ -289,17 +289,27 @@ def _show(names: Sequence[str], limit: int = 20) -> str:
 
 
 def assemble_pairs(first: Sequence[Sequence[int]], second: Sequence[Sequence[int]] | None,
-                   cls_id: int, sep_id: int, seq_length: int) -> tuple[list[np.ndarray], np.ndarray]:
+                   cls_id: int, sep_id: int, seq_length: int, truncation: str = "longest_first"
+                   ) -> tuple[list[np.ndarray], np.ndarray]:
     """``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` per row, truncated to ``seq_length``.
 
-    A pair is truncated longest-first from the end (the longer text loses tokens until both
-    fit), as BERT's fine-tuning does. Returns the sequences and ``split`` [N], the position
-    where segment B starts (the sequence length for single texts).
+    ``truncation``: ``longest_first``, each text shortened so that the sequence with its ``[SEP]``s fits,
+    a pair's longer text first (as BERT's fine-tuning does); ``end``, the assembled sequence cut at
+    ``seq_length`` (TencentPretrain's ``run_classifier.py``: a long text loses its final ``[SEP]``, and a
+    long text_a leaves little or nothing of text_b). Returns the sequences and ``split`` [N], the position
+    where segment B starts (the sequence length when there is no segment B).
     """
     sequences: list[np.ndarray] = []
     splits = np.zeros(len(first), dtype=np.int64)
     for i, a in enumerate(first):
         a = np.asarray(a, dtype=np.int64)
+        if truncation == "end":
+            seq = np.concatenate([[cls_id], a, [sep_id]])
+            splits[i] = min(len(seq), seq_length)
+            if second is not None:
+                seq = np.concatenate([seq, np.asarray(second[i], dtype=np.int64), [sep_id]])
+            sequences.append(seq[:seq_length].astype(np.int64))
+            continue
         if second is None:
             seq = np.concatenate([[cls_id], a[:seq_length - 2], [sep_id]])
             splits[i] = len(seq)
@@ -331,8 +341,9 @@ def fit_pair(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
 
 
 def encode_classification(rows: Sequence[TsvRow], tokenizer: Any, seq_length: int,
-                          label_map: LabelMap | None, path: Path | str = "<rows>") -> Instances:
-    """Rows -> Instances for the ``cls`` objective's collate.
+                          label_map: LabelMap | None, path: Path | str = "<rows>",
+                          truncation: str = "longest_first") -> Instances:
+    """Rows -> Instances for the ``cls`` objective's collate (``truncation``: see :func:`assemble_pairs`).
 
     Fields: ``split`` (where segment B starts) and, when ``label_map`` is given and the rows have
     labels, ``label`` (ids; an unknown label is a UserError naming ``path`` and the line).
@@ -346,7 +357,7 @@ def encode_classification(rows: Sequence[TsvRow], tokenizer: Any, seq_length: in
     pairs = bool(rows) and rows[0].text_b is not None
     second = tokenizer.encode_batch([r.text_b or "" for r in rows]) if pairs else None
     sequences, splits = assemble_pairs(first, second, int(tokenizer.cls_id), int(tokenizer.sep_id),
-                                       seq_length)
+                                       seq_length, truncation)
     fields: dict[str, Any] = {"split": splits}
     if label_map is not None and rows and all(r.label is not None for r in rows):
         fields["label"] = [label_map.encode(r.label or "", path, r.line) for r in rows]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+import random
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -23,6 +24,17 @@ class TaskConfig(StrictModel):
     each task, ``metric`` as a ``Literal`` of the metrics it reports)."""
 
     probabilities: bool = Field(False, description="inference also writes the predictions' probabilities")
+    defaults: Literal["auto", "pentad", "tencentpretrain"] = Field(
+        "auto", description="fine-tuning defaults for the keys the config leaves unset (docs/tasks.md, "
+        "\"Fine-tuning defaults\"): "
+        "pentad's, or tencentpretrain, those of TencentPretrain's finetune/run_*.py scripts (no gradient "
+        "clipping, no head dropout, torch's default head initialisation, its schedule, truncation and data "
+        "order); auto: tencentpretrain when the config was imported from TencentPretrain or init is a "
+        "TencentPretrain checkpoint (converted, or a run trained from a TencentPretrain config), else pentad")
+    head_init: Literal["model", "torch"] = Field(
+        "model", description="how the task's new head starts: model, the model's initialisation (N(0, "
+        "model.init_std), zero biases, as BERT and Hugging Face); torch, torch's default for each layer "
+        "(uniform within +-1/sqrt(fan_in)), as TencentPretrain's heads")
     if TYPE_CHECKING:  # declared by each task, as Literals
         type: str
         metric: str
@@ -261,30 +273,49 @@ def read_tsv_lines(path: Path) -> tuple[str, list[str]]:
 
 
 class EpochBatches:
-    """Batches over ``n`` in-memory instances, reshuffled each epoch with a seeded permutation.
+    """Batches over ``n`` in-memory instances, reshuffled each epoch.
 
+    ``order`` (``train.data_order``): ``seeded``, each epoch a permutation drawn from ``(seed, epoch)``;
+    ``tencentpretrain``, the index list shuffled in place by Python's ``random.Random(seed)`` once per
+    epoch (epoch e's order is the e-th shuffle of the one before), which is the order TencentPretrain's
+    fine-tuning scripts train in (``set_seed``, then ``random.shuffle`` of the example list each epoch).
     ``iterate(start)`` yields batches from micro-batch ``start`` on, exactly as an uninterrupted
     run would; the last, smaller batch of an epoch is kept (no example is dropped). Batch ``i``
     (``batch(i)``) is a pure function of ``i``, so ``num_workers`` DataLoader worker processes
     (``data.loader_workers``) build the same batches, in the same order, as the main process does.
     """
 
+    ORDERS = ("seeded", "tencentpretrain")
+
     def __init__(self, n: int, batch_size: int, seed: int,
-                 collate: Callable[[Sequence[int], np.random.Generator], Batch], num_workers: int = 0):
+                 collate: Callable[[Sequence[int], np.random.Generator], Batch], num_workers: int = 0,
+                 order: str = "seeded"):
         self.n = n
         self.batch_size = batch_size
         self.seed = seed
         self.collate = collate
         self.num_workers = num_workers
+        self.order = order
         self.batches_per_epoch = math.ceil(n / batch_size)
         self._epoch = -1
         self._order = np.zeros(0, dtype=np.int64)
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """The order of the instances in ``epoch`` (0-based)."""
+        if self.order == "tencentpretrain":
+            shuffler, rows = random.Random(self.seed), list(range(self.n))
+            for _ in range(epoch + 1):
+                shuffler.shuffle(rows)
+            return np.asarray(rows, dtype=np.int64)
+        if self.order != "seeded":
+            raise ValueError(f"order {self.order!r}: expected one of {self.ORDERS}")
+        return np.random.default_rng([self.seed, epoch]).permutation(self.n)
 
     def batch(self, i: int) -> Batch:
         """Micro-batch ``i`` (0-based, counted from the start of training)."""
         epoch, pos = divmod(i, self.batches_per_epoch)
         if epoch != self._epoch:  # consecutive batches share an epoch's permutation
-            self._order = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+            self._order = self.permutation(epoch)
             self._epoch = epoch
         rows = self._order[pos * self.batch_size:(pos + 1) * self.batch_size]
         return self.collate(rows, np.random.default_rng([self.seed, epoch, pos]))

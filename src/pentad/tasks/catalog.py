@@ -8,6 +8,7 @@ from typing import Any
 
 import pentad.tasks  # noqa: F401  (registers every task)
 from pentad.registry import TASKS
+from pentad.tasks.base import TaskConfig
 
 START = "<!-- tasks-table:start -->"
 END = "<!-- tasks-table:end -->"
@@ -20,8 +21,8 @@ def _summary(doc: str | None) -> str:
 
 
 def _options(cls: Any) -> list[str]:
-    """The task's own config keys (``type`` and the shared ones left out)."""
-    return [name for name in cls.Config.model_fields if name not in ("type", "metric", "probabilities")]
+    """The task's own config keys (``type``, ``metric`` and the keys every task shares left out)."""
+    return [name for name in cls.Config.model_fields if name not in ("type", "metric", *TaskConfig.model_fields)]
 
 
 def _default_metric(cls: Any) -> str:

@@ -30,6 +30,10 @@ class ClassificationTaskConfig(TaskConfig):
     num_labels: int | None = Field(None, ge=2, description="default: the labels found in the training set")
     pooling: PoolingKind = "first"
     head_dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    truncation: Literal["longest_first", "end"] = Field(
+        "longest_first", description="a text longer than seq_length: longest_first, each text shortened so that "
+        "[CLS] a [SEP] (b [SEP]) fits, a pair's longer text first (BERT); end, the whole sequence cut at seq_length "
+        "(TencentPretrain's run_classifier.py: the final [SEP] is lost, a long text_a crowds out text_b)")
     metric: Literal["accuracy", "macro_f1"] = Field("accuracy", description="dev metric that picks the best model")
     pair_input: Literal["joint", "separate"] = Field(
         "joint", description="how text_a and text_b enter the model: joint, one sequence [CLS] a [SEP] b [SEP] "
@@ -110,7 +114,8 @@ class ClassificationTask(Task):
         label_map = self.label_map if with_labels else None
         if self.separate:
             return encode_separate_pairs(rows, self.tokenizer, self.seq_length, label_map, path)
-        return encode_classification(rows, self.tokenizer, self.seq_length, label_map, path=path)
+        return encode_classification(rows, self.tokenizer, self.seq_length, label_map, path=path,
+                                     truncation=self.cfg.truncation)
 
     def collate(self, instances, indices, rng: np.random.Generator):
         chosen = instances[np.asarray(indices)]

@@ -24,8 +24,8 @@ from pentad.runs import (
     load_tokenizer,
     main_rank_speaks,
 )
-from pentad.tasks import search
-from pentad.tasks.base import Task, window_size, write_lines
+from pentad.tasks import finetune_defaults, search
+from pentad.tasks.base import EpochBatches, Task, window_size, write_lines
 from pentad.training import checkpoint as ckpt
 from pentad.training.distill import make_distiller
 from pentad.training.distributed import pick_device
@@ -62,7 +62,7 @@ class FinetunePlan:
 
 def settle_finetune(cfg: RunConfigBase, partial: bool = False) -> RunConfigBase:
     """The part of resolving a fine-tuning config that a grid search or cross-validation shares with each
-    of its runs: checks, absolute paths, fine-tuning's train defaults, the tokenizer of the ``init`` run
+    of its runs: checks, absolute paths, the fine-tuning defaults (``task.defaults``), the tokenizer of the ``init`` run
     when the config names none. Returns a frozen config; ``partial``: see :func:`plan_finetune`."""
     if not partial:
         if cfg.task is None:
@@ -73,8 +73,7 @@ def settle_finetune(cfg: RunConfigBase, partial: bool = False) -> RunConfigBase:
     if not partial:
         check_launch(cfg.train)  # how it was started, before what follows from it
     check_inputs_exist(cfg, ("init", "train.distill.teacher"))
-    cfg = absolute_paths(cfg.model_copy(deep=True))
-    cfg.train = cfg.train.for_finetuning()
+    cfg = finetune_defaults.apply(absolute_paths(cfg.model_copy(deep=True)))
     if cfg.tokenizer is None and cfg.init is not None and (Path(cfg.init) / layout.CONFIG).is_file():
         init_cfg, _ = load_run(Path(cfg.init))
         cfg.tokenizer = init_cfg.tokenizer
@@ -117,7 +116,7 @@ def plan_finetune(cfg: RunConfigBase, partial: bool = False) -> FinetunePlan:
         described = task.describe()
         info(f"{cfg.task.type}: {described}" if described else f"task {cfg.task.type}")
         model_dict = cfg.model.model_dump()
-        model_dict["targets"] = task.head_configs()
+        model_dict["targets"] = [{**head, "init": cfg.task.head_init} for head in task.head_configs()]
         model_dict = task.model_config(model_dict)
         cfg.model = type(cfg.model).model_validate(model_dict)
     return FinetunePlan(freeze(cfg), tokenizer, task, sources, seq_length)
@@ -175,8 +174,17 @@ def _finetune(plan: FinetunePlan, session: Session) -> dict[str, Any]:
         return _evaluate_only(cfg, session, task, model, evaluation)
     batches = task.train_batches(train, cfg.train.batch_size, cfg.train.seed)
     batches.num_workers = cfg.data.loader_workers
+    if cfg.train.data_order != "seeded":
+        if not isinstance(batches, EpochBatches):
+            raise UserError(f"train.data_order={cfg.train.data_order} shuffles one list of examples, but the "
+                            f"{cfg.task.type} task batches its own way ({type(batches).__name__}); leave "
+                            "train.data_order at seeded")
+        batches.order = cfg.train.data_order
     steps_per_epoch = max(1, math.ceil(batches.batches_per_epoch / cfg.train.grad_accum))
     total = steps_per_epoch * cfg.train.epochs
+    # the length TencentPretrain's fine-tuning scripts size their schedule to (its train_steps)
+    examples = len(train) if train is not None else 0
+    nominal = examples * cfg.train.epochs // (cfg.train.batch_size * cfg.train.grad_accum) + 1
     every = cfg.train.eval_every or steps_per_epoch
     eval_steps = set(range(every, total + 1, every)) | {total}
     labels = {name: task.gold(inst) for name, inst in evaluation.items()}
@@ -205,7 +213,7 @@ def _finetune(plan: FinetunePlan, session: Session) -> dict[str, Any]:
              f"{cfg.train.epochs} epoch(s) of {steps_per_epoch:,} steps = {total:,} steps; set train.epochs to "
              "change it")
     info(f"train {len(train):,} examples, {total:,} steps ({cfg.train.epochs} epochs) on {device}")
-    trainer = session.trainer(model, total, "finetune")
+    trainer = session.trainer(model, total, "finetune", schedule_steps=nominal)
     evaluator.resume(session, trainer.resume(changes), trainer.step)
     start = time.perf_counter()
     stopped = evaluator.stopped(trainer.step)  # a resumed run that had already stopped early stays stopped

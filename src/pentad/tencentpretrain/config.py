@@ -163,6 +163,7 @@ def import_config(raw: dict[str, Any], overrides: list[str], label: str,
         out = imported.run_dual()
     else:
         out = imported.run()
+    out["imported_from"] = "tencentpretrain"  # fine-tuning then takes TencentPretrain's defaults
     if notices is not None:
         notices.extend(imported.notices)
     else:

@@ -141,6 +141,17 @@ class TrainConfig(StrictModel):
                                        "(up to ~6x) in the first few hundred steps")
     schedule: Literal["linear", "cosine", "constant"] = "linear"
     warmup: float = Field(0.1, ge=0.0, description="warmup: a fraction of the steps if < 1, else a step count")
+    schedule_convention: Literal["pentad", "tencentpretrain"] = Field(
+        "pentad", description="how warmup and decay count steps. pentad: step s (from 0) trains at lr x (s + 1) / "
+        "warmup during warmup (the first step at lr / warmup), warmup is rounded down to whole steps and the "
+        "decay ends at the run's last step; tencentpretrain: as TencentPretrain's scripts, step s at lr x s / "
+        "warmup (the first step at lr 0), warmup unrounded (train.warmup x the length), and a fine-tune's "
+        "length counted as int(examples x epochs / batch) + 1 (docs/tasks.md, recipes)")
+    data_order: Literal["seeded", "tencentpretrain"] = Field(
+        "seeded", description="fine-tuning: the order of the training examples. seeded: each epoch a permutation "
+        "drawn from (train.seed, epoch); tencentpretrain: Python's random.shuffle of the example list, in place, "
+        "once per epoch, seeded with train.seed, as TencentPretrain's fine-tuning scripts (the same batches "
+        "from the same file and seed)")
     clip_grad_norm: float | None = Field(1.0, gt=0.0, description="None disables clipping")
     precision: Literal["auto", "fp32", "tf32", "bf16", "bf16-true", "fp16"] = Field(
         "auto", description="fp32; tf32 (fp32 weights, TF32 matmuls on GPUs that have them); bf16 (autocast, fp32 "
@@ -222,19 +233,6 @@ class TrainConfig(StrictModel):
                        "one panel each for the training losses, the auxiliary losses, the learning rate and the "
                        "dev selection metric, against step")
 
-    def for_finetuning(self) -> TrainConfig:
-        """This config with ``FINETUNE_DEFAULTS`` for the keys its file and overrides left unset
-        (a key set anywhere, even to the shared default, is kept)."""
-        unset = {key: value for key, value in FINETUNE_DEFAULTS.items() if key not in self.model_fields_set}
-        return self.model_copy(update=unset) if unset else self
-
     def warmup_steps(self, total: int) -> int:
         return int(self.warmup * total) if self.warmup < 1 else int(self.warmup)
 
-
-# ``pentad finetune``'s defaults where they differ from the shared ones above (which suit pre-training):
-# a fine-tune starts from trained weights with a fresh head and runs for a few hundred steps, and
-# TencentPretrain's run_classifier.py (like BERT's original code) updates without Adam's bias
-# correction, whose early steps are several times larger (bench/RESULTS.md, fine-tuning beside
-# TencentPretrain). Documented in docs/tasks.md.
-FINETUNE_DEFAULTS: dict[str, Any] = {"adam_bias_correction": False}

@@ -81,9 +81,31 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_schedule(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int
-                   ) -> torch.optim.lr_scheduler.LambdaLR:
-    """Stepped once per optimizer step (not per micro-batch), sized to ``total_steps``."""
+def tencentpretrain_lr_factor(step: int, total: float, warmup: float, schedule: str) -> float:
+    """TencentPretrain's multiplier at optimizer step ``step`` (0-based, the step counter of its
+    ``LambdaLR`` before the step): ``step / warmup`` during warmup (the first step at 0) with an
+    unrounded ``warmup``, then linear to zero at ``total`` (never below), a half cosine (not clamped past
+    ``total``, as its scheduler), or constant."""
+    if step < warmup:
+        return step / max(1.0, warmup)
+    if schedule == "constant":
+        return 1.0
+    progress = (step - warmup) / max(1.0, total - warmup)
+    if schedule == "linear":
+        return max(0.0, (total - step) / max(1.0, total - warmup))
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def build_schedule(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int,
+                   nominal_steps: float | None = None) -> torch.optim.lr_scheduler.LambdaLR:
+    """Stepped once per optimizer step (not per micro-batch), sized to ``total_steps``; under
+    ``train.schedule_convention=tencentpretrain`` to ``nominal_steps`` when given (the length its
+    fine-tuning scripts count, which can differ from the steps run by one or two), warmup unrounded."""
+    if cfg.schedule_convention == "tencentpretrain":
+        length = float(nominal_steps if nominal_steps is not None else total_steps)
+        warmup_steps = cfg.warmup * length if cfg.warmup < 1 else cfg.warmup
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: tencentpretrain_lr_factor(step, length, warmup_steps, cfg.schedule))
     warmup = cfg.warmup_steps(total_steps)
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, total_steps, warmup, cfg.schedule))

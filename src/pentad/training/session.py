@@ -282,10 +282,12 @@ class Session:
         """``pentad.runs.prepare_run_dir`` on the main rank; the accepted changes on every rank."""
         return self.on_main(lambda: runs.prepare_run_dir(Path(self.cfg.output), self.cfg, tokenizer, **options))
 
-    def trainer(self, model: nn.Module, total_steps: int, description: str) -> Trainer:
-        """The Trainer of this run (its optional behaviours are hooks given to ``Trainer.train``)."""
+    def trainer(self, model: nn.Module, total_steps: int, description: str,
+                schedule_steps: float | None = None) -> Trainer:
+        """The Trainer of this run (its optional behaviours are hooks given to ``Trainer.train``);
+        ``schedule_steps``: see :class:`Trainer`."""
         return Trainer(model, self.cfg.train, Path(self.cfg.output), total_steps, self.strategy,
-                       description=description)
+                       description=description, schedule_steps=schedule_steps)
 
 
 # model keys that change no weight's shape: they may differ from the init run's without a mismatch

@@ -338,7 +338,7 @@ class Trainer:
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, run_dir: Path, total_steps: int,
                  strategy: Strategy | None = None, weights_metadata: dict[str, str] | None = None,
-                 description: str = "train"):
+                 description: str = "train", schedule_steps: float | None = None):
         if strategy is None:  # one process, as a library caller builds it
             strategy = SingleStrategy(cfg, Dist(device=pick_device(cfg.device)))
         self.strategy = strategy
@@ -384,7 +384,9 @@ class Trainer:
         balancing = [m for m in model.modules() if isinstance(m, MoE) and m.expert_load is not None]
         if balancing:
             self.hooks.append(ExpertBiasUpdate(balancing))
-        self.schedule = build_schedule(self.optimizer, cfg, total_steps)
+        # schedule_steps: the length the learning-rate schedule counts when it is not the steps run
+        # (train.schedule_convention=tencentpretrain in fine-tuning: int(examples x epochs / batch) + 1)
+        self.schedule = build_schedule(self.optimizer, cfg, total_steps, schedule_steps)
         # the configured hyper-parameters of each group, re-applied over a loaded checkpoint's
         self._configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         self.log = MetricsLog(run_dir / layout.METRICS)

@@ -113,7 +113,7 @@ def test_encoder_decoder_batches_teacher_force_the_target(tokenizer, tmp_path):
     assert batch.labels["lm"].tolist() == [[ids["猫"], ids["坐"], sep], [ids["上"], sep, IGNORE_INDEX]]
     assert batch.padding_mask.tolist() == [[False] * 4 + [True], [False] * 5]
     assert task.head_configs() == [{"type": "lm", "bias": False, "label_smoothing": 0.0,
-                                   "label_smoothing_spread": "all", "scale_hidden": True}]
+                                   "label_smoothing_spread": "all", "scale_hidden": True, "init": "model"}]
 
 
 def test_decoder_only_batches_score_the_target_only(tokenizer, tmp_path):

@@ -116,26 +116,3 @@ def test_uncorrected_optimizer_resumes_exactly():
         return model.dense.weight.detach()
 
     assert torch.equal(run(6), run(6, resume_at=3))
-
-
-def test_finetuning_defaults_apply_only_to_unset_keys():
-    from pentad.training.config import FINETUNE_DEFAULTS
-
-    assert FINETUNE_DEFAULTS, "fine-tuning has defaults of its own"
-    resolved = TrainConfig().for_finetuning()
-    for key, value in FINETUNE_DEFAULTS.items():
-        assert getattr(resolved, key) == value
-        shared = TrainConfig.model_fields[key].default
-        assert getattr(TrainConfig(), key) == shared  # pre-training keeps the shared default
-        assert getattr(TrainConfig(**{key: shared}).for_finetuning(), key) == shared  # set, even to the shared value
-    assert resolved.for_finetuning() == resolved
-
-
-def test_finetuning_defaults_from_a_loaded_config():
-    from pentad.assembly import load_config
-    from pentad.training.config import FINETUNE_DEFAULTS
-
-    cfg = load_config("bert/tiny", ["train.adam_bias_correction=true"])
-    assert cfg.train.for_finetuning().adam_bias_correction is True
-    cfg = load_config("bert/tiny", [])
-    assert cfg.train.for_finetuning().adam_bias_correction is FINETUNE_DEFAULTS["adam_bias_correction"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,11 @@ class TargetConfigBase(StrictModel):
     name: str | None = Field(None, description="key in batch.labels and parameter prefix; default: type")
     streams: list[str] | None = Field(None, description="the model.streams this target reads: a pair target two "
                                       "(default: both, first to second), another the first (docs/streams.md)")
+    init: Literal["model", "torch"] = Field(
+        "model", description="how the head's own layers start when they are not loaded: model, the model's "
+        "initialisation (model.init: N(0, init_std) weights, zero biases); torch, torch's default for each layer "
+        "(a Linear's weights and biases uniform within +-1/sqrt(fan_in)), as TencentPretrain's fine-tuning heads "
+        "start")
     if TYPE_CHECKING:  # declared by each target as the Literal of its registered name
         type: str
 
