@@ -7,7 +7,7 @@ settings of TencentPretrain's ``finetune/run_*.py`` scripts, which differ from p
 places (bench/RESULTS.md, "Classification fine-tuning beside TencentPretrain"). Each set is a table of
 key -> value; a key set anywhere, even to the shared value, is kept, and the run's ``config.yaml`` (and
 ``--print-config``) records the values that ran. Task keys apply to the tasks that declare them
-(``truncation`` to classification, ``boundary_tokens`` and ``pad_tag`` to ner). Documented in
+(``truncation`` to classification; ``boundary_tokens``, ``pad_tag`` and ``crf_reduction`` to ner). Documented in
 docs/tasks.md, "Fine-tuning defaults".
 """
 
@@ -39,11 +39,12 @@ PENTAD = FinetuneDefaults(train={"adam_bias_correction": False})
 # schedule and training loop): no clipping, a head without dropout in torch's default initialisation,
 # LambdaLR warmup from lr 0 sized train.warmup x (int(examples x epochs / batch) + 1), the example list
 # shuffled by Python's random each epoch; [CLS] text [SEP] cut at seq_length; NER: the characters alone,
-# with a [PAD] tag as the last class.
+# with a [PAD] tag as the last class and the CRF's loss a mean per sentence.
 TENCENTPRETRAIN = FinetuneDefaults(
     train={"adam_bias_correction": False, "clip_grad_norm": None, "schedule_convention": "tencentpretrain",
            "data_order": "tencentpretrain"},
-    task={"head_dropout": 0.0, "head_init": "torch", "truncation": "end", "boundary_tokens": False, "pad_tag": True})
+    task={"head_dropout": 0.0, "head_init": "torch", "truncation": "end", "boundary_tokens": False, "pad_tag": True,
+          "crf_reduction": "sequence"})
 
 SETS = {"pentad": PENTAD, "tencentpretrain": TENCENTPRETRAIN}
 

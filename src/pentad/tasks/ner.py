@@ -10,8 +10,8 @@ File format (TencentPretrain's ``run_ner`` format, header required)::
 Each word is tokenized on its own; its first piece carries the word's tag and the other pieces
 are not scored (``IGNORE_INDEX``), as Hugging Face's token-classification examples do, so a
 model converted from a ``*ForTokenClassification`` checkpoint predicts the same way. The sequence
-is ``[CLS] pieces [SEP]`` when the tokenizer has those tokens. Words whose first piece falls
-beyond ``seq_length`` are not seen by the model: they count as predicted ``O`` in evaluation
+is ``[CLS] pieces [SEP]`` when the tokenizer has those tokens (and ``task.boundary_tokens``). Words
+whose first piece falls beyond ``seq_length`` are not seen by the model: they count as predicted ``O`` in evaluation
 (so the score is honest) and are written as ``O`` in predictions; both say how many there were.
 
 Evaluation reports entity-level precision / recall / F1 (the CoNLL ``conlleval`` rules, for BIO,
@@ -52,6 +52,14 @@ class NerTaskConfig(TaskConfig):
     head_dropout: float = Field(0.1, ge=0.0, lt=1.0)
     crf: bool = Field(False, description="a CRF over the word tags (TencentPretrain's --crf_target): Viterbi "
                       "predictions; probabilities are the CRF's per-word marginals")
+    crf_reduction: Literal["position", "sequence"] = Field(
+        "position", description="with crf: the loss per scored word (position) or per sentence (sequence, "
+        "TencentPretrain's run_ner.py)")
+    boundary_tokens: bool = Field(True, description="[CLS] before and [SEP] after the words when the tokenizer "
+                                  "has them; false: the words alone (TencentPretrain's run_ner.py)")
+    pad_tag: bool = Field(False, description="one more class after the tags, for padding (TencentPretrain's "
+                          "run_ner.py appends a [PAD] tag): in the head's softmax and the CRF, never a gold tag; "
+                          "a word predicted as it is read and written as 'O'")
     metric: Literal["f1", "accuracy"] = Field("f1", description="dev metric that picks the best model: entity-"
                                               "level f1 (BIO/BIOES tags) or word-level accuracy (e.g. POS tags)")
 
@@ -162,11 +170,12 @@ def _word_prefix(tokenizer: Any) -> str:
 
 
 def encode_tagged(rows: Sequence[TaggedRow], tokenizer: Any, seq_length: int, label_map: Any,
-                  path: Path | str = "<rows>") -> TaggedSequences:
-    """Rows -> TaggedSequences (see the module docstring for the layout). A word that tokenizes to
-    nothing (a control character) becomes the unknown token, so every word is kept."""
+                  path: Path | str = "<rows>", boundary_tokens: bool = True) -> TaggedSequences:
+    """Rows -> TaggedSequences (see the module docstring for the layout; ``boundary_tokens`` false: no
+    [CLS] / [SEP]). A word that tokenizes to nothing (a control character) becomes the unknown token, so
+    every word is kept."""
     cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
-    head = [int(cls_id)] if cls_id is not None and sep_id is not None else []
+    head = [int(cls_id)] if boundary_tokens and cls_id is not None and sep_id is not None else []
     tail = [int(sep_id)] if head else []
     budget = seq_length - len(head) - len(tail)
     if budget < 1:
@@ -341,7 +350,8 @@ class NerTask(Task):
                 for rows, columns in iter_classification_tsv(path, False, window=window))
 
     def _encode(self, rows: list[TaggedRow], path: Path, with_labels: bool) -> TaggedSequences:
-        seqs = encode_tagged(rows, self.tokenizer, self.seq_length, self.label_map if with_labels else None, path)
+        seqs = encode_tagged(rows, self.tokenizer, self.seq_length, self.label_map if with_labels else None, path,
+                             boundary_tokens=self.cfg.boundary_tokens)
         if seqs.truncated_words:
             log.info(f"{path}: {seqs.truncated_words:,} word(s) lie beyond seq_length {self.seq_length} and are "
                      "not seen by the model (evaluated and written as 'O')")
@@ -360,8 +370,8 @@ class NerTask(Task):
         return self.label_map.num_labels
 
     def head_configs(self) -> list[dict[str, Any]]:
-        return [{"type": "tagger", "num_labels": self.num_labels, "dropout": self.cfg.head_dropout,
-                 "crf": self.cfg.crf}]
+        return [{"type": "tagger", "num_labels": self.num_labels + int(self.cfg.pad_tag),
+                 "dropout": self.cfg.head_dropout, "crf": self.cfg.crf, "crf_reduction": self.cfg.crf_reduction}]
 
     # ---------------------------------------------------------------- evaluation and output
     @torch.no_grad()
@@ -398,10 +408,11 @@ class NerTask(Task):
         return out
 
     def decode(self, instances: TaggedSequences, predictions: TagPredictions) -> list[list[str]]:
-        """Predicted tags per row; words the model did not see are 'O' (or the first tag without 'O')."""
+        """Predicted tags per row; words the model did not see, and words predicted as the padding class
+        (``pad_tag``), are 'O' (or the first tag without 'O')."""
         names = self.label_map.names
         filler = OUTSIDE if OUTSIDE in names else names[0]
-        return [[names[j] for j in row] + [filler] * (int(n) - len(row))
+        return [[names[j] if j < len(names) else filler for j in row] + [filler] * (int(n) - len(row))
                 for row, n in zip(predictions.tags, instances.words)]
 
     def score(self, predictions: TagPredictions, instances: TaggedSequences, gold) -> dict[str, float]:

@@ -584,8 +584,13 @@ class Trainer:
         ``loss_t * count_t * world / total_count_t``, with the counts of all ranks summed here.
         Returns the loss and each target's scaled share."""
         names = [n for n, out in outputs.items() if out.loss is not None]
-        counts = torch.stack([outputs[n].metrics["count"].float() if "count" in outputs[n].metrics
-                              else torch.tensor(float(rows), device=self.device) for n in names]) * weight
+        def items(metrics: dict[str, torch.Tensor]) -> torch.Tensor:
+            # what the target's loss is a mean over: its "weight" when it says (a per-sequence mean),
+            # else its "count" (the positions it scores), else the rows
+            value = metrics.get("weight", metrics.get("count"))
+            return value.float() if value is not None else torch.tensor(float(rows), device=self.device)
+
+        counts = torch.stack([items(outputs[n].metrics) for n in names]) * weight
         totals = self.dist.all_reduce(counts.detach().clone()).clamp_min(1.0)
         scale = counts * self.dist.world_size / totals
         shares = {n: outputs[n].loss * scale[i] for i, n in enumerate(names)}

@@ -23,6 +23,10 @@ class TaggerTargetConfig(TargetConfigBase):
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     crf: bool = Field(False, description="a linear-chain CRF over the scored positions (TencentPretrain's "
                       "--crf_target): trained by sequence likelihood, predicted by Viterbi")
+    crf_reduction: Literal["position", "sequence"] = Field(
+        "position", description="with crf: the loss is the batch's negative log-likelihood divided by its scored "
+        "positions (position) or its rows (sequence: the mean per sentence, as TencentPretrain's run_ner.py "
+        "takes it from pytorch-crf)")
 
     def check(self, model) -> list[tuple[str, str]]:
         if self.num_labels is None:
@@ -45,15 +49,17 @@ class TaggerTarget(Target):
 
     Config = TaggerTargetConfig
 
-    def __init__(self, name: str, hidden_size: int, num_labels: int, dropout: float = 0.1, crf: bool = False):
+    def __init__(self, name: str, hidden_size: int, num_labels: int, dropout: float = 0.1, crf: bool = False,
+                 crf_reduction: str = "position"):
         super().__init__(name)
+        self.crf_reduction = crf_reduction
         self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(hidden_size, num_labels)
         self.crf = LinearChainCRF(num_labels) if crf else None
 
     @classmethod
     def from_config(cls, cfg: TaggerTargetConfig, model) -> TaggerTarget:
-        return cls(cfg.target_name, model.hidden_size, cfg.num_labels or 2, cfg.dropout, cfg.crf)
+        return cls(cfg.target_name, model.hidden_size, cfg.num_labels or 2, cfg.dropout, cfg.crf, cfg.crf_reduction)
 
     def forward(self, hidden: Tensor, batch: Batch) -> TargetOutput:
         logits = self.classifier(self.dropout(hidden))
@@ -86,10 +92,15 @@ class TaggerTarget(Target):
         emissions, mask = compact(logits, scored)
         tags, _ = compact(labels, scored)
         count = scored.sum()
-        loss = self.crf.nll(emissions, tags, mask).sum() / count.clamp(min=1)
+        rows = mask.any(dim=1).sum()
+        # (the per-sequence mean is weighted by rows across ranks: the "weight" metric)
+        loss = self.crf.nll(emissions, tags, mask).sum() / (count if self.crf_reduction == "position" else rows
+                                                             ).clamp(min=1)
         with torch.no_grad():
             paths = self.crf.decode(emissions, mask)
             gold = tags.tolist()
             correct = sum(int(p == g) for path, row in zip(paths, gold) for p, g in zip(path, row))
-        return TargetOutput(loss=loss, metrics={"correct": torch.tensor(correct, device=logits.device),
-                                                "count": count}, logits=logits)
+        metrics = {"correct": torch.tensor(correct, device=logits.device), "count": count}
+        if self.crf_reduction == "sequence":
+            metrics["weight"] = rows
+        return TargetOutput(loss=loss, metrics=metrics, logits=logits)
