@@ -73,7 +73,13 @@ What a faithful reimplementation must reproduce (found reading the code at ed798
   log-likelihood`` (reduction "mean": per sequence, not per token). Its start/end/transition parameters
   are named ``crf.start_transitions``, ``crf.end_transitions``, ``crf.transitions``.
 * Evaluation each epoch on the dev file, in eval mode (no effect with dropout 0), and the best model saved
-  (not used here).
+  (not used here). With 26 steps both ner cases still score f1 0 on dev (the tagger predicts O); the
+  classifiers reach 0.63 and 0.73 accuracy.
+
+To read the initial weights in pentad, write ``torch.save`` of the ``state.*`` tensors as model.bin next to
+config.json and vocab.txt (and ner's label2id.json) and run ``pentad convert tencentpretrain-to-pentad``.
+label2id.json has no [PAD] while the tagger has 6 rows, so the conversion keeps the 6 rows but names the
+labels 0..5; with ``"[PAD]": 5`` added to the file it names them.
 """
 
 from __future__ import annotations
